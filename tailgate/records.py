@@ -1,0 +1,157 @@
+"""The per-request record: one schema written by the load path and read by the analysis.
+
+Every request that was sent ends as exactly one record, successful or not. Records are appended
+to a JSONL file per load-generator process as each request ends, and flushed, so killing the
+generator loses only what was in flight, and a reader can tell how much that was.
+
+Times: intervals (``*_ms``) come from a monotonic clock; absolute instants (``*_s``) are epoch
+seconds derived from one wall-clock anchor per process, so records from several processes, and
+server time series, share one axis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, TextIO
+
+RECORD_SCHEMA_VERSION = 1
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    # identity and plan
+    run_id: str
+    worker: str
+    trace_id: int
+    stage: int
+    stage_label: str
+    arm: str
+    """``continuous`` or ``gated``."""
+    rate_or_batch: float
+    batch: int | None
+    """Gated arm: index of the batch this request belongs to."""
+    prompt_tokens_planned: int
+    max_tokens: int
+    ignore_eos: bool
+    # client path, epoch seconds
+    intended_s: float
+    """When the plan said this request should go out (open loop: t0 + cumulative gaps)."""
+    sent_s: float
+    """When the client started the request (before connecting, as the reference harness does)."""
+    schedule_lag_ms: float
+    in_flight_at_send: int
+    # response path, epoch seconds (None when never reached)
+    headers_s: float | None = None
+    first_chunk_s: float | None = None
+    last_chunk_s: float | None = None
+    end_s: float | None = None
+    # derived, milliseconds from monotonic clocks
+    ttft_ms: float | None = None
+    """First content chunk minus actual send: the reference harness's TTFT."""
+    ttft_from_intended_ms: float | None = None
+    """First content chunk minus intended send: includes any client-side lateness."""
+    worst_gap_ms: float | None = None
+    """Longest interval between consecutive content chunks of this stream."""
+    worst_gap_end_s: float | None = None
+    """When the worst gap ended: lines stalls up against server-side events."""
+    total_ms: float | None = None
+    total_from_intended_ms: float | None = None
+    chunks: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    status: int | None = None
+    response_id: str | None = None
+    # outcome
+    error_class: str | None = None
+    error: str | None = None
+    chunk_offsets_ms: list[float] | None = field(default=None)
+    """Optional: every content chunk's arrival, ms after send (``--record-chunks``)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.error_class is None
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        if d["chunk_offsets_ms"] is None:
+            del d["chunk_offsets_ms"]
+        return json.dumps(d, separators=(",", ":"))
+
+
+RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class RecordWriter:
+    """Appends one JSON line per finished request and flushes it at once.
+
+    A line is written with a single ``write`` call so that a crash leaves at most one partial
+    line at the end of the file, which :func:`read_records` skips and counts.
+    """
+
+    def __init__(self, directory: str | Path, worker: str | None = None) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.worker = worker or worker_name()
+        self.path = self.directory / f"records-{self.worker}.jsonl"
+        self._file: TextIO = open(self.path, "a", encoding="utf-8", buffering=1)
+        self.written = 0
+
+    def write(self, record: RequestRecord) -> None:
+        self._file.write(record.to_json() + "\n")
+        self._file.flush()
+        self.written += 1
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass(slots=True)
+class RecordScan:
+    records: list[dict[str, Any]]
+    partial_lines: int
+    """Lines that did not parse: a generator killed mid-write leaves one at the end of a file."""
+    files: int
+
+
+def record_files(directory: str | Path) -> list[Path]:
+    d = Path(directory)
+    paths = sorted(d.glob("records-*.jsonl"))
+    sub = d / "records"
+    if sub.is_dir():
+        paths += sorted(sub.glob("records-*.jsonl"))
+    return paths
+
+
+def iter_record_lines(path: Path) -> Iterator[dict[str, Any] | None]:
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                yield None
+                continue
+            yield obj if isinstance(obj, dict) else None
+
+
+def read_records(directory: str | Path) -> RecordScan:
+    """Read every worker's records in a folder, skipping (and counting) unparsable lines."""
+    out: list[dict[str, Any]] = []
+    bad = 0
+    files = record_files(directory)
+    for path in files:
+        for obj in iter_record_lines(path):
+            if obj is None:
+                bad += 1
+            else:
+                out.append(obj)
+    return RecordScan(out, bad, len(files))
