@@ -1,0 +1,345 @@
+"""One streaming completion over a fresh HTTP/1.1 connection, timed event by event.
+
+A plain ``socket`` is used on purpose: under Locust it is gevent's cooperative socket, with
+threads it is the ordinary one, and in both cases nothing sits between a ``recv`` returning and
+the timestamp taken for the events it completed (no connection pool to wait on, no line
+iterator buffering ahead). A fresh connection per request is what the reference harness does
+with ``urllib``, so TTFT includes the same connect cost.
+
+Every outcome is classified: a request either completes with ``[DONE]`` or ends with an
+``error_class`` and whatever timing it got before failing.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from tailgate.sse import ChunkedDecoder, SSEParser, StreamFormatError
+
+RECV_BYTES = 65536
+
+
+class TargetError(ValueError):
+    """A server URL that cannot be used."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where completions go: parsed once, so each request only formats its body."""
+
+    scheme: str
+    host: str
+    port: int
+    api_prefix: str
+    """Path prefix that ``/completions`` hangs off, normally ``/v1``."""
+
+    @classmethod
+    def parse(cls, url: str) -> Target:
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise TargetError(f"{url!r} is not an http(s) URL with a host")
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            raise TargetError(f"{url!r} has an invalid port") from None
+        path = parts.path.rstrip("/")
+        if not path.endswith("/v1"):
+            path = path + "/v1"
+        return cls(parts.scheme, parts.hostname, port, path)
+
+    @property
+    def root(self) -> str:
+        """Server root (where ``/metrics``, ``/health`` and ``/version`` live)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        root = f"{self.scheme}://{host}:{self.port}"
+        prefix = self.api_prefix[: -len("/v1")]
+        return root + prefix
+
+    def url(self, path: str) -> str:
+        return self.root + path
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_s: float = 10.0
+    request_s: float = 600.0
+    """Whole request, as in the reference harness."""
+    stall_s: float | None = None
+    """Longest silence tolerated between two reads once headers arrived; None = request_s."""
+
+
+@dataclass(slots=True)
+class StreamTiming:
+    """Everything one request observed, in ``perf_counter_ns`` ticks.
+
+    Filled in while the request runs, so a request cancelled half-way still reports what it saw.
+    """
+
+    sent_ns: int = 0
+    connected_ns: int | None = None
+    headers_ns: int | None = None
+    first_chunk_ns: int | None = None
+    last_chunk_ns: int | None = None
+    end_ns: int | None = None
+    worst_gap_ns: int = 0
+    worst_gap_end_ns: int | None = None
+    chunks: int = 0
+    done: bool = False
+    status: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    response_id: str | None = None
+    error_class: str | None = None
+    error: str | None = None
+    chunk_ns: list[int] | None = field(default=None)
+
+
+def build_payload(
+    model: str, prompt: str, max_tokens: int, *, ignore_eos: bool = False, extra: dict | None = None
+) -> bytes:
+    body: dict = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if ignore_eos:
+        body["ignore_eos"] = True
+    if extra:
+        body.update(extra)
+    return json.dumps(body).encode()
+
+
+def _request_head(target: Target, path: str, body_len: int, api_key: str | None) -> bytes:
+    host = target.host if target.port in (80, 443) else f"{target.host}:{target.port}"
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {host}",
+        "User-Agent: tailgate",
+        "Content-Type: application/json",
+        "Accept: text/event-stream",
+        f"Content-Length: {body_len}",
+        "Connection: close",
+    ]
+    if api_key:
+        lines.append(f"Authorization: Bearer {api_key}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+class _Failure(Exception):
+    def __init__(self, error_class: str, message: str) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+        self.message = message
+
+
+def _connect(target: Target, timeout: float) -> socket.socket:
+    sock = socket.create_connection((target.host, target.port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if target.scheme == "https":
+        ctx = ssl.create_default_context()
+        sock = ctx.wrap_socket(sock, server_hostname=target.host)
+    return sock
+
+
+def _error_message(body: bytes) -> str:
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        obj = json.loads(text)
+        err = obj.get("error", obj) if isinstance(obj, dict) else obj
+        if isinstance(err, dict):
+            text = str(err.get("message") or err)
+        else:
+            text = str(err)
+    except ValueError:
+        pass
+    return text[:300]
+
+
+def stream_completion(
+    target: Target,
+    body: bytes,
+    timing: StreamTiming,
+    *,
+    timeouts: Timeouts = Timeouts(),
+    api_key: str | None = None,
+    record_chunks: bool = False,
+) -> StreamTiming:
+    """Send one streaming completion and fill ``timing``; never raises for request failures.
+
+    Only non-``Exception`` interruptions (a greenlet being killed, Ctrl-C) propagate, after
+    ``timing`` is marked ``cancelled`` so the caller can still write its record.
+    """
+    clock = time.perf_counter_ns
+    head = _request_head(target, target.api_prefix + "/completions", len(body), api_key)
+    stall_s = timeouts.stall_s or timeouts.request_s
+    if record_chunks:
+        timing.chunk_ns = []
+    sock: socket.socket | None = None
+    timing.sent_ns = clock()
+    deadline = timing.sent_ns + int(timeouts.request_s * 1e9)
+    phase = "connect"
+    try:
+        try:
+            sock = _connect(target, timeouts.connect_s)
+        except ConnectionRefusedError:
+            where = f"{target.host}:{target.port}"
+            raise _Failure("connection_refused", f"connection refused by {where}") from None
+        except TimeoutError:
+            raise _Failure("connect_timeout", f"no connection within {timeouts.connect_s:g} s") from None
+        except ssl.SSLError as e:
+            raise _Failure("tls_error", str(e)) from None
+        except OSError as e:
+            raise _Failure("connect_error", f"{type(e).__name__}: {e}") from None
+        timing.connected_ns = clock()
+        phase = "headers"
+        sock.sendall(head + body)
+
+        # --- status line and headers
+        buf = b""
+        while True:
+            remaining = (deadline - clock()) / 1e9
+            if remaining <= 0:
+                raise _Failure("headers_timeout", f"no response headers within {timeouts.request_s:g} s")
+            sock.settimeout(remaining)
+            data = sock.recv(RECV_BYTES)
+            if not data:
+                raise _Failure("connection_closed", "server closed the connection before sending headers")
+            buf += data
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                break
+            if len(buf) > 65536:
+                raise _Failure("bad_response", "response headers exceed 64 KiB")
+        timing.headers_ns = clock()
+        head_lines = buf[:end].decode("latin-1").split("\r\n")
+        rest = buf[end + 4 :]
+        try:
+            status = int(head_lines[0].split(" ", 2)[1])
+        except (IndexError, ValueError):
+            raise _Failure("bad_response", f"bad status line {head_lines[0][:80]!r}") from None
+        timing.status = status
+        headers: dict[str, str] = {}
+        for line in head_lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        length = headers.get("content-length")
+        to_read = int(length) if length and length.isdigit() and not chunked else None
+
+        if status != 200:
+            phase = "error_body"
+            body_bytes = rest
+            sock.settimeout(min(5.0, max(0.1, (deadline - clock()) / 1e9)))
+            try:
+                while (to_read is None or len(body_bytes) < to_read) and len(body_bytes) < 65536:
+                    data = sock.recv(RECV_BYTES)
+                    if not data:
+                        break
+                    body_bytes += data
+            except OSError:
+                pass
+            if chunked:
+                try:
+                    body_bytes = ChunkedDecoder().feed(body_bytes)
+                except StreamFormatError:
+                    pass
+            raise _Failure(f"http_{status}", _error_message(body_bytes) or f"HTTP {status}")
+
+        # --- the event stream
+        phase = "stream"
+        decoder = ChunkedDecoder() if chunked else None
+        parser = SSEParser()
+        loads = json.loads
+        data = rest
+        received = 0
+        while True:
+            if data:
+                received += len(data)
+                payload = decoder.feed(data) if decoder is not None else data
+                for event in parser.feed(payload) if payload else ():
+                    now = clock()
+                    if event == b"[DONE]":
+                        timing.done = True
+                        continue
+                    try:
+                        obj = loads(event)
+                    except ValueError:
+                        raise _Failure("malformed_event", f"event is not JSON: {event[:80]!r}") from None
+                    if not isinstance(obj, dict):
+                        raise _Failure("malformed_event", f"event is not a JSON object: {event[:80]!r}")
+                    if "error" in obj:
+                        raise _Failure("server_error_event", _error_message(event))
+                    usage = obj.get("usage")
+                    if usage:
+                        timing.prompt_tokens = usage.get("prompt_tokens")
+                        timing.completion_tokens = usage.get("completion_tokens")
+                    choices = obj.get("choices")
+                    if not choices:
+                        continue  # the usage-only chunk: not a token
+                    if timing.first_chunk_ns is None:
+                        timing.first_chunk_ns = now
+                        timing.response_id = obj.get("id")
+                    else:
+                        gap = now - timing.last_chunk_ns  # type: ignore[operator]
+                        if gap > timing.worst_gap_ns:
+                            timing.worst_gap_ns = gap
+                            timing.worst_gap_end_ns = now
+                    timing.last_chunk_ns = now
+                    timing.chunks += 1
+                    if timing.chunk_ns is not None:
+                        timing.chunk_ns.append(now)
+                    reason = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
+                    if reason:
+                        timing.finish_reason = reason
+                if (decoder is not None and decoder.done) or (to_read is not None and received >= to_read):
+                    break
+            remaining = (deadline - clock()) / 1e9
+            if remaining <= 0:
+                raise _Failure("request_timeout", f"stream still open after {timeouts.request_s:g} s")
+            sock.settimeout(min(stall_s, remaining))
+            try:
+                data = sock.recv(RECV_BYTES)
+            except TimeoutError:
+                if remaining <= stall_s:
+                    message = f"stream still open after {timeouts.request_s:g} s"
+                    raise _Failure("request_timeout", message) from None
+                raise _Failure("stall_timeout", f"no bytes for {stall_s:g} s mid-stream") from None
+            if not data:
+                break
+        if not timing.done:
+            raise _Failure("stream_truncated", f"stream ended without [DONE] after {timing.chunks} content chunks")
+    except _Failure as f:
+        timing.error_class, timing.error = f.error_class, f.message
+    except StreamFormatError as e:
+        timing.error_class, timing.error = "malformed_stream", str(e)
+    except TimeoutError:
+        timing.error_class = "headers_timeout" if phase == "headers" else "stall_timeout"
+        timing.error = f"timed out during {phase}"
+    except (ConnectionResetError, BrokenPipeError) as e:
+        timing.error_class, timing.error = "connection_reset", f"{type(e).__name__} during {phase}"
+    except OSError as e:
+        timing.error_class, timing.error = "io_error", f"{type(e).__name__} during {phase}: {e}"
+    except Exception as e:  # a bug here must still leave a record, not a lost request
+        timing.error_class, timing.error = "client_error", f"{type(e).__name__}: {e}"
+    except BaseException:
+        timing.error_class, timing.error = "cancelled", f"load generator stopped during {phase}"
+        timing.end_ns = clock()
+        raise
+    finally:
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        if timing.end_ns is None:
+            timing.end_ns = clock()
+    return timing

@@ -1,0 +1,116 @@
+"""Direct reads of the server's Prometheus ``/metrics`` text.
+
+The load path brackets every stage with two reads of ``vllm:num_preemptions_total`` (the
+reference harness's method) and, when asked, samples a few gauges once a second from a
+separate process, so that parsing a large exposition never stalls the arrival loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+
+#: snapshot field -> exposed series names (current first, older spellings after)
+SERIES: dict[str, tuple[str, ...]] = {
+    "preemptions_total": ("vllm:num_preemptions_total",),
+    "running": ("vllm:num_requests_running",),
+    "waiting": ("vllm:num_requests_waiting",),
+    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "prompt_tokens_total": ("vllm:prompt_tokens_total",),
+    "generation_tokens_total": ("vllm:generation_tokens_total",),
+}
+
+
+@dataclass(slots=True)
+class Snapshot:
+    t: float
+    preemptions_total: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+
+
+def parse_exposition(text: str, t: float | None = None) -> Snapshot:
+    """Sum each wanted series over its labels (``engine``, ``model_name``).
+
+    Exact-name matching matters: a counter also exposes ``…_created``, which is a timestamp.
+    """
+    wanted = {name: field for field, names in SERIES.items() for name in names}
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        end = brace if 0 <= brace < space else space
+        name = line[:end]
+        field = wanted.get(name)
+        if field is None:
+            continue
+        rest = line[line.rfind("}") + 1 :] if end == brace else line[end:]
+        try:
+            value = float(rest.split()[0])
+        except (IndexError, ValueError):
+            continue
+        # prefer the current spelling when both are exposed
+        key = f"{field}|{SERIES[field].index(name)}"
+        sums[key] = sums.get(key, 0.0) + value
+    snap = Snapshot(time.time() if t is None else t)
+    for field, names in SERIES.items():
+        for i in range(len(names)):
+            if f"{field}|{i}" in sums:
+                setattr(snap, field, sums[f"{field}|{i}"])
+                break
+    return snap
+
+
+def scrape(url: str, timeout: float = 5.0) -> Snapshot | None:
+    """One read of ``url``; None when the server cannot be read (the caller records that)."""
+    t = time.time()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            text = resp.read().decode("utf-8", "replace")
+    except Exception:
+        return None
+    return parse_exposition(text, t)
+
+
+def poll(url: str, out_path: str, interval: float = 1.0) -> None:
+    """Append one snapshot per interval to a JSONL file until SIGTERM/SIGINT."""
+    stop = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    next_t = time.monotonic()
+    with open(out_path, "a", encoding="utf-8", buffering=1) as f:
+        while not stop:
+            snap = scrape(url, timeout=max(0.5, interval))
+            if snap is not None:
+                f.write(json.dumps(asdict(snap)) + "\n")
+            next_t += interval
+            time.sleep(max(0.0, next_t - time.monotonic()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tailgate.metrics", description="sample /metrics to JSONL")
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--interval", type=float, default=1.0)
+    args = ap.parse_args(argv)
+    poll(args.url, args.out, args.interval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Incremental decoding of a streamed HTTP/1.1 body into server-sent events.
+
+Two layers, both fed whatever one socket read returned: HTTP chunked transfer framing (how
+uvicorn sends each event), then SSE lines. Both keep their partial state between reads, so an
+event split across reads, or several events in one read, come out exactly once, each at the
+moment its last byte was parsed.
+"""
+
+from __future__ import annotations
+
+MAX_PENDING_BYTES = 4 * 1024 * 1024
+"""A line this long without a newline is not an SSE stream we can trust; stop buffering it."""
+
+
+class StreamFormatError(ValueError):
+    """The bytes on the wire are not valid chunked framing or SSE."""
+
+
+class ChunkedDecoder:
+    """Strips HTTP/1.1 chunked transfer framing, incrementally."""
+
+    __slots__ = ("_buf", "_remaining", "_state", "done")
+
+    _SIZE, _DATA, _DATA_END, _TRAILER = range(4)
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._remaining = 0
+        self._state = self._SIZE
+        self.done = False
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self._buf + data if self._buf else data
+        out: list[bytes] = []
+        pos = 0
+        n = len(buf)
+        while pos < n and not self.done:
+            if self._state == self._DATA:
+                take = min(self._remaining, n - pos)
+                out.append(buf[pos : pos + take])
+                pos += take
+                self._remaining -= take
+                if self._remaining == 0:
+                    self._state = self._DATA_END
+                continue
+            nl = buf.find(b"\n", pos)
+            if nl < 0:
+                if n - pos > 1024:
+                    raise StreamFormatError("chunk framing line too long")
+                break
+            line = buf[pos:nl].rstrip(b"\r")
+            pos = nl + 1
+            if self._state == self._SIZE:
+                size_field = line.split(b";", 1)[0].strip()
+                try:
+                    size = int(size_field, 16)
+                except ValueError:
+                    raise StreamFormatError(f"bad chunk size {size_field[:20]!r}") from None
+                if size < 0:
+                    raise StreamFormatError("negative chunk size")
+                if size == 0:
+                    self._state = self._TRAILER
+                else:
+                    self._remaining = size
+                    self._state = self._DATA
+            elif self._state == self._DATA_END:
+                if line:
+                    raise StreamFormatError("chunk data longer than its declared size")
+                self._state = self._SIZE
+            else:  # trailer section ends with an empty line
+                if not line:
+                    self.done = True
+        self._buf = buf[pos:]
+        return b"".join(out)
+
+
+class SSEParser:
+    """Turns body bytes into the data payloads of complete SSE events.
+
+    Comment lines (``: ping``) and fields other than ``data`` are ignored; multi-line data is
+    joined with newlines, as the SSE specification says. An event is complete at its blank line.
+    """
+
+    __slots__ = ("_buf", "_data")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[bytes] = []
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf + data if self._buf else data
+        events: list[bytes] = []
+        pos = 0
+        while True:
+            nl = buf.find(b"\n", pos)
+            if nl < 0:
+                break
+            line = buf[pos:nl]
+            pos = nl + 1
+            if line[-1:] == b"\r":
+                line = line[:-1]
+            if not line:
+                if self._data:
+                    events.append(self._data[0] if len(self._data) == 1 else b"\n".join(self._data))
+                    self._data = []
+            elif line[:5] == b"data:":
+                value = line[5:]
+                if value[:1] == b" ":
+                    value = value[1:]
+                self._data.append(value)
+        rest = buf[pos:]
+        if len(rest) > MAX_PENDING_BYTES:
+            raise StreamFormatError("SSE line exceeds 4 MiB without a newline")
+        self._buf = rest
+        return events
+
+    @property
+    def pending(self) -> bool:
+        """True when bytes of an unfinished event are buffered (a cut stream)."""
+        return bool(self._buf or self._data)
