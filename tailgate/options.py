@@ -37,8 +37,7 @@ class OptionError(ValueError):
 
 def add_arguments(parser: Any) -> None:
     """Add the suite's options to Locust's (configargparse) parser."""
-    g = parser.add_argument_group("tailgate", "batching-policy tail-latency suite")
-    g.add_argument("--arm", choices=ARMS, default=None, help="admission arm (set by the locustfile)")
+    g = parser  # Locust's own add_argument knows is_secret and include_in_web_ui; groups do not
     g.add_argument(
         "--rates",
         default=",".join(f"{r:g}" for r in DEFAULT_RATES),
@@ -227,6 +226,8 @@ def validate(opts: Any, *, arm: str | None = None, now: str = "") -> Settings:
     else:
         if opts.n < 1:
             raise OptionError(f"--n: must be at least 1 measured request, got {opts.n}")
+        if opts.n < opts.warmup:
+            raise OptionError(f"--n: {opts.n} measured requests is fewer than the {opts.warmup} warm-up requests")
         n = opts.n
         items = make_trace(n + opts.warmup, opts.seed)
         source = f"seeded mix, seed {opts.seed}"

@@ -77,11 +77,14 @@ class RequestRecord:
     def ok(self) -> bool:
         return self.error_class is None
 
-    def to_json(self) -> str:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         if d["chunk_offsets_ms"] is None:
             del d["chunk_offsets_ms"]
-        return json.dumps(d, separators=(",", ":"))
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
 
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
@@ -155,3 +158,32 @@ def read_records(directory: str | Path) -> RecordScan:
             else:
                 out.append(obj)
     return RecordScan(out, bad, len(files))
+
+
+class SendJournal:
+    """One short line per request at the moment it is sent.
+
+    Compared with the records, it tells how many requests were in flight (sent, never recorded)
+    when a load generator died.
+    """
+
+    def __init__(self, directory: str | Path, worker: str) -> None:
+        self.path = Path(directory) / f"sent-{worker}.log"
+        self._file: TextIO = open(self.path, "a", encoding="utf-8", buffering=1)
+
+    def sent(self, stage: int, trace_id: int) -> None:
+        self._file.write(f"{stage} {trace_id}\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_sent(directory: str | Path) -> set[tuple[int, int]]:
+    """(stage, trace_id) pairs journaled as sent by every worker in a folder."""
+    out: set[tuple[int, int]] = set()
+    for path in sorted(Path(directory).glob("sent-*.log")):
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) == 2 and all(p.lstrip("-").isdigit() for p in parts):
+                out.add((int(parts[0]), int(parts[1])))
+    return out

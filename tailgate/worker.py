@@ -1,0 +1,234 @@
+"""The load path inside each Locust process: executes the schedule the shape hands out.
+
+One dispatcher walks the absolute intended send times of an order and spawns each request as
+its own greenlet, so a slow server never delays the next arrival (open loop). The dispatcher
+never waits on a response; it only waits for the whole order to end before reporting back,
+which is what lets the shape start the next stage or the next gated batch.
+"""
+
+from __future__ import annotations
+
+import gevent
+from gevent.pool import Group
+from gevent.queue import Queue
+from locust import User, task
+
+import logging
+import time
+from typing import Any
+
+from tailgate.client import StreamTiming, Target, Timeouts, build_payload, stream_completion
+from tailgate.records import RecordWriter, RequestRecord, SendJournal, worker_name
+from tailgate.trace import build_prompt
+
+log = logging.getLogger("tailgate")
+
+ORDER_MESSAGE = "tailgate_order"
+DONE_MESSAGE = "tailgate_done"
+READY_MESSAGE = "tailgate_ready"
+
+SPIN_NS = 1_500_000
+"""The dispatcher sleeps until this close to a send time, then yields in a loop until it.
+
+gevent's timers overshoot by about a millisecond (the event loop polls with millisecond
+timeouts); yielding for the last stretch puts sends within microseconds of their schedule at
+the cost of at most this much busy time per arrival, during which other greenlets still run.
+"""
+
+#: One wall-clock anchor per process; every instant is anchor + monotonic delta.
+_ANCHOR_NS = time.perf_counter_ns()
+_ANCHOR_WALL = time.time()
+
+
+def wall(ns: int) -> float:
+    return _ANCHOR_WALL + (ns - _ANCHOR_NS) / 1e9
+
+
+def mono_ns(wall_s: float) -> int:
+    return _ANCHOR_NS + int((wall_s - _ANCHOR_WALL) * 1e9)
+
+
+def _ms(a: int | None, b: int | None) -> float | None:
+    return None if a is None or b is None else round((b - a) / 1e6, 3)
+
+
+class OrderRunner:
+    """Executes orders in this process and writes one record per request as it ends."""
+
+    def __init__(self, environment: Any) -> None:
+        self.environment = environment
+        self.orders: Queue = Queue()
+        self.worker = worker_name()
+        self.in_flight = 0
+        self._writers: dict[str, tuple[RecordWriter, SendJournal]] = {}
+        self._group = Group()
+
+    def submit(self, order: dict[str, Any]) -> None:
+        self.orders.put(order)
+
+    def _writer(self, results_dir: str) -> tuple[RecordWriter, SendJournal]:
+        if results_dir not in self._writers:
+            self._writers[results_dir] = (
+                RecordWriter(results_dir, self.worker),
+                SendJournal(results_dir, self.worker),
+            )
+        return self._writers[results_dir]
+
+    def run(self, order: dict[str, Any]) -> dict[str, Any]:
+        """Dispatch one order open-loop, wait for all its requests, return its records."""
+        cfg = order["config"]
+        target = Target.parse(cfg["host"])
+        timeouts = Timeouts(cfg["connect_timeout"], cfg["request_timeout"], cfg["stall_timeout"])
+        writer, journal = self._writer(cfg["results_dir"])
+        cap = int(order.get("max_in_flight") or 0)
+        t0_ns = mono_ns(order["t0_wall"])
+        finished: list[dict[str, Any]] = []
+        dropped = 0
+        sleep = gevent.sleep
+        clock = time.perf_counter_ns
+        for trace_id, prompt_tokens, max_tokens, offset_s, batch in order["items"]:
+            intended_ns = t0_ns + int(offset_s * 1e9)
+            delay = intended_ns - clock()
+            if delay > SPIN_NS:
+                sleep((delay - SPIN_NS) / 1e9)
+            while clock() < intended_ns:
+                sleep(0)
+            if cap and self.in_flight >= cap:
+                dropped += 1
+                continue
+            body = build_payload(
+                cfg["model"],
+                build_prompt(prompt_tokens, cfg["prompt_word"]),
+                max_tokens,
+                ignore_eos=cfg["ignore_eos"],
+            )
+            plan = (trace_id, prompt_tokens, max_tokens, intended_ns, batch)
+            self._group.spawn(self._one, order, plan, body, target, timeouts, cfg, writer, journal, finished)
+        self._group.join()
+        return {"order_id": order["order_id"], "worker": self.worker, "records": finished, "dropped": dropped}
+
+    def _one(
+        self,
+        order: dict[str, Any],
+        plan: tuple[int, int, int, int, int | None],
+        body: bytes,
+        target: Target,
+        timeouts: Timeouts,
+        cfg: dict[str, Any],
+        writer: RecordWriter,
+        journal: SendJournal,
+        finished: list[dict[str, Any]],
+    ) -> None:
+        trace_id = plan[0]
+        timing = StreamTiming()
+        in_flight = self.in_flight
+        self.in_flight += 1
+        journal.sent(order["stage"], trace_id)
+        try:
+            stream_completion(
+                target, body, timing, timeouts=timeouts, api_key=cfg.get("api_key"),
+                record_chunks=cfg["record_chunks"],
+            )  # fmt: skip
+        finally:
+            self.in_flight -= 1
+            record = self._record(order, plan, timing, in_flight, cfg)
+            writer.write(record)
+            row = record.to_dict()
+            finished.append(row)
+            self._fire(record)
+
+    def _record(
+        self,
+        order: dict[str, Any],
+        plan: tuple[int, int, int, int, int | None],
+        t: StreamTiming,
+        in_flight: int,
+        cfg: dict[str, Any],
+    ) -> RequestRecord:
+        trace_id, prompt_tokens, max_tokens, intended_ns, batch = plan
+        sent = t.sent_ns or intended_ns
+        worst_gap = round(t.worst_gap_ns / 1e6, 3) if t.first_chunk_ns is not None else None
+        return RequestRecord(
+            run_id=order["run_id"], worker=self.worker, trace_id=trace_id, stage=order["stage"],
+            stage_label=order["stage_label"], arm=order["arm"], rate_or_batch=order["rate_or_batch"],
+            batch=batch, prompt_tokens_planned=prompt_tokens, max_tokens=max_tokens,
+            ignore_eos=cfg["ignore_eos"], intended_s=wall(intended_ns), sent_s=wall(sent),
+            schedule_lag_ms=round((sent - intended_ns) / 1e6, 3), in_flight_at_send=in_flight,
+            headers_s=None if t.headers_ns is None else wall(t.headers_ns),
+            first_chunk_s=None if t.first_chunk_ns is None else wall(t.first_chunk_ns),
+            last_chunk_s=None if t.last_chunk_ns is None else wall(t.last_chunk_ns),
+            end_s=wall(t.end_ns or time.perf_counter_ns()),
+            ttft_ms=_ms(sent, t.first_chunk_ns), ttft_from_intended_ms=_ms(intended_ns, t.first_chunk_ns),
+            worst_gap_ms=worst_gap,
+            worst_gap_end_s=None if t.worst_gap_end_ns is None else wall(t.worst_gap_end_ns),
+            total_ms=_ms(sent, t.last_chunk_ns), total_from_intended_ms=_ms(intended_ns, t.last_chunk_ns),
+            chunks=t.chunks, prompt_tokens=t.prompt_tokens, completion_tokens=t.completion_tokens,
+            finish_reason=t.finish_reason, status=t.status, response_id=t.response_id,
+            error_class=t.error_class, error=t.error,
+            chunk_offsets_ms=None if t.chunk_ns is None else [round((c - sent) / 1e6, 3) for c in t.chunk_ns],
+        )  # fmt: skip
+
+    def _fire(self, r: RequestRecord) -> None:
+        """Live rows for Locust's UI; authoritative percentiles come from the records."""
+        fire = self.environment.events.request.fire
+        label = r.stage_label
+        if r.error_class is not None:
+            fire(
+                request_type="STREAM", name=f"{label} request", response_time=r.total_ms or 0.0,
+                response_length=r.completion_tokens or r.chunks,
+                exception=RuntimeError(f"{r.error_class}: {r.error}"), context={"trace_id": r.trace_id},
+            )  # fmt: skip
+            return
+        tokens = r.completion_tokens or r.chunks
+        fire(request_type="TTFT", name=label, response_time=r.ttft_ms, response_length=tokens, exception=None,
+             context={})  # fmt: skip
+        fire(request_type="WORST_GAP", name=label, response_time=r.worst_gap_ms, response_length=tokens,
+             exception=None, context={})  # fmt: skip
+        fire(request_type="TOTAL", name=label, response_time=r.total_ms, response_length=tokens, exception=None,
+             context={})  # fmt: skip
+
+    def cancel(self) -> None:
+        """Kill in-flight requests; each still writes a ``cancelled`` record on the way out."""
+        self._group.kill(block=True, timeout=10)
+
+    def close(self) -> None:
+        for writer, journal in self._writers.values():
+            writer.close()
+            journal.close()
+        self._writers.clear()
+
+
+_runner: OrderRunner | None = None
+
+
+def order_runner(environment: Any) -> OrderRunner:
+    global _runner
+    if _runner is None or _runner.environment is not environment:
+        _runner = OrderRunner(environment)
+    return _runner
+
+
+class StreamingUser(User):
+    """The one user per load-generator process: it runs whatever orders the shape sends.
+
+    Arrivals are not Locust users. The shape keeps exactly one of these per process, and the
+    dispatcher inside it spawns a greenlet per request, so in-flight requests are unbounded
+    and independent of the user count.
+    """
+
+    fixed_count = 0
+    wait_time = staticmethod(lambda: 0)  # type: ignore[assignment]
+
+    def on_start(self) -> None:
+        self.environment.runner.send_message(READY_MESSAGE, {"worker": order_runner(self.environment).worker})
+
+    @task
+    def run_orders(self) -> None:
+        runner = order_runner(self.environment)
+        order = runner.orders.get()
+        try:
+            result = runner.run(order)
+        except BaseException:
+            runner.cancel()
+            raise
+        self.environment.runner.send_message(DONE_MESSAGE, result)
