@@ -155,6 +155,7 @@ class SuiteShape(LoadTestShape):
         records: list[dict[str, Any]] = []
         dropped = 0
         total = stage.size
+        baseline = _count_lines(s.results_dir, "records-*.jsonl"), _count_lines(s.results_dir, "sent-*.log")
         for group in stage.groups:
             t0 = time.time() + (START_LEAD_S if len(nodes) > 1 or group is stage.groups[0] else 0.0)
             self._done = {}
@@ -172,7 +173,7 @@ class SuiteShape(LoadTestShape):
                 }  # fmt: skip
                 self.runner.send_message(ORDER_MESSAGE, order, client_id=None if node == "local" else node)
             while not self._done_event.wait(timeout=5.0):
-                log.info("tailgate: %s: %d/%d requests ended", stage.label, len(records), total)
+                self._progress(stage, baseline, stage_start)
             for result in self._done.values():
                 records.extend(result["records"])
                 dropped += result.get("dropped", 0)
@@ -202,6 +203,16 @@ class SuiteShape(LoadTestShape):
             log.warning("tailgate: %s: preemption counter fell %s -> %s (server restarted?)", stage.label, pre, post)
         self._write_json(s.results_dir / f"summary-{stage.label}.json", summary)
         return summary
+
+    def _progress(self, stage: Stage, baseline: tuple[int, int], started: float) -> None:
+        """Requests sent and ended so far in this stage, read from the files the workers append to."""
+        s = self.settings
+        assert s is not None
+        ended = _count_lines(s.results_dir, "records-*.jsonl") - baseline[0]
+        sent = _count_lines(s.results_dir, "sent-*.log") - baseline[1]
+        elapsed = time.time() - started
+        eta = f", about {elapsed / ended * (stage.size - ended):.0f} s left" if ended else ""
+        log.info("tailgate: %s: %d/%d ended, %d in flight%s", stage.label, ended, stage.size, sent - ended, eta)
 
     def _order_config(self) -> dict[str, Any]:
         s = self.settings
@@ -245,6 +256,17 @@ class SuiteShape(LoadTestShape):
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
         tmp.replace(path)
+
+
+def _count_lines(directory: Path, pattern: str) -> int:
+    total = 0
+    for path in directory.glob(pattern):
+        try:
+            with open(path, "rb") as f:
+                total += f.read().count(b"\n")
+        except OSError:
+            pass
+    return total
 
 
 def _summary_line(s: dict[str, Any]) -> str:

@@ -437,12 +437,17 @@ class ChunkLog:
     of a row is ``cmpl-<seq>``.
     """
 
-    __slots__ = ("backpressured", "idx", "requests", "seq", "t_ns", "target_ns")
+    __slots__ = ("backpressured", "begin_ns", "idx", "requests", "seq", "t_ns", "target_ns")
 
     def __init__(self) -> None:
         self.seq = array("q")
         self.idx = array("q")
         self.t_ns = array("q")
+        """Right after the write call returned: the time the comparison uses."""
+        self.begin_ns = array("q")
+        """Right before the write call: the bytes left between this and ``t_ns``. A reader on another
+        core can receive them before ``t_ns`` (by the syscall's duration, or by much more if this
+        process was preempted in between), never before ``begin_ns``."""
         self.target_ns = array("q")
         self.requests: dict[int, list[int]] = {}
         """seq -> [body received ns, first write ns or -1]."""
@@ -459,6 +464,7 @@ class ChunkLog:
             "pid": os.getpid(),
             "chunks": [list(r) for r in zip(self.seq, self.idx, self.t_ns, strict=True)],
             "chunk_targets": list(self.target_ns),
+            "chunk_write_begin": list(self.begin_ns),
             "requests": [[s, r[0], r[1] if r[1] >= 0 else None] for s, r in self.requests.items()],
             "backpressured_writes": self.backpressured,
         }
@@ -616,19 +622,21 @@ class _Stream:
     # -- writes
 
     def tick(self) -> None:
-        """Write content chunk k: the hot path, one transport write and four array appends."""
+        """Write content chunk k: the hot path, one transport write and five array appends."""
         if self.plan is not None:
             self.tick_planned()
             return
         k = self.k
         last = k == self.n - 1
         tr = self.transport
+        t0 = _monotonic_ns()
         tr.write(self.last if last else self.mid)
         t = _monotonic_ns()
         log = self.log
         log.seq.append(self.seq)
         log.idx.append(k)
         log.t_ns.append(t)
+        log.begin_ns.append(t0)
         log.target_ns.append(self.target)
         if tr.get_write_buffer_size():
             log.backpressured += 1
@@ -670,6 +678,7 @@ class _Stream:
             data = self.frame(b"".join(events))
         else:
             data = b"".join([self.frame(e) for e in events])
+        t0 = _monotonic_ns()
         tr.write(data)
         t = _monotonic_ns()
         log = self.log
@@ -677,6 +686,7 @@ class _Stream:
             log.seq.append(self.seq)
             log.idx.append(idx)
             log.t_ns.append(t)
+            log.begin_ns.append(t0)
             log.target_ns.append(target)
         if tr.get_write_buffer_size():
             log.backpressured += 1
@@ -796,11 +806,13 @@ class _Connection(asyncio.Protocol):
             self.process()
 
     def eof_received(self) -> bool | None:
-        # A half-closed client still gets its answer; close once it is written.
-        self.keep_alive = False
-        if not self.busy:
-            self.close()
-        return True
+        """The client is gone (as uvicorn reads an EOF): let the transport close and end any stream.
+
+        Keeping a half-closed socket open would leave a stalled or never-answered stream running
+        forever, since nothing is written to it that could fail.
+        """
+        self.closed = True
+        return None
 
     def process(self) -> None:
         """Parse and dispatch as many complete requests as the buffer holds, one at a time."""

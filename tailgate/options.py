@@ -189,13 +189,16 @@ def _check_url(option: str, url: str) -> str:
 
 
 def _writable_dir(path: Path) -> Path:
+    """Create the folder now and prove a file can be written there, rather than fail mid-run."""
     if path.exists() and not path.is_dir():
         raise OptionError(f"--results-dir: {path} exists and is not a folder")
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise OptionError(f"--results-dir: {path} is not writable")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".tailgate-write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise OptionError(f"--results-dir: {path} is not writable ({e.strerror or e})") from None
     return path
 
 

@@ -1,0 +1,81 @@
+"""Bad input gets one line naming the option, exit code 2, and no traceback."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from conftest import run_locust
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_one_line_error(done, *fragments: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    errors = [line for line in done.stderr.splitlines() if line.startswith("tailgate: error:")]
+    assert len(errors) == 1, done.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--rates", "-1"], ["--rates", "positive"]),
+        (["--rates", "0"], ["--rates"]),
+        (["--rates", "fast"], ["--rates", "not a number"]),
+        (["--n", "0"], ["--n"]),
+        (["--n", "10", "--warmup", "25"], ["--n", "warm-up"]),
+        (["--request-timeout", "0"], ["--request-timeout"]),
+        (["--max-in-flight", "-3"], ["--max-in-flight"]),
+        (["--metrics-url", "not a url"], ["--metrics-url"]),
+    ],
+)
+def test_continuous_option_errors(tmp_path: Path, args: list[str], fragments: list[str]) -> None:
+    done = run_locust("continuous.py", f"http://127.0.0.1:{closed_port()}", tmp_path / "r", *args, timeout=60)
+    assert_one_line_error(done, *fragments)
+
+
+def test_batch_size_zero(tmp_path: Path) -> None:
+    done = run_locust("gated.py", "http://127.0.0.1:1", tmp_path / "r", "--batch-size", "0", timeout=60)
+    assert_one_line_error(done, "--batch-size")
+
+
+def test_malformed_host(tmp_path: Path) -> None:
+    done = run_locust("continuous.py", "ftp//nowhere", tmp_path / "r", timeout=60)
+    assert_one_line_error(done, "--host")
+
+
+def test_unreachable_server_at_start(tmp_path: Path) -> None:
+    done = run_locust("continuous.py", f"http://127.0.0.1:{closed_port()}", tmp_path / "r", timeout=60)
+    assert_one_line_error(done, "--host", "cannot reach")
+
+
+@pytest.mark.parametrize(
+    "content, fragment", [(None, "does not exist"), ("{oops\n", "not valid JSON"), ("", "no items")]
+)
+def test_trace_file_errors(tmp_path: Path, content: str | None, fragment: str) -> None:
+    trace = tmp_path / "trace.jsonl"
+    if content is not None:
+        trace.write_text(content)
+    done = run_locust("continuous.py", "http://127.0.0.1:1", tmp_path / "r", "--trace-file", str(trace), timeout=60)
+    assert_one_line_error(done, "--trace-file", fragment)
+
+
+def test_results_dir_that_is_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("x")
+    done = run_locust("continuous.py", "http://127.0.0.1:1", target, timeout=60)
+    assert_one_line_error(done, "--results-dir", "not a folder")
+
+
+def test_unwritable_results_dir(tmp_path: Path) -> None:
+    # /proc refuses new folders even to root, unlike a chmod-ed directory
+    done = run_locust("continuous.py", "http://127.0.0.1:1", Path("/proc/tailgate-results"), timeout=60)
+    assert_one_line_error(done, "--results-dir", "not writable")
