@@ -1,0 +1,339 @@
+"""``tailgate``: the suite's command line.
+
+    tailgate suite --embedded              # everything on this machine: CPU vLLM, tiny model, report
+    tailgate suite --server compose ...    # the GPU box from docker-compose.yml
+    tailgate report RESULTS_DIR            # table, charts, HTML report, diagnosis
+    tailgate trace --out trace.jsonl       # the seeded trace, to inspect or edit
+    tailgate make-model DIR                # the tiny dummy-weight model the CPU server uses
+
+Every bad input ends as one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from tailgate.client import Target, TargetError
+from tailgate.options import OptionError, parse_rates
+
+EXIT_USAGE = 2
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that fails with one line (no usage block) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def usage_error(prog: str, message: str) -> int:
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    return EXIT_USAGE
+
+
+# ---------------------------------------------------------------------------------------- suite
+
+EMBEDDED = {
+    "rates": (1.0, 2.0, 4.0),
+    "nochunk_rates": (2.0, 4.0),
+    "preempt_rate": 2.0,
+    "n": 40,
+    "warmup": 5,
+    "batch_size": 16,
+}
+#: A prompt of 6000 tokens needs 47 blocks of 128 on the CPU backend: a 64-block pool preempts.
+EMBEDDED_PREEMPT_FLAGS = ["--max-model-len", "7000", "--num-gpu-blocks-override", "64"]
+EMBEDDED_NOCHUNK_FLAGS = ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"]
+GPU_NOCHUNK_FLAGS = ["--no-enable-chunked-prefill"]
+#: 16-token GPU blocks: 5000 blocks = 80,000 KV tokens, between queue collapse and no preemption at all.
+GPU_PREEMPT_FLAGS = ["--max-model-len", "8192", "--num-gpu-blocks-override", "5000"]
+
+
+def add_suite_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--embedded", action="store_true",
+                   help="run everything here: install the CPU vLLM, build the tiny model, start the server "
+                        "(and Prometheus when installed), a scaled-down suite, the report")  # fmt: skip
+    p.add_argument("--server", choices=("local", "compose", "manual", "url"), default=None,
+                   help="who restarts the server between arms: local (CPU vLLM), compose, manual (you), "
+                        "url (nobody: arms needing a restart are skipped)")  # fmt: skip
+    p.add_argument("--host", default="http://127.0.0.1:8000", help="server URL (compose, manual, url)")
+    p.add_argument("--results", default="", help="suite folder (default results/suite-<time>); re-use to resume")
+    p.add_argument("--rates", default="", help="continuous ramp, req/s (default 1,5,10,20)")
+    p.add_argument("--until-knee", action="store_true", help="keep doubling the rate until the tail knees")
+    p.add_argument("--knee-factor", type=float, default=2.0, help="a p99 growing past this factor is the knee")
+    p.add_argument("--max-rate", type=float, default=320.0, help="highest rate --until-knee may reach")
+    p.add_argument("--batch-size", type=int, default=None, help="gated arm batch size (default 16)")
+    p.add_argument("--no-gated", action="store_true", help="skip the gated arm")
+    p.add_argument("--nochunk-rates", default="", help="chunked-prefill-off arm rates (default 5,10; 'none' skips)")
+    p.add_argument("--preempt-rate", default="", help="rate of the small-KV-pool cell (default 10; 'none' skips)")
+    p.add_argument(
+        "--preempt-flags",
+        default="",
+        help="server flags of the preemption cell (default: a small --num-gpu-blocks-override)",
+    )
+    p.add_argument("--nochunk-flags", default="", help="server flags of the chunked-off arm")
+    p.add_argument("--n", type=int, default=None, help="measured requests per cell (default 500)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up requests per cell (default 25)")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")
+    p.add_argument("--processes", type=int, default=1, help="load-generator processes per cell")
+    p.add_argument("--prometheus-url", default="", help="a Prometheus scraping the server (compose: :9090)")
+    p.add_argument("--compose-file", action="append", default=[], help="compose file(s) (default docker-compose.yml)")
+    p.add_argument("--compose-service", default="vllm")
+    p.add_argument("--nochunk-compose-file", default="docker-compose.nochunk.yml")
+    p.add_argument("--locust-arg", action="append", default=[], help="extra option for every Locust run")
+    p.add_argument("--no-report", action="store_true", help="skip the report at the end")
+
+
+def _rates_or_none(text: str, default: tuple[float, ...], option: str) -> tuple[float, ...]:
+    if not text:
+        return default
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        return parse_rates(text)
+    except OptionError as e:
+        raise OptionError(str(e).replace("--rates", option)) from None
+
+
+def build_plan(args: argparse.Namespace) -> Any:
+    from tailgate.suite import SuitePlan
+
+    scaled = EMBEDDED if args.embedded else {}
+    rates = _rates_or_none(args.rates, scaled.get("rates", (1.0, 5.0, 10.0, 20.0)), "--rates")
+    if not rates:
+        raise OptionError("--rates: the ramp needs at least one rate")
+    nochunk = _rates_or_none(args.nochunk_rates, scaled.get("nochunk_rates", (5.0, 10.0)), "--nochunk-rates")
+    preempt = _rates_or_none(args.preempt_rate, (scaled.get("preempt_rate", 10.0),), "--preempt-rate")
+    n = args.n if args.n is not None else scaled.get("n", 500)
+    warmup = args.warmup if args.warmup is not None else scaled.get("warmup", 25)
+    batch = args.batch_size if args.batch_size is not None else 16
+    if n < 1:
+        raise OptionError(f"--n: must be at least 1, got {n}")
+    if warmup < 0:
+        raise OptionError(f"--warmup: must be 0 or more, got {warmup}")
+    if n < warmup:
+        raise OptionError(f"--n: {n} measured requests is fewer than the {warmup} warm-up requests")
+    if batch < 1:
+        raise OptionError(f"--batch-size: must be at least 1, got {batch}")
+    if args.processes < 1:
+        raise OptionError(f"--processes: must be at least 1, got {args.processes}")
+    if not args.knee_factor > 1:
+        raise OptionError(f"--knee-factor: must be above 1, got {args.knee_factor}")
+    nochunk_default = EMBEDDED_NOCHUNK_FLAGS if args.embedded else GPU_NOCHUNK_FLAGS
+    preempt_default = EMBEDDED_PREEMPT_FLAGS if args.embedded else GPU_PREEMPT_FLAGS
+    nochunk_flags = args.nochunk_flags.split() if args.nochunk_flags else list(nochunk_default)
+    preempt_flags = args.preempt_flags.split() if args.preempt_flags else list(preempt_default)
+    return SuitePlan(
+        rates=rates, until_knee=args.until_knee, knee_factor=args.knee_factor, max_rate=args.max_rate,
+        batch_size=batch, gated=not args.no_gated, nochunk_rates=nochunk,
+        preempt_rate=preempt[0] if preempt else None, n=n, warmup=warmup, seed=args.seed,
+        ignore_eos=args.ignore_eos or args.embedded, processes=args.processes,
+        server_flags={"chunked": [], "nochunk": nochunk_flags, "preempt": preempt_flags},
+        locust_args=list(args.locust_arg),
+    )  # fmt: skip
+
+
+def run_suite(args: argparse.Namespace, prog: str) -> int:
+    from tailgate import cpuvllm, suite
+    from tailgate.promserver import LocalPrometheus, PrometheusError, find_prometheus
+
+    try:
+        plan = build_plan(args)
+        if not args.embedded and args.server is None:
+            raise OptionError("--server: say who runs the server (local, compose, manual, url), or use --embedded")
+        if args.server in ("compose", "manual", "url"):
+            try:
+                Target.parse(args.host)
+            except TargetError as e:
+                raise OptionError(f"--host: {e}") from None
+        if args.prometheus_url:
+            try:
+                Target.parse(args.prometheus_url)
+            except TargetError as e:
+                raise OptionError(f"--prometheus-url: {e}") from None
+        root = Path(args.results or f"results/suite-{time.strftime('%Y%m%d-%H%M%S')}")
+        if root.exists() and not root.is_dir():
+            raise OptionError(f"--results: {root} exists and is not a folder")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            (root / ".probe").write_text("")
+            (root / ".probe").unlink()
+        except OSError as e:
+            raise OptionError(f"--results: {root} is not writable ({e.strerror or e})") from None
+    except OptionError as e:
+        return usage_error(prog, str(e))
+
+    log = _printer()
+    started = time.monotonic()
+    controller: Any = None
+    prometheus: LocalPrometheus | None = None
+    runner: suite.Suite | None = None
+    prom_url = args.prometheus_url or None
+    try:
+        if args.embedded or args.server == "local":
+            log("[suite] preparing the CPU vLLM (installed once into ~/.cache/tailgate)")
+            python = cpuvllm.ensure_vllm_venv(log=log)
+            model = cpuvllm.ensure_tiny_model(python=python)
+            controller = cpuvllm.LocalVllmServer(python, model, log_path=root / "server.log")
+        elif args.server == "compose":
+            files = args.compose_file or ["docker-compose.yml"]
+            controller = cpuvllm.ComposeServer(
+                args.compose_service, files, base_url=args.host, chunked_off_files=[*files, args.nochunk_compose_file]
+            )
+        elif args.server == "manual":
+            controller = cpuvllm.ManualServer(args.host, out=log)
+        else:
+            controller = FixedServer(args.host)
+            if plan.nochunk_rates or plan.preempt_rate:
+                log("[suite] --server url cannot restart the server: skipping the chunked-off and preemption arms")
+                plan.nochunk_rates, plan.preempt_rate = (), None
+        if args.embedded and not prom_url:
+            if find_prometheus():
+                prometheus = LocalPrometheus(controller.base_url, root / "prometheus")
+                try:
+                    prometheus.start()
+                    prom_url = prometheus.url
+                    log(f"[suite] Prometheus on {prom_url}, scraping the server every second")
+                except PrometheusError as e:
+                    log(f"[suite] Prometheus could not start ({e}); using direct /metrics reads")
+                    prometheus = None
+            else:
+                log("[suite] no prometheus binary: the report will use direct /metrics reads")
+        from tailgate.suite import host_facts
+
+        runner = suite.Suite(
+            plan, controller, root, prometheus_url=prom_url, log=log,
+            extra_metadata={"environment": host_facts(), "server_kind": type(controller).__name__,
+                            "embedded": args.embedded, "host": controller.base_url},
+        )  # fmt: skip
+        runner.run()
+        if not args.no_report:
+            from postprocess.report import build_report
+
+            log("[suite] building the report")
+            paths = build_report(root, prometheus_url=prom_url)
+            log(f"[suite] finished in {time.monotonic() - started:.0f} s")
+            log(f"[suite] report: {getattr(paths, 'html', paths)}")
+        return 0
+    except KeyboardInterrupt:
+        if runner is not None:
+            runner.interrupt()
+        log("[suite] interrupted: finished cells are kept; run the same command again to resume")
+        return 130
+    except (suite.SuiteError, cpuvllm.ServerError, PrometheusError) as e:
+        log(f"[suite] failed: {e}")
+        return 1
+    finally:
+        if runner is not None:
+            runner.interrupt()
+        if controller is not None and (args.embedded or args.server == "local"):
+            controller.stop()
+        if prometheus is not None:
+            prometheus.stop()
+
+
+class FixedServer:
+    """A server nobody restarts: the suite only checks that it is up."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+
+    def restart(self, extra_args: Sequence[str] | None = None) -> None:
+        pass
+
+    def wait_healthy(self, timeout: float = 30.0) -> float:
+        from tailgate import cpuvllm
+
+        t0 = time.monotonic()
+        while not cpuvllm.is_healthy(self.base_url):
+            if time.monotonic() - t0 > timeout:
+                raise cpuvllm.ServerError(f"{self.base_url}/health does not answer")
+            time.sleep(1)
+        return time.monotonic() - t0
+
+    def stop(self) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        from tailgate import cpuvllm
+
+        version = cpuvllm.http_json(self.base_url + "/version")
+        return {"kind": "external", "base_url": self.base_url,
+                "vllm_version": version.get("version") if isinstance(version, dict) else None}  # fmt: skip
+
+
+def _printer() -> Any:
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    return log
+
+
+# ----------------------------------------------------------------------------------------- misc
+
+
+def run_trace(args: argparse.Namespace, prog: str) -> int:
+    from tailgate.trace import make_trace, mix_of, save_jsonl
+
+    if args.n < 1 or args.warmup < 0:
+        return usage_error(prog, "--n must be at least 1 and --warmup 0 or more")
+    items = make_trace(args.n + args.warmup, args.seed)
+    try:
+        save_jsonl(items, args.out)
+    except OSError as e:
+        return usage_error(prog, f"--out: cannot write {args.out} ({e.strerror or e})")
+    print(f"{len(items)} items (first {args.warmup} warm-up) -> {args.out}; mix {mix_of(items[args.warmup :])}")
+    return 0
+
+
+def run_make_model(args: argparse.Namespace, prog: str) -> int:
+    import subprocess
+
+    from tailgate import cpuvllm
+
+    try:
+        python = cpuvllm.ensure_vllm_venv()
+    except cpuvllm.ServerError as e:
+        return usage_error(prog, str(e))
+    script = Path(cpuvllm.__file__).with_name("tinymodel.py")
+    return subprocess.call([str(python), str(script), args.directory])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "report":
+        from postprocess.cli import main as report_main
+
+        return report_main(argv[1:])
+    parser = ArgumentParser(prog="tailgate", description="what does your batching policy do to tail latency?")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+    p_suite = sub.add_parser("suite", help="run every cell of the experiment, then the report")
+    add_suite_arguments(p_suite)
+    sub.add_parser("report", help="table, charts, HTML report and diagnosis from a results folder")
+    p_trace = sub.add_parser("trace", help="write the seeded trace as JSONL")
+    p_trace.add_argument("--out", required=True)
+    p_trace.add_argument("--n", type=int, default=500)
+    p_trace.add_argument("--warmup", type=int, default=25)
+    p_trace.add_argument("--seed", type=int, default=7)
+    p_model = sub.add_parser("make-model", help="build the tiny dummy-weight model folder")
+    p_model.add_argument("directory")
+    args = parser.parse_args(argv)
+    if args.command == "suite":
+        return run_suite(args, "tailgate suite")
+    if args.command == "trace":
+        return run_trace(args, "tailgate trace")
+    if args.command == "make-model":
+        return run_make_model(args, "tailgate make-model")
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,317 @@
+"""The whole experiment in one command: every cell, server restarts between arms, the report.
+
+A cell is one Locust run (one arm, one rate or batch size, one server configuration) in its own
+folder. Cells run in an order that needs the fewest server restarts: the engine default
+(chunked prefill on) for the rate ramp and the gated arm, then chunked prefill off, then a
+small KV pool that forces preemption. A finished cell has ``run.json`` with status
+``completed``; re-running the same command skips it, so an interrupted suite resumes.
+
+Standard library only: Locust runs as a child process, exactly as a user would start it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import locustfiles
+import tailgate
+from tailgate.cpuvllm import CHUNKED_OFF_FLAG
+from tailgate.plan import rate_label
+
+Log = Callable[[str], None]
+
+CONFIG_ORDER = ("chunked", "nochunk", "preempt")
+
+
+@dataclass(frozen=True)
+class Cell:
+    config: str
+    arm: str
+    value: float
+    """Arrival rate (continuous) or batch size (gated)."""
+
+    @property
+    def name(self) -> str:
+        if self.arm == "gated":
+            return f"{self.config}_gated_b{int(self.value)}"
+        return f"{self.config}_cont_r{rate_label(self.value)}"
+
+    @property
+    def stage_label(self) -> str:
+        return f"gated_b{int(self.value)}" if self.arm == "gated" else f"cont_r{rate_label(self.value)}"
+
+
+@dataclass
+class SuitePlan:
+    rates: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0)
+    until_knee: bool = False
+    knee_factor: float = 2.0
+    max_rate: float = 320.0
+    batch_size: int = 16
+    gated: bool = True
+    nochunk_rates: tuple[float, ...] = (5.0, 10.0)
+    preempt_rate: float | None = 10.0
+    n: int = 500
+    warmup: int = 25
+    seed: int = 7
+    ignore_eos: bool = False
+    processes: int = 1
+    server_flags: dict[str, list[str]] = field(
+        default_factory=lambda: {"chunked": [], "nochunk": [CHUNKED_OFF_FLAG], "preempt": []}
+    )
+    locust_args: list[str] = field(default_factory=list)
+    """Passed through to every Locust run (e.g. --request-timeout, --trace-file)."""
+
+    def fixed_cells(self) -> list[Cell]:
+        cells = [Cell("chunked", "continuous", r) for r in self.rates]
+        if self.gated:
+            cells.append(Cell("chunked", "gated", float(self.batch_size)))
+        cells += [Cell("nochunk", "continuous", r) for r in self.nochunk_rates]
+        if self.preempt_rate:
+            cells.append(Cell("preempt", "continuous", self.preempt_rate))
+        return cells
+
+
+def cell_done(root: Path, cell: Cell) -> bool:
+    meta = root / cell.name / "run.json"
+    try:
+        return json.loads(meta.read_text()).get("status") == "completed" and (
+            root / cell.name / f"summary-{cell.stage_label}.json"
+        ).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def load_summary(root: Path, cell: Cell) -> dict[str, Any] | None:
+    try:
+        return json.loads((root / cell.name / f"summary-{cell.stage_label}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def kneed(previous: dict[str, Any] | None, current: dict[str, Any], factor: float) -> str | None:
+    """Why the ramp should stop here, or None: errors, or a tail that grew past ``factor``."""
+    if current.get("errors"):
+        return f"{current['errors']} errors at {current['rate_or_batch']} req/s"
+    if previous is None:
+        return None
+    for key in ("ttft_p99", "gap_p99"):
+        before, now = previous.get(key), current.get(key)
+        if before and now and now > factor * before:
+            return f"{key} grew x{now / before:.1f} ({before} -> {now} ms) at {current['rate_or_batch']} req/s"
+    return None
+
+
+class Suite:
+    """Runs the plan against one server, restarting it between configurations."""
+
+    def __init__(
+        self,
+        plan: SuitePlan,
+        controller: Any,
+        root: Path,
+        *,
+        prometheus_url: str | None = None,
+        log: Log = print,
+        extra_metadata: dict[str, Any] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.controller = controller
+        self.root = root
+        self.prometheus_url = prometheus_url
+        self.log = log
+        self.extra_metadata = extra_metadata or {}
+        self._child: subprocess.Popen[str] | None = None
+        self._config_running: str | None = None
+        self.knee: str | None = None
+
+    # -- metadata ---------------------------------------------------------------------------
+    def _meta_path(self) -> Path:
+        return self.root / "suite.json"
+
+    def _write_meta(self, **updates: Any) -> None:
+        path = self._meta_path()
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError):
+            meta = {"created": _iso(time.time()), "servers": {}}
+        meta.update(updates)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta, indent=1) + "\n")
+        tmp.replace(path)
+
+    # -- running ----------------------------------------------------------------------------
+    def _ensure_server(self, config: str) -> None:
+        if self._config_running == config:
+            return
+        flags = self.plan.server_flags.get(config, [])
+        self.log(f"[suite] server configuration '{config}': restarting with {' '.join(flags) or 'default flags'}")
+        t0 = time.monotonic()
+        self.controller.restart(flags)
+        self.controller.wait_healthy()
+        self.log(f"[suite] server healthy after {time.monotonic() - t0:.0f} s")
+        self._config_running = config
+        describe = self.controller.describe()
+        meta = json.loads(self._meta_path().read_text()) if self._meta_path().exists() else {}
+        servers = meta.get("servers", {})
+        servers[config] = {"flags": flags, **describe}
+        self._write_meta(servers=servers)
+
+    def _locust_command(self, cell: Cell, out: Path) -> list[str]:
+        p = self.plan
+        locustfile = Path(locustfiles.__file__).with_name("gated.py" if cell.arm == "gated" else "continuous.py")
+        cmd = [
+            sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--only-summary",
+            "--host", self.controller.base_url, "--results-dir", str(out), "--config-label", cell.config,
+            "--n", str(p.n), "--warmup", str(p.warmup), "--seed", str(p.seed),
+        ]  # fmt: skip
+        if cell.arm == "gated":
+            cmd += ["--batch-size", str(int(cell.value))]
+        else:
+            cmd += ["--rates", f"{cell.value:g}"]
+        if p.ignore_eos:
+            cmd.append("--ignore-eos")
+        if self.prometheus_url:
+            cmd += ["--prometheus-url", self.prometheus_url]
+        if p.processes > 1:
+            cmd += ["--processes", str(p.processes)]
+        return cmd + list(p.locust_args)
+
+    def run_cell(self, cell: Cell, index: int, total: int) -> dict[str, Any]:
+        out = self.root / cell.name
+        if out.exists():  # an interrupted attempt: keep it aside, never mix its records in
+            aside = self.root / ".incomplete" / f"{cell.name}-{int(time.time())}"
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(out), str(aside))
+        self._ensure_server(cell.config)
+        self.log(f"[suite] cell {index}/{total}: {cell.name}")
+        cmd = self._locust_command(cell, out)
+        t0 = time.monotonic()
+        self._child = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
+        tail: list[str] = []
+        assert self._child.stdout is not None
+        for line in self._child.stdout:
+            line = line.rstrip("\n")
+            tail = [*tail[-39:], line]
+            if "tailgate" in line:
+                self.log("    " + line.split("tailgate: ", 1)[-1])
+        code = self._child.wait()
+        self._child = None
+        summary = load_summary(self.root, cell)
+        if code != 0 or summary is None or not cell_done(self.root, cell):
+            detail = "\n".join(tail[-15:])
+            raise SuiteError(f"cell {cell.name} failed (locust exit {code}); last output:\n{detail}")
+        self.log(f"[suite] {cell.name} done in {time.monotonic() - t0:.0f} s")
+        return summary
+
+    def run(self) -> list[Cell]:
+        """Run every pending cell; return the cells that exist when done."""
+        p = self.plan
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._write_meta(
+            started=_iso(time.time()), plan=asdict(p), prometheus_url=self.prometheus_url, **self.extra_metadata,
+        )  # fmt: skip
+        cells = p.fixed_cells()
+        done_cells: list[Cell] = []
+        total = len(cells)
+        index = 0
+        # the chunked ramp first, deciding as it goes whether to extend it
+        previous: dict[str, Any] | None = None
+        ramp = [c for c in cells if c.config == "chunked" and c.arm == "continuous"]
+        rate = ramp[-1].value if ramp else 0.0
+        while ramp:
+            cell = ramp.pop(0)
+            index += 1
+            if cell_done(self.root, cell):
+                self.log(f"[suite] cell {index}/{total}: {cell.name} already done, skipped")
+                summary = load_summary(self.root, cell)
+            else:
+                summary = self.run_cell(cell, index, total)
+            done_cells.append(cell)
+            assert summary is not None
+            why = kneed(previous, summary, p.knee_factor)
+            previous = summary
+            if why and p.until_knee:
+                self.knee = why
+                self.log(f"[suite] the tail knees: {why}; ramp stops")
+                break
+            if not ramp and p.until_knee and rate * 2 <= p.max_rate:
+                rate *= 2
+                ramp.append(Cell("chunked", "continuous", rate))
+                total += 1
+        for cell in cells:
+            if cell.config == "chunked" and cell.arm == "continuous":
+                continue
+            index += 1
+            if cell_done(self.root, cell):
+                self.log(f"[suite] cell {index}/{total}: {cell.name} already done, skipped")
+            else:
+                self.run_cell(cell, index, total)
+            done_cells.append(cell)
+        self._write_meta(ended=_iso(time.time()), cells=[c.name for c in done_cells], knee=self.knee)
+        return done_cells
+
+    def interrupt(self) -> None:
+        """Stop the Locust child (its in-flight requests are written as cancelled records)."""
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGINT)
+            try:
+                child.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+class SuiteError(RuntimeError):
+    pass
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def gpu_facts() -> dict[str, Any] | None:
+    """GPU name and driver from ``nvidia-smi`` when there is one."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    gpus = [dict(zip(("name", "driver", "memory"), (x.strip() for x in line.split(",")), strict=False))
+            for line in out.splitlines() if line.strip()]  # fmt: skip
+    return {"gpus": gpus}
+
+
+def host_facts() -> dict[str, Any]:
+    import platform
+
+    try:
+        import locust
+
+        locust_version = locust.__version__
+    except Exception:
+        locust_version = None
+    return {
+        "host": platform.node(), "python": platform.python_version(), "locust": locust_version,
+        "tailgate": tailgate.__version__, "cpus": os.cpu_count(), "gpu": gpu_facts(),
+        "argv": [a for a in sys.argv if "key" not in a.lower()],
+    }  # fmt: skip
+
+
+__all__ = ["Cell", "Suite", "SuiteError", "SuitePlan", "cell_done", "kneed"]
