@@ -85,9 +85,10 @@ class SuitePlan:
 def cell_done(root: Path, cell: Cell) -> bool:
     meta = root / cell.name / "run.json"
     try:
-        return json.loads(meta.read_text()).get("status") == "completed" and (
-            root / cell.name / f"summary-{cell.stage_label}.json"
-        ).exists()
+        return (
+            json.loads(meta.read_text()).get("status") == "completed"
+            and (root / cell.name / f"summary-{cell.stage_label}.json").exists()
+        )
     except (OSError, ValueError):
         return False
 

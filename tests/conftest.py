@@ -37,7 +37,10 @@ def vllm_python() -> Path:
 def _start(tmp_root: Path, name: str, extra: Sequence[str]) -> Iterator[LocalVllmServer]:
     python = vllm_python()
     model = ensure_tiny_model(python=python)
-    server = LocalVllmServer(python, model, extra_args=list(extra), log_path=tmp_root / f"vllm-{name}.log")
+    # eager mode starts in ~40 s instead of ~100 s of compilation; tests assert behaviour, not speed
+    server = LocalVllmServer(
+        python, model, extra_args=[*extra, "--enforce-eager"], log_path=tmp_root / f"vllm-{name}.log"
+    )
     server.start()
     try:
         server.wait_healthy(timeout=420)
