@@ -1,0 +1,86 @@
+"""The one-command suite on the embedded default, scaled tiny: interrupt, resume, report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--rates", "2", "--nochunk-rates", "2", "--preempt-rate", "2", "--n", "6", "--warmup", "2",
+        "--batch-size", "4", "--locust-arg=--settle=0"]  # fmt: skip
+
+
+def suite_cmd(results: Path) -> list[str]:
+    return [sys.executable, "-m", "tailgate.cli", "suite", "--embedded", "--results", str(results), *TINY]
+
+
+def started_processes() -> set[int]:
+    """vLLM servers, their engine processes, Prometheus servers and Locust runs on this machine."""
+    pattern = "vllm-venv|VLLM::|prometheus --config|locust -f"
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return {int(p) for p in out.stdout.split()}
+
+
+def test_embedded_suite_interrupt_resume_report(tmp_path: Path) -> None:
+    results = tmp_path / "suite"
+    before = started_processes()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen(
+        suite_cmd(results), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    seen: list[str] = []
+    deadline = time.monotonic() + 600
+    assert first.stdout is not None
+    for line in first.stdout:
+        seen.append(line)
+        if "chunked_cont_r2 done" in line:
+            first.send_signal(signal.SIGINT)
+            break
+        assert time.monotonic() < deadline, "".join(seen[-30:])
+    rest, _ = first.communicate(timeout=180)
+    seen.append(rest)
+    output = "".join(seen)
+    assert first.returncode == 130, output[-3000:]
+    assert "run the same command again to resume" in output
+    assert (results / "chunked_cont_r2" / "run.json").exists()
+    assert not (results / "chunked_gated_b4" / "run.json").exists()
+    # everything the interrupted suite started is gone
+    time.sleep(2)
+    assert started_processes() <= before
+
+    second = subprocess.run(suite_cmd(results), cwd=ROOT, capture_output=True, text=True, env=env, timeout=1500)
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out[-4000:]
+    assert "chunked_cont_r2 already done, skipped" in out
+    cells = ["chunked_cont_r2", "chunked_gated_b4", "nochunk_cont_r2", "preempt_cont_r2"]
+    for cell in cells:
+        meta = json.loads((results / cell / "run.json").read_text())
+        assert meta["status"] == "completed"
+        for key in ("run_id", "host", "model", "started", "ended", "trace", "options", "versions", "server"):
+            assert meta[key] is not None, (cell, key)
+        assert meta["trace"]["seed"] == 7 and meta["ignore_eos"] is True
+        assert meta["server"]["version"]  # vLLM's /version
+    suite = json.loads((results / "suite.json").read_text())
+    assert suite["cells"] == cells
+    assert suite["environment"]["python"] and suite["environment"]["locust"]
+    for config in ("chunked", "nochunk", "preempt"):
+        assert suite["servers"][config]["command"], config
+    assert "--no-enable-chunked-prefill" in suite["servers"]["nochunk"]["command"]
+    # the restart really turned chunked prefill off: the engine says so in its log
+    log = (results / "server.log").read_text(errors="replace")
+    assert "enable_chunked_prefill=False" in log and "enable_chunked_prefill=True" in log
+    report = results / "report" / "report.html"
+    assert report.exists() and report.stat().st_size > 10_000
+    assert "report.html" in out
+    time.sleep(2)
+    assert started_processes() <= before
