@@ -17,6 +17,48 @@ Clock: every time here is ``time.monotonic_ns()``. On Linux, ``time.perf_counter
 
 Run it as ``python -m tailgate.groundtruth --port 0 --port-file PATH --chunk-log PATH`` or from a test
 through :func:`start_server_process`.
+
+Endpoints
+    ``POST /v1/completions``: streams ``max_tokens`` content chunks (one token each, text ``" w"``), the
+    first at ``ttft_ms`` after the request body was read, then one every ``gap_ms``, each on an absolute
+    target; then the usage chunk (with ``stream_options.include_usage``), ``data: [DONE]`` and the
+    terminating HTTP chunk. Prompt tokens are the prompt's whitespace-separated words. Without
+    ``stream`` the whole JSON body goes out at the last token's target.
+    ``GET /health``, ``/v1/models``, ``/version``, ``/metrics`` (vLLM's metric names, real counts).
+    ``GET /_chunklog``: ``{"chunks": [[seq, index, written_ns]], "chunk_targets": [...],
+    "chunk_write_begin": [...], "requests": [[seq, body_received_ns, first_write_ns]], ...}``; the
+    same document is written to ``--chunk-log`` on SIGTERM/SIGINT. Serving it blocks the loop for as
+    long as it takes to render, so fetch it between measurements.
+    ``GET /_control`` shows the settings; ``POST /_control`` changes them (see
+    :meth:`GroundTruthServer.apply_control`).
+
+Request numbers (``seq``, also the response id ``cmpl-<seq>``) count ``/v1/completions`` requests
+from 0; other endpoints do not advance them.
+
+Faults (``{"faults": [{"match": ..., "kind": ..., ...params}]}``; ``match`` is ``{"seq": n | [n, ...]}``,
+``{"every": n, "offset": r}`` (seq % n == r), ``{"prompt_tokens": n}`` (at least n), ``{"all": true}``,
+or several of these together; ``"times": n`` stops a fault after n requests):
+
+- ``http_429`` / ``http_500`` / ``http_503``: vLLM's JSON error body; ``retry_after`` (429, default 1),
+  ``message``, ``type``, ``delay_ms``.
+- ``close_before_headers``: read the request, close with no response; ``rst`` resets instead,
+  ``delay_ms``.
+- ``headers_never``: read the request, never answer; the socket stays open until the client closes.
+- ``cut_mid_stream``: after ``after_chunks`` content chunks, at the next chunk's target, close with no
+  ``[DONE]`` and no terminating chunk; ``rst`` resets instead of a clean close.
+- ``malformed_json``: ``data: {not json`` just before content chunk ``at_chunk``.
+- ``stall``: content chunk ``at_chunk`` and all after it move ``stall_ms`` later (null, or at least
+  ``FOREVER_MS``: never).
+- ``error_event``: at chunk ``at_chunk``, ``data: {"error": {...}}`` then ``[DONE]`` instead of the rest,
+  as vLLM does when its engine fails mid-stream; ``message``, ``type``, ``code``.
+- ``keepalive_comments``: ``: ping`` SSE comments every ``interval_ms`` (default: the gap), offset by
+  half an interval so they fall between content chunks; ``comment`` sets the text.
+- ``multi_event_writes``: ``events_per_write`` consecutive content chunks go out in one write at the
+  last one's target; ``same_http_chunk`` puts them in one HTTP chunk too. The log gives each the
+  write's time.
+
+The first matching fault of the first five kinds replaces the response; every matching fault of the
+others shapes a streaming response.
 """
 
 from __future__ import annotations
@@ -24,6 +66,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
+import heapq
 import http.client
 import json
 import os
@@ -432,9 +476,10 @@ class Settings:
 class ChunkLog:
     """Per-chunk write times in flat integer arrays.
 
-    Appending three machine integers per chunk costs a fraction of a microsecond and allocates no
+    Appending five machine integers per chunk costs a fraction of a microsecond and allocates no
     Python objects, so logging every chunk does not perturb the timing it records. The response id
-    of a row is ``cmpl-<seq>``.
+    of a row is ``cmpl-<seq>``. The dump keeps ``chunks`` as ``[seq, index, written ns]`` rows and puts
+    the targets and the before-write stamps in lists parallel to it.
     """
 
     __slots__ = ("backpressured", "begin_ns", "idx", "requests", "seq", "t_ns", "target_ns")
@@ -473,6 +518,60 @@ class ChunkLog:
 # ------------------------------------------------------------------------------------------- streams
 
 
+class _Timers:
+    """Every stream's next write in one heap of ``(target_ns, order, stream)``, under one asyncio timer.
+
+    An asyncio timer per chunk costs a ``TimerHandle`` and heap comparisons made in Python; tuples of
+    integers compare in C. A stream has at most one entry at a time; a stream that ended is skipped
+    when its entry comes up rather than searched for. One pass runs at most as many entries as were
+    in the heap when it began, so a server that has fallen behind still reads sockets between passes.
+    """
+
+    __slots__ = ("heap", "in_pass", "loop", "order", "timer", "when")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.heap: list[tuple[int, int, _Stream]] = []
+        self.order = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.when = 0
+        self.in_pass = False
+
+    def push(self, target: int, stream: _Stream) -> None:
+        self.order += 1
+        heapq.heappush(self.heap, (target, self.order, stream))
+        if not self.in_pass and (self.timer is None or target < self.when):
+            self.arm()
+
+    def arm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.heap:
+            self.when = self.heap[0][0]
+            self.timer = self.loop.call_at(self.when * 1e-9, self.run_due)
+
+    def run_due(self) -> None:
+        self.timer = None
+        self.in_pass = True
+        heap = self.heap
+        budget = len(heap)
+        now = _monotonic_ns()
+        # asyncio fired this timer because the first entry is due (to its float rounding): run it.
+        first = True
+        try:
+            while heap and budget > 0 and (first or heap[0][0] <= now):
+                first = False
+                budget -= 1
+                stream = heapq.heappop(heap)[2]
+                if not stream.ended:
+                    stream.fire()
+                now = _monotonic_ns()
+        finally:
+            self.in_pass = False
+            self.arm()
+
+
 @dataclass(slots=True)
 class _Plan:
     """How the stream-shaping faults that matched one request change its stream."""
@@ -490,7 +589,7 @@ class _Plan:
 
 
 class _Stream:
-    """One completion being generated: a chain of ``loop.call_at`` callbacks on absolute targets.
+    """One completion being generated: a chain of writes on absolute targets.
 
     Target k is ``body received + ttft + k * gap`` (or the request's script), never "previous write
     + gap", so a late wake-up delays one chunk and not every chunk after it. The chunk bytes are
@@ -505,7 +604,6 @@ class _Stream:
         "first_ns",
         "frame",
         "gap_ns",
-        "handle",
         "k",
         "last",
         "last_event",
@@ -565,7 +663,6 @@ class _Stream:
         self.plan = plan
         self.request_row = request_row
         self.streaming = streaming
-        self.handle: asyncio.TimerHandle | None = None
         self.ping_handle: asyncio.TimerHandle | None = None
         self.running = False
         self.ended = False
@@ -604,10 +701,15 @@ class _Stream:
     def schedule(self, k: int) -> None:
         target = self.target_ns(k)
         if target is None:
-            self.handle = None
             return
         self.target = target
-        self.handle = self.loop.call_at(target * 1e-9, self.tick if self.streaming else self.tick_whole)
+        self.server.timers.push(target, self)
+
+    def fire(self) -> None:
+        if self.streaming:
+            self.tick()
+        else:
+            self.tick_whole()
 
     def start(self) -> None:
         self.server.waiting += 1
@@ -739,9 +841,6 @@ class _Stream:
         if self.ended:
             return
         self.ended = True
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
         if self.ping_handle is not None:
             self.ping_handle.cancel()
             self.ping_handle = None
@@ -835,6 +934,12 @@ class _Connection(asyncio.Protocol):
                     if self.head.content_length > MAX_BODY_BYTES:
                         self.reject(HttpError(413, "request body too large"))
                         return
+                    if (
+                        self.head.headers.get("expect", "").lower() == "100-continue"
+                        and len(self.buf) < self.head.content_length
+                    ):
+                        # curl sends this for bodies over 1 KiB and waits a second unless answered.
+                        self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 head = self.head
                 if len(self.buf) < head.content_length:
                     return
@@ -930,6 +1035,7 @@ class GroundTruthServer:
         self.requested_port = port
         self.chunk_log_path = Path(chunk_log_path) if chunk_log_path else None
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self.timers: _Timers = None  # type: ignore[assignment]
         self.log = ChunkLog()
         self.connections: set[_Connection] = set()
         self.active: set[_Stream] = set()
@@ -950,6 +1056,7 @@ class GroundTruthServer:
     async def start(self) -> int:
         """Listen and return the port (the chosen one when 0 was asked for)."""
         self.loop = asyncio.get_running_loop()
+        self.timers = _Timers(self.loop)
         self._server = await self.loop.create_server(
             lambda: _Connection(self), self.host, self.requested_port, backlog=4096, reuse_address=True
         )
@@ -981,7 +1088,15 @@ class GroundTruthServer:
     # -- control
 
     def apply_control(self, doc: Any) -> dict[str, Any]:
-        """Validate the whole document, then apply it: a bad key changes nothing."""
+        """Validate the whole document, then apply it: a bad key changes nothing.
+
+        Keys: ``ttft_ms``, ``gap_ms``, ``model``, ``accept_any_model``, ``preemptions_total``,
+        ``healthy``, ``kv_capacity_tokens``, ``faults`` (replaces the plan, hit counts restart),
+        ``script`` (``{"schedules": {"<seq>": [ttft_ms, gap_ms, ...]}}``, replaces the schedules; chunks
+        past a schedule's end follow ``gap_ms``), ``reset_chunklog`` and ``reset_seq``. Settings reach
+        requests that arrive afterwards; streams in flight keep the ones they started with. Returns
+        the resulting settings, as ``GET /_control`` does.
+        """
         if not isinstance(doc, dict):
             raise ControlError("control body must be a JSON object")
         unknown = set(doc) - _CONTROL_KEYS
@@ -1536,10 +1651,16 @@ async def _serve(args: argparse.Namespace) -> None:
     if args.script:
         server.apply_control({"script": json.loads(Path(args.script).read_text(encoding="utf-8"))})
     await server.start()
+    # Startup objects never become garbage: keep full collections from walking them mid-run.
+    gc.collect()
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except NotImplementedError:  # no loop signal handlers on this platform
+            signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop.set))
     if args.port_file:
         _write_atomic(Path(args.port_file), f"{server.port}\n")
     print(f"groundtruth listening on {args.host}:{server.port} pid {os.getpid()}", file=sys.stderr, flush=True)

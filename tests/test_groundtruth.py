@@ -11,10 +11,11 @@ import http.client
 import itertools
 import json
 import re
+import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,16 @@ def rows_for(dump: dict[str, Any], seq: int) -> list[tuple[int, int, int]]:
     return [(c[1], c[2], targets[i]) for i, c in enumerate(dump["chunks"]) if c[0] == seq]
 
 
+def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Poll instead of sleeping a fixed time: a busy machine delays the server, not the outcome."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def metric(text: str, name: str) -> float:
     for line in text.splitlines():
         if line.startswith(name + "{"):
@@ -281,24 +292,63 @@ def test_http10_stream_is_unframed_and_closed(gt: ServerProcess) -> None:
 # ------------------------------------------------------------------------------------------- timing
 
 
+def idle_fraction(window_s: float = 0.5) -> float | None:
+    """Share of all CPUs left idle over a short window (Linux), None where it cannot be read."""
+
+    def snapshot() -> tuple[int, int]:
+        values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return values[3] + values[4], sum(values)
+
+    try:
+        idle0, total0 = snapshot()
+        time.sleep(window_s)
+        idle1, total1 = snapshot()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (idle1 - idle0) / max(1, total1 - total0)
+
+
+def retry_timing(check: Callable[[], None], attempts: int = 3) -> None:
+    """Run a timing check up to ``attempts`` times: one bad run is another process taking the CPU.
+
+    If every attempt fails while other processes keep the CPUs busy, the server was not given the
+    CPU on time and the check says nothing about it: skip rather than fail.
+    """
+    for attempt in range(attempts):
+        try:
+            check()
+            return
+        except AssertionError:
+            if attempt < attempts - 1:
+                continue
+            idle = idle_fraction()
+            if idle is not None and idle < 0.25:
+                pytest.skip(f"CPUs saturated by other processes ({idle:.0%} idle): timing not measurable")
+            raise
+
+
 def test_writes_follow_absolute_targets(gt: ServerProcess) -> None:
     gt.control({"ttft_ms": 50, "gap_ms": 20})
-    resp = raw_request(gt.port, completion_body(20))
-    assert len(resp.content) == 20
-    dump = gt.dump()
-    (seq, recv_ns, first_ns) = dump["requests"][0]
-    rows = rows_for(dump, seq)
-    assert [r[0] for r in rows] == list(range(20))
-    # the schedule is absolute: target k is body-received + ttft + k * gap, to the nanosecond
-    assert [r[2] for r in rows] == [recv_ns + 50 * MS + k * 20 * MS for k in range(20)]
-    assert first_ns == rows[0][1]
-    lateness_ms = [(t - target) / MS for _, t, target in rows]
-    assert min(lateness_ms) >= 0, "a write went out before its target"
-    within = sum(late <= 3.0 for late in lateness_ms)
-    assert within >= 18, lateness_ms
-    assert max(lateness_ms) < 25, lateness_ms
-    # lateness does not accumulate: the last chunks are no later than the first ones
-    assert sorted(lateness_ms[-5:])[2] <= 3.0, lateness_ms
+
+    def check() -> None:
+        gt.control({"reset_chunklog": True, "reset_seq": True})
+        resp = raw_request(gt.port, completion_body(20))
+        assert len(resp.content) == 20
+        dump = gt.dump()
+        (seq, recv_ns, first_ns) = dump["requests"][0]
+        rows = rows_for(dump, seq)
+        assert [r[0] for r in rows] == list(range(20))
+        # the schedule is absolute: target k is body-received + ttft + k * gap, to the nanosecond
+        assert [r[2] for r in rows] == [recv_ns + 50 * MS + k * 20 * MS for k in range(20)]
+        assert first_ns == rows[0][1]
+        lateness_ms = [(t - target) / MS for _, t, target in rows]
+        assert min(lateness_ms) >= 0, "a write went out before its target"
+        assert sum(late <= 3.0 for late in lateness_ms) >= 18, lateness_ms
+        assert max(lateness_ms) < 25, lateness_ms
+        # lateness does not accumulate: the last chunks are no later than the first ones
+        assert sorted(lateness_ms[-5:])[2] <= 3.0, lateness_ms
+
+    retry_timing(check)
 
 
 def test_client_receive_times_line_up_with_the_write_log(gt: ServerProcess) -> None:
@@ -308,13 +358,14 @@ def test_client_receive_times_line_up_with_the_write_log(gt: ServerProcess) -> N
     received = resp.content_times()
     assert len(rows) == len(received) == 30
     writes = [t for _, t, _ in rows]
-    assert writes == sorted(writes)
+    begins = [b for b, c in zip(dump["chunk_write_begin"], dump["chunks"], strict=True) if c[0] == 0]
     assert all(b > a for a, b in itertools.pairwise(writes))
-    # Same clock on both sides. The log stamps a chunk after the send call returned, and a reader on
-    # another core can stamp the bytes a few microseconds before that: allow a small negative delay.
-    delays_ms = [(r - w) / MS for r, w in zip(received, writes, strict=True)]
-    assert min(delays_ms) > -0.5, delays_ms
-    assert sorted(delays_ms)[len(delays_ms) // 2] < 5, delays_ms
+    assert all(b <= w for b, w in zip(begins, writes, strict=True))
+    # Same clock on both sides: nothing is received before the write call began. The after-write
+    # stamp can be later than the receive (a reader on another core, or this process preempted).
+    assert all(r >= b for r, b in zip(received, begins, strict=True))
+    delays_ms = sorted((r - w) / MS for r, w in zip(received, writes, strict=True))
+    assert delays_ms[len(delays_ms) // 2] < 5, delays_ms
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="clock identity is a Linux property")
@@ -435,22 +486,30 @@ def test_malformed_json_is_inserted_before_the_chunk(gt: ServerProcess) -> None:
 
 def test_stall_moves_the_rest_of_the_stream(gt: ServerProcess) -> None:
     gt.control({"faults": [{"kind": "stall", "at_chunk": 3, "stall_ms": 150}]})
-    resp = raw_request(gt.port, completion_body(6))
-    assert resp.complete and len(resp.content) == 6
-    rows = rows_for(gt.dump(), 0)
-    target_gaps = [(b[2] - a[2]) / MS for a, b in itertools.pairwise(rows)]
-    assert target_gaps == [10, 10, 160, 10, 10]
-    write_gap = (rows[3][1] - rows[2][1]) / MS
-    assert 150 < write_gap < 175
-    received = resp.content_times()
-    assert 145 * MS < received[3] - received[2] < 185 * MS
+
+    def check() -> None:
+        gt.control({"reset_chunklog": True, "reset_seq": True})
+        resp = raw_request(gt.port, completion_body(6))
+        assert resp.complete and len(resp.content) == 6
+        rows = rows_for(gt.dump(), 0)
+        target_gaps = [(b[2] - a[2]) / MS for a, b in itertools.pairwise(rows)]
+        assert target_gaps == [10, 10, 160, 10, 10]
+        write_gap = (rows[3][1] - rows[2][1]) / MS
+        assert 150 < write_gap < 175
+        received = resp.content_times()
+        assert 145 * MS < received[3] - received[2] < 185 * MS
+
+    retry_timing(check)
 
 
 def test_stall_forever_holds_the_stream(gt: ServerProcess) -> None:
     gt.control({"faults": [{"kind": "stall", "at_chunk": 1, "stall_ms": None}]})
-    resp = raw_request(gt.port, completion_body(5), timeout=0.5)
+    sock = socket.create_connection(("127.0.0.1", gt.port))
+    resp = raw_request(gt.port, completion_body(5), timeout=0.5, sock=sock)
     assert resp.timed_out and len(resp.content) == 1
-    assert metric(gt.metrics(), "vllm:num_requests_running") >= 1
+    assert metric(gt.metrics(), "vllm:num_requests_running") == 1
+    sock.close()  # the server notices the client leaving and ends the stalled stream
+    assert wait_for(lambda: metric(gt.metrics(), "vllm:num_requests_running") == 0)
 
 
 def test_error_event_mid_stream(gt: ServerProcess) -> None:
@@ -566,25 +625,23 @@ def test_metrics_expose_the_preemption_counter_and_real_counts(gt: ServerProcess
 
 
 def test_running_waiting_and_kv_gauges_follow_streams(gt: ServerProcess) -> None:
-    gt.control({"ttft_ms": 300, "kv_capacity_tokens": 1000})
-    s = socket.create_connection(("127.0.0.1", gt.port))
+    gt.control({"ttft_ms": 3000, "kv_capacity_tokens": 1000})
     body = json.dumps(completion_body(2, prompt="w " * 100)).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-    time.sleep(0.1)
-    text = gt.metrics()
-    assert metric(text, "vllm:num_requests_waiting") == 1
-    assert metric(text, "vllm:num_requests_running") == 0
-    gt.control({"faults": [{"kind": "stall", "at_chunk": 1, "stall_ms": None}]})
-    s.close()
+    request = b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
     s = socket.create_connection(("127.0.0.1", gt.port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-    time.sleep(0.5)
-    text = gt.metrics()
-    assert metric(text, "vllm:num_requests_running") == 1
-    assert metric(text, "vllm:kv_cache_usage_perc") == pytest.approx(101 / 1000)
-    s.close()
-    time.sleep(0.1)
+    s.sendall(request)
+    assert wait_for(lambda: metric(gt.metrics(), "vllm:num_requests_waiting") == 1)
     assert metric(gt.metrics(), "vllm:num_requests_running") == 0
+    s.close()
+    assert wait_for(lambda: metric(gt.metrics(), "vllm:num_requests_waiting") == 0)
+    gt.control({"ttft_ms": 20, "faults": [{"kind": "stall", "at_chunk": 1, "stall_ms": None}]})
+    s = socket.create_connection(("127.0.0.1", gt.port))
+    s.sendall(request)
+    assert wait_for(lambda: metric(gt.metrics(), "vllm:num_requests_running") == 1)
+    assert metric(gt.metrics(), "vllm:kv_cache_usage_perc") == pytest.approx(101 / 1000)
+    s.close()
+    assert wait_for(lambda: metric(gt.metrics(), "vllm:num_requests_running") == 0)
+    assert metric(gt.metrics(), "vllm:kv_cache_usage_perc") == 0
 
 
 # --------------------------------------------------------------------------------------------- HTTP
@@ -737,6 +794,29 @@ def test_chunk_log_file_written_on_sigterm(tmp_path: Path) -> None:
     finally:
         sp.close()
     assert log_path.exists()
+
+
+def test_sigint_also_writes_the_chunk_log(tmp_path: Path) -> None:
+    log_path = tmp_path / "chunks.json"
+    with start_server_process(chunk_log=log_path, ttft_ms=1, gap_ms=1) as sp:
+        raw_request(sp.port, completion_body(2))
+        sp.proc.send_signal(signal.SIGINT)
+        assert sp.proc.wait(10) == 0
+    assert [c[1] for c in json.loads(log_path.read_text())["chunks"]] == [0, 1]
+
+
+def test_expect_100_continue_is_answered(gt: ServerProcess) -> None:
+    body = json.dumps(completion_body(2, prompt="ocean " * 400)).encode()
+    s = socket.create_connection(("127.0.0.1", gt.port))
+    s.settimeout(5)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+    assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    s.sendall(body)
+    resp = RawResponse()
+    read_response(s, resp)
+    s.close()
+    assert resp.status == 200 and len(resp.content) == 2
+    assert resp.content[0]["id"] == "cmpl-0"
 
 
 def test_in_process_server(tmp_path: Path) -> None:
