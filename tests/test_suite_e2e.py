@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,16 +24,27 @@ def suite_cmd(results: Path) -> list[str]:
     return [sys.executable, "-m", "tailgate.cli", "suite", "--embedded", "--results", str(results), *TINY]
 
 
-def started_processes() -> set[int]:
-    """vLLM servers, their engine processes, Prometheus servers and Locust runs on this machine."""
-    pattern = "vllm-venv|VLLM::|prometheus --config|locust -f"
-    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
-    return {int(p) for p in out.stdout.split()}
+def leftovers(results: Path) -> list[str]:
+    """What the suite started and should have stopped: its server and Prometheus ports, its Locust runs."""
+    found = []
+    meta = results / "suite.json"
+    urls = []
+    if meta.exists():
+        suite = json.loads(meta.read_text())
+        urls = [s.get("base_url") for s in suite.get("servers", {}).values()] + [suite.get("prometheus_url")]
+    for url in filter(None, urls):
+        host, port = url.rsplit("/", 1)[-1].rsplit(":", 1)
+        with socket.socket() as s:
+            s.settimeout(1)
+            if s.connect_ex((host, int(port))) == 0:
+                found.append(url)
+    out = subprocess.run(["pgrep", "-af", str(results)], capture_output=True, text=True)
+    found += [line for line in out.stdout.splitlines() if "pgrep" not in line]
+    return found
 
 
 def test_embedded_suite_interrupt_resume_report(tmp_path: Path) -> None:
     results = tmp_path / "suite"
-    before = started_processes()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     first = subprocess.Popen(
         suite_cmd(results), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -56,7 +68,7 @@ def test_embedded_suite_interrupt_resume_report(tmp_path: Path) -> None:
     assert not (results / "chunked_gated_b4" / "run.json").exists()
     # everything the interrupted suite started is gone
     time.sleep(2)
-    assert started_processes() <= before
+    assert leftovers(results) == []
 
     second = subprocess.run(suite_cmd(results), cwd=ROOT, capture_output=True, text=True, env=env, timeout=1500)
     out = second.stdout + second.stderr
@@ -83,4 +95,4 @@ def test_embedded_suite_interrupt_resume_report(tmp_path: Path) -> None:
     assert report.exists() and report.stat().st_size > 10_000
     assert "report.html" in out
     time.sleep(2)
-    assert started_processes() <= before
+    assert leftovers(results) == []
