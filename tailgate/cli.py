@@ -91,6 +91,8 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compose-service", default="vllm")
     p.add_argument("--nochunk-compose-file", default="docker-compose.nochunk.yml")
     p.add_argument("--locust-arg", action="append", default=[], help="extra option for every Locust run")
+    p.add_argument("--configs", default="chunked,nochunk,preempt",
+                   help="server configurations to run; with --server url, the one the server has now")
     p.add_argument("--no-report", action="store_true", help="skip the report at the end")
 
 
@@ -152,6 +154,14 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
 
     try:
         plan = build_plan(args)
+        configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+        unknown = sorted(set(configs) - {"chunked", "nochunk", "preempt"})
+        if unknown or not configs:
+            raise OptionError(f"--configs: unknown configuration {', '.join(unknown) or '(none)'}; "
+                              "use chunked, nochunk, preempt")  # fmt: skip
+        if args.server == "url" and len(configs) > 1:
+            raise OptionError("--configs: --server url cannot restart the server; name the one configuration it runs")
+        plan.configs = tuple(configs)
         if not args.embedded and args.server is None:
             raise OptionError("--server: say who runs the server (local, compose, manual, url), or use --embedded")
         if args.server in ("compose", "manual", "url"):
@@ -197,9 +207,6 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
             controller = cpuvllm.ManualServer(args.host, out=log)
         else:
             controller = FixedServer(args.host)
-            if plan.nochunk_rates or plan.preempt_rate:
-                log("[suite] --server url cannot restart the server: skipping the chunked-off and preemption arms")
-                plan.nochunk_rates, plan.preempt_rate = (), None
         if args.embedded and not prom_url:
             if find_prometheus():
                 prometheus = LocalPrometheus(controller.base_url, root / "prometheus")

@@ -71,6 +71,8 @@ class SuitePlan:
     )
     locust_args: list[str] = field(default_factory=list)
     """Passed through to every Locust run (e.g. --request-timeout, --trace-file)."""
+    configs: tuple[str, ...] = CONFIG_ORDER
+    """Server configurations to run now (a server nobody can restart runs one at a time)."""
 
     def fixed_cells(self) -> list[Cell]:
         cells = [Cell("chunked", "continuous", r) for r in self.rates]
@@ -79,7 +81,7 @@ class SuitePlan:
         cells += [Cell("nochunk", "continuous", r) for r in self.nochunk_rates]
         if self.preempt_rate:
             cells.append(Cell("preempt", "continuous", self.preempt_rate))
-        return cells
+        return [c for c in cells if c.config in self.configs]
 
 
 def cell_done(root: Path, cell: Cell) -> bool:
@@ -261,7 +263,12 @@ class Suite:
             else:
                 self.run_cell(cell, index, total)
             done_cells.append(cell)
-        self._write_meta(ended=_iso(time.time()), cells=[c.name for c in done_cells], knee=self.knee)
+        try:
+            earlier = json.loads(self._meta_path().read_text()).get("cells", [])
+        except (OSError, ValueError):
+            earlier = []
+        names = [*earlier, *(c.name for c in done_cells if c.name not in earlier)]
+        self._write_meta(ended=_iso(time.time()), cells=names, knee=self.knee)
         return done_cells
 
     def interrupt(self) -> None:
