@@ -1,0 +1,7 @@
+"""``python -m postprocess RESULTS_DIR``: the report without the ``tailgate`` console script."""
+
+import sys
+
+from postprocess.cli import main
+
+sys.exit(main())

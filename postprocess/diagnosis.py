@@ -1,0 +1,667 @@
+"""The seed's five-question checklist, answered from the data with the numbers behind each answer.
+
+Each answer is a dict: ``number``, ``question``, ``verdict`` (one short line), ``evidence`` (the
+numbers, JSON-ready) and ``text`` (a paragraph). Where two configurations are compared, the p99
+difference carries a seeded 95% bootstrap interval, because a p99 of a few hundred requests
+rests on a handful of them and a difference that the interval straddles is not a finding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from html import escape
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from postprocess.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED, percentile_difference
+from postprocess.load import rate_text
+from postprocess.summarize import measured_mask, stage_warmups
+from postprocess.table import choose_decision_rate, summary_table
+
+QUESTIONS: tuple[str, ...] = (
+    "Did TTFT explode while the gaps stayed flat? (admission: gated, or overloaded before the first token)",
+    "Did the gaps explode while median TTFT looks fine? (prefill insertion)",
+    "Does turning chunked prefill off widen the gap p99, and by how much?",
+    "Did vllm:num_preemptions_total move, and which requests stalled across the increments?",
+    "Is the trace mixed-length?",
+)
+SMALL_RATIO = 1.1
+"""Below this p99 ratio an effect is called small whatever its interval says."""
+ADMISSION_TTFT_RATIO = 2.0
+"""Gated TTFT p50 this many times continuous's is admission delay..."""
+FLAT_GAP_RATIO = 1.25
+"""...when the gated worst-gap p99 is at most this many times continuous's."""
+OVERLOAD_TTFT_GROWTH = 3.0
+"""Across the ramp, TTFT p99 growing this much while the gap p99 grows under
+:data:`OVERLOAD_FLAT_GAP_GROWTH` means requests queue before their first token."""
+OVERLOAD_FLAT_GAP_GROWTH = 1.5
+GAP_GROWTH = 2.0
+"""Across the ramp, a median worst gap growing this much while TTFT p50 grows under
+:data:`TTFT_FLAT_GROWTH` is prefill insertion."""
+TTFT_FLAT_GROWTH = 1.5
+STALL_FACTOR = 2.0
+"""A worst gap this many times its stage's median worst gap counts as a stall (question 4)."""
+MAX_LISTED = 100
+
+
+def _f(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    a, b = _f(a), _f(b)
+    if a is None or b is None or b <= 0:
+        return None
+    return round(a / b, 3)
+
+
+def _ms(x: Any) -> str:
+    v = _f(x)
+    return "n/a" if v is None else f"{v:.1f} ms"
+
+
+def _x(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:.2f}×"
+
+
+class _Cells:
+    """The measured records of each cell, indexed once."""
+
+    def __init__(self, table: pd.DataFrame, records: pd.DataFrame, summaries: pd.DataFrame) -> None:
+        self.table = table
+        self.records = records
+        self.index: dict[tuple[str, int], np.ndarray] = {}
+        self.all_index: dict[tuple[str, int], np.ndarray] = {}
+        self.measured = records
+        if records.empty:
+            return
+        warm, rules = stage_warmups(summaries)
+        mask = measured_mask(records, warm, rules)
+        self.measured = records.loc[mask.to_numpy()]
+        self.index = {
+            (str(k[0]), int(k[1])): v
+            for k, v in self.measured.groupby(["run_dir", "stage"], observed=True).indices.items()
+        }
+        self.all_index = {
+            (str(k[0]), int(k[1])): v
+            for k, v in records.groupby(["run_dir", "stage"], observed=True).indices.items()
+        }
+
+    def values(self, row: pd.Series, column: str) -> np.ndarray:
+        idx = self.index.get((str(row["run_dir"]), int(row["stage"])))
+        if idx is None:
+            return np.array([], dtype=float)
+        return self.measured[column].to_numpy(dtype=float)[idx]
+
+    def frame(self, row: pd.Series, measured: bool = True) -> pd.DataFrame:
+        key = (str(row["run_dir"]), int(row["stage"]))
+        if measured:
+            idx = self.index.get(key)
+            return self.measured.iloc[idx] if idx is not None else self.measured.iloc[:0]
+        idx = self.all_index.get(key)
+        return self.records.iloc[idx] if idx is not None else self.records.iloc[:0]
+
+
+def _span(lo: pd.Series, hi: pd.Series) -> str:
+    return f"{rate_text(lo['rate_or_batch'])}→{rate_text(hi['rate_or_batch'])} req/s"
+
+
+def _continuous(table: pd.DataFrame, config: str | None = None) -> pd.DataFrame:
+    d = table.loc[(table["arm"] == "continuous") & ~table["cell"].astype(str).str.contains("~")]
+    if config is not None:
+        d = d.loc[d["config"] == config]
+    return d.sort_values("rate_or_batch")
+
+
+def _at(table: pd.DataFrame, config: str, rate: float) -> pd.Series | None:
+    d = _continuous(table, config)
+    d = d.loc[np.isclose(d["rate_or_batch"].astype(float), rate)]
+    return d.iloc[0] if len(d) else None
+
+
+def _compare(cells: _Cells, a: pd.Series, b: pd.Series, resamples: int, seed: int) -> dict[str, Any]:
+    """Bootstrap p99 differences (``b - a``) of worst gap and TTFT between two cells."""
+    out: dict[str, Any] = {"a": a["cell"], "b": b["cell"]}
+    for name, col in (("gap_p99", "worst_gap_ms"), ("ttft_p99", "ttft_ms")):
+        d = percentile_difference(
+            cells.values(a, col), cells.values(b, col), 99.0, resamples=resamples, seed=seed
+        )
+        out[name] = d.as_dict() if d is not None else None
+    return out
+
+
+def _ci_text(d: Mapping[str, Any] | None) -> str:
+    if not d:
+        return "no records to bootstrap"
+    return f"difference {d['diff']:+.1f} ms, 95% CI [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}]"
+
+
+# ---------------------------------------------------------------------------------------------
+# the five questions
+
+
+def _q1_admission(
+    table: pd.DataFrame, cells: _Cells, rate: float | None, resamples: int, seed: int
+) -> dict[str, Any]:
+    ev: dict[str, Any] = {"gated_vs_continuous": [], "ramp": []}
+    lines = []
+    gated_hit = overload_hit = False
+    gated = table.loc[(table["arm"] == "gated") & ~table["cell"].astype(str).str.contains("~")]
+    for _, g in gated.iterrows():
+        ref = None
+        cont = _continuous(table, g["config"]) if len(_continuous(table, g["config"])) else _continuous(table)
+        if len(cont):
+            if rate is not None and np.isclose(cont["rate_or_batch"].astype(float), rate).any():
+                ref = cont.loc[np.isclose(cont["rate_or_batch"].astype(float), rate)].iloc[0]
+            else:
+                ref = cont.iloc[-1]
+        if ref is None:
+            continue
+        item = {
+            "gated": g["cell"],
+            "continuous": ref["cell"],
+            "ttft_p50": [g["ttft_p50"], ref["ttft_p50"]],
+            "ttft_p99": [g["ttft_p99"], ref["ttft_p99"]],
+            "gap_p99": [g["gap_p99"], ref["gap_p99"]],
+            "ttft_p50_ratio": _ratio(g["ttft_p50"], ref["ttft_p50"]),
+            "ttft_p99_ratio": _ratio(g["ttft_p99"], ref["ttft_p99"]),
+            "gap_p99_ratio": _ratio(g["gap_p99"], ref["gap_p99"]),
+            "bootstrap": _compare(cells, ref, g, resamples, seed),
+        }
+        ev["gated_vs_continuous"].append(item)
+        hit = (item["ttft_p50_ratio"] or 0) >= ADMISSION_TTFT_RATIO and (
+            item["gap_p99_ratio"] or 9
+        ) <= FLAT_GAP_RATIO
+        gated_hit |= hit
+        lines.append(
+            f"{g['cell']} vs {ref['cell']}: TTFT p50 {_ms(g['ttft_p50'])} vs {_ms(ref['ttft_p50'])} "
+            f"({_x(item['ttft_p50_ratio'])}), TTFT p99 {_x(item['ttft_p99_ratio'])} "
+            f"({_ci_text(item['bootstrap']['ttft_p99'])}), worst-gap p99 {_ms(g['gap_p99'])} vs "
+            f"{_ms(ref['gap_p99'])} ({_x(item['gap_p99_ratio'])}; {_ci_text(item['bootstrap']['gap_p99'])})."
+        )
+    for config, d in _continuous(table).groupby("config", sort=False):
+        if len(d) < 2:
+            continue
+        lo, hi = d.iloc[0], d.iloc[-1]
+        item = {
+            "config": config,
+            "from": lo["cell"],
+            "to": hi["cell"],
+            "ttft_p50_growth": _ratio(hi["ttft_p50"], lo["ttft_p50"]),
+            "ttft_p99_growth": _ratio(hi["ttft_p99"], lo["ttft_p99"]),
+            "gap_p99_growth": _ratio(hi["gap_p99"], lo["gap_p99"]),
+            "ttft_from_intended_p99": [lo.get("ttft_from_intended_p99"), hi.get("ttft_from_intended_p99")],
+        }
+        ev["ramp"].append(item)
+        overload = (item["ttft_p99_growth"] or 0) >= OVERLOAD_TTFT_GROWTH and (
+            item["gap_p99_growth"] or 9
+        ) < OVERLOAD_FLAT_GAP_GROWTH
+        overload_hit |= overload
+        lines.append(
+            f"{config} ramp {_span(lo, hi)}: TTFT p50 {_x(item['ttft_p50_growth'])}, TTFT p99 "
+            f"{_x(item['ttft_p99_growth'])}, worst-gap p99 {_x(item['gap_p99_growth'])}."
+        )
+    if gated_hit and overload_hit:
+        verdict = (
+            "yes: gated admission pays at the door, and the continuous ramp overloads before the first token"
+        )
+    elif gated_hit:
+        verdict = "yes: gated admission, TTFT pays while the stream stays smooth"
+    elif overload_hit:
+        verdict = "yes: TTFT grows with load while gaps stay flat (queueing before the first token)"
+    elif not ev["gated_vs_continuous"] and not ev["ramp"]:
+        verdict = "unknown: no gated cell and no rate ramp to compare"
+    else:
+        verdict = "no: TTFT did not outgrow the gaps"
+    return {"evidence": ev, "verdict": verdict, "lines": lines}
+
+
+def _covered(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge intervals; returns merged starts, ends and the covered length before each start."""
+    order = np.argsort(starts)
+    s, e = starts[order], ends[order]
+    run_end = np.maximum.accumulate(e)
+    new = np.r_[True, s[1:] > run_end[:-1]]
+    group = np.cumsum(new) - 1
+    ms = s[new]
+    me = np.zeros(ms.size)
+    np.maximum.at(me, group, e)
+    before = np.r_[0.0, np.cumsum(me - ms)[:-1]]
+    return ms, me, before
+
+
+def _covered_until(t: np.ndarray, ms: np.ndarray, me: np.ndarray, before: np.ndarray) -> np.ndarray:
+    """Covered length of the merged intervals up to each time in ``t``."""
+    j = np.searchsorted(ms, t, side="right") - 1
+    jj = np.clip(j, 0, None)
+    inside = np.clip(t - ms[jj], 0.0, me[jj] - ms[jj])
+    return np.where(j >= 0, before[jj] + inside, 0.0)
+
+
+def prefill_attribution(stage: pd.DataFrame) -> dict[str, Any] | None:
+    """Did streams have their worst gap while another request's large prompt was prefilling?
+
+    A prefill runs from a request's send to its first chunk; prompts above the most common class
+    are the ones whose prefill can stall everyone else. Among streams that were producing while
+    such a prefill ran, count those whose worst gap overlaps one, and compare with chance: the
+    share of each stream's lifetime covered by those prefills. Far above chance means the
+    prefills caused the stalls.
+    """
+    ok = stage.loc[stage["error_class"].isna()]
+    prompt = ok["prompt_tokens_planned"].to_numpy(dtype=float)
+    if ok.empty or np.unique(prompt).size < 2:
+        return None
+    mode = float(pd.Series(prompt).mode().iloc[0])
+    big = prompt > mode
+    p0 = ok["sent_s"].to_numpy(dtype=float)[big]
+    p1 = ok["first_chunk_s"].to_numpy(dtype=float)[big]
+    keep = np.isfinite(p0) & np.isfinite(p1) & (p1 >= p0)
+    if not keep.any():
+        return None
+    ms, me, before = _covered(p0[keep], p1[keep])
+    first = ok["first_chunk_s"].to_numpy(dtype=float)
+    last = ok["last_chunk_s"].to_numpy(dtype=float)
+    gap = ok["worst_gap_ms"].to_numpy(dtype=float)
+    g_end = ok["worst_gap_end_s"].to_numpy(dtype=float)
+    valid = np.isfinite(first) & np.isfinite(last) & np.isfinite(gap) & np.isfinite(g_end) & (last > first)
+    windows = np.column_stack([ms, me])
+    live = valid & _overlaps(first, last, windows)
+    hit = live & _overlaps(g_end - gap / 1000.0, g_end, windows)
+    cover = np.zeros(len(ok))
+    span = np.where(valid, last - first, 1.0)
+    cover[valid] = (
+        _covered_until(last[valid], ms, me, before) - _covered_until(first[valid], ms, me, before)
+    ) / (span[valid])
+    n_live = int(live.sum())
+    return {
+        "big_prompt_min_tokens": int(prompt[big].min()),
+        "streams_live_during_big_prefill": n_live,
+        "worst_gap_inside_big_prefill": int(hit.sum()),
+        "share": round(float(hit.sum() / n_live), 3) if n_live else None,
+        "share_by_chance": round(float(cover[live].mean()), 3) if n_live else None,
+        "median_worst_gap_inside_ms": round(float(np.median(gap[hit])), 1) if hit.any() else None,
+        "median_worst_gap_other_ms": round(float(np.median(gap[valid & ~hit])), 1)
+        if (valid & ~hit).any()
+        else None,
+    }
+
+
+def _q2_prefill(table: pd.DataFrame, cells: _Cells, rate: float | None) -> dict[str, Any]:
+    ev: dict[str, Any] = {"ramp": [], "attribution": None}
+    lines = []
+    hit = False
+    for config, d in _continuous(table).groupby("config", sort=False):
+        if len(d) < 2:
+            continue
+        lo, hi = d.iloc[0], d.iloc[-1]
+        item = {
+            "config": config,
+            "from": lo["cell"],
+            "to": hi["cell"],
+            "gap_p50": [lo["gap_p50"], hi["gap_p50"]],
+            "gap_p99": [lo["gap_p99"], hi["gap_p99"]],
+            "ttft_p50": [lo["ttft_p50"], hi["ttft_p50"]],
+            "gap_p50_growth": _ratio(hi["gap_p50"], lo["gap_p50"]),
+            "gap_p99_growth": _ratio(hi["gap_p99"], lo["gap_p99"]),
+            "ttft_p50_growth": _ratio(hi["ttft_p50"], lo["ttft_p50"]),
+        }
+        ev["ramp"].append(item)
+        gap_grew = (item["gap_p50_growth"] or 0) >= GAP_GROWTH
+        hit |= gap_grew and (item["ttft_p50_growth"] or 9) < TTFT_FLAT_GROWTH
+        lines.append(
+            f"{config} ramp {_span(lo, hi)}: worst-gap p50 {_ms(lo['gap_p50'])}→{_ms(hi['gap_p50'])} "
+            f"({_x(item['gap_p50_growth'])}) while TTFT p50 {_ms(lo['ttft_p50'])}→{_ms(hi['ttft_p50'])} "
+            f"({_x(item['ttft_p50_growth'])})."
+        )
+    row = _at(table, "chunked", rate) if rate is not None else None
+    if row is None and len(_continuous(table)):
+        row = _continuous(table).iloc[-1]
+    attributed = False
+    if row is not None and not cells.records.empty:
+        att = prefill_attribution(cells.frame(row))
+        if att is not None and att["share"] is not None:
+            att["cell"] = row["cell"]
+            ev["attribution"] = att
+            share, chance = att["share"], att["share_by_chance"] or 0.0
+            attributed = share >= 0.5 and share >= 3 * chance
+            lines.append(
+                f"In {row['cell']}, {att['worst_gap_inside_big_prefill']} of "
+                f"{att['streams_live_during_big_prefill']} streams that were producing while another "
+                f"request's ≥ {att['big_prompt_min_tokens']}-token prompt prefilled had their worst gap "
+                f"inside that prefill ({share:.0%}; chance alone would give {chance:.0%})."
+            )
+    if hit and attributed:
+        verdict = "yes: gaps grow with load while TTFT p50 holds, and the stalls line up with long prefills"
+    elif hit:
+        verdict = "yes: gaps grow with load while TTFT p50 holds (prefill insertion)"
+    elif attributed:
+        verdict = "partly: the worst gaps line up with long prefills, but the median gap did not explode"
+    elif not ev["ramp"]:
+        verdict = "unknown: no rate ramp to compare"
+    else:
+        verdict = "no: the median worst gap did not outgrow TTFT across the ramp"
+    return {"evidence": ev, "verdict": verdict, "lines": lines}
+
+
+def _q3_chunked(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -> dict[str, Any]:
+    on = {float(r): row for r, row in _continuous(table, "chunked").set_index("rate_or_batch").iterrows()}
+    off = {float(r): row for r, row in _continuous(table, "nochunk").set_index("rate_or_batch").iterrows()}
+    rates = sorted(set(on) & set(off))
+    ev: dict[str, Any] = {"by_rate": []}
+    lines = []
+    clear = []
+    for r in rates:
+        a, b = on[r].copy(), off[r].copy()
+        a["rate_or_batch"] = b["rate_or_batch"] = r
+        ratio = _ratio(b["gap_p99"], a["gap_p99"])
+        boot = _compare(cells, a, b, resamples, seed)
+        gap = boot["gap_p99"]
+        small = ratio is None or ratio < SMALL_RATIO or (gap is not None and gap["ci_includes_zero"])
+        item = {
+            "rate": r,
+            "chunked": a["cell"],
+            "nochunk": b["cell"],
+            "gap_p99": [a["gap_p99"], b["gap_p99"]],
+            "gap_p99_ratio": ratio,
+            "ttft_p99": [a["ttft_p99"], b["ttft_p99"]],
+            "ttft_p99_ratio": _ratio(b["ttft_p99"], a["ttft_p99"]),
+            "bootstrap": boot,
+            "small": bool(small),
+        }
+        ev["by_rate"].append(item)
+        if not small:
+            clear.append(item)
+        why = ""
+        if small:
+            why = " — small: " + (
+                "the ratio is under 1.1"
+                if ratio is not None and ratio < SMALL_RATIO
+                else "the interval includes 0"
+            )
+        lines.append(
+            f"{rate_text(r)} req/s: worst-gap p99 {_ms(a['gap_p99'])} on vs {_ms(b['gap_p99'])} off "
+            f"({_x(ratio)}; {_ci_text(gap)}){why}; TTFT p99 {_x(item['ttft_p99_ratio'])} "
+            f"({_ci_text(boot['ttft_p99'])})."
+        )
+    if not rates:
+        verdict = "not measured: no rate has both chunked prefill on and off"
+    elif clear:
+        where = " and ".join(f"{i['gap_p99_ratio']:.2f}× at {rate_text(i['rate'])} req/s" for i in clear)
+        verdict = f"yes: chunked prefill off widens the worst-gap p99 by {where} (intervals exclude 0)"
+        if len(clear) < len(rates):
+            verdict += (
+                "; small at "
+                + ", ".join(rate_text(i["rate"]) for i in ev["by_rate"] if i["small"])
+                + " req/s"
+            )
+    else:
+        verdict = (
+            "small: turning chunked prefill off made no clear difference (the defaults already cover it)"
+        )
+    return {"evidence": ev, "verdict": verdict, "lines": lines}
+
+
+def _increment_windows(series: pd.DataFrame, run_dir: str, start: float, end: float) -> np.ndarray:
+    """``[(t_prev, t)]`` for every sample whose preemption counter rose, within the stage window."""
+    if series is None or series.empty or "preemptions_inc" not in series.columns:
+        return np.empty((0, 2))
+    s = series.loc[series["run_dir"] == run_dir] if "run_dir" in series.columns else series
+    s = s.sort_values("t")
+    t = s["t"].to_numpy(dtype=float)
+    inc = s["preemptions_inc"].to_numpy(dtype=float)
+    prev = np.r_[t[0] - 1.0 if t.size else 0.0, t[:-1]]
+    m = np.isfinite(inc) & (inc > 0) & (t >= start) & (t <= end + (t[1] - t[0] if t.size > 1 else 1.0))
+    return np.column_stack([prev[m], t[m], inc[m]]) if m.any() else np.empty((0, 3))
+
+
+def _overlaps(a0: np.ndarray, a1: np.ndarray, windows: np.ndarray) -> np.ndarray:
+    """Which intervals ``[a0, a1]`` overlap any window ``(w0, w1]``."""
+    if windows.size == 0:
+        return np.zeros(a0.shape, dtype=bool)
+    order = np.argsort(windows[:, 0])
+    w0 = windows[order, 0]
+    w1 = np.maximum.accumulate(windows[order, 1])
+    j = np.searchsorted(w0, a1, side="left") - 1
+    return (j >= 0) & (w1[np.clip(j, 0, None)] >= a0)
+
+
+def _worst_first(ids: np.ndarray, gap: np.ndarray, mask: np.ndarray) -> tuple[list[int], list[float]]:
+    """Trace ids and worst gaps of the selected requests, largest gap first, capped for display."""
+    order = np.argsort(-gap[mask])
+    return (
+        [int(i) for i in ids[mask][order][:MAX_LISTED]],
+        [round(float(g), 1) for g in gap[mask][order][:MAX_LISTED]],
+    )
+
+
+def _q4_preemption(table: pd.DataFrame, cells: _Cells, series: pd.DataFrame | None) -> dict[str, Any]:
+    ev: dict[str, Any] = {"cells": []}
+    lines = []
+    moved_any, unknown_all = False, True
+    for _, row in table.iterrows():
+        prom, direct = _f(row.get("preemptions_prometheus")), _f(row.get("preemptions_direct"))
+        value = prom if prom is not None else direct
+        item: dict[str, Any] = {
+            "cell": row["cell"],
+            "prometheus": prom,
+            "direct": direct,
+            "source": row.get("preemptions_source"),
+            "disagree": bool(row.get("preemptions_disagree") or False),
+            "moved": None if value is None else value > 0,
+        }
+        if value is not None:
+            unknown_all = False
+        if value is not None and value > 0:
+            moved_any = True
+            start, end = _f(row.get("window_start_s")), _f(row.get("window_end_s"))
+            stage = cells.frame(row, measured=False) if not cells.records.empty else None
+            windows = (
+                _increment_windows(series, str(row["run_dir"]), start, end)
+                if series is not None and start is not None and end is not None
+                else np.empty((0, 3))
+            )
+            item["increments_seen"] = int(windows[:, 2].sum()) if windows.size else 0
+            if stage is not None and len(stage) and windows.size:
+                sent = stage["sent_s"].to_numpy(dtype=float)
+                done = stage["end_s"].to_numpy(dtype=float)
+                gap = stage["worst_gap_ms"].to_numpy(dtype=float)
+                g_end = stage["worst_gap_end_s"].to_numpy(dtype=float)
+                in_flight = _overlaps(sent, done, windows[:, :2])
+                med = float(np.nanmedian(gap)) if np.isfinite(gap).any() else float("nan")
+                big = in_flight & np.isfinite(gap) & (gap >= STALL_FACTOR * med)
+                # stricter: the worst gap itself spans an interval in which the counter rose
+                across = big & _overlaps(g_end - gap / 1000.0, g_end, windows[:, :2])
+                tids = stage["trace_id"].to_numpy()
+                big_ids, big_gaps = _worst_first(tids, gap, big)
+                across_ids, across_gaps = _worst_first(tids, gap, across)
+                item.update(
+                    {
+                        "requests_in_flight_during_increments": int(in_flight.sum()),
+                        "stall_threshold_ms": round(STALL_FACTOR * med, 1) if np.isfinite(med) else None,
+                        "requests_stalled_during_increments": int(big.sum()),
+                        "stalled_trace_ids": big_ids,
+                        "stalled_worst_gap_ms": big_gaps,
+                        "requests_whose_worst_gap_spans_an_increment": int(across.sum()),
+                        "spanning_trace_ids": across_ids,
+                        "spanning_worst_gap_ms": across_gaps,
+                    }
+                )
+                shown = ", ".join(str(i) for i in across_ids[:20])
+                more = " …" if across.sum() > 20 else ""
+                lines.append(
+                    f"{row['cell']}: counter +{value:g} ({item['source']}); {int(in_flight.sum())} requests "
+                    f"were in flight while it rose, {int(big.sum())} of them with a large worst gap (≥ "
+                    f"{item['stall_threshold_ms']} ms, {STALL_FACTOR:g}× the stage median), and for "
+                    f"{int(across.sum())} that worst gap spans an increment: trace ids "
+                    f"{shown or 'none'}{more}."
+                )
+            else:
+                lines.append(
+                    f"{row['cell']}: counter +{value:g} ({item['source']}); no server series to place the "
+                    "increments in time, so stalled requests cannot be named."
+                )
+        if item["disagree"]:
+            lines.append(f"{row['cell']}: Prometheus says {prom:g} but the direct reads say {direct:g}.")
+        ev["cells"].append(item)
+    zero = [i["cell"] for i in ev["cells"] if i["moved"] is False]
+    if zero:
+        lines.append("Counter flat (0) in: " + ", ".join(zero) + ".")
+    unknown = [i["cell"] for i in ev["cells"] if i["moved"] is None]
+    if unknown:
+        lines.append("No counter reading for: " + ", ".join(unknown) + ".")
+    if moved_any:
+        moved = [i["cell"] for i in ev["cells"] if i["moved"]]
+        verdict = (
+            "yes: preemption (mechanism 2) in " + ", ".join(moved) + " — fix with KV headroom or max_num_seqs"
+        )
+    elif unknown_all:
+        verdict = "unknown: no preemption counter reading (neither Prometheus nor direct /metrics reads)"
+    else:
+        verdict = "no: the preemption counter never moved"
+    return {"evidence": ev, "verdict": verdict, "lines": lines}
+
+
+def _q5_mix(
+    records: pd.DataFrame, run_meta: Mapping[str, Mapping[str, Any]] | None, cells: _Cells
+) -> dict[str, Any]:
+    ev: dict[str, Any] = {"runs": {}}
+    mixes = []
+    for name, meta in (run_meta or {}).items():
+        trace = meta.get("trace") if isinstance(meta, Mapping) else None
+        mix = trace.get("mix") if isinstance(trace, Mapping) else None
+        if isinstance(mix, Mapping) and mix:
+            ev["runs"][name] = {"mix": dict(mix), "from": "run.json", "seed": trace.get("seed")}
+            mixes.append({str(k): int(v) for k, v in mix.items()})
+    source = "run.json"
+    if not mixes and not cells.measured.empty:
+        counts = cells.measured.groupby(["prompt_tokens_planned", "max_tokens"]).size()
+        mix = {f"{int(p)}→{int(o)}": int(n) for (p, o), n in counts.items()}
+        ev["runs"]["records"] = {"mix": mix, "from": "records (measured requests)"}
+        mixes.append(mix)
+        source = "records"
+    if not mixes:
+        return {"evidence": ev, "verdict": "unknown: no trace metadata and no records", "lines": []}
+    total: dict[str, int] = {}
+    for m in mixes:
+        for k, v in m.items():
+            total[k] = total.get(k, 0) + v
+    prompts = sorted({int(k.split("→")[0]) for k in total})
+    n = sum(total.values())
+    shares = ", ".join(
+        f"{k} {v / n:.0%}" for k, v in sorted(total.items(), key=lambda kv: int(kv[0].split("→")[0]))
+    )
+    ev["prompt_classes"] = prompts
+    ev["combined"] = total
+    distinct = len({tuple(sorted(m.items())) for m in mixes})
+    line = f"Prompt→max-token classes ({source}, all runs): {shares}."
+    if len(mixes) > 1:
+        line += " " + (
+            "Every run used the same mix." if distinct == 1 else f"{distinct} different mixes across runs."
+        )
+    if len(prompts) >= 2 and prompts[-1] >= 5 * prompts[0]:
+        verdict = f"yes: mixed-length ({len(prompts)} prompt classes, {prompts[0]}–{prompts[-1]} tokens)"
+    elif len(prompts) >= 2:
+        span = f"{prompts[0]}–{prompts[-1]}"
+        verdict = f"narrowly: prompt lengths {span} tokens may be too close to expose prefill stalls"
+    else:
+        verdict = "no: one prompt length; a homogeneous trace hides both mechanisms"
+    return {"evidence": ev, "verdict": verdict, "lines": [line]}
+
+
+def diagnose(
+    summaries: pd.DataFrame,
+    records: pd.DataFrame,
+    series: pd.DataFrame | None = None,
+    *,
+    preemptions: pd.DataFrame | None = None,
+    run_meta: Mapping[str, Mapping[str, Any]] | None = None,
+    decision_rate: float | None = None,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> list[dict[str, Any]]:
+    """Answer the five checklist questions; one dict per question, in the seed's order."""
+    table = summary_table(summaries, preemptions)
+    for col in ("window_start_s", "window_end_s"):
+        table[col] = summaries[col].to_numpy() if col in summaries.columns else np.nan
+    rate = choose_decision_rate(table, decision_rate)
+    cells = _Cells(table, records, summaries)
+    parts = [
+        _q1_admission(table, cells, rate, resamples, seed),
+        _q2_prefill(table, cells, rate),
+        _q3_chunked(table, cells, resamples, seed),
+        _q4_preemption(table, cells, series),
+        _q5_mix(records, run_meta, cells),
+    ]
+    out = []
+    for i, (q, p) in enumerate(zip(QUESTIONS, parts, strict=True), 1):
+        ev = _jsonable(p["evidence"])
+        if i in (1, 3):
+            ev["bootstrap"] = {"resamples": resamples, "seed": seed, "level": 0.95, "percentile": 99}
+        if i == 2 and rate is not None:
+            ev["decision_rate"] = rate
+        out.append(
+            {
+                "number": i,
+                "question": q,
+                "verdict": p["verdict"],
+                "evidence": ev,
+                "text": " ".join(p["lines"]),
+            }
+        )
+    return out
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        v = float(x)
+        return round(v, 3) if math.isfinite(v) else None
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if x is pd.NA or x is pd.NaT:
+        return None
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# rendering
+
+
+def render_text(findings: Sequence[Mapping[str, Any]]) -> str:
+    """Plain text, one block per question, for terminals and logs."""
+    blocks = []
+    for f in findings:
+        blocks.append(f"{f['number']}. {f['question']}\n   → {f['verdict']}\n   {f['text']}".rstrip())
+    return "\n\n".join(blocks) + "\n"
+
+
+def render_html(findings: Sequence[Mapping[str, Any]]) -> str:
+    """An HTML fragment: question, verdict, explanation, and the evidence as collapsible JSON."""
+    import json
+
+    out = ['<ol class="diagnosis">']
+    for f in findings:
+        verdict = str(f["verdict"])
+        tone = verdict.split(":", 1)[0].strip().lower()
+        out.append(
+            f'<li><p class="question">{escape(str(f["question"]))}</p>'
+            f'<p class="verdict {escape(tone)}"><strong>{escape(verdict)}</strong></p>'
+            f"<p>{escape(str(f['text']))}</p>"
+            "<details><summary>evidence</summary>"
+            f"<pre>{escape(json.dumps(f['evidence'], indent=1))}</pre></details>"
+            "</li>"
+        )
+    out.append("</ol>")
+    return "".join(out)

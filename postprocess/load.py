@@ -1,0 +1,695 @@
+"""Finding runs and reading what the load path wrote, as pandas frames.
+
+A results folder is either one run dir (it holds ``run.json`` or ``summary-*.json``) or a suite
+folder whose immediate children are run dirs. Everything here tolerates what a killed load
+generator leaves behind: a trailing partial JSONL line, a missing ``server-metrics.jsonl``, a
+``run.json`` still marked ``running``, or stages whose summary was never written.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import multiprocessing as mp
+import os
+import re
+import threading
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pandas.api.types import union_categoricals
+
+from tailgate.records import RECORD_FIELDS, record_files
+
+RUN_META = "run.json"
+SUMMARY_GLOB = "summary-*.json"
+SERVER_METRICS = "server-metrics.jsonl"
+
+#: Record fields left out of the analysis frame: never analysed here (per-chunk offsets, response
+#: ids, the generator's monotonic clock), and leaving them out keeps a million-record frame small.
+SKIPPED_FIELDS: tuple[str, ...] = ("chunk_offsets_ms", "response_id", "sent_mono_ns")
+RECORD_COLUMNS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f not in SKIPPED_FIELDS)
+CATEGORY_COLUMNS: tuple[str, ...] = ("run_id", "worker", "stage_label", "arm", "finish_reason", "error_class")
+TEXT_COLUMNS: tuple[str, ...] = ("error",)
+INT_COLUMNS: tuple[str, ...] = (
+    "trace_id", "stage", "prompt_tokens_planned", "max_tokens", "in_flight_at_send", "chunks",
+)  # fmt: skip
+BOOL_COLUMNS: tuple[str, ...] = ("ignore_eos",)
+FLOAT_COLUMNS: tuple[str, ...] = tuple(
+    c for c in RECORD_COLUMNS if c not in (*CATEGORY_COLUMNS, *TEXT_COLUMNS, *INT_COLUMNS, *BOOL_COLUMNS)
+)
+SERVER_COLUMNS: tuple[str, ...] = (
+    "t", "running", "waiting", "kv_usage", "preemptions_total",
+    "prompt_tokens_total", "generation_tokens_total",
+)  # fmt: skip
+
+
+class ResultsError(Exception):
+    """A results folder that cannot be analysed; the message fits on one line of output."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunDir:
+    """One Locust run's folder and its metadata (empty when ``run.json`` is missing or unreadable)."""
+
+    path: Path
+    name: str
+    """Path relative to the results folder ("." when the folder is itself the run)."""
+    meta: dict[str, Any]
+
+    @property
+    def run_id(self) -> str | None:
+        rid = self.meta.get("run_id")
+        return str(rid) if rid is not None else None
+
+
+@dataclass(slots=True)
+class RecordsLoad:
+    frame: pd.DataFrame
+    unreadable_lines: int
+    """Lines that did not parse: a generator killed mid-write leaves one at the end of a file."""
+    files: int
+    unreadable_by_run: dict[str, int] = field(default_factory=dict)
+    lost_in_flight: int | None = None
+    """Requests the send journal lists without a readable record; None when there is no journal."""
+    lost_by_stage: dict[int, int] = field(default_factory=dict)
+    """The same, per stage index."""
+
+
+# ---------------------------------------------------------------------------------------------
+# finding runs
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / RUN_META).is_file() or any(path.glob(SUMMARY_GLOB))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise ResultsError(f"{path} is not readable JSON: {e}") from None
+
+
+def find_run_dirs(results_dir: str | Path) -> list[RunDir]:
+    """The run dirs of a results folder, in name order, or a :class:`ResultsError` saying why none."""
+    root = Path(results_dir)
+    if not root.exists():
+        raise ResultsError(f"results folder {root} does not exist")
+    if not root.is_dir():
+        raise ResultsError(f"{root} is not a folder")
+    if _is_run_dir(root):
+        candidates = [(root, ".")]
+    else:
+        try:
+            children = sorted(p for p in root.iterdir() if p.is_dir())
+        except OSError as e:
+            raise ResultsError(f"results folder {root} cannot be listed: {e.strerror or e}") from None
+        # hidden folders hold set-aside incomplete runs; report/ is our own output
+        candidates = [(p, p.name) for p in children if not p.name.startswith(".") and _is_run_dir(p)]
+    if not candidates:
+        raise ResultsError(
+            f"{root} holds no runs (no run.json or summary-*.json in it or in its immediate subfolders)"
+        )
+    runs = []
+    for path, name in candidates:
+        meta = _read_json(path / RUN_META)
+        runs.append(RunDir(path, name, meta if isinstance(meta, dict) else {}))
+    return runs
+
+
+def _as_runs(source: str | Path | Sequence[RunDir]) -> list[RunDir]:
+    if isinstance(source, (str, Path)):
+        return find_run_dirs(source)
+    return list(source)
+
+
+# ---------------------------------------------------------------------------------------------
+# summaries
+
+
+def rate_text(value: float) -> str:
+    """``5.0`` → ``5``, ``2.5`` → ``2.5``: how the seed names its cells."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "?"
+    v = float(value)
+    return str(int(v)) if v.is_integer() else f"{v:g}"
+
+
+def cell_name(config: str, arm: str, rate_or_batch: float) -> str:
+    """The seed's reference names: ``cont_r5``, ``gated_b16``, ``nochunk_r10``, ``preempt_r10``.
+
+    The engine default (chunked prefill on) carries no prefix for the continuous arm, as in the
+    seed; any other configuration prefixes its label.
+    """
+    if arm == "gated":
+        base = f"gated_b{rate_text(rate_or_batch)}"
+        return base if config == "chunked" else f"{config}_{base}"
+    base = f"r{rate_text(rate_or_batch)}"
+    return f"cont_{base}" if config == "chunked" else f"{config}_{base}"
+
+
+def _config_of(summary: Mapping[str, Any], run: RunDir) -> str:
+    # V1 runs with chunked prefill unless told otherwise, so an unlabelled run is the default config
+    return str(summary.get("config") or run.meta.get("config") or "chunked")
+
+
+def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
+    """One row per cell (a stage of a run), the summary keys as columns plus ``run_dir``/``cell``.
+
+    Runs whose summaries are missing (a generator killed before a stage ended) get rows computed
+    from their records with the same rules, marked ``summary_source == "records"``.
+    """
+    runs = _as_runs(source)
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        paths = sorted(run.path.glob(SUMMARY_GLOB))
+        got = []
+        for p in paths:
+            obj = _read_json(p)
+            if not isinstance(obj, dict):
+                raise ResultsError(f"{p} does not hold a JSON object")
+            got.append(obj)
+        status = str(run.meta.get("status") or "")
+        ended = status == "completed" or status.startswith("stopped after")  # every stage run was summarized
+        if record_files(run.path) and (not got or (not ended and all("stage" in obj for obj in got))):
+            # stages whose summary was never written (the generator died in them) come from their records
+            from postprocess.summarize import summaries_from_records
+
+            loaded = read_records_frame(run)
+            have = {obj.get("stage") for obj in got}
+            missing = loaded.frame.loc[~loaded.frame["stage"].isin(have)]
+            derived = summaries_from_records(missing, default_warmup=_run_warmup(run)) if len(missing) else []
+            for obj in derived:
+                obj["lost_in_flight"] = (
+                    loaded.unreadable_lines
+                    if loaded.lost_in_flight is None
+                    else loaded.lost_by_stage.get(int(obj["stage"]), 0)
+                )
+            got = got + derived
+        for obj in got:
+            row = dict(obj)
+            row.setdefault("summary_source", "summary")
+            row["config"] = _config_of(row, run)
+            row["run_dir"] = run.name
+            row.setdefault("run_id", run.run_id)
+            rows.append(row)
+    if not rows:
+        names = ", ".join(r.name for r in runs)
+        raise ResultsError(f"no stage summaries or records in {names}")
+    df = pd.DataFrame(rows)
+    for col in ("stage", "stage_label", "window_start_s", "window_end_s", "preemptions_before",
+                "preemptions_after", "preemptions_delta", "ttft_from_intended_p99", "schedule_lag_p99",
+                "warmup", "lost_in_flight"):  # fmt: skip
+        if col not in df.columns:
+            df[col] = np.nan
+    df["rate_or_batch"] = pd.to_numeric(df["rate_or_batch"], errors="coerce")
+    df["cell"] = [
+        cell_name(c, a, r) for c, a, r in zip(df["config"], df["arm"], df["rate_or_batch"], strict=True)
+    ]
+    df = order_cells(df)
+    # the same cell measured twice (a repeat run) keeps both rows, told apart by a suffix
+    dup = df.groupby("cell").cumcount()
+    df.loc[dup > 0, "cell"] = df.loc[dup > 0, "cell"] + "~" + (dup[dup > 0] + 1).astype(str)
+    return df.reset_index(drop=True)
+
+
+CONFIG_ORDER = ("chunked", "nochunk", "preempt")
+
+
+def order_cells(df: pd.DataFrame) -> pd.DataFrame:
+    """Engine default first, then chunked-off, then the preemption cell, then user labels."""
+    rank = {c: i for i, c in enumerate(CONFIG_ORDER)}
+    key = pd.DataFrame(
+        {
+            "c": df["config"].map(lambda c: rank.get(c, len(rank))),
+            "cname": df["config"],
+            "a": (df["arm"] != "continuous").astype(int),
+            "r": df["rate_or_batch"],
+            "w": df.get("window_start_s", 0.0),
+        }
+    )
+    order = key.sort_values(["c", "cname", "a", "r", "w"], kind="stable").index
+    return df.loc[order]
+
+
+def _run_warmup(run: RunDir) -> int:
+    trace = run.meta.get("trace") or {}
+    w = trace.get("warmup") if isinstance(trace, dict) else None
+    return int(w) if isinstance(w, (int, float)) else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# records
+
+
+class _NoFastPath(Exception):
+    """The file does not have the regular shape the columnar reader relies on."""
+
+
+_ERROR_MARKER = b'"error":"'
+_CHUNKS_KEY = b'"chunk_offsets_ms":'
+_CHUNKS_FIELD = re.compile(rb',"chunk_offsets_ms":(?:\[[^\]]*\]|null)')
+_SEPARATORS = str.maketrans("", "", ",:")
+PARALLEL_BYTES = 64 << 20
+"""Below this much JSONL, starting processes costs more than it saves."""
+MAX_WORKERS = 8
+SPILL_FIELDS = 48
+"""Spare columns after the last field, where separators in an error text spill harmlessly."""
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):  # nesting deeper than the parser's stack is no record either
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _slow_rows(data: bytes) -> tuple[list[dict[str, Any]], int]:
+    rows, bad = [], 0
+    for raw in data.splitlines():
+        if not raw or raw.isspace():
+            continue
+        obj = _json_object(raw)
+        if obj is None:
+            bad += 1
+        else:
+            rows.append(obj)
+    return rows, bad
+
+
+def _marker_lines(data: bytes, marker: bytes) -> list[bytes]:
+    lines = []
+    pos = data.find(marker)
+    while pos != -1:
+        start = data.rfind(b"\n", 0, pos) + 1
+        end = data.find(b"\n", pos)
+        end = len(data) if end == -1 else end
+        lines.append(data[start:end])
+        pos = data.find(marker, end)
+    return lines
+
+
+def _unquote(token: str) -> str:
+    # values are JSON strings; only the rare escaped one needs the JSON decoder
+    return json.loads(token) if "\\" in token else token[1:-1]
+
+
+class _Chained(io.RawIOBase):
+    """Several byte buffers read as one stream, without concatenating (copying) them."""
+
+    def __init__(self, *parts: bytes) -> None:
+        self._parts = [memoryview(p) for p in parts]
+        self._i = 0
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self._i < len(self._parts):
+            part = self._parts[self._i]
+            if self._pos < len(part):
+                n = min(len(buffer), len(part) - self._pos)
+                buffer[:n] = part[self._pos : self._pos + n]
+                self._pos += n
+                return n
+            self._i += 1
+            self._pos = 0
+        return 0
+
+
+def _complete(token: str) -> bool:
+    """A whole JSON string: quoted at both ends, the closing quote not an escaped one (``\\"``)."""
+    if len(token) < 2 or not token.startswith('"') or not token.endswith('"'):
+        return False
+    body = token[1:-1]
+    return (len(body) - len(body.rstrip("\\"))) % 2 == 0
+
+
+def _columnar(data: bytes) -> pd.DataFrame:
+    """Parse record lines with pandas' C tokenizer after one byte substitution.
+
+    Turning ``:`` into ``,`` makes ``{"k":v,...}`` a CSV row of alternating keys and values (the
+    braces stick to the first key and the last value), so only the wanted value columns are
+    converted: several times faster than
+    any JSON reader available here. It needs every line to carry the same keys in the same order
+    (one writer's ``asdict`` order) and no separators inside strings, except in the error text:
+    that is the last field of a line, so its separators only spill into spare columns, and the
+    few lines concerned are re-read with ``json`` for their exact text. Anything else unexpected
+    raises :class:`_NoFastPath` so the caller re-reads the whole file line by line.
+    """
+    first_end = data.find(b"\n")
+    first = _json_object(data[: first_end if first_end != -1 else len(data)])
+    if first is None:
+        raise _NoFastPath("first line is not a JSON object")
+    keys = list(first)
+    free_text = keys[-1] if keys[-1] in TEXT_COLUMNS else None
+    for k, v in first.items():
+        if isinstance(v, (dict, list)):
+            raise _NoFastPath("structured values")
+        if k != free_text and isinstance(v, str) and v != v.translate(_SEPARATORS):
+            raise _NoFastPath("separators inside a string other than the error text")
+    names: list[str] = []
+    for k in keys:
+        names += [f"_k_{k}", k]
+    if free_text is not None:
+        names += [f"_spill{i}" for i in range(SPILL_FIELDS)]
+    wanted = [c for c in RECORD_COLUMNS if c in first]
+    checks = sorted({f"_k_{keys[0]}", f"_k_{keys[-1]}", f"_k_{keys[len(keys) // 2]}"})
+    dtype: dict[str, Any] = {c: "category" for c in checks}
+    for c in wanted:
+        if c in CATEGORY_COLUMNS or c in TEXT_COLUMNS:
+            dtype[c] = "category"
+        elif c in BOOL_COLUMNS:
+            dtype[c] = "boolean"
+        else:
+            dtype[c] = "float64"
+    # a first row as wide as ``names``: the tokenizer sizes its columns from the first row
+    width = b"," * (len(names) - 1) + b"\n"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", pd.errors.ParserWarning)
+        try:
+            df = pd.read_csv(
+                io.BufferedReader(_Chained(width, data.replace(b":", b",")), buffer_size=1 << 20),
+                header=None,
+                names=names,
+                usecols=wanted + checks,
+                dtype=dtype,
+                na_values=["null", ""],
+                keep_default_na=False,
+                quoting=csv.QUOTE_NONE,
+                engine="c",
+                on_bad_lines="warn",
+            )
+        except (ValueError, pd.errors.ParserError) as e:
+            raise _NoFastPath(str(e)) from None
+    skipped = any(issubclass(w.category, pd.errors.ParserWarning) for w in caught)
+    df = df.iloc[1:].reset_index(drop=True)
+    for c in checks:
+        col = df[c]
+        expected = ("{" if c == f"_k_{keys[0]}" else "") + f'"{c[3:]}"'
+        if col.isna().any() or list(col.cat.categories) != [expected]:
+            raise _NoFastPath(f"key {c[3:]} is not in the same place on every line")
+    df = df.drop(columns=checks)
+    broken = np.zeros(len(df), dtype=bool)
+    for c in wanted:
+        if dtype.get(c) != "category":
+            continue
+        cats = list(df[c].cat.categories)
+        if c == free_text:
+            # the line's closing brace sticks to this last value; a text cut at a separator
+            # spilled into the spare columns and is fetched exactly below
+            codes = df[c].cat.codes.to_numpy()
+            bare = [k[:-1] if k.endswith("}") else k for k in cats]
+            lookup = np.array(
+                [None if k == "null" else _unquote(k) if _complete(k) else None for k in bare] + [None],
+                dtype=object,
+            )
+            cut = np.array([k != "null" and not _complete(k) for k in bare] + [False])
+            broken = cut[codes]
+            df[c] = lookup[codes]
+            continue
+        if not all(_complete(k) for k in cats):
+            raise _NoFastPath(f"{c} holds a non-string value")
+        df[c] = df[c].cat.rename_categories([_unquote(k) for k in cats])
+    if skipped:  # with ``usecols`` the tokenizer truncates long rows; a skip means something else
+        raise _NoFastPath("the tokenizer skipped lines")
+    if broken.any() and free_text is not None:
+        texts: dict[tuple[Any, Any], Any] = {}
+        for raw in _marker_lines(data, _ERROR_MARKER):
+            obj = _json_object(raw)
+            if obj is None:
+                raise _NoFastPath("an error record does not parse")
+            key = (obj.get("stage"), obj.get("trace_id"))
+            if key in texts:
+                raise _NoFastPath("two error records share a stage and trace id")
+            texts[key] = obj.get(free_text)
+        rows = np.flatnonzero(broken)
+        stage = df["stage"].to_numpy()[rows]
+        trace = df["trace_id"].to_numpy()[rows]
+        values = df[free_text].to_numpy(dtype=object, copy=True)
+        for r, st, tid in zip(rows, stage, trace, strict=True):
+            key = (int(st), int(tid))
+            if key not in texts:
+                raise _NoFastPath("an error text could not be matched to its line")
+            values[r] = texts[key]
+        df[free_text] = values
+    return df
+
+
+def _normalise(df: pd.DataFrame) -> pd.DataFrame:
+    """One dtype per column whichever reader produced the rows, so frames concatenate cleanly."""
+    out = {}
+    n = len(df)
+    for c in RECORD_COLUMNS:
+        col = df[c] if c in df.columns else pd.Series([None] * n, index=df.index, dtype=object)
+        if c in CATEGORY_COLUMNS:
+            out[c] = col if isinstance(col.dtype, pd.CategoricalDtype) else col.astype("category")
+        elif c in TEXT_COLUMNS:
+            out[c] = col.astype(object).where(col.notna(), None)
+        elif c in BOOL_COLUMNS:
+            out[c] = col.astype(object).where(col.notna(), False).astype(bool)
+        elif c in INT_COLUMNS:
+            num = pd.to_numeric(col, errors="coerce")
+            out[c] = num.astype("int64") if not num.isna().any() else num.astype("float64")
+        else:
+            out[c] = pd.to_numeric(col, errors="coerce").astype("float64")
+    return pd.DataFrame(out, index=df.index)
+
+
+def read_records_file(path: str | Path) -> tuple[pd.DataFrame, int]:
+    """One JSONL file as a frame, and the count of lines that did not parse.
+
+    The usual damage is one partial line at the end (the generator died mid-write). Anything
+    the columnar reader cannot vouch for is re-read line by line, so the fast path never trades
+    correctness for speed.
+    """
+    data = Path(path).read_bytes()
+    bad = 0
+    extra: list[dict[str, Any]] = []
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        tail = data[cut:]
+        data = data[:cut]
+        if tail and not tail.isspace():
+            obj = _json_object(tail)
+            if obj is None:
+                bad += 1
+            else:
+                extra.append(obj)
+    parts: list[pd.DataFrame] = []
+    if data and not data.isspace():
+        first_line = data[: data.find(b"\n")]
+        if _CHUNKS_KEY in first_line:
+            data = _CHUNKS_FIELD.sub(b"", data)  # never analysed, and lists defeat the tokenizer
+        try:
+            got = _columnar(data)
+        except _NoFastPath:
+            rows, bad_lines = _slow_rows(data)
+            extra += rows
+            bad += bad_lines
+        else:
+            parts.append(_normalise(got))
+    if extra:
+        parts.append(_normalise(pd.DataFrame(extra)))
+    if not parts:
+        return _normalise(pd.DataFrame(columns=list(RECORD_COLUMNS))), bad
+    frame = parts[0] if len(parts) == 1 else _concat(parts)
+    return frame, bad
+
+
+def _str_categories(values: pd.Series) -> pd.Series:
+    """Categories as strings: an all-missing column has object categories, which cannot be united."""
+    cats = values.cat.categories
+    if cats.dtype == "str":
+        return values
+    return values.cat.rename_categories(pd.Index([str(c) for c in cats], dtype="str"))
+
+
+def _concat(parts: Iterable[pd.DataFrame]) -> pd.DataFrame:
+    """Row-wise concatenation that keeps categoricals categorical.
+
+    ``pd.concat`` turns categoricals with different categories into objects and the frame would
+    have to factorize a million strings again; uniting the categories works on the codes.
+    """
+    parts = list(parts)
+    united: dict[str, pd.Categorical] = {}
+    for c in (*CATEGORY_COLUMNS, "run_dir"):
+        if not all(c in p.columns and isinstance(p[c].dtype, pd.CategoricalDtype) for p in parts):
+            continue
+        try:
+            united[c] = union_categoricals([_str_categories(p[c]) for p in parts], ignore_order=True)
+        except (TypeError, ValueError):
+            continue  # plain concatenation below copes, only slower
+    order = list(parts[0].columns)
+    df = pd.concat([p.drop(columns=list(united)) for p in parts], ignore_index=True)
+    for c, values in united.items():
+        df[c] = values
+    df = df[order + [c for c in df.columns if c not in order]]
+    for c in CATEGORY_COLUMNS:
+        if not isinstance(df[c].dtype, pd.CategoricalDtype):
+            df[c] = df[c].astype("category")
+    for c in INT_COLUMNS:
+        if df[c].dtype != "int64" and not df[c].isna().any():
+            df[c] = df[c].astype("int64")
+    return df
+
+
+def _journal_lost(run: RunDir, frame: pd.DataFrame) -> dict[str, Any] | None:
+    """Sent-but-unrecorded requests from the load path's send journal (``sent-*.log``), if any.
+
+    The journal is written before each request goes out, so it also counts requests whose
+    record was never started, which no partial line reveals.
+    """
+    if not any(run.path.glob("sent-*.log")):
+        return None
+    try:
+        from tailgate.records import lost_in_flight
+    except ImportError:
+        return None
+    ok = frame["stage"].notna() & frame["trace_id"].notna()
+    pairs = zip(
+        frame.loc[ok, "stage"].astype("int64"), frame.loc[ok, "trace_id"].astype("int64"), strict=True
+    )
+    return lost_in_flight(run.path, recorded=pairs)
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def read_records_files(paths: Sequence[Path]) -> list[tuple[pd.DataFrame, int]]:
+    """:func:`read_records_file` for many files, in parallel processes when it pays.
+
+    Parsing is CPU-bound and each load process writes its own file, so a large run splits
+    naturally. Processes are forked (no re-import) and only from a single-threaded parent,
+    where forking is safe; small inputs stay in this process.
+    """
+    paths = list(paths)
+    workers = min(len(paths), usable_cpus(), MAX_WORKERS)
+    can_fork = "fork" in mp.get_all_start_methods() and threading.active_count() == 1
+    if workers > 1 and can_fork and sum(p.stat().st_size for p in paths) >= PARALLEL_BYTES:
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+            return list(pool.map(read_records_file, paths))
+    return [read_records_file(p) for p in paths]
+
+
+def read_records_frame(run: RunDir, parsed: Sequence[tuple[pd.DataFrame, int]] | None = None) -> RecordsLoad:
+    """Every worker file of one run, with a ``run_dir`` column naming where each row came from.
+
+    ``parsed`` takes the run's files already read by :func:`read_records_files`, in
+    :func:`~tailgate.records.record_files` order.
+    """
+    files = record_files(run.path)
+    frames, bad = [], 0
+    for df, b in parsed if parsed is not None else read_records_files(files):
+        frames.append(df)
+        bad += b
+    if frames:
+        frame = frames[0] if len(frames) == 1 else _concat(frames)
+    else:
+        frame = _normalise(pd.DataFrame(columns=list(RECORD_COLUMNS)))
+    frame = frame.reset_index(drop=True)
+    frame["run_dir"] = pd.Categorical([run.name] * len(frame)) if len(frame) else pd.Categorical([])
+    key = run.run_id or run.name
+    loss = _journal_lost(run, frame)
+    if loss is None:
+        return RecordsLoad(frame, bad, len(files), {key: bad})
+    return RecordsLoad(frame, bad, len(files), {key: bad}, int(loss["lost"]), dict(loss["lost_by_stage"]))
+
+
+def load_records(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
+    """All runs' records in one frame; ``attrs`` carry what could not be read.
+
+    ``attrs["unreadable_lines"]`` is the total and ``attrs["unreadable_by_run"]`` maps each run
+    dir to its count of lines that did not parse; ``attrs["lost_in_flight_by_run"]`` holds, for
+    runs with a send journal, the requests sent but never recorded. Both are requests lost in
+    flight, which no summary can include.
+    """
+    runs = _as_runs(source)
+    per_run = [record_files(run.path) for run in runs]
+    parsed = read_records_files([p for paths in per_run for p in paths])
+    frames, by_run, lost, total, files = [], {}, {}, 0, 0
+    start = 0
+    for run, paths in zip(runs, per_run, strict=True):
+        got = read_records_frame(run, parsed[start : start + len(paths)])
+        start += len(paths)
+        frames.append(got.frame)
+        by_run[run.name] = got.unreadable_lines
+        if got.lost_in_flight is not None:
+            lost[run.name] = got.lost_in_flight
+        total += got.unreadable_lines
+        files += got.files
+    nonempty = [f for f in frames if len(f)]
+    if not nonempty:
+        df = frames[0] if frames else _normalise(pd.DataFrame(columns=list(RECORD_COLUMNS)))
+    elif len(nonempty) == 1:
+        df = nonempty[0]
+    else:
+        df = _concat(nonempty)
+        df["run_dir"] = df["run_dir"].astype("category")
+    df.attrs["unreadable_lines"] = total
+    df.attrs["unreadable_by_run"] = by_run
+    df.attrs["lost_in_flight_by_run"] = lost
+    df.attrs["record_files"] = files
+    return df
+
+
+# ---------------------------------------------------------------------------------------------
+# server metrics (direct /metrics scrapes)
+
+
+def read_server_metrics(run: RunDir) -> tuple[pd.DataFrame, int]:
+    """A run's ~1 Hz scrapes sorted by time; unparsable lines are skipped and counted.
+
+    A day-long stage is 86,400 lines, so the whole file goes to pandas' reader first; only a
+    file with a damaged line is read line by line.
+    """
+    path = run.path / SERVER_METRICS
+    if not path.is_file():
+        return pd.DataFrame(columns=[*SERVER_COLUMNS, "run_dir"]), 0
+    data = path.read_bytes()
+    bad = 0
+    cut = data.rfind(b"\n") + 1
+    if cut < len(data) and data[cut:].strip():
+        bad += 1  # the sampler was stopped mid-line
+    data = data[:cut]
+    try:
+        df = pd.read_json(io.BytesIO(data), lines=True, dtype=False) if data.strip() else pd.DataFrame()
+    except ValueError:
+        rows, bad_lines = _slow_rows(data)
+        df, bad = pd.DataFrame(rows), bad + bad_lines
+    for c in SERVER_COLUMNS:
+        df[c] = pd.to_numeric(df[c], errors="coerce") if c in df.columns else np.nan
+    df = df.loc[df["t"].notna(), list(SERVER_COLUMNS)].sort_values("t", kind="stable").reset_index(drop=True)
+    df["run_dir"] = run.name
+    return df, bad
+
+
+def load_server_metrics(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
+    """All runs' direct scrapes; empty (with the columns) when no run sampled its server."""
+    frames = [read_server_metrics(r)[0] for r in _as_runs(source)]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame(columns=[*SERVER_COLUMNS, "run_dir"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def load_run_meta(source: str | Path | Sequence[RunDir]) -> dict[str, dict[str, Any]]:
+    """``run.json`` of every run, keyed by run dir name."""
+    return {r.name: r.meta for r in _as_runs(source)}

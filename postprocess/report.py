@@ -1,0 +1,388 @@
+"""``report/`` for a results folder: table, charts, diagnosis and one self-contained HTML page.
+
+The page embeds its charts as base64 PNG and has no external references, so it can be mailed,
+archived next to the raw JSON, or opened from disk on a machine without network access.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import multiprocessing as mp
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from postprocess import charts
+from postprocess.diagnosis import diagnose, render_html
+from postprocess.load import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus
+from postprocess.prometheus import NONE, ServerData, collect_server_data
+from postprocess.table import choose_decision_rate, summary_table, table_html, write_table
+
+REPORT_DIR = "report"
+PARALLEL_CHART_RECORDS = 200_000
+"""From this many records, charts are drawn in parallel processes."""
+
+
+@dataclass
+class Analysis:
+    """Everything loaded and derived from one results folder, as frames."""
+
+    results_dir: Path
+    runs: list[RunDir]
+    summaries: pd.DataFrame
+    records: pd.DataFrame
+    server: ServerData
+    table: pd.DataFrame
+    decision_rate: float | None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ReportPaths:
+    out_dir: Path
+    html: Path
+    table_md: Path
+    table_csv: Path
+    diagnosis_json: Path
+    charts: dict[str, list[Path]]
+    """Chart name (``chart1``, ``chart2``, ``chart3``, ``chart3_preempt``) -> [png, svg]."""
+    series_csv: list[Path] = field(default_factory=list)
+    """``prometheus-series.csv`` files written next to the runs in this build."""
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return str(self.html)
+
+
+def analyze(
+    results_dir: str | Path,
+    prometheus_url: str | None = None,
+    decision_rate: float | None = None,
+    *,
+    save_series: bool = True,
+) -> Analysis:
+    """Load a results folder and line up every source; raises :class:`ResultsError` on bad input."""
+    root = Path(results_dir)
+    runs = find_run_dirs(root)
+    records = load_records(runs)
+    summaries = load_summaries(runs)
+    server = collect_server_data(runs, summaries, prometheus_url, save=save_series)
+    table = summary_table(summaries, server.preemptions)
+    rate = choose_decision_rate(table, decision_rate)
+    notes = list(server.notes)
+    notes += _data_notes(runs, summaries, records, table)
+    return Analysis(root, runs, summaries, records, server, table, rate, notes)
+
+
+def _data_notes(
+    runs: Sequence[RunDir], summaries: pd.DataFrame, records: pd.DataFrame, table: pd.DataFrame
+) -> list[str]:
+    notes = []
+    for name, bad in (records.attrs.get("unreadable_by_run") or {}).items():
+        if bad:
+            notes.append(f"{name}: {bad} record line(s) unreadable (cut off when a load generator stopped)")
+    for name, lost in (records.attrs.get("lost_in_flight_by_run") or {}).items():
+        if lost:
+            notes.append(f"{name}: {lost} request(s) sent but never recorded: lost in flight (send journal)")
+    for run in runs:
+        status = run.meta.get("status")
+        if status and status != "completed":
+            notes.append(f"{run.name}: run.json status is {status!r}")
+        if not run.meta:
+            notes.append(f"{run.name}: no run.json; configuration taken from the summaries")
+    derived = summaries.loc[
+        summaries.get("summary_source", pd.Series(dtype=str)) == "records", "cell"
+    ].tolist()
+    if derived:
+        notes.append("summaries recomputed from records (no summary file): " + ", ".join(derived))
+    with_errors = table.loc[pd.to_numeric(table["errors"], errors="coerce").fillna(0) > 0]
+    for _, row in with_errors.iterrows():
+        by_class = summaries.loc[summaries["cell"] == row["cell"], "errors_by_class"]
+        detail = ""
+        if len(by_class) and isinstance(by_class.iloc[0], Mapping):
+            detail = " (" + ", ".join(f"{k} {v}" for k, v in by_class.iloc[0].items()) + ")"
+        notes.append(
+            f"{row['cell']}: {int(row['errors'])} failed request(s){detail}, excluded from percentiles"
+        )
+    reset = summaries.get("preemption_counter_reset", pd.Series(dtype=object)).map(lambda v: v is True)
+    for _, row in summaries.loc[reset.reindex(summaries.index, fill_value=False)].iterrows():
+        notes.append(
+            f"{row['cell']}: preemption counter reset during the stage ({row['preemptions_before']:g} -> "
+            f"{row['preemptions_after']:g}, server restarted?): its delta over the stage is unknown"
+        )
+    for _, row in table.loc[table["preemptions_disagree"].fillna(False).astype(bool)].iterrows():
+        notes.append(
+            f"{row['cell']}: preemption sources disagree: Prometheus {row['preemptions_prometheus']:g}, "
+            f"direct {row['preemptions_direct']:g}"
+        )
+    return notes
+
+
+def _chart3_cells(table: pd.DataFrame, rate: float | None) -> list[tuple[str, pd.Series]]:
+    """The default-config cell at the decision rate, and the preemption cell when there is one."""
+    plain = table.loc[~table["cell"].astype(str).str.contains("~")]
+    cont = plain.loc[plain["arm"] == "continuous"]
+
+    def nearest(d: pd.DataFrame) -> pd.Series | None:
+        if d.empty:
+            return None
+        if rate is None:
+            return d.sort_values("rate_or_batch").iloc[-1]
+        dist = (d["rate_or_batch"].astype(float) - rate).abs()
+        return d.loc[dist.sort_values(kind="stable").index[0]]
+
+    main = nearest(cont.loc[cont["config"] == "chunked"])
+    if main is None:
+        main = nearest(cont.loc[cont["config"] != "preempt"])
+    pre = nearest(cont.loc[cont["config"] == "preempt"])
+    out = []
+    if main is not None:
+        out.append(("chart3", main))
+    if pre is not None:
+        out.append(("chart3_preempt" if out else "chart3", pre))
+    if not out and len(plain):
+        out.append(("chart3", plain.iloc[0]))
+    return out
+
+
+_JOBS: list[tuple[str, Callable[[], list[Path]]]] = []
+"""Chart jobs for forked workers, which inherit them instead of receiving pickled frames."""
+
+
+def _run_job(i: int) -> list[Path]:
+    return _JOBS[i][1]()
+
+
+def _chart_jobs(analysis: Analysis, out: Path) -> list[tuple[str, Callable[[], list[Path]]]]:
+    table = analysis.table.copy()
+    jobs: list[tuple[str, Callable[[], list[Path]]]] = [("chart1", partial(charts.chart1, table, out))]
+    if analysis.decision_rate is not None:
+        jobs.append(("chart2", partial(charts.chart2, table, analysis.decision_rate, out)))
+    windows = analysis.summaries[["run_dir", "stage", "window_start_s", "window_end_s"]]
+    full = table.drop(columns=["window_start_s", "window_end_s"], errors="ignore").merge(
+        windows, on=["run_dir", "stage"], how="left"
+    )
+    for name, row in _chart3_cells(full, analysis.decision_rate):
+        run = str(row["run_dir"])
+        series = analysis.server.series
+        series = series.loc[series["run_dir"] == run] if len(series) else None
+        source = analysis.server.sources.get(run, NONE)
+        jobs.append(
+            (name, partial(charts.chart3, analysis.records, series, row, out, name, series_source=source))
+        )
+    return jobs
+
+
+def draw_charts(analysis: Analysis, out_dir: str | Path) -> dict[str, list[Path]]:
+    """All charts of an analysis; chart 2 needs a decision rate, so it is skipped without one.
+
+    With many records the per-request charts dominate, and each chart is independent: they are
+    drawn in forked processes, one per CPU, when the parent is single-threaded (where forking
+    is safe).
+    """
+    global _JOBS
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = _chart_jobs(analysis, out)
+    workers = min(len(jobs), usable_cpus())
+    parallel = (
+        len(analysis.records) >= PARALLEL_CHART_RECORDS
+        and workers > 1
+        and "fork" in mp.get_all_start_methods()
+        and threading.active_count() == 1
+    )
+    if not parallel:
+        return {name: job() for name, job in jobs}
+    _JOBS = jobs
+    try:
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+            done = list(pool.map(_run_job, range(len(jobs))))
+    finally:
+        _JOBS = []
+    return {name: paths for (name, _), paths in zip(jobs, done, strict=True)}
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;
+ padding:0 1rem;color:#222;line-height:1.45}
+h1{margin-bottom:.2rem}h2{border-bottom:1px solid #ddd;padding-bottom:.2rem;margin-top:2rem}
+.meta{color:#555;margin-top:0}
+table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
+th,td{border:1px solid #ccc;padding:.25rem .45rem}th{background:#f3f3f3;text-align:left}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.disagree td{background:#fff3cd}
+figure{margin:1rem 0}figure img{max-width:100%;border:1px solid #eee}
+figcaption{color:#555;font-size:.9rem}
+ul.notes li{margin:.2rem 0}
+ol.diagnosis li{margin-bottom:1rem}.question{font-weight:600;margin-bottom:.2rem}
+.verdict{margin:.2rem 0}.verdict.yes strong{color:#a02020}.verdict.no strong{color:#206020}
+pre{background:#f7f7f7;padding:.5rem;overflow:auto;font-size:.8rem}
+dl.run{display:grid;grid-template-columns:max-content auto;gap:.1rem 1rem;font-size:.9rem}
+dl.run dt{color:#555}dl.run dd{margin:0}
+"""
+
+CAPTIONS = {
+    "chart1": (
+        "Chart 1. TTFT p99 (left) and worst inter-chunk gap p99 (right) against arrival rate, continuous "
+        "cells only, one line per server configuration (the preemption cell is in chart 3 and the table)."
+    ),
+    "chart2": (
+        "Chart 2. p99 TTFT, worst gap and total at the decision rate: continuous with chunked prefill on, "
+        "the same with it off, and gated admission."
+    ),
+    "chart3": (
+        "Chart 3. Every request of one stage: its worst gap at its arrival (dots, coloured by prompt size) "
+        "and where that gap ended (crosses); dashed lines are long-prompt arrivals, shaded intervals are "
+        "where the preemption counter rose; below, the server's running/waiting requests, KV-cache usage "
+        "and preemption increments on the same time axis."
+    ),
+}
+
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _meta_html(run: RunDir) -> str:
+    m = run.meta
+    trace = m.get("trace") if isinstance(m.get("trace"), Mapping) else {}
+    versions = m.get("versions") if isinstance(m.get("versions"), Mapping) else {}
+    server = m.get("server") if isinstance(m.get("server"), Mapping) else {}
+    rows = [
+        ("run dir", run.name),
+        ("run id", m.get("run_id")),
+        ("arm", m.get("arm")),
+        ("config", m.get("config")),
+        ("status", m.get("status")),
+        ("host", m.get("host")),
+        ("model", m.get("model")),
+        ("server version", server.get("version")),
+        ("started", m.get("started")),
+        ("ended", m.get("ended")),
+        ("prometheus url", m.get("prometheus_url")),
+        ("metrics url", m.get("metrics_url")),
+        ("trace", ", ".join(f"{k} {trace.get(k)}" for k in ("seed", "warmup", "n", "source") if k in trace)),
+        ("mix", ", ".join(f"{k}: {v}" for k, v in (trace.get("mix") or {}).items())),
+        ("versions", ", ".join(f"{k} {v}" for k, v in versions.items())),
+    ]
+    dl = "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in rows if v not in (None, ""))
+    raw = escape(json.dumps(m, indent=1, default=str)) if m else "no run.json"
+    return (
+        f"<h3>{escape(run.name)}</h3><dl class='run'>{dl}</dl>"
+        f"<details><summary>run.json</summary><pre>{raw}</pre></details>"
+    )
+
+
+def render_report_html(
+    analysis: Analysis, chart_paths: Mapping[str, Sequence[Path]], findings: Sequence[Mapping[str, Any]]
+) -> str:
+    """The whole page as one string."""
+    a = analysis
+    generated = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime())
+    n_cells = len(a.table)
+    rate = "none" if a.decision_rate is None else f"{rate_text(a.decision_rate)} req/s"
+    sources = sorted(set(a.table["preemptions_source"].dropna().astype(str)))
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>tailgate report: {escape(a.results_dir.name)}</title><style>{_CSS}</style></head><body>",
+        "<h1>tailgate report</h1>",
+        f"<p class='meta'>results: {escape(str(a.results_dir))} · {len(a.runs)} run(s), {n_cells} cell(s) · "
+        f"decision rate {escape(rate)} · preemption source(s): {escape(', '.join(sources) or 'none')} · "
+        f"generated {generated}</p>",
+        "<section id='notes'><h2>Notes on the data</h2>",
+    ]
+    if a.notes:
+        parts.append("<ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in a.notes) + "</ul>")
+    else:
+        parts.append("<p>Every source was present.</p>")
+    parts.append("</section><section id='table'><h2>Results table</h2>")
+    parts.append(
+        "<p>Milliseconds; n = measured requests after warm-up; percentiles interpolate linearly between "
+        "closest ranks, as the reference harness does. Preemptions: the counter's increase over the "
+        "stage window from Prometheus and from the load generator's direct /metrics reads.</p>"
+    )
+    parts.append(table_html(a.table))
+    parts.append("</section><section id='charts'><h2>Charts</h2>")
+    for name, paths in chart_paths.items():
+        png = next((p for p in paths if p.suffix == ".png"), None)
+        if png is None:
+            continue
+        caption = CAPTIONS.get(name.split("_")[0], "")
+        if name == "chart3_preempt":
+            caption = "Chart 3 (preemption cell). " + caption.split(". ", 1)[1]
+        figure = f"{_img(png, name)}<figcaption>{escape(caption)}</figcaption>"
+        parts.append(f"<figure id='{escape(name)}'>{figure}</figure>")
+    parts.append("</section><section id='diagnosis'><h2>Diagnosis: the five questions</h2>")
+    parts.append(render_html(findings))
+    parts.append("</section><section id='runs'><h2>Runs</h2>")
+    parts += [_meta_html(r) for r in a.runs]
+    parts.append("</section></body></html>\n")
+    return "".join(parts)
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return None if not math.isfinite(float(x)) else float(x)
+    if isinstance(x, Path):
+        return str(x)
+    return str(x)
+
+
+def build_report(
+    results_dir: str | Path,
+    out_dir: str | Path | None = None,
+    prometheus_url: str | None = None,
+    decision_rate: float | None = None,
+) -> ReportPaths:
+    """Write ``report/`` (or ``out_dir``) for a results folder and return where everything went."""
+    analysis = analyze(results_dir, prometheus_url, decision_rate)
+    out = Path(out_dir) if out_dir is not None else analysis.results_dir / REPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    md, csv_path = write_table(analysis.table, out)
+    chart_paths = draw_charts(analysis, out)
+    findings = diagnose(
+        analysis.summaries,
+        analysis.records,
+        analysis.server.series,
+        preemptions=analysis.server.preemptions,
+        run_meta={r.name: r.meta for r in analysis.runs},
+        decision_rate=analysis.decision_rate,
+    )
+    diag = out / "diagnosis.json"
+    diag.write_text(
+        json.dumps(
+            {
+                "results": str(analysis.results_dir),
+                "decision_rate": analysis.decision_rate,
+                "series_sources": analysis.server.sources,
+                "notes": analysis.notes,
+                "findings": findings,
+            },
+            indent=1,
+            default=_json_default,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    html_path = out / "report.html"
+    html_path.write_text(render_report_html(analysis, chart_paths, findings), encoding="utf-8")
+    return ReportPaths(
+        out, html_path, md, csv_path, diag, chart_paths, list(analysis.server.saved), analysis.notes
+    )
