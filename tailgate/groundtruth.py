@@ -29,8 +29,9 @@ Endpoints
     "chunk_write_begin": [...], "requests": [[seq, body_received_ns, first_write_ns]], ...}``; the
     same document is written to ``--chunk-log`` on SIGTERM/SIGINT. Serving it blocks the loop for as
     long as it takes to render, so fetch it between measurements.
-    ``GET /_control`` shows the settings; ``POST /_control`` changes them (see
-    :meth:`GroundTruthServer.apply_control`).
+    ``GET /_control`` shows the settings and, under ``last_authorization``, the last ``Authorization``
+    header each client-facing path received (so a test can see what credentials reached the server);
+    ``POST /_control`` changes the settings (see :meth:`GroundTruthServer.apply_control`).
 
 Request numbers (``seq``, also the response id ``cmpl-<seq>``) count ``/v1/completions`` requests
 from 0; other endpoints do not advance them.
@@ -1045,6 +1046,8 @@ class GroundTruthServer:
         self.prompt_tokens_total = 0
         self.generation_tokens_done = 0
         self.requests_total = 0
+        self.last_authorization: dict[str, str] = {}
+        """Path -> the last ``Authorization`` header a request to it carried (``/_*`` paths excluded)."""
         self.started_wall = time.time()
         self._server: asyncio.Server | None = None
 
@@ -1136,7 +1139,12 @@ class GroundTruthServer:
         return self.describe()
 
     def describe(self) -> dict[str, Any]:
-        return {**self.settings.describe(), "next_seq": self.next_seq, "chunks_logged": len(self.log)}
+        return {
+            **self.settings.describe(),
+            "next_seq": self.next_seq,
+            "chunks_logged": len(self.log),
+            "last_authorization": dict(self.last_authorization),
+        }
 
     # -- metrics
 
@@ -1178,6 +1186,9 @@ class GroundTruthServer:
     def dispatch(self, conn: _Connection, head: RequestHead, body: bytes, recv_ns: int) -> None:
         path, method = head.path, head.method
         ka = conn.keep_alive
+        auth = head.headers.get("authorization")
+        if auth is not None and not path.startswith("/_"):
+            self.last_authorization[path] = auth
         if path == "/v1/completions":
             if method != "POST":
                 conn.send(_detail(405, ka))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -83,8 +84,13 @@ def scrape(url: str, timeout: float = 5.0) -> Snapshot | None:
 
 
 def poll(url: str, out_path: str, interval: float = 1.0) -> None:
-    """Append one snapshot per interval to a JSONL file until SIGTERM/SIGINT."""
+    """Append one snapshot per interval to a JSONL file until SIGTERM/SIGINT or its parent is gone.
+
+    A load generator killed with SIGKILL cannot stop its sampler, so the sampler notices it was
+    orphaned (its parent pid changed) instead of scraping the server forever.
+    """
     stop = False
+    parent = os.getppid()
 
     def _stop(*_: object) -> None:
         nonlocal stop
@@ -94,7 +100,7 @@ def poll(url: str, out_path: str, interval: float = 1.0) -> None:
     signal.signal(signal.SIGINT, _stop)
     next_t = time.monotonic()
     with open(out_path, "a", encoding="utf-8", buffering=1) as f:
-        while not stop:
+        while not stop and os.getppid() == parent:
             snap = scrape(url, timeout=max(0.5, interval))
             if snap is not None:
                 f.write(json.dumps(asdict(snap)) + "\n")

@@ -35,9 +35,26 @@ class OptionError(ValueError):
     """A bad option value; ``str()`` is the one line shown to the user."""
 
 
+class _EnvNamed:
+    """Adds options that also read ``LOCUST_<NAME>``, as Locust's own options do.
+
+    Locust's parser has no automatic environment prefix: an option without an explicit
+    ``env_var`` ignores the environment, so ``LOCUST_RATES`` would silently do nothing.
+    """
+
+    def __init__(self, parser: Any) -> None:
+        self._parser = parser
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> Any:
+        action = self._parser.add_argument(*args, **kwargs)
+        if not getattr(action, "env_var", None):
+            action.env_var = "LOCUST_" + action.dest.upper()
+        return action
+
+
 def add_arguments(parser: Any) -> None:
     """Add the suite's options to Locust's (configargparse) parser."""
-    g = parser  # Locust's own add_argument knows is_secret and include_in_web_ui; groups do not
+    g = _EnvNamed(parser)  # Locust's own add_argument knows is_secret and include_in_web_ui; groups do not
     g.add_argument(
         "--rates",
         default=",".join(f"{r:g}" for r in DEFAULT_RATES),

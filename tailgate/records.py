@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -45,6 +45,9 @@ class RequestRecord:
     """When the client started the request (before connecting, as the reference harness does)."""
     schedule_lag_ms: float
     in_flight_at_send: int
+    sent_mono_ns: int | None = None
+    """The actual send on the generator's ``perf_counter_ns`` clock (``CLOCK_MONOTONIC`` on Linux): joins
+    ``chunk_offsets_ms`` to a server's monotonic log on the same host without a wall-clock round trip."""
     # response path, epoch seconds (None when never reached)
     headers_s: float | None = None
     first_chunk_s: float | None = None
@@ -78,7 +81,9 @@ class RequestRecord:
         return self.error_class is None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """A shallow dict: ``asdict``'s deep copy of the chunk list cost more than the request's parsing,
+        inside the event loop that times the other streams."""
+        d = {name: getattr(self, name) for name in RECORD_FIELDS}
         if d["chunk_offsets_ms"] is None:
             del d["chunk_offsets_ms"]
         return d
@@ -179,11 +184,49 @@ class SendJournal:
 
 
 def read_sent(directory: str | Path) -> set[tuple[int, int]]:
-    """(stage, trace_id) pairs journaled as sent by every worker in a folder."""
+    """(stage, trace_id) pairs journaled as sent by every worker in a folder.
+
+    Only newline-terminated lines count: a line cut by a crash could read as another request
+    (``0 12`` cut to ``0 1``).
+    """
     out: set[tuple[int, int]] = set()
     for path in sorted(Path(directory).glob("sent-*.log")):
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for line in text[: text.rfind("\n") + 1].splitlines():
             parts = line.split()
             if len(parts) == 2 and all(p.lstrip("-").isdigit() for p in parts):
                 out.add((int(parts[0]), int(parts[1])))
     return out
+
+
+def lost_in_flight(directory: str | Path, recorded: Iterable[tuple[int, int]] | None = None) -> dict[str, Any]:
+    """Requests the journal says were sent that have no readable record: lost with a killed generator.
+
+    A load generator writes the journal line before a request goes out and the record when it
+    ends, so the difference is exactly what was in flight when it died (a record cut mid-write
+    counts as lost too). ``recorded`` takes ``(stage, trace_id)`` pairs a caller has already read,
+    so a large run is not parsed twice; by default the folder's records are read here.
+
+    Returns ``sent``, ``recorded`` (sent requests that have a record), ``lost``, ``lost_by_stage``
+    (stage index -> count) and ``unreadable_lines`` (record lines that did not parse; only known when
+    this function read the records itself, else None).
+    """
+    sent = read_sent(directory)
+    unreadable: int | None = None
+    if recorded is None:
+        scan = read_records(directory)
+        pairs = {(r.get("stage"), r.get("trace_id")) for r in scan.records}
+        unreadable = scan.partial_lines
+    else:
+        pairs = {(int(stage), int(trace_id)) for stage, trace_id in recorded}
+    lost = sent - pairs
+    by_stage: dict[int, int] = {}
+    for stage, _ in sorted(lost):
+        by_stage[stage] = by_stage.get(stage, 0) + 1
+    return {
+        "sent": len(sent),
+        "recorded": len(sent) - len(lost),
+        "lost": len(lost),
+        "lost_by_stage": by_stage,
+        "unreadable_lines": unreadable,
+    }

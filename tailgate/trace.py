@@ -96,7 +96,7 @@ def load_jsonl(path: str | Path) -> list[TraceItem]:
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # nesting deeper than the parser's stack is not a trace either
             raise TraceError(f"trace file {p} line {lineno}: not valid JSON") from None
         if not isinstance(obj, dict):
             raise TraceError(f"trace file {p} line {lineno}: expected an object")

@@ -27,7 +27,7 @@ suite() {  # CONFIG ARGS...
 harness() {  # NAME ARGS...
   local name=$1; shift
   local t0=$(date +%s)
-  python3 .gpu/harness/batching_bench.py --base-url $HOST/v1 --model "$MODEL" --n "$n" --out "$R/harness/$name.json" "$@" \
+  python3 "${HARNESS:-.gpu/harness/batching_bench.py}" --base-url $HOST/v1 --model "$MODEL" --n "$n" --out "$R/harness/$name.json" "$@" \
     | python3 -c "import json,sys; s=json.load(sys.stdin); print('harness', '$name', json.dumps(s))"
   echo "harness $name took $(( $(date +%s) - t0 )) s"
 }

@@ -1,0 +1,132 @@
+"""Helpers for tests that run Locust against a misbehaving server and then audit what it wrote.
+
+The audit is the contract every fault must keep: one record per request sent (the sent journal
+is the independent witness), nothing dropped, and stage summaries whose error counts are exactly
+the error records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conftest import LOCUST, ROOT
+
+from tailgate.records import lost_in_flight, read_records, read_sent
+
+
+@dataclass
+class LocustProcess:
+    """A ``locust --headless`` started in the background, its output captured to files."""
+
+    proc: subprocess.Popen[bytes]
+    stdout_path: Path
+    stderr_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait(self, timeout: float = 180) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+
+def start_locust(
+    locustfile: str, host: str, results: Path, logs: Path, *args: str, env: dict[str, str] | None = None
+) -> LocustProcess:
+    """Like ``conftest.run_locust`` but returns at once, so a test can break things while it runs."""
+    logs.mkdir(parents=True, exist_ok=True)
+    cmd = [*LOCUST, "-f", str(ROOT / "locustfiles" / locustfile), "--headless", "--only-summary",
+           "--host", host, "--results-dir", str(results), *args]  # fmt: skip
+    out, err = logs / "locust.stdout", logs / "locust.stderr"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=o, stderr=e, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}
+        )
+    return LocustProcess(proc, out, err)
+
+
+def count_lines(directory: Path, pattern: str) -> int:
+    total = 0
+    for path in directory.glob(pattern):
+        try:
+            total += path.read_bytes().count(b"\n")
+        except OSError:
+            pass
+    return total
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, proc: LocustProcess | None = None) -> None:
+    """Poll ``condition``; fail with ``what`` (and the load generator's stderr) if it never holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None and proc.proc.poll() is not None:
+            raise AssertionError(f"locust exited ({proc.proc.returncode}) before {what}:\n{proc.stderr[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def summaries(results: Path) -> dict[str, dict[str, Any]]:
+    return {p.stem.removeprefix("summary-"): json.loads(p.read_text()) for p in results.glob("summary-*.json")}
+
+
+def assert_no_traceback(*texts: str) -> None:
+    for text in texts:
+        assert "Traceback" not in text, text[-3000:]
+        assert "tailgate run failed" not in text, text[-3000:]
+
+
+def check_nothing_lost(results: Path, planned: int) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The accounting every completed fault run must satisfy; returns the records and summaries.
+
+    records == requests journaled as sent == planned, each (stage, trace id) exactly once, no
+    unreadable line, no arrival dropped, and each summary's errors are exactly its error records.
+    """
+    scan = read_records(results)
+    assert scan.partial_lines == 0
+    records = scan.records
+    keys = [(r["stage"], r["trace_id"]) for r in records]
+    assert len(keys) == len(set(keys)), "a request has two records"
+    sent = read_sent(results)
+    assert set(keys) == sent, (
+        f"sent but not recorded: {sorted(sent - set(keys))}; recorded, not sent: {sorted(set(keys) - sent)}"
+    )
+    assert len(records) == len(sent) == planned
+    assert lost_in_flight(results)["lost"] == 0
+    by_label = summaries(results)
+    assert by_label, "no stage summary was written"
+    assert sum(s["planned"] for s in by_label.values()) == planned
+    for label, s in by_label.items():
+        stage = [r for r in records if r["stage_label"] == label]
+        assert s["dropped_arrivals"] == 0
+        assert len(stage) == s["sent"] == s["planned"], label
+        failed = [r for r in stage if r["error_class"] is not None]
+        assert s["errors"] == len(failed), label
+        assert s["errors_by_class"] == dict(Counter(r["error_class"] for r in failed)), label
+        assert all(r["error"] for r in failed), "an error record without a message"
+    return records, by_label
+
+
+def classes(records: Sequence[dict[str, Any]]) -> dict[str | None, int]:
+    return dict(Counter(r["error_class"] for r in records))
