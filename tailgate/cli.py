@@ -162,6 +162,11 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
         if args.server == "url" and len(configs) > 1:
             raise OptionError("--configs: --server url cannot restart the server; name the one configuration it runs")
         plan.configs = tuple(configs)
+        plan.declared_flags = {
+            config: text.split()
+            for config, text in (("nochunk", args.nochunk_flags), ("preempt", args.preempt_flags))
+            if text
+        }
         if not args.embedded and args.server is None:
             raise OptionError("--server: say who runs the server (local, compose, manual, url), or use --embedded")
         if args.server in ("compose", "manual", "url"):
@@ -254,6 +259,8 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
 
 class FixedServer:
     """A server nobody restarts: the suite only checks that it is up."""
+
+    restarts = False
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")

@@ -71,6 +71,8 @@ class SuitePlan:
     )
     locust_args: list[str] = field(default_factory=list)
     """Passed through to every Locust run (e.g. --request-timeout, --trace-file)."""
+    declared_flags: dict[str, list[str]] = field(default_factory=dict)
+    """Flags the user stated for a server the suite does not start (recorded, not applied)."""
     configs: tuple[str, ...] = CONFIG_ORDER
     """Server configurations to run now (a server nobody can restart runs one at a time)."""
 
@@ -158,7 +160,11 @@ class Suite:
         if self._config_running == config:
             return
         flags = self.plan.server_flags.get(config, [])
-        self.log(f"[suite] server configuration '{config}': restarting with {' '.join(flags) or 'default flags'}")
+        if not getattr(self.controller, "restarts", True):
+            self.log(f"[suite] server configuration '{config}': using the server as it runs (started elsewhere)")
+            flags = list(self.plan.declared_flags.get(config, [])) or None
+        else:
+            self.log(f"[suite] server configuration '{config}': restarting with {' '.join(flags) or 'default flags'}")
         t0 = time.monotonic()
         self.controller.restart(flags)
         self.controller.wait_healthy()
