@@ -147,6 +147,11 @@ def _float(v: Any) -> float:
 # the Prometheus HTTP API through prometheus-api-client
 
 
+COUNTER_PAD_S = 1.5
+"""Seconds added around a stage's direct counter reads: more than one 1 s scrape interval, and
+less than the idle time the load path leaves between stages (``--settle``, 2 s)."""
+
+
 class PrometheusUnavailable(Exception):
     """Prometheus did not answer; the message fits on one line."""
 
@@ -451,8 +456,13 @@ def collect_server_data(
             if start is None or end is None:
                 prom_note = "stage window unknown"
             elif prom is not None:
+                # the direct reads bracket the stage from outside; widen the window by more than one
+                # scrape interval on each side so Prometheus sees the same first and last value
+                before_t, after_t = _finite(row.get("preemptions_before_t")), _finite(row.get("preemptions_after_t"))
+                p_start = before_t - COUNTER_PAD_S if before_t is not None else start
+                p_end = after_t + COUNTER_PAD_S if after_t is not None else end
                 try:
-                    prom_value, prom_note = prom.preemption_increase(start, end)
+                    prom_value, prom_note = prom.preemption_increase(p_start, p_end)
                 except PrometheusUnavailable as e:
                     prom_note = str(e)
             elif saved_series is not None and len(saved_series):

@@ -192,6 +192,8 @@ class SuiteShape(LoadTestShape):
                 "window_start_s": min([r["sent_s"] for r in records] or [stage_start]),
                 "window_end_s": stage_end, "planned": total, "dropped_arrivals": dropped,
                 "preemptions_before": pre, "preemptions_after": post,
+                "preemptions_before_t": None if before is None else before.t,
+                "preemptions_after_t": None if after is None else after.t,
                 "preemptions_source": "direct_scrape" if delta is not None else None,
                 "preemption_counter_reset": bool(delta is not None and delta < 0),
                 "metrics_url": s.metrics_url, "target_rate": stage.rate_or_batch if stage.arm == "continuous" else None,

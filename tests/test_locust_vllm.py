@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -109,16 +112,56 @@ def test_two_processes_split_one_schedule(vllm_server, tmp_path: Path) -> None:
     assert offsets(two) == offsets(one)
 
 
-def test_preemption_delta_is_read_from_the_live_server(vllm_preempt_server, tmp_path: Path) -> None:
-    # eight 200-token prompts asking for 1200 tokens each cannot share 24 x 128 KV blocks
-    trace = write_trace(tmp_path / "long.jsonl", [(200, 1200)] * 8)
-    out = tmp_path / "preempt"
-    done = run_locust(
-        "gated.py", vllm_preempt_server.base_url, out, "--batch-size", "8", "--trace-file", str(trace),
-        "--warmup", "0", "--ignore-eos", "--config-label", "preempt", timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = load_summaries(out)["gated_b8"]
-    assert summary["errors"] == 0
-    assert summary["preemptions_delta"] > 0, summary
-    assert summary["preemptions_after"] - summary["preemptions_before"] == summary["preemptions_delta"]
+def test_preemption_delta_direct_and_prometheus(vllm_preempt_server, tmp_path: Path) -> None:
+    """A tiny KV pool forces preemption; a real Prometheus scraping every second agrees with the direct reads."""
+    prometheus = start_prometheus(vllm_preempt_server.base_url, tmp_path / "prom")
+    try:
+        # eight 200-token prompts asking for 1200 tokens each cannot share 24 x 128 KV blocks
+        trace = write_trace(tmp_path / "long.jsonl", [(200, 1200)] * 8)
+        out = tmp_path / "preempt"
+        extra = ["--prometheus-url", prometheus.url] if prometheus else []
+        done = run_locust(
+            "gated.py", vllm_preempt_server.base_url, out, "--batch-size", "8", "--trace-file", str(trace),
+            "--warmup", "0", "--ignore-eos", "--config-label", "preempt", *extra, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        summary = load_summaries(out)["gated_b8"]
+        assert summary["errors"] == 0
+        assert summary["preemptions_delta"] > 0, summary
+        assert summary["preemptions_after"] - summary["preemptions_before"] == summary["preemptions_delta"]
+        if prometheus is None:
+            pytest.skip("no prometheus binary: the direct-scrape half passed")
+        time.sleep(2.5)  # one more scrape after the stage's last read
+        from postprocess.load import find_run_dirs
+        from postprocess.load import load_summaries as pp_load_summaries
+        from postprocess.prometheus import collect_server_data
+        from postprocess.report import build_report
+
+        data = collect_server_data(find_run_dirs(out), pp_load_summaries(out), prometheus.url, save=False)
+        row = data.preemptions.iloc[0]
+        assert row["preemptions_prometheus"] == summary["preemptions_delta"], row.to_dict()
+        assert row["preemptions_direct"] == summary["preemptions_delta"]
+        assert row["preemptions_source"] == "prometheus" and not row["preemptions_disagree"]
+        series = data.series
+        assert len(series) and (series["source"] == "prometheus").all()
+        assert series["t"].min() <= summary["window_start_s"] and series["t"].max() >= summary["window_end_s"]
+        assert series["running"].max() >= 1 and series["kv_usage"].max() > 0.5
+        # the report says where its numbers came from
+        report = build_report(out, prometheus_url=prometheus.url)
+        assert set(json.loads(report.diagnosis_json.read_text())["series_sources"].values()) == {"prometheus"}
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+
+
+def start_prometheus(scrape_url: str, directory: Path):
+    from tailgate.promserver import LocalPrometheus, find_prometheus
+
+    if not find_prometheus():
+        if os.environ.get("CI"):
+            pytest.fail("CI must install the prometheus package (scripts/setup.sh does)")
+        return None
+    prom = LocalPrometheus(scrape_url, directory)
+    prom.start()
+    prom.wait_for_target()
+    return prom
