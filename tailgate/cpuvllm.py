@@ -38,6 +38,9 @@ UNWANTED_PACKAGES: tuple[str, ...] = ("torchvision", "torchaudio", "torchcodec")
 DEFAULT_SERVED_MODEL_NAME = "tiny-llama"
 DEFAULT_MAX_MODEL_LEN = 8192
 HOST = "127.0.0.1"
+DEFAULT_NICENESS = 10
+"""A CPU server shares the cores with the load generator: at a lower priority it cannot delay the
+generator's timestamps (its own speed matters less; it is the system under test, not the clock)."""
 CHUNKED_OFF_FLAG = "--no-enable-chunked-prefill"
 
 #: Set for every local server: no telemetry, and no network lookups for a model that lives on disk.
@@ -319,8 +322,10 @@ class LocalVllmServer:
         log_path: Path | str | None = None,
         served_model_name: str = DEFAULT_SERVED_MODEL_NAME,
         env: Mapping[str, str] | None = None,
+        niceness: int = DEFAULT_NICENESS,
     ) -> None:
         self.python = Path(python)
+        self.niceness = niceness
         self.model_dir = Path(model_dir)
         self.port = port if port is not None else free_port()
         self.served_model_name = served_model_name
@@ -379,6 +384,7 @@ class LocalVllmServer:
             "kind": "local-vllm",
             "base_url": self.base_url,
             "command": self.command,
+            "niceness": self.niceness,
             "extra_args": self.extra_args,
             "served_model_name": self.served_model_name,
             "model_dir": str(self.model_dir),
@@ -411,10 +417,14 @@ class LocalVllmServer:
                 stderr=subprocess.STDOUT,
                 env=self.environment(),
                 start_new_session=True,
+                preexec_fn=self._lower_priority if self.niceness else None,
             )
         self._started_at = time.monotonic()
         self.startup_seconds = None
         atexit.register(self.stop)
+
+    def _lower_priority(self) -> None:
+        os.nice(self.niceness)
 
     def wait_healthy(self, timeout: float = 240.0, interval: float = 0.5) -> float:
         """Poll ``/health`` until 200 and return seconds since start; fail fast if the process exits."""
