@@ -279,7 +279,7 @@ def test_compose_up_and_stop_commands() -> None:
     server.start(["--max-num-batched-tokens", "8192"])
     base = ["docker", "compose", "--project-directory", "/srv", "-p", "tg", "-f", "deploy/compose.yaml"]
     assert runner.calls[-1] == ([*base, "up", "-d", "vllm"], {"TAILGATE_VLLM_ARGS": "--max-num-batched-tokens 8192"})
-    server.restart(["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192", "--enforce-eager"])
+    server.restart(["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"])
     off = [*base, "-f", "deploy/compose.chunked-off.yaml"]
     assert runner.calls[-2][0] == [*off, "stop", "vllm"]
     assert runner.calls[-1] == ([*off, "up", "-d", "vllm"], {"TAILGATE_VLLM_ARGS": "--max-num-batched-tokens 8192"})
