@@ -376,7 +376,7 @@ def test_manual_restart_detects_new_process_without_stdin(stub_server: str) -> N
     server = ManualServer(stub_server, out=said.append, interactive=False, input_fn=no_input, poll=0.05, timeout=10)
     timer = threading.Timer(0.3, lambda: setattr(_Stub, "start_time", 200.0))
     timer.start()
-    server.restart(["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192", "--enforce-eager"])
+    server.restart(["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"])
     timer.join()
     assert any("--no-enable-chunked-prefill --max-num-batched-tokens 8192" in s for s in said)
     assert server.describe()["extra_args"] == ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"]
