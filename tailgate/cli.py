@@ -51,8 +51,8 @@ EMBEDDED = {
 #: embedded run demonstrates the mechanisms, it does not benchmark the CPU backend.
 EMBEDDED_BASE_FLAGS = ["--enforce-eager"]
 #: A 6000-token prompt plus its 600 tokens needs 52 blocks of 128 on the CPU backend: a 64-block pool
-#: (the least that holds --max-model-len 8192; vLLM wants 5 characters of room per token) preempts.
-EMBEDDED_PREEMPT_FLAGS = ["--max-model-len", "8192", "--num-gpu-blocks-override", "64"]
+#: preempts; 7600 tokens of context fit the pool and leave the 5 characters per token vLLM checks prompts by.
+EMBEDDED_PREEMPT_FLAGS = ["--max-model-len", "7600", "--num-gpu-blocks-override", "64"]
 EMBEDDED_NOCHUNK_FLAGS = ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"]
 GPU_NOCHUNK_FLAGS = ["--no-enable-chunked-prefill"]
 #: 16-token GPU blocks: 5000 blocks = 80,000 KV tokens, between queue collapse and no preemption at all.
