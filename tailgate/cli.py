@@ -55,8 +55,9 @@ EMBEDDED_BASE_FLAGS = ["--enforce-eager"]
 EMBEDDED_PREEMPT_FLAGS = ["--max-model-len", "7600", "--num-gpu-blocks-override", "64"]
 EMBEDDED_NOCHUNK_FLAGS = ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"]
 GPU_NOCHUNK_FLAGS = ["--no-enable-chunked-prefill"]
-#: 16-token GPU blocks: 5000 blocks = 80,000 KV tokens, between queue collapse and no preemption at all.
-GPU_PREEMPT_FLAGS = ["--max-model-len", "8192", "--num-gpu-blocks-override", "5000"]
+#: 16-token GPU blocks: 4000 blocks = 64,000 KV tokens preempted without a queue collapse on an H200 at
+#: 10 req/s (results/h200); 1500 blocks (24,000 tokens) collapsed the queue.
+GPU_PREEMPT_FLAGS = ["--max-model-len", "8192", "--num-gpu-blocks-override", "4000"]
 
 
 def add_suite_arguments(p: argparse.ArgumentParser) -> None:
