@@ -66,7 +66,7 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
                         "(and Prometheus when installed), a scaled-down suite, the report")  # fmt: skip
     p.add_argument("--server", choices=("local", "compose", "manual", "url"), default=None,
                    help="who restarts the server between arms: local (CPU vLLM), compose, manual (you), "
-                        "url (nobody: arms needing a restart are skipped)")  # fmt: skip
+                        "url (nobody: name the configuration it runs with --configs)")  # fmt: skip
     p.add_argument("--host", default="http://127.0.0.1:8000", help="server URL (compose, manual, url)")
     p.add_argument("--results", default="", help="suite folder (default results/suite-<time>); re-use to resume")
     p.add_argument("--rates", default="", help="continuous ramp, req/s (default 1,5,10,20)")
@@ -91,7 +91,10 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus-url", default="", help="a Prometheus scraping the server (compose: :9090)")
     p.add_argument("--compose-file", action="append", default=[], help="compose file(s) (default docker-compose.yml)")
     p.add_argument("--compose-service", default="vllm")
-    p.add_argument("--nochunk-compose-file", default="docker-compose.nochunk.yml")
+    p.add_argument("--nochunk-compose-file", default="docker-compose.nochunk.yml",
+                   help="override file whose vllm command turns chunked prefill off")
+    p.add_argument("--preempt-compose-file", default="docker-compose.preempt.yml",
+                   help="override file whose vllm command has the small KV pool of the preemption cell")
     p.add_argument("--locust-arg", action="append", default=[], help="extra option for every Locust run")
     p.add_argument("--configs", default="chunked,nochunk,preempt",
                    help="server configurations to run; with --server url, the one the server has now")
@@ -207,9 +210,13 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
             controller = cpuvllm.LocalVllmServer(python, model, log_path=root / "server.log")
         elif args.server == "compose":
             files = args.compose_file or ["docker-compose.yml"]
-            controller = cpuvllm.ComposeServer(
-                args.compose_service, files, base_url=args.host, chunked_off_files=[*files, args.nochunk_compose_file]
-            )
+            controller = ComposeByConfig(
+                {
+                    config: cpuvllm.ComposeServer(args.compose_service, [*files, *extra], base_url=args.host)
+                    for config, extra in (("chunked", []), ("nochunk", [args.nochunk_compose_file]),
+                                          ("preempt", [args.preempt_compose_file]))
+                }
+            )  # fmt: skip
         elif args.server == "manual":
             controller = cpuvllm.ManualServer(args.host, out=log)
         else:
@@ -257,6 +264,34 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
             controller.stop()
         if prometheus is not None:
             prometheus.stop()
+
+
+class ComposeByConfig:
+    """Compose cannot pass flags to ``up``: each server configuration is a set of compose files."""
+
+    def __init__(self, servers: dict[str, Any]) -> None:
+        self.servers = servers
+        self.current = servers["chunked"]
+
+    @property
+    def base_url(self) -> str:
+        return self.current.base_url
+
+    def use_config(self, config: str) -> None:
+        self.current = self.servers[config]
+
+    def restart(self, extra_args: Sequence[str] | None = None) -> None:
+        # the flags live in the files: `up -d` re-creates the container with this file set's command
+        self.current.start([])
+
+    def wait_healthy(self, timeout: float = 900.0) -> float:
+        return self.current.wait_healthy(timeout)
+
+    def stop(self) -> None:
+        self.current.stop()
+
+    def describe(self) -> dict[str, Any]:
+        return self.current.describe()
 
 
 class FixedServer:

@@ -166,6 +166,8 @@ class Suite:
         else:
             self.log(f"[suite] server configuration '{config}': restarting with {' '.join(flags) or 'default flags'}")
         t0 = time.monotonic()
+        if hasattr(self.controller, "use_config"):
+            self.controller.use_config(config)
         self.controller.restart(flags)
         self.controller.wait_healthy()
         self.log(f"[suite] server healthy after {time.monotonic() - t0:.0f} s")

@@ -574,3 +574,13 @@ def test_every_compose_variable_documented():
 def test_api_key_reaches_servers(services):
     for name in SERVER_SERVICES:
         assert services[name]["environment"]["VLLM_API_KEY"] == "${TAILGATE_API_KEY:-}", name
+
+
+def test_preempt_override_adds_only_the_pool_flags() -> None:
+    root = Path(__file__).resolve().parent.parent
+    base = yaml.safe_load((root / "docker-compose.yml").read_text())["services"]["vllm"]["command"]
+    doc = yaml.safe_load((root / "docker-compose.preempt.yml").read_text())
+    assert set(doc["services"]) == {"vllm"} and set(doc["services"]["vllm"]) == {"command"}
+    command = [str(a) for a in doc["services"]["vllm"]["command"]]
+    assert command[: len(base)] == [str(a) for a in base]
+    assert command[len(base) :] == ["--max-model-len", "8192", "--num-gpu-blocks-override", "4000"]

@@ -486,3 +486,20 @@ def test_real_server_start_restart_stop(tmp_path: Path) -> None:
     assert not server.running
     assert group_members(pid) == []
     server.stop()
+
+
+def test_suite_compose_controller_switches_file_sets_per_configuration() -> None:
+    from tailgate.cli import ComposeByConfig
+
+    runner = FakeRunner()
+    files = {"chunked": [], "nochunk": ["docker-compose.nochunk.yml"], "preempt": ["docker-compose.preempt.yml"]}
+    controller = ComposeByConfig(
+        {c: ComposeServer("vllm", ["docker-compose.yml", *extra], runner=runner) for c, extra in files.items()}
+    )
+    for config, extra in files.items():
+        controller.use_config(config)
+        controller.restart(["--ignored"])
+        argv, env = runner.calls[-1]
+        assert argv == ["docker", "compose", "-f", "docker-compose.yml", *[a for f in extra for a in ("-f", f)],
+                        "up", "-d", "vllm"]  # fmt: skip
+        assert not (env or {}).get("TAILGATE_VLLM_ARGS")
