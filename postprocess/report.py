@@ -85,6 +85,10 @@ def analyze(
     return Analysis(root, runs, summaries, records, server, table, rate, notes)
 
 
+LAG_WARN_MS = 10.0
+"""Above this schedule lag p99 the generator was starved: the numbers describe an overloaded client."""
+
+
 def _data_notes(
     runs: Sequence[RunDir], summaries: pd.DataFrame, records: pd.DataFrame, table: pd.DataFrame
 ) -> list[str]:
@@ -120,6 +124,15 @@ def _data_notes(
         notes.append(
             f"{row['cell']}: preemption counter reset during the stage ({row['preemptions_before']:g} -> "
             f"{row['preemptions_after']:g}, server restarted?): its delta over the stage is unknown"
+        )
+    lag = pd.to_numeric(summaries.get("schedule_lag_p99", pd.Series(dtype=float)), errors="coerce")
+    behind = summaries.loc[lag > LAG_WARN_MS]
+    if len(behind):
+        worst = ", ".join(f"{c} {v:g} ms" for c, v in zip(behind["cell"], lag[behind.index], strict=True))
+        notes.append(
+            f"the load generator fell behind its schedule (schedule lag p99 above {LAG_WARN_MS:g} ms: {worst}): "
+            "it lacked CPU, so arrivals were late and the client's own timestamps may be late too; the "
+            "*_from_intended figures include the lag. Give the generator its own cores or more --processes."
         )
     for _, row in table.loc[table["preemptions_disagree"].fillna(False).astype(bool)].iterrows():
         notes.append(
