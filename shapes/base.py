@@ -229,9 +229,13 @@ class SuiteShape(LoadTestShape):
     def _start_sampler(self) -> subprocess.Popen | None:
         s = self.settings
         assert s is not None
-        if not s.metrics_url or not s.sample_metrics or s.prometheus_url:
+        if not s.metrics_url or not s.sample_metrics:
+            return None
+        if s.prometheus_url and _answers(s.prometheus_url + "/-/ready"):
             # a Prometheus already scrapes the server; every extra read of /metrics costs the server
-            # a few milliseconds of streaming (measured on vLLM 0.24: results/h200/README.md)
+            # a few milliseconds of streaming (measured on vLLM 0.24: results/h200/README.md). A
+            # Prometheus that is down at the start gets the direct samples as its fallback.
+            log.info("tailgate: Prometheus at %s is up: no direct /metrics sampling", s.prometheus_url)
             return None
         cmd = [sys.executable, "-m", "tailgate.metrics", "--url", s.metrics_url,
                "--out", str(s.results_dir / "server-metrics.jsonl"), "--interval", str(s.sample_metrics)]  # fmt: skip
@@ -260,6 +264,16 @@ class SuiteShape(LoadTestShape):
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
         tmp.replace(path)
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except Exception:
+        return False
 
 
 def _count_lines(directory: Path, pattern: str) -> int:
