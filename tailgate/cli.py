@@ -369,11 +369,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from postprocess.cli import main as report_main
 
         return report_main(argv[1:])
+    if argv and argv[0] == "selfcheck":
+        from tailgate.selfcheck import main as selfcheck_main
+
+        return selfcheck_main(argv[1:])
     parser = ArgumentParser(prog="tailgate", description="what does your batching policy do to tail latency?")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     p_suite = sub.add_parser("suite", help="run every cell of the experiment, then the report")
     add_suite_arguments(p_suite)
     sub.add_parser("report", help="table, charts, HTML report and diagnosis from a results folder")
+    sub.add_parser("selfcheck", help="measure the load generator's own timing error against a ground-truth server")
     p_trace = sub.add_parser("trace", help="write the seeded trace as JSONL")
     p_trace.add_argument("--out", required=True)
     p_trace.add_argument("--n", type=int, default=500)

@@ -13,6 +13,7 @@ Every outcome is classified: a request either completes with ``[DONE]`` or ends 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import ssl
 import time
@@ -22,6 +23,12 @@ from urllib.parse import urlsplit
 from tailgate.sse import ChunkedDecoder, SSEParser, StreamFormatError
 
 RECV_BYTES = 65536
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')
+"""One JSON string literal, exactly as ``json.loads`` accepts it (no raw control characters)."""
+_TEXT_KEY = b'"text":'
+TEMPLATE_ATTEMPTS = 3
+"""Decoded content chunks that may propose a fast-path template before a stream gives up on one."""
 
 
 class TargetError(ValueError):
@@ -141,8 +148,35 @@ class _Failure(Exception):
         self.message = message
 
 
+def _literal_family(host: str) -> int | None:
+    """The address family of a numeric host, None for a name that needs resolving."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            continue
+        return family
+    return None
+
+
 def _connect(target: Target, timeout: float) -> socket.socket:
-    sock = socket.create_connection((target.host, target.port), timeout=timeout)
+    """Connect; a numeric host skips ``getaddrinfo``.
+
+    Under gevent, ``create_connection`` resolves through a thread pool even for an IP literal: a
+    hand-off to another OS thread and back per request, which competes for the GIL with the loop
+    that is timestamping other streams.
+    """
+    family = _literal_family(target.host)
+    if family is None:
+        sock = socket.create_connection((target.host, target.port), timeout=timeout)
+    else:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect((target.host, target.port))
+        except BaseException:
+            sock.close()
+            raise
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if target.scheme == "https":
         ctx = ssl.create_default_context()
@@ -159,9 +193,61 @@ def _error_message(body: bytes) -> str:
             text = str(err.get("message") or err)
         else:
             text = str(err)
-    except ValueError:
+    except (ValueError, RecursionError):  # a deeply nested body is still just an unreadable message
         pass
     return text[:300]
+
+
+def _token_count(usage: dict, key: str, event: bytes) -> int | None:
+    """A usage count as the record schema holds it (an int), or the event is malformed."""
+    value = usage.get(key)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise _Failure("malformed_event", f"usage.{key} is not an integer: {event[:80]!r}")
+
+
+def content_template(event: bytes, obj: dict) -> tuple[bytes, bytes] | None:
+    """``(prefix, suffix)`` around the text of a decoded content chunk, or None if it cannot serve as one.
+
+    A stream's content chunks differ only in their text: vLLM repeats id, created, model and every
+    other field byte for byte. An event that is this prefix, one JSON string literal, then this
+    suffix therefore decodes to this chunk with another text: a content chunk, ``finish_reason``
+    null, no usage, no error. Checking that costs a fraction of ``json.loads``. The template is
+    accepted only if the skeleton with an empty text decodes to exactly the decoded chunk with an
+    empty text, so an odd layout (a ``"text":`` inside another value, whitespace, extra choices)
+    yields no template rather than a wrong one.
+    """
+    choices = obj.get("choices")
+    if not (isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict)):
+        return None
+    first = choices[0]
+    if first.get("finish_reason") is not None or not isinstance(first.get("text"), str) or obj.get("usage"):
+        return None
+    start = event.find(b'"choices":[{')
+    key = event.find(_TEXT_KEY, start) if start >= 0 else -1
+    if key < 0:
+        return None
+    literal = _JSON_STRING.match(event, key + len(_TEXT_KEY))
+    if literal is None:
+        return None
+    prefix, suffix = event[: literal.start()], event[literal.end() :]
+    try:
+        skeleton = json.loads(prefix + b'""' + suffix)
+    except (ValueError, RecursionError):
+        return None
+    return (prefix, suffix) if skeleton == {**obj, "choices": [{**first, "text": ""}]} else None
+
+
+def _redact(text: str, secret: str) -> str:
+    """``text`` without ``secret`` or any start of it 8+ characters long (a message cut mid-key).
+
+    Servers and gateways sometimes quote the credential they rejected; what they say ends up in
+    records and logs, where the key must never appear.
+    """
+    for n in range(len(secret), min(len(secret), 8) - 1, -1):
+        if secret[:n] in text:
+            text = text.replace(secret[:n], "<redacted>")
+    return text
 
 
 def stream_completion(
@@ -196,7 +282,7 @@ def stream_completion(
         except TimeoutError:
             raise _Failure("connect_timeout", f"no connection within {timeouts.connect_s:g} s") from None
         except ssl.SSLError as e:
-            raise _Failure("tls_error", str(e)) from None
+            raise _Failure("tls_error", str(e) or type(e).__name__) from None
         except OSError as e:
             raise _Failure("connect_error", f"{type(e).__name__}: {e}") from None
         timing.connected_ns = clock()
@@ -222,10 +308,10 @@ def stream_completion(
         timing.headers_ns = clock()
         head_lines = buf[:end].decode("latin-1").split("\r\n")
         rest = buf[end + 4 :]
-        try:
-            status = int(head_lines[0].split(" ", 2)[1])
-        except (IndexError, ValueError):
-            raise _Failure("bad_response", f"bad status line {head_lines[0][:80]!r}") from None
+        code = head_lines[0].split(" ", 2)[1] if head_lines[0].count(" ") else ""
+        if not (len(code) == 3 and code.isascii() and code.isdigit() and code[0] in "12345"):
+            raise _Failure("bad_response", f"bad status line {head_lines[0][:80]!r}")
+        status = int(code)
         timing.status = status
         headers: dict[str, str] = {}
         for line in head_lines[1:]:
@@ -233,7 +319,7 @@ def stream_completion(
             headers[name.strip().lower()] = value.strip()
         chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         length = headers.get("content-length")
-        to_read = int(length) if length and length.isdigit() and not chunked else None
+        to_read = int(length) if length and length.isascii() and length.isdigit() and not chunked else None
 
         if status != 200:
             phase = "error_body"
@@ -259,6 +345,10 @@ def stream_completion(
         decoder = ChunkedDecoder() if chunked else None
         parser = SSEParser()
         loads = json.loads
+        string_literal = _JSON_STRING.fullmatch
+        prefix = suffix = b""
+        fixed = 0  # len(prefix) + len(suffix); 0 while there is no template
+        attempts = TEMPLATE_ATTEMPTS
         data = rest
         received = 0
         while True:
@@ -267,27 +357,50 @@ def stream_completion(
                 payload = decoder.feed(data) if decoder is not None else data
                 for event in parser.feed(payload) if payload else ():
                     now = clock()
+                    # fast path: a content chunk like the template (see content_template); no decode
+                    if (
+                        fixed
+                        and len(event) > fixed
+                        and event.startswith(prefix)
+                        and event.endswith(suffix)
+                        and event.isascii()
+                        and string_literal(event, len(prefix), len(event) - len(suffix)) is not None
+                    ):
+                        gap = now - timing.last_chunk_ns  # type: ignore[operator]
+                        if gap > timing.worst_gap_ns:
+                            timing.worst_gap_ns = gap
+                            timing.worst_gap_end_ns = now
+                        timing.last_chunk_ns = now
+                        timing.chunks += 1
+                        if timing.chunk_ns is not None:
+                            timing.chunk_ns.append(now)
+                        continue
                     if event == b"[DONE]":
                         timing.done = True
                         continue
                     try:
                         obj = loads(event)
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         raise _Failure("malformed_event", f"event is not JSON: {event[:80]!r}") from None
                     if not isinstance(obj, dict):
                         raise _Failure("malformed_event", f"event is not a JSON object: {event[:80]!r}")
                     if "error" in obj:
-                        raise _Failure("server_error_event", _error_message(event))
+                        raise _Failure("server_error_event", _error_message(event) or "error event without a message")
                     usage = obj.get("usage")
                     if usage:
-                        timing.prompt_tokens = usage.get("prompt_tokens")
-                        timing.completion_tokens = usage.get("completion_tokens")
+                        if not isinstance(usage, dict):
+                            raise _Failure("malformed_event", f"usage is not an object: {event[:80]!r}")
+                        timing.prompt_tokens = _token_count(usage, "prompt_tokens", event)
+                        timing.completion_tokens = _token_count(usage, "completion_tokens", event)
                     choices = obj.get("choices")
                     if not choices:
                         continue  # the usage-only chunk: not a token
+                    if not isinstance(choices, list):
+                        raise _Failure("malformed_event", f"choices is not a list: {event[:80]!r}")
                     if timing.first_chunk_ns is None:
                         timing.first_chunk_ns = now
-                        timing.response_id = obj.get("id")
+                        rid = obj.get("id")
+                        timing.response_id = rid if isinstance(rid, str) else None
                     else:
                         gap = now - timing.last_chunk_ns  # type: ignore[operator]
                         if gap > timing.worst_gap_ns:
@@ -299,7 +412,15 @@ def stream_completion(
                         timing.chunk_ns.append(now)
                     reason = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
                     if reason:
+                        if not isinstance(reason, str):
+                            raise _Failure("malformed_event", f"finish_reason is not a string: {event[:80]!r}")
                         timing.finish_reason = reason
+                    elif not fixed and attempts:
+                        attempts -= 1
+                        template = content_template(event, obj)
+                        if template is not None:
+                            prefix, suffix = template
+                            fixed = len(prefix) + len(suffix)
                 if (decoder is not None and decoder.done) or (to_read is not None and received >= to_read):
                     break
             remaining = (deadline - clock()) / 1e9
@@ -342,4 +463,6 @@ def stream_completion(
                 pass
         if timing.end_ns is None:
             timing.end_ns = clock()
+        if api_key and timing.error:
+            timing.error = _redact(timing.error, api_key)
     return timing

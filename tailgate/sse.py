@@ -30,6 +30,17 @@ class ChunkedDecoder:
         self.done = False
 
     def feed(self, data: bytes) -> bytes:
+        if self._state == self._SIZE and not self._buf and not self.done:
+            # One read holding exactly one whole chunk (how servers flush each event) skips the
+            # state machine; anything else (extensions, bare LF, a split or a second chunk) takes it.
+            nl = data.find(b"\r\n", 0, 18)
+            if nl > 0 and data[-2:] == b"\r\n" and data[:nl].isalnum():
+                try:
+                    size = int(data[:nl], 16)
+                except ValueError:
+                    size = 0
+                if size > 0 and len(data) == nl + size + 4:
+                    return data[nl + 2 : -2]
         buf = self._buf + data if self._buf else data
         out: list[bytes] = []
         pos = 0
@@ -88,6 +99,16 @@ class SSEParser:
         self._data: list[bytes] = []
 
     def feed(self, data: bytes) -> list[bytes]:
+        if (
+            not self._buf
+            and not self._data
+            and data[:6] == b"data: "
+            and data.find(b"\n") == len(data) - 2
+            and data[-1:] == b"\n"
+            and data[-3:-2] != b"\r"
+        ):
+            # Exactly one single-line event, ``data: <payload>\n\n``: what vLLM sends per token.
+            return [data[6:-2]]
         buf = self._buf + data if self._buf else data
         events: list[bytes] = []
         pos = 0

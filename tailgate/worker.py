@@ -28,12 +28,20 @@ DONE_MESSAGE = "tailgate_done"
 READY_MESSAGE = "tailgate_ready"
 
 SPIN_NS = 1_500_000
-"""The dispatcher sleeps until this close to a send time, then yields in a loop until it.
+"""The dispatcher sleeps until this close to a send time, then spins on the event loop until it.
 
 gevent's timers overshoot by about a millisecond (the event loop polls with millisecond
-timeouts); yielding for the last stretch puts sends within microseconds of their schedule at
-the cost of at most this much busy time per arrival, during which other greenlets still run.
+timeouts); spinning for the last stretch puts sends within microseconds of their schedule at
+the cost of at most this much busy time per arrival. The spin waits on ``gevent.idle()``, which
+lets the loop poll sockets between turns, so streams keep being read and timestamped meanwhile.
+``gevent.sleep(0)`` would not: it only queues a callback, and the loop runs callbacks back to back
+for up to the switch interval (5 ms) without polling, so every chunk that arrived during the spin
+was stamped late, by up to the whole spin.
 """
+SPIN_PRIORITY = 2
+"""libev priority of the spin's idle watcher (the highest): it is served in every loop iteration,
+before socket events, instead of only in iterations with nothing else pending, so a send is late by at
+most one iteration's work and never waits behind records being written."""
 
 #: One wall-clock anchor per process; every instant is anchor + monotonic delta.
 _ANCHOR_NS = time.perf_counter_ns()
@@ -46,6 +54,12 @@ def wall(ns: int) -> float:
 
 def mono_ns(wall_s: float) -> int:
     return _ANCHOR_NS + int((wall_s - _ANCHOR_WALL) * 1e9)
+
+
+def _offsets_ms(times_ns: list[int], origin_ns: int) -> list[float]:
+    """Milliseconds after ``origin_ns`` to the nearest microsecond, in integer arithmetic: ``round(x, 3)``
+    per chunk cost more than the rest of the record, inside the loop that times the other streams."""
+    return [(t - origin_ns + 500) // 1000 / 1000 for t in times_ns]
 
 
 def _ms(a: int | None, b: int | None) -> float | None:
@@ -85,6 +99,8 @@ class OrderRunner:
         finished: list[dict[str, Any]] = []
         dropped = 0
         sleep = gevent.sleep
+        idle = gevent.idle
+        spin_priority = SPIN_PRIORITY
         clock = time.perf_counter_ns
         for trace_id, prompt_tokens, max_tokens, offset_s, batch in order["items"]:
             intended_ns = t0_ns + int(offset_s * 1e9)
@@ -92,7 +108,7 @@ class OrderRunner:
             if delay > SPIN_NS:
                 sleep((delay - SPIN_NS) / 1e9)
             while clock() < intended_ns:
-                sleep(0)
+                idle(spin_priority)
             if cap and self.in_flight >= cap:
                 dropped += 1
                 continue
@@ -129,6 +145,10 @@ class OrderRunner:
                 target, body, timing, timeouts=timeouts, api_key=cfg.get("api_key"),
                 record_chunks=cfg["record_chunks"],
             )  # fmt: skip
+            # Building, writing and reporting the record holds the loop for a few hundred microseconds:
+            # let chunks that already arrived for other streams be stamped first. A kill here still
+            # lands in the finally below, which writes the record without yielding.
+            gevent.idle()
         finally:
             self.in_flight -= 1
             record = self._record(order, plan, timing, in_flight, cfg)
@@ -154,6 +174,7 @@ class OrderRunner:
             batch=batch, prompt_tokens_planned=prompt_tokens, max_tokens=max_tokens,
             ignore_eos=cfg["ignore_eos"], intended_s=wall(intended_ns), sent_s=wall(sent),
             schedule_lag_ms=round((sent - intended_ns) / 1e6, 3), in_flight_at_send=in_flight,
+            sent_mono_ns=t.sent_ns or None,
             headers_s=None if t.headers_ns is None else wall(t.headers_ns),
             first_chunk_s=None if t.first_chunk_ns is None else wall(t.first_chunk_ns),
             last_chunk_s=None if t.last_chunk_ns is None else wall(t.last_chunk_ns),
@@ -165,7 +186,7 @@ class OrderRunner:
             chunks=t.chunks, prompt_tokens=t.prompt_tokens, completion_tokens=t.completion_tokens,
             finish_reason=t.finish_reason, status=t.status, response_id=t.response_id,
             error_class=t.error_class, error=t.error,
-            chunk_offsets_ms=None if t.chunk_ns is None else [round((c - sent) / 1e6, 3) for c in t.chunk_ns],
+            chunk_offsets_ms=None if t.chunk_ns is None else _offsets_ms(t.chunk_ns, sent),
         )  # fmt: skip
 
     def _fire(self, r: RequestRecord) -> None:
