@@ -1,6 +1,6 @@
 """Side by side: how far each load generator's own figures are from what the server actually did.
 
-Every tool runs the same load against a fresh ground-truth server (:mod:`tailgate.groundtruth`):
+Every tool runs the same load against a fresh ground-truth server (:mod:`tailgate.verify.groundtruth`):
 open-loop Poisson arrivals at each rate, ``--tokens``-chunk streams with a ``--ttft-ms`` first chunk
 and ``--gap-ms`` gaps, a 16-token prompt. The server logs, on ``CLOCK_MONOTONIC``, when it received
 each request and when each chunk's write returned, so every figure a tool reports can be compared
@@ -56,9 +56,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tailgate.groundtruth import ServerProcess, start_server_process
-from tailgate.selfcheck import CpuSampler, SelfCheckConfig, distribution, machine_facts, run_load
 from tailgate.stats import percentile
+from tailgate.verify.groundtruth import ServerProcess, start_server_process
+from tailgate.verify.selfcheck import CpuSampler, SelfCheckConfig, distribution, machine_facts, run_load
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path.home() / ".cache" / "tailgate"

@@ -29,8 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tailgate.groundtruth import start_server_process
 from tailgate.stats import percentile
+from tailgate.verify.groundtruth import start_server_process
 
 MS = 1_000_000
 _ID = re.compile(rb'"id":"cmpl-(\d+)"')

@@ -37,8 +37,8 @@ KEEP_FROM = "## Profile"
 
 def run_step(tree: Path, rate: float, n: int, tokens: int, gap_ms: float, out: Path) -> dict[str, Any]:
     cmd = [
-        sys.executable, "-m", "tailgate.selfcheck", "--rate", f"{rate:g}", "--n", str(n), "--tokens", str(tokens),
-        "--gap-ms", f"{gap_ms:g}", "--json", str(out),
+        sys.executable, "-m", "tailgate.verify.selfcheck", "--rate", f"{rate:g}", "--n", str(n),
+        "--tokens", str(tokens), "--gap-ms", f"{gap_ms:g}", "--json", str(out),
     ]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=900)

@@ -36,9 +36,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tailgate.groundtruth import start_server_process  # noqa: E402
+from tailgate.load.workload import TraceItem, save_jsonl  # noqa: E402
 from tailgate.records import lost_in_flight, read_sent  # noqa: E402
-from tailgate.trace import TraceItem, save_jsonl  # noqa: E402
+from tailgate.verify.groundtruth import start_server_process  # noqa: E402
 
 MB = 1024 * 1024
 

@@ -4,6 +4,6 @@
         --rates 1,5,10,20 --n 500 --results-dir results/chunked-continuous
 """
 
-import tailgate.locust_hooks  # noqa: F401  (options, validation, messages)
-from shapes.continuous import ContinuousRamp  # noqa: F401
-from tailgate.worker import StreamingUser  # noqa: F401
+import tailgate.load.hooks  # noqa: F401  (options, validation, messages)
+from tailgate.load.worker import StreamingUser  # noqa: F401
+from tailgate.shapes.continuous import ContinuousRamp  # noqa: F401

@@ -4,6 +4,6 @@
         --batch-size 16 --n 500 --results-dir results/chunked-gated
 """
 
-import tailgate.locust_hooks  # noqa: F401  (options, validation, messages)
-from shapes.gated import GatedBatches  # noqa: F401
-from tailgate.worker import StreamingUser  # noqa: F401
+import tailgate.load.hooks  # noqa: F401  (options, validation, messages)
+from tailgate.load.worker import StreamingUser  # noqa: F401
+from tailgate.shapes.gated import GatedBatches  # noqa: F401

@@ -2,7 +2,7 @@
 
 Library use works on pandas frames::
 
-    from postprocess import load_summaries, load_records, summary_table, diagnose, build_report
+    from tailgate.postprocess import load_summaries, load_records, summary_table, diagnose, build_report
 
     summaries = load_summaries("results/h200")
     records = load_records("results/h200")
@@ -19,23 +19,23 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS: dict[str, str] = {
-    "ResultsError": "postprocess.load",
-    "find_run_dirs": "postprocess.load",
-    "load_summaries": "postprocess.load",
-    "load_records": "postprocess.load",
-    "load_server_metrics": "postprocess.load",
-    "summaries_from_records": "postprocess.summarize",
-    "summary_table": "postprocess.table",
-    "table_markdown": "postprocess.table",
-    "choose_decision_rate": "postprocess.table",
-    "counter_increase": "postprocess.prometheus",
-    "collect_server_data": "postprocess.prometheus",
-    "diagnose": "postprocess.diagnosis",
-    "render_text": "postprocess.diagnosis",
-    "render_html": "postprocess.diagnosis",
-    "analyze": "postprocess.report",
-    "build_report": "postprocess.report",
-    "ReportPaths": "postprocess.report",
+    "ResultsError": "tailgate.postprocess.load",
+    "find_run_dirs": "tailgate.postprocess.load",
+    "load_summaries": "tailgate.postprocess.load",
+    "load_records": "tailgate.postprocess.load",
+    "load_server_metrics": "tailgate.postprocess.load",
+    "summaries_from_records": "tailgate.postprocess.summarize",
+    "summary_table": "tailgate.postprocess.table",
+    "table_markdown": "tailgate.postprocess.table",
+    "choose_decision_rate": "tailgate.postprocess.table",
+    "counter_increase": "tailgate.postprocess.prometheus",
+    "collect_server_data": "tailgate.postprocess.prometheus",
+    "diagnose": "tailgate.postprocess.diagnosis",
+    "render_text": "tailgate.postprocess.diagnosis",
+    "render_html": "tailgate.postprocess.diagnosis",
+    "analyze": "tailgate.postprocess.report",
+    "build_report": "tailgate.postprocess.report",
+    "ReportPaths": "tailgate.postprocess.report",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -44,7 +44,7 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'postprocess' has no attribute {name!r}")
+        raise AttributeError(f"module 'tailgate.postprocess' has no attribute {name!r}")
     return getattr(import_module(module), name)
 
 

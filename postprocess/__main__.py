@@ -2,6 +2,6 @@
 
 import sys
 
-from postprocess.cli import main
+from tailgate.postprocess.cli import main
 
 sys.exit(main())

@@ -20,7 +20,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from postprocess.load import rate_text
+from tailgate.postprocess.load import rate_text
 
 CONFIG_COLORS = {"chunked": "#1f77b4", "nochunk": "#d62728", "preempt": "#9467bd"}
 EXTRA_COLORS = ("#2ca02c", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")

@@ -68,8 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if url is not None and not url.startswith(("http://", "https://")):
         return _fail(f"--prometheus-url must be an http(s) URL, not {url!r}")
 
-    from postprocess.load import ResultsError
-    from postprocess.report import build_report
+    from tailgate.postprocess.load import ResultsError
+    from tailgate.postprocess.report import build_report
 
     try:
         paths = build_report(

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from postprocess.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED, percentile_difference
-from postprocess.load import rate_text
-from postprocess.summarize import measured_mask, stage_warmups
-from postprocess.table import choose_decision_rate, summary_table
+from tailgate.postprocess.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED, percentile_difference
+from tailgate.postprocess.load import rate_text
+from tailgate.postprocess.summarize import measured_mask, stage_warmups
+from tailgate.postprocess.table import choose_decision_rate, summary_table
 
 QUESTIONS: tuple[str, ...] = (
     "Did TTFT explode while the gaps stayed flat? (admission: gated, or overloaded before the first token)",

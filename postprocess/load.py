@@ -184,7 +184,7 @@ def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
         ended = status == "completed" or status.startswith("stopped after")  # every stage run was summarized
         if record_files(run.path) and (not got or (not ended and all("stage" in obj for obj in got))):
             # stages whose summary was never written (the generator died in them) come from their records
-            from postprocess.summarize import summaries_from_records
+            from tailgate.postprocess.summarize import summaries_from_records
 
             loaded = read_records_frame(run)
             have = {obj.get("stage") for obj in got}

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from postprocess.load import RunDir, read_server_metrics
+from tailgate.postprocess.load import RunDir, read_server_metrics
 
 PROMETHEUS = "prometheus"
 DIRECT = "direct_scrape"

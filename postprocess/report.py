@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from postprocess import charts
-from postprocess.diagnosis import diagnose, render_html
-from postprocess.load import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus
-from postprocess.prometheus import NONE, ServerData, collect_server_data
-from postprocess.table import choose_decision_rate, summary_table, table_html, write_table
+from tailgate.postprocess import charts
+from tailgate.postprocess.diagnosis import diagnose, render_html
+from tailgate.postprocess.load import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus
+from tailgate.postprocess.prometheus import NONE, ServerData, collect_server_data
+from tailgate.postprocess.table import choose_decision_rate, summary_table, table_html, write_table
 
 REPORT_DIR = "report"
 PARALLEL_CHART_RECORDS = 200_000

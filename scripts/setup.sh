@@ -28,7 +28,7 @@ fi
 
 echo "[setup] preparing the CPU vLLM and the tiny model (first time: a few minutes)"
 .venv/bin/python - <<'PY'
-from tailgate.cpuvllm import ensure_tiny_model, ensure_vllm_venv
+from tailgate.servers import ensure_tiny_model, ensure_vllm_venv
 python = ensure_vllm_venv(log=lambda line: print("[setup]", line, flush=True))
 print("[setup] vLLM python:", python)
 print("[setup] tiny model:", ensure_tiny_model(python=python))

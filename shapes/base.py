@@ -1,7 +1,7 @@
 """The shape owns the admission policy: which requests go out when, stage by stage.
 
 Locust calls ``tick()`` about once a second and only understands user counts, so the shape
-asks for exactly one :class:`~tailgate.worker.StreamingUser` per load-generator process and
+asks for exactly one :class:`~tailgate.load.worker.StreamingUser` per load-generator process and
 drives the experiment from a coordinator greenlet instead: it sends each process its share of
 the schedule, waits until every request of a group has ended, reads the preemption counter
 around each stage, and writes the stage summary. ``tick()`` returns ``None`` when the last stage
@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import tailgate
-from tailgate.metrics import scrape
-from tailgate.options import OptionError, Settings
-from tailgate.plan import Stage, share
+from tailgate.load.metrics import scrape
+from tailgate.load.options import OptionError, Settings
+from tailgate.load.plan import Stage, share
+from tailgate.load.worker import ORDER_MESSAGE
+from tailgate.load.workload import mix_of
 from tailgate.stats import summarize_stage
-from tailgate.trace import mix_of
-from tailgate.worker import ORDER_MESSAGE
 
 log = logging.getLogger("tailgate")
 
@@ -237,7 +237,7 @@ class SuiteShape(LoadTestShape):
             # Prometheus that is down at the start gets the direct samples as its fallback.
             log.info("tailgate: Prometheus at %s is up: no direct /metrics sampling", s.prometheus_url)
             return None
-        cmd = [sys.executable, "-m", "tailgate.metrics", "--url", s.metrics_url,
+        cmd = [sys.executable, "-m", "tailgate.load.metrics", "--url", s.metrics_url,
                "--out", str(s.results_dir / "server-metrics.jsonl"), "--interval", str(s.sample_metrics)]  # fmt: skip
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tailgate.client import Target, TargetError
-from tailgate.options import OptionError, parse_rates
+from tailgate.load.client import Target, TargetError
+from tailgate.load.options import OptionError, parse_rates
 
 EXIT_USAGE = 2
 
@@ -154,8 +154,8 @@ def build_plan(args: argparse.Namespace) -> Any:
 
 
 def run_suite(args: argparse.Namespace, prog: str) -> int:
-    from tailgate import cpuvllm, suite
-    from tailgate.promserver import LocalPrometheus, PrometheusError, find_prometheus
+    from tailgate import servers, suite
+    from tailgate.servers.prometheus import LocalPrometheus, PrometheusError, find_prometheus
 
     try:
         plan = build_plan(args)
@@ -205,22 +205,22 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
     try:
         if args.embedded or args.server == "local":
             log("[suite] preparing the CPU vLLM (installed once into ~/.cache/tailgate)")
-            python = cpuvllm.ensure_vllm_venv(log=log)
-            model = cpuvllm.ensure_tiny_model(python=python)
-            controller = cpuvllm.LocalVllmServer(python, model, log_path=root / "server.log")
+            python = servers.ensure_vllm_venv(log=log)
+            model = servers.ensure_tiny_model(python=python)
+            controller = servers.LocalVllmServer(python, model, log_path=root / "server.log")
         elif args.server == "compose":
             files = args.compose_file or ["docker-compose.yml"]
-            controller = ComposeByConfig(
+            controller = servers.ComposeByConfig(
                 {
-                    config: cpuvllm.ComposeServer(args.compose_service, [*files, *extra], base_url=args.host)
+                    config: servers.ComposeServer(args.compose_service, [*files, *extra], base_url=args.host)
                     for config, extra in (("chunked", []), ("nochunk", [args.nochunk_compose_file]),
                                           ("preempt", [args.preempt_compose_file]))
                 }
             )  # fmt: skip
         elif args.server == "manual":
-            controller = cpuvllm.ManualServer(args.host, out=log)
+            controller = servers.ManualServer(args.host, out=log)
         else:
-            controller = FixedServer(args.host)
+            controller = servers.FixedServer(args.host)
         if args.embedded and not prom_url:
             if find_prometheus():
                 prometheus = LocalPrometheus(controller.base_url, root / "prometheus")
@@ -242,7 +242,7 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
         )  # fmt: skip
         runner.run()
         if not args.no_report:
-            from postprocess.report import build_report
+            from tailgate.postprocess.report import build_report
 
             log("[suite] building the report")
             paths = build_report(root, prometheus_url=prom_url)
@@ -254,7 +254,7 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
             runner.interrupt()
         log("[suite] interrupted: finished cells are kept; run the same command again to resume")
         return 130
-    except (suite.SuiteError, cpuvllm.ServerError, PrometheusError) as e:
+    except (suite.SuiteError, servers.ServerError, PrometheusError) as e:
         log(f"[suite] failed: {e}")
         return 1
     finally:
@@ -264,66 +264,6 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
             controller.stop()
         if prometheus is not None:
             prometheus.stop()
-
-
-class ComposeByConfig:
-    """Compose cannot pass flags to ``up``: each server configuration is a set of compose files."""
-
-    def __init__(self, servers: dict[str, Any]) -> None:
-        self.servers = servers
-        self.current = servers["chunked"]
-
-    @property
-    def base_url(self) -> str:
-        return self.current.base_url
-
-    def use_config(self, config: str) -> None:
-        self.current = self.servers[config]
-
-    def restart(self, extra_args: Sequence[str] | None = None) -> None:
-        # the flags live in the files: `up -d` re-creates the container with this file set's command
-        self.current.start([])
-
-    def wait_healthy(self, timeout: float = 900.0) -> float:
-        return self.current.wait_healthy(timeout)
-
-    def stop(self) -> None:
-        self.current.stop()
-
-    def describe(self) -> dict[str, Any]:
-        return self.current.describe()
-
-
-class FixedServer:
-    """A server nobody restarts: the suite only checks that it is up."""
-
-    restarts = False
-
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url.rstrip("/")
-
-    def restart(self, extra_args: Sequence[str] | None = None) -> None:
-        pass
-
-    def wait_healthy(self, timeout: float = 30.0) -> float:
-        from tailgate import cpuvllm
-
-        t0 = time.monotonic()
-        while not cpuvllm.is_healthy(self.base_url):
-            if time.monotonic() - t0 > timeout:
-                raise cpuvllm.ServerError(f"{self.base_url}/health does not answer")
-            time.sleep(1)
-        return time.monotonic() - t0
-
-    def stop(self) -> None:
-        pass
-
-    def describe(self) -> dict[str, Any]:
-        from tailgate import cpuvllm
-
-        version = cpuvllm.http_json(self.base_url + "/version")
-        return {"kind": "external", "base_url": self.base_url,
-                "vllm_version": version.get("version") if isinstance(version, dict) else None}  # fmt: skip
 
 
 def _printer() -> Any:
@@ -337,7 +277,7 @@ def _printer() -> Any:
 
 
 def run_trace(args: argparse.Namespace, prog: str) -> int:
-    from tailgate.trace import make_trace, mix_of, save_jsonl
+    from tailgate.load.workload import make_trace, mix_of, save_jsonl
 
     if args.n < 1 or args.warmup < 0:
         return usage_error(prog, "--n must be at least 1 and --warmup 0 or more")
@@ -353,24 +293,24 @@ def run_trace(args: argparse.Namespace, prog: str) -> int:
 def run_make_model(args: argparse.Namespace, prog: str) -> int:
     import subprocess
 
-    from tailgate import cpuvllm
+    from tailgate import servers
 
     try:
-        python = cpuvllm.ensure_vllm_venv()
-    except cpuvllm.ServerError as e:
+        python = servers.ensure_vllm_venv()
+    except servers.ServerError as e:
         return usage_error(prog, str(e))
-    script = Path(cpuvllm.__file__).with_name("tinymodel.py")
+    script = Path(servers.__file__).with_name("tinymodel.py")
     return subprocess.call([str(python), str(script), args.directory])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "report":
-        from postprocess.cli import main as report_main
+        from tailgate.postprocess.cli import main as report_main
 
         return report_main(argv[1:])
     if argv and argv[0] == "selfcheck":
-        from tailgate.selfcheck import main as selfcheck_main
+        from tailgate.verify.selfcheck import main as selfcheck_main
 
         return selfcheck_main(argv[1:])
     parser = ArgumentParser(prog="tailgate", description="what does your batching policy do to tail latency?")

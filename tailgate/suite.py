@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import locustfiles
 import tailgate
-from tailgate.cpuvllm import CHUNKED_OFF_FLAG
-from tailgate.plan import rate_label
+from tailgate import locustfiles
+from tailgate.load.plan import rate_label
+from tailgate.servers import CHUNKED_OFF_FLAG
 
 Log = Callable[[str], None]
 

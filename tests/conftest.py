@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tailgate.cpuvllm import LocalVllmServer, ensure_tiny_model, ensure_vllm_venv
-from tailgate.trace import TraceItem, save_jsonl
+from tailgate.load.workload import TraceItem, save_jsonl
+from tailgate.servers import LocalVllmServer, ensure_tiny_model, ensure_vllm_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCUST = [sys.executable, "-m", "locust"]

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-import tailgate.client as client
-from tailgate.client import StreamTiming, Target, build_payload, content_template, stream_completion
+import tailgate.load.client as client
+from tailgate.load.client import StreamTiming, Target, build_payload, content_template, stream_completion
 
 HEAD = b'{"id":"cmpl-9","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":'
 MID = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}'

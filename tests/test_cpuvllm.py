@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tailgate.cpuvllm import (
+from tailgate.servers import (
     ComposeServer,
     LocalVllmServer,
     ManualServer,

@@ -30,9 +30,9 @@ from runkit import (
     wait_until,
 )
 
-from postprocess.report import build_report
-from tailgate.cpuvllm import LocalVllmServer, ensure_tiny_model
-from tailgate.groundtruth import ServerProcess, start_server_process
+from tailgate.postprocess.report import build_report
+from tailgate.servers import LocalVllmServer, ensure_tiny_model
+from tailgate.verify.groundtruth import ServerProcess, start_server_process
 
 TTFT_MS = 40.0
 GAP_MS = 20.0

@@ -26,9 +26,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tailgate.client import StreamTiming, Target, Timeouts, build_payload, stream_completion
-from tailgate.sse import ChunkedDecoder, SSEParser, StreamFormatError
-from tailgate.trace import TraceError, TraceItem, load_jsonl
+from tailgate.load.client import StreamTiming, Target, Timeouts, build_payload, stream_completion
+from tailgate.load.sse import ChunkedDecoder, SSEParser, StreamFormatError
+from tailgate.load.workload import TraceError, TraceItem, load_jsonl
 
 #: Every class the client may give a request that reached a server; anything else is a new outcome
 #: that the summaries and the report would show unexplained.

@@ -25,7 +25,7 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailgate.groundtruth import (
+from tailgate.verify.groundtruth import (
     GroundTruthServer,
     HttpError,
     ServerProcess,

@@ -19,9 +19,8 @@ import pytest
 from conftest import write_trace
 from runkit import LocustProcess, count_lines, start_locust, wait_until
 
-from postprocess.load import load_records, load_summaries
-from postprocess.report import build_report
-from tailgate.groundtruth import ServerProcess, start_server_process
+from tailgate.postprocess.load import load_records, load_summaries
+from tailgate.postprocess.report import build_report
 from tailgate.records import (
     RECORD_FIELDS,
     RecordWriter,
@@ -31,6 +30,7 @@ from tailgate.records import (
     read_records,
     read_sent,
 )
+from tailgate.verify.groundtruth import ServerProcess, start_server_process
 
 TTFT_MS, GAP_MS, MAX_TOKENS = 50.0, 100.0, 25  # about 2.5 s per stream: plenty in flight at any moment
 N = 12

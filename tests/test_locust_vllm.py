@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import load_records, load_summaries, run_locust, write_trace
 
-from tailgate.plan import poisson_offsets
+from tailgate.load.plan import poisson_offsets
 from tailgate.stats import summarize_stage
 
 pytestmark = pytest.mark.vllm
@@ -132,10 +132,10 @@ def test_preemption_delta_direct_and_prometheus(vllm_preempt_server, tmp_path: P
         if prometheus is None:
             pytest.skip("no prometheus binary: the direct-scrape half passed")
         time.sleep(2.5)  # one more scrape after the stage's last read
-        from postprocess.load import find_run_dirs
-        from postprocess.load import load_summaries as pp_load_summaries
-        from postprocess.prometheus import collect_server_data
-        from postprocess.report import build_report
+        from tailgate.postprocess.load import find_run_dirs
+        from tailgate.postprocess.load import load_summaries as pp_load_summaries
+        from tailgate.postprocess.prometheus import collect_server_data
+        from tailgate.postprocess.report import build_report
 
         data = collect_server_data(find_run_dirs(out), pp_load_summaries(out), prometheus.url, save=False)
         row = data.preemptions.iloc[0]
@@ -155,7 +155,7 @@ def test_preemption_delta_direct_and_prometheus(vllm_preempt_server, tmp_path: P
 
 
 def start_prometheus(scrape_url: str, directory: Path):
-    from tailgate.promserver import LocalPrometheus, find_prometheus
+    from tailgate.servers.prometheus import LocalPrometheus, find_prometheus
 
     if not find_prometheus():
         if os.environ.get("CI"):

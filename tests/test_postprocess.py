@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from postprocess.bootstrap import bootstrap_percentile, bootstrap_percentile_naive, percentile_difference
-from postprocess.cli import main as report_main
-from postprocess.diagnosis import QUESTIONS, diagnose, render_text
-from postprocess.load import (
+from tailgate.postprocess.bootstrap import bootstrap_percentile, bootstrap_percentile_naive, percentile_difference
+from tailgate.postprocess.cli import main as report_main
+from tailgate.postprocess.diagnosis import QUESTIONS, diagnose, render_text
+from tailgate.postprocess.load import (
     ResultsError,
     cell_name,
     find_run_dirs,
@@ -26,9 +26,9 @@ from postprocess.load import (
     load_summaries,
     read_records_file,
 )
-from postprocess.report import ReportPaths, build_report
-from postprocess.summarize import measured_mask, summaries_from_records
-from postprocess.table import TABLE_COLUMNS, choose_decision_rate, summary_table, table_markdown
+from tailgate.postprocess.report import ReportPaths, build_report
+from tailgate.postprocess.summarize import measured_mask, summaries_from_records
+from tailgate.postprocess.table import TABLE_COLUMNS, choose_decision_rate, summary_table, table_markdown
 from tailgate.records import read_records
 from tailgate.stats import SEED_SUMMARY_KEYS, measured_records
 

@@ -28,8 +28,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from postprocess.load import find_run_dirs, load_summaries
-from postprocess.prometheus import (
+from tailgate.postprocess.load import find_run_dirs, load_summaries
+from tailgate.postprocess.prometheus import (
     DIRECT,
     PROMETHEUS,
     SERIES_FILE,
@@ -41,7 +41,7 @@ from postprocess.prometheus import (
     increase_from_increments,
     summed_increase,
 )
-from postprocess.report import build_report
+from tailgate.postprocess.report import build_report
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
 

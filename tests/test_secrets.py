@@ -15,8 +15,8 @@ import pytest
 from conftest import run_locust, write_trace
 from runkit import assert_no_traceback, check_nothing_lost
 
-from postprocess.report import build_report
-from tailgate.groundtruth import ServerProcess, start_server_process
+from tailgate.postprocess.report import build_report
+from tailgate.verify.groundtruth import ServerProcess, start_server_process
 
 KEY = "sk-tailgate-SECRET-1234"
 FRAGMENTS = (b"SECRET-1234", KEY[:8].encode())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tailgate.selfcheck import (
+from tailgate.verify.selfcheck import (
     EXIT_USAGE,
     SelfCheckConfig,
     join_records,

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailgate.sse import ChunkedDecoder, SSEParser, StreamFormatError
+from tailgate.load.sse import ChunkedDecoder, SSEParser, StreamFormatError
 
 VLLM_STREAM = (
     b'data: {"id":"cmpl-1","choices":[{"index":0,"text":" a","finish_reason":null}]}\n\n'

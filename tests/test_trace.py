@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from tailgate.plan import continuous_stage, gated_stage, poisson_offsets, share
-from tailgate.trace import TraceError, TraceItem, build_prompt, load_jsonl, make_trace, mix_of, save_jsonl
+from tailgate.load.plan import continuous_stage, gated_stage, poisson_offsets, share
+from tailgate.load.workload import TraceError, TraceItem, build_prompt, load_jsonl, make_trace, mix_of, save_jsonl
 
 
 def published_rules(n: int, seed: int) -> list[tuple[int, int]]:

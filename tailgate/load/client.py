@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from tailgate.sse import ChunkedDecoder, SSEParser, StreamFormatError
+from tailgate.load.sse import ChunkedDecoder, SSEParser, StreamFormatError
 
 RECV_BYTES = 65536
 

@@ -109,7 +109,7 @@ def poll(url: str, out_path: str, interval: float = 1.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tailgate.metrics", description="sample /metrics to JSONL")
+    ap = argparse.ArgumentParser(prog="python -m tailgate.load.metrics", description="sample /metrics to JSONL")
     ap.add_argument("--url", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--interval", type=float, default=1.0)

@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tailgate.client import Target, TargetError, Timeouts
-from tailgate.plan import DEFAULT_BATCH, DEFAULT_RATES, Stage, continuous_stage, gated_stage
-from tailgate.stats import WARMUP_RULES
-from tailgate.trace import (
+from tailgate.load.client import Target, TargetError, Timeouts
+from tailgate.load.plan import DEFAULT_BATCH, DEFAULT_RATES, Stage, continuous_stage, gated_stage
+from tailgate.load.workload import (
     DEFAULT_MEASURED,
     DEFAULT_SEED,
     DEFAULT_WARMUP,
@@ -26,6 +25,7 @@ from tailgate.trace import (
     load_jsonl,
     make_trace,
 )
+from tailgate.stats import WARMUP_RULES
 
 ARMS = ("continuous", "gated")
 API_KEY_ENV = "TAILGATE_API_KEY"

@@ -3,7 +3,7 @@
 Every figure tailgate reports is a client-side timestamp, and a load generator that falls behind
 (a busy event loop, a slow parser, a starved core) inflates exactly the tail it is meant to
 measure. This command makes that error a number instead of an assumption: it starts the
-ground-truth server (:mod:`tailgate.groundtruth`) in its own process, runs a real
+ground-truth server (:mod:`tailgate.verify.groundtruth`) in its own process, runs a real
 ``locust --headless`` of the continuous arm against it with ``--record-chunks``, and joins the two
 logs chunk by chunk. Both sides read ``CLOCK_MONOTONIC`` (the server's ``time.monotonic_ns``, the
 client's ``perf_counter_ns`` through each record's ``sent_mono_ns``), so the join needs no clock
@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tailgate import locustfiles
 from tailgate.records import read_records
 from tailgate.stats import percentile
 
@@ -59,8 +60,8 @@ KS_ALPHA = 0.01
 SAMPLE_INTERVAL_S = 0.2
 """How often the CPU of the load processes is read; processes that exit keep their last reading."""
 
-_ROOT = Path(__file__).resolve().parent.parent
-LOCUSTFILE = _ROOT / "locustfiles" / "continuous.py"
+_ROOT = Path(__file__).resolve().parents[2]
+LOCUSTFILE = Path(locustfiles.__file__).with_name("continuous.py")
 _MS = 1e6
 
 
@@ -431,7 +432,7 @@ class LoadRun:
 
 def run_load(cfg: SelfCheckConfig, server: Any, work: Path, log: Callable[[str], None] = lambda _: None) -> LoadRun:
     """Run the continuous arm with Locust against a started ground-truth server and read its records."""
-    from tailgate.groundtruth import DEFAULT_MODEL
+    from tailgate.verify.groundtruth import DEFAULT_MODEL
 
     trace = work / "trace.jsonl"
     results = work / "results"
@@ -465,7 +466,7 @@ def run_load(cfg: SelfCheckConfig, server: Any, work: Path, log: Callable[[str],
 
 def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Run one self-check and return every figure as a JSON-ready document (no raw samples)."""
-    from tailgate.groundtruth import start_server_process
+    from tailgate.verify.groundtruth import start_server_process
 
     cfg.check()
     tmp: tempfile.TemporaryDirectory[str] | None = None

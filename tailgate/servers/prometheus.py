@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tailgate.cpuvllm import free_port
+from tailgate.servers import free_port
 
 CONFIG = """\
 global:

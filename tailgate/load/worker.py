@@ -17,9 +17,9 @@ import logging
 import time
 from typing import Any
 
-from tailgate.client import StreamTiming, Target, Timeouts, build_payload, stream_completion
+from tailgate.load.client import StreamTiming, Target, Timeouts, build_payload, stream_completion
+from tailgate.load.workload import build_prompt
 from tailgate.records import RecordWriter, RequestRecord, SendJournal, worker_name
-from tailgate.trace import build_prompt
 
 log = logging.getLogger("tailgate")
 

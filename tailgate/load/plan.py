@@ -10,7 +10,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tailgate.trace import TraceItem
+from tailgate.load.workload import TraceItem
 
 DEFAULT_RATES: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0)
 DEFAULT_BATCH = 16

@@ -18,8 +18,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from tailgate.options import OptionError, Settings, add_arguments, validate
-from tailgate.worker import DONE_MESSAGE, ORDER_MESSAGE, READY_MESSAGE, order_runner
+from tailgate.load.options import OptionError, Settings, add_arguments, validate
+from tailgate.load.worker import DONE_MESSAGE, ORDER_MESSAGE, READY_MESSAGE, order_runner
 
 EXIT_USAGE = 2
 

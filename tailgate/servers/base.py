@@ -1,0 +1,52 @@
+"""What every server controller shares: the interface a suite drives, its error, and the flag that switches
+chunked prefill off (the policy the suite compares).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+HOST = "127.0.0.1"
+CHUNKED_OFF_FLAG = "--no-enable-chunked-prefill"
+
+Log = Callable[[str], None]
+
+
+class ServerError(RuntimeError):
+    """The server could not be set up, started or reached; the message says what to look at."""
+
+
+# --------------------------------------------------------------------------------------------- interface
+
+
+@runtime_checkable
+class ServerController(Protocol):
+    """What a benchmark runner needs from a server: restart it with flags, and say how it was run."""
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` of the OpenAI-compatible API."""
+        ...
+
+    def start(self, extra_args: Sequence[str] | None = None) -> None:
+        """Start the server with these vLLM flags (None: the flags it was last given)."""
+        ...
+
+    def stop(self) -> None:
+        """Stop the server; calling it again, or on a stopped server, does nothing."""
+        ...
+
+    def restart(self, extra_args: Sequence[str] | None = None) -> None:
+        """Stop, then start with these flags, so a run never sees the previous policy's state."""
+        ...
+
+    def wait_healthy(self, timeout: float = 240.0) -> float:
+        """Block until ``/health`` answers 200; return the seconds waited."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready facts about the server for the run's metadata."""
+        ...
+
+

@@ -1,0 +1,212 @@
+"""A vLLM server run as a ``docker compose`` service (the GPU box in practice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .base import CHUNKED_OFF_FLAG, ServerError
+from .net import http_json, is_healthy
+
+# --------------------------------------------------------------------------------------------- compose
+
+Runner = Callable[[Sequence[str], Mapping[str, str] | None], "subprocess.CompletedProcess[str]"]
+
+
+def run_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a command, capturing text output; the default runner for :class:`ComposeServer`."""
+    full_env = {**os.environ, **env} if env else None
+    return subprocess.run(
+        list(argv), stdin=subprocess.DEVNULL, capture_output=True, text=True, env=full_env, check=False
+    )
+
+
+class ComposeServer:
+    """A vLLM server run as a ``docker compose`` service.
+
+    Compose cannot pass flags to ``up``, so the chunked-prefill-off policy is a separate configuration
+    chosen at construction: either override files layered on top (``chunked_off_files``) or a second
+    service (``chunked_off_service``). Any other flags are exported as ``$TAILGATE_VLLM_ARGS`` for the
+    compose file to interpolate into ``command:``; a file that ignores it must set its flags itself.
+    """
+
+    def __init__(
+        self,
+        service: str,
+        files: Sequence[Path | str] = (),
+        *,
+        base_url: str = "http://127.0.0.1:8000",
+        chunked_off_files: Sequence[Path | str] = (),
+        chunked_off_service: str | None = None,
+        project_directory: Path | str | None = None,
+        project_name: str | None = None,
+        compose: Sequence[str] = ("docker", "compose"),
+        docker: str = "docker",
+        runner: Runner | None = None,
+    ) -> None:
+        self.service = service
+        self.files = [str(f) for f in files]
+        self._base_url = base_url.rstrip("/")
+        self.chunked_off_files = [str(f) for f in chunked_off_files]
+        self.chunked_off_service = chunked_off_service
+        self.project_directory = str(project_directory) if project_directory is not None else None
+        self.project_name = project_name
+        self.compose = list(compose)
+        self.docker = docker
+        self.runner: Runner = runner or run_command
+        self._extra_args: list[str] = []
+        self.last_up: list[str] | None = None
+
+    @property
+    def base_url(self) -> str:
+        """Where the service's port is published."""
+        return self._base_url
+
+    def _base(self, extra_files: Sequence[str] = ()) -> list[str]:
+        argv = list(self.compose)
+        if self.project_directory:
+            argv += ["--project-directory", self.project_directory]
+        if self.project_name:
+            argv += ["-p", self.project_name]
+        for f in [*self.files, *extra_files]:
+            argv += ["-f", f]
+        return argv
+
+    def _variant(self, extra_args: Sequence[str]) -> tuple[str, list[str], list[str]]:
+        """(service, extra compose files, flags left for ``$TAILGATE_VLLM_ARGS``) for these flags."""
+        args = list(extra_args)
+        if CHUNKED_OFF_FLAG not in args:
+            return self.service, [], args
+        if not self.chunked_off_files and not self.chunked_off_service:
+            raise ValueError(
+                f"{CHUNKED_OFF_FLAG} needs chunked_off_files or chunked_off_service: compose cannot pass flags"
+            )
+        rest = [a for a in args if a != CHUNKED_OFF_FLAG]
+        return self.chunked_off_service or self.service, list(self.chunked_off_files), rest
+
+    def up_command(self, extra_args: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
+        """The ``docker compose ... up -d SERVICE`` argv and its environment for these flags."""
+        service, extra_files, rest = self._variant(extra_args)
+        return [*self._base(extra_files), "up", "-d", service], {"TAILGATE_VLLM_ARGS": shlex.join(rest)}
+
+    def stop_command(self) -> list[str]:
+        """``docker compose ... stop`` for every service this object may have started (they share a port)."""
+        services = [self.service]
+        if self.chunked_off_service and self.chunked_off_service != self.service:
+            services.append(self.chunked_off_service)
+        return [*self._base(self.chunked_off_files), "stop", *services]
+
+    def _check(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+        done = self.runner(argv, env)
+        if done.returncode != 0:
+            raise ServerError(f"{shlex.join(argv)} failed (exit {done.returncode}):\n{done.stderr or ''}")
+        return done.stdout or ""
+
+    def start(self, extra_args: Sequence[str] | None = None) -> None:
+        """``up -d`` the service for these flags; returns before the server is healthy."""
+        if extra_args is not None:
+            self._extra_args = [str(a) for a in extra_args]
+        argv, env = self.up_command(self._extra_args)
+        self._check(argv, env)
+        self.last_up = argv
+
+    def stop(self) -> None:
+        """``docker compose stop`` the service(s); stopping a stopped service is harmless."""
+        self._check(self.stop_command())
+
+    def restart(self, extra_args: Sequence[str] | None = None) -> None:
+        """Stop, then ``up -d`` with the configuration for the new flags."""
+        self.stop()
+        self.start(extra_args)
+
+    def wait_healthy(self, timeout: float = 900.0, interval: float = 1.0) -> float:
+        """Poll ``/health``; GPU servers load real weights, hence the long default timeout."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if is_healthy(self.base_url):
+                return round(time.monotonic() - t0, 2)
+            time.sleep(interval)
+        service, extra_files, _ = self._variant(self._extra_args)
+        logs = self.runner([*self._base(extra_files), "logs", "--tail", "40", service], None)
+        raise ServerError(f"{self.base_url} not healthy after {timeout:.0f} s; service log:\n{logs.stdout}")
+
+    def image(self) -> str | None:
+        """The image the active service runs, from ``docker compose config``; None if compose cannot say."""
+        service, extra_files, _ = self._variant(self._extra_args)
+        done = self.runner([*self._base(extra_files), "config", "--format", "json"], None)
+        if done.returncode != 0:
+            return None
+        try:
+            image = json.loads(done.stdout)["services"][service].get("image")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        return str(image) if image else None
+
+    def image_digest(self, image: str) -> dict[str, Any]:
+        """Image id and repo digests from ``docker image inspect``: the tag alone does not pin a build."""
+        done = self.runner([self.docker, "image", "inspect", image], None)
+        if done.returncode != 0:
+            return {}
+        try:
+            info = json.loads(done.stdout)[0]
+        except (ValueError, IndexError, KeyError, TypeError):
+            return {}
+        return {"image_id": info.get("Id"), "repo_digests": info.get("RepoDigests") or []}
+
+    def describe(self) -> dict[str, Any]:
+        """Service, files, the last ``up`` command, image and digest where docker can tell."""
+        service, extra_files, rest = self._variant(self._extra_args)
+        facts: dict[str, Any] = {
+            "kind": "compose",
+            "base_url": self.base_url,
+            "service": service,
+            "files": [*self.files, *extra_files],
+            "extra_args": list(self._extra_args),
+            "tailgate_vllm_args": shlex.join(rest),
+            "command": self.last_up or self.up_command(self._extra_args)[0],
+            "image": None,
+        }
+        with contextlib.suppress(OSError):
+            image = self.image()
+            facts["image"] = image
+            if image:
+                facts.update(self.image_digest(image))
+        version = http_json(self.base_url + "/version", timeout=2.0)
+        facts["vllm_version"] = version.get("version") if isinstance(version, dict) else None
+        return facts
+
+
+class ComposeByConfig:
+    """Compose cannot pass flags to ``up``: each server configuration is a set of compose files."""
+
+    def __init__(self, servers: dict[str, Any]) -> None:
+        self.servers = servers
+        self.current = servers["chunked"]
+
+    @property
+    def base_url(self) -> str:
+        return self.current.base_url
+
+    def use_config(self, config: str) -> None:
+        self.current = self.servers[config]
+
+    def restart(self, extra_args: Sequence[str] | None = None) -> None:
+        # the flags live in the files: `up -d` re-creates the container with this file set's command
+        self.current.start([])
+
+    def wait_healthy(self, timeout: float = 900.0) -> float:
+        return self.current.wait_healthy(timeout)
+
+    def stop(self) -> None:
+        self.current.stop()
+
+    def describe(self) -> dict[str, Any]:
+        return self.current.describe()

@@ -1,0 +1,190 @@
+"""The server in a child process, with a small stdlib client, for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from .wire import DEFAULT_GAP_MS, DEFAULT_MODEL, DEFAULT_TTFT_MS, _json_bytes
+
+# ---------------------------------------------------------------------------------------- subprocess
+
+
+class ServerProcess:
+    """A ground-truth server running in a child process, with a small stdlib client for it.
+
+    Talks to the server through ``http.client`` so that tests of another client never depend on
+    that client to set up or inspect the server.
+    """
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        host: str,
+        port: int,
+        chunk_log_path: Path,
+        stderr_path: Path,
+        workdir: tempfile.TemporaryDirectory[str] | None,
+    ) -> None:
+        self.proc = proc
+        self.host = host
+        self.port = port
+        self.chunk_log_path = chunk_log_path
+        self.stderr_path = stderr_path
+        self._workdir = workdir
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def request(
+        self, method: str, path: str, body: Any = None, timeout: float = 30.0
+    ) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            payload = None if body is None else _json_bytes(body)
+            headers = {"content-type": "application/json"} if payload is not None else {}
+            conn.request(method, path, body=payload, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    def control(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply a control document; raises ``ValueError`` with the server's message if refused."""
+        status, _, data = self.request("POST", "/_control", dict(changes))
+        doc = json.loads(data)
+        if status != 200:
+            raise ValueError(doc.get("error", {}).get("message", data.decode("utf-8", "replace")))
+        return doc
+
+    def metrics(self) -> str:
+        return self.request("GET", "/metrics")[2].decode("utf-8")
+
+    def dump(self) -> dict[str, Any]:
+        """The full log: live from the server, or from the file it wrote when it stopped."""
+        if self.proc.poll() is None:
+            return json.loads(self.request("GET", "/_chunklog")[2])
+        return json.loads(self.chunk_log_path.read_bytes())
+
+    def chunk_log(self) -> list[list[int]]:
+        """``[seq, chunk index, write time ns]`` for every content chunk written, in write order."""
+        return self.dump()["chunks"]
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM (the server writes its chunk log and exits), SIGKILL if it does not."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+    def close(self) -> None:
+        self.stop()
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def start_server_process(
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    ttft_ms: float = DEFAULT_TTFT_MS,
+    gap_ms: float = DEFAULT_GAP_MS,
+    model: str = DEFAULT_MODEL,
+    accept_any_model: bool = False,
+    script: Mapping[str, Any] | str | Path | None = None,
+    chunk_log: str | Path | None = None,
+    startup_timeout_s: float = 20.0,
+    python: str = sys.executable,
+) -> ServerProcess:
+    """Start ``python -m tailgate.verify.groundtruth`` and return once it listens (its port file exists).
+
+    Files the caller does not name (port file, chunk log, stderr, script) go to a temporary folder
+    that :meth:`ServerProcess.close` removes; a named ``chunk_log`` is left in place.
+    """
+    workdir = tempfile.TemporaryDirectory(prefix="groundtruth-")
+    wd = Path(workdir.name)
+    port_file = wd / "port"
+    log_path = Path(chunk_log) if chunk_log is not None else wd / "chunklog.json"
+    stderr_path = wd / "stderr.txt"
+    args = [
+        python,
+        "-m",
+        "tailgate.verify.groundtruth",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--port-file",
+        str(port_file),
+        "--chunk-log",
+        str(log_path),
+        "--ttft-ms",
+        str(ttft_ms),
+        "--gap-ms",
+        str(gap_ms),
+        "--model",
+        model,
+    ]
+    if accept_any_model:
+        args.append("--accept-any-model")
+    if script is not None:
+        if isinstance(script, Mapping):
+            script_path = wd / "script.json"
+            script_path.write_text(json.dumps(dict(script)), encoding="utf-8")
+        else:
+            script_path = Path(script)
+        args += ["--script", str(script_path)]
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[3])  # the source tree, for a run without an install
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with open(stderr_path, "wb") as err:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env)
+    deadline = time.monotonic() + startup_timeout_s
+    while True:
+        if port_file.exists():
+            text = port_file.read_text(encoding="ascii").strip()
+            if text:
+                return ServerProcess(proc, host, int(text), log_path, stderr_path, workdir)
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            tail = stderr_path.read_text(encoding="utf-8", errors="replace")[-2000:]
+            workdir.cleanup()
+            raise RuntimeError(f"ground-truth server did not start (exit {proc.returncode}): {tail}")
+        time.sleep(0.01)
+
+

@@ -1,0 +1,648 @@
+"""The asyncio server: connections, routing, the control endpoint and vLLM-like metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .faults import ControlError, _compile_fault, _compile_script, _Fault, _integer, _number
+from .settings import ChunkLog, Settings
+from .stream import _Plan, _Stream, _Timers
+from .wire import (
+    _CHUNK_END,
+    _CONTROL_KEYS,
+    _HTTP_ERROR_TYPES,
+    _HTTP_FAULT_STATUS,
+    _REASONS,
+    _SSE_DONE,
+    DEFAULT_MAX_TOKENS,
+    FOREVER_MS,
+    MAX_BODY_BYTES,
+    MAX_HEAD_BYTES,
+    TERMINAL_FAULTS,
+    TOKEN_TEXT,
+    HttpError,
+    RequestHead,
+    _check_request_line,
+    _error_body,
+    _full_response,
+    _json_bytes,
+    _monotonic_ns,
+    _response_head,
+    parse_request_head,
+)
+
+# ------------------------------------------------------------------------------------------ protocol
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: parse a request, answer it, then the next one if kept alive."""
+
+    def __init__(self, server: GroundTruthServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.buf = bytearray()
+        self.head: RequestHead | None = None
+        self.busy = False
+        self.closed = False
+        self.keep_alive = True
+        self.chunked = True
+        self.in_process = False
+        self.stream: _Stream | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # asyncio already disables Nagle; set it explicitly so a chunk never waits for an ACK.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.stream is not None:
+            self.stream.end()
+        self.server.connections.discard(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.buf += data
+        if not self.busy:
+            self.process()
+
+    def eof_received(self) -> bool | None:
+        """The client is gone (as uvicorn reads an EOF): let the transport close and end any stream.
+
+        Keeping a half-closed socket open would leave a stalled or never-answered stream running
+        forever, since nothing is written to it that could fail.
+        """
+        self.closed = True
+        return None
+
+    def process(self) -> None:
+        """Parse and dispatch as many complete requests as the buffer holds, one at a time."""
+        if self.in_process:
+            return
+        self.in_process = True
+        try:
+            while not self.busy and not self.closed:
+                if self.head is None:
+                    end = self.buf.find(b"\r\n\r\n")
+                    if end < 0:
+                        self.check_partial_head()
+                        return
+                    try:
+                        self.head = parse_request_head(bytes(self.buf[:end]))
+                    except HttpError as e:
+                        self.reject(e)
+                        return
+                    del self.buf[: end + 4]
+                    if self.head.content_length > MAX_BODY_BYTES:
+                        self.reject(HttpError(413, "request body too large"))
+                        return
+                    if (
+                        self.head.headers.get("expect", "").lower() == "100-continue"
+                        and len(self.buf) < self.head.content_length
+                    ):
+                        # curl sends this for bodies over 1 KiB and waits a second unless answered.
+                        self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                head = self.head
+                if len(self.buf) < head.content_length:
+                    return
+                recv_ns = _monotonic_ns()
+                body = bytes(self.buf[: head.content_length])
+                del self.buf[: head.content_length]
+                self.head = None
+                self.busy = True
+                self.keep_alive = head.keep_alive
+                self.chunked = head.version == "HTTP/1.1"
+                self.server.dispatch(self, head, body, recv_ns)
+        finally:
+            self.in_process = False
+
+    def check_partial_head(self) -> None:
+        """Reject garbage as soon as its first line is complete, not when the client gives up."""
+        if len(self.buf) > MAX_HEAD_BYTES:
+            self.reject(HttpError(431, "request head too large"))
+            return
+        nl = self.buf.find(b"\n")
+        if nl >= 0:
+            line = bytes(self.buf[:nl])
+            try:
+                if not line.endswith(b"\r"):
+                    raise HttpError(400, "request line must end with CRLF")
+                _check_request_line(line[:-1].decode("latin-1"))
+            except HttpError as e:
+                self.reject(e)
+
+    def reject(self, e: HttpError) -> None:
+        body = b"Invalid HTTP request received." if e.status == 400 else _error_body(e.status, e.message)
+        ctype = "text/plain; charset=utf-8" if e.status == 400 else "application/json"
+        self.busy = True
+        self.keep_alive = False
+        self.transport.write(_full_response(e.status, body, ctype, keep_alive=False))
+        self.close()
+
+    def send(self, data: bytes) -> None:
+        """Write a whole response and move on to the next request."""
+        if self.closed:
+            return
+        self.transport.write(data)
+        self.response_done()
+
+    def response_done(self) -> None:
+        self.busy = False
+        if self.closed:
+            return
+        if not self.keep_alive:
+            self.close()
+            return
+        if self.buf:
+            self.process()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    def drop(self, rst: bool) -> None:
+        """End the connection with no further bytes: FIN after what was written, or RST at once."""
+        if self.closed:
+            return
+        if rst:
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            self.closed = True
+            self.transport.abort()
+        else:
+            self.close()
+
+
+# -------------------------------------------------------------------------------------------- server
+
+
+class GroundTruthServer:
+    """The server inside one event loop; :func:`main` runs it as a process.
+
+    Usable in-process too (``await server.start()``), but a benchmark should run it in its own
+    process so that the load generator's CPU use cannot delay the writes it is measured against.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        chunk_log_path: str | Path | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.host = host
+        self.requested_port = port
+        self.chunk_log_path = Path(chunk_log_path) if chunk_log_path else None
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self.timers: _Timers = None  # type: ignore[assignment]
+        self.log = ChunkLog()
+        self.connections: set[_Connection] = set()
+        self.active: set[_Stream] = set()
+        self.next_seq = 0
+        self.waiting = 0
+        self.running = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_done = 0
+        self.requests_total = 0
+        self.last_authorization: dict[str, str] = {}
+        """Path -> the last ``Authorization`` header a request to it carried (``/_*`` paths excluded)."""
+        self.started_wall = time.time()
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "start() first"
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> int:
+        """Listen and return the port (the chosen one when 0 was asked for)."""
+        self.loop = asyncio.get_running_loop()
+        self.timers = _Timers(self.loop)
+        self._server = await self.loop.create_server(
+            lambda: _Connection(self), self.host, self.requested_port, backlog=4096, reuse_address=True
+        )
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop listening, cut every connection, then write the chunk log file."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            if conn.stream is not None:
+                conn.stream.end()
+            conn.closed = True
+            conn.transport.abort()
+        await asyncio.sleep(0)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        self.write_chunk_log()
+
+    def write_chunk_log(self) -> None:
+        """Write the log atomically, so a reader sees the whole file or none of it."""
+        if self.chunk_log_path is None:
+            return
+        tmp = self.chunk_log_path.with_name(self.chunk_log_path.name + ".tmp")
+        tmp.write_bytes(_json_bytes(self.log.dump()))
+        os.replace(tmp, self.chunk_log_path)
+
+    # -- control
+
+    def apply_control(self, doc: Any) -> dict[str, Any]:
+        """Validate the whole document, then apply it: a bad key changes nothing.
+
+        Keys: ``ttft_ms``, ``gap_ms``, ``model``, ``accept_any_model``, ``preemptions_total``,
+        ``healthy``, ``kv_capacity_tokens``, ``faults`` (replaces the plan, hit counts restart),
+        ``script`` (``{"schedules": {"<seq>": [ttft_ms, gap_ms, ...]}}``, replaces the schedules; chunks
+        past a schedule's end follow ``gap_ms``), ``reset_chunklog`` and ``reset_seq``. Settings reach
+        requests that arrive afterwards; streams in flight keep the ones they started with. Returns
+        the resulting settings, as ``GET /_control`` does.
+        """
+        if not isinstance(doc, dict):
+            raise ControlError("control body must be a JSON object")
+        unknown = set(doc) - _CONTROL_KEYS
+        if unknown:
+            raise ControlError(f"unknown control keys {sorted(unknown)}; known: {sorted(_CONTROL_KEYS)}")
+        s = self.settings
+        ttft = _number(doc, "ttft_ms", s.ttft_ms)
+        gap = _number(doc, "gap_ms", s.gap_ms)
+        preemptions = _number(doc, "preemptions_total", s.preemptions_total)
+        kv_capacity = _integer(doc, "kv_capacity_tokens", s.kv_capacity_tokens, minimum=1)
+        model = doc.get("model", s.model)
+        if not isinstance(model, str) or not model:
+            raise ControlError("model must be a non-empty string")
+        for key in ("accept_any_model", "healthy", "reset_chunklog", "reset_seq"):
+            if key in doc and not isinstance(doc[key], bool):
+                raise ControlError(f"{key} must be true or false")
+        faults = s.faults
+        if "faults" in doc:
+            if not isinstance(doc["faults"], list):
+                raise ControlError("faults must be a list")
+            faults = [_compile_fault(f) for f in doc["faults"]]
+        schedules = _compile_script(doc["script"]) if "script" in doc else s.schedules
+        assert ttft is not None and gap is not None and preemptions is not None
+        s.ttft_ms, s.gap_ms, s.preemptions_total, s.kv_capacity_tokens = ttft, gap, preemptions, kv_capacity
+        s.model = model
+        s.accept_any_model = doc.get("accept_any_model", s.accept_any_model)
+        s.healthy = doc.get("healthy", s.healthy)
+        s.faults = faults
+        s.schedules = schedules
+        if doc.get("reset_chunklog"):
+            self.log = ChunkLog()
+            for stream in self.active:
+                stream.log = self.log
+                self.log.requests[stream.seq] = stream.request_row
+        if doc.get("reset_seq"):
+            self.next_seq = 0
+        return self.describe()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **self.settings.describe(),
+            "next_seq": self.next_seq,
+            "chunks_logged": len(self.log),
+            "last_authorization": dict(self.last_authorization),
+        }
+
+    # -- metrics
+
+    def metrics_text(self) -> str:
+        """vLLM's metric names in the Prometheus text format, as prometheus_client renders them.
+
+        Counters come with their ``_created`` series in a separate gauge family, as vLLM serves them,
+        so a scraper that matches on prefixes is caught mistaking one for the other.
+        """
+        labels = f'{{engine="0",model_name="{_escape_label(self.settings.model)}"}}'
+        generated = self.generation_tokens_done + sum(s.k for s in self.active)
+        kv = sum(s.kv_tokens for s in self.active) / self.settings.kv_capacity_tokens
+        out: list[str] = []
+
+        def counter(name: str, help_text: str, value: float) -> None:
+            out.append(f"# HELP vllm:{name}_total {help_text}")
+            out.append(f"# TYPE vllm:{name}_total counter")
+            out.append(f"vllm:{name}_total{labels} {float(value)!r}")
+            out.append(f"# HELP vllm:{name}_created {help_text}")
+            out.append(f"# TYPE vllm:{name}_created gauge")
+            out.append(f"vllm:{name}_created{labels} {self.started_wall!r}")
+
+        def gauge(name: str, help_text: str, value: float) -> None:
+            out.append(f"# HELP vllm:{name} {help_text}")
+            out.append(f"# TYPE vllm:{name} gauge")
+            out.append(f"vllm:{name}{labels} {float(value)!r}")
+
+        gauge("num_requests_running", "Number of requests in model execution batches.", self.running)
+        gauge("num_requests_waiting", "Number of requests waiting to be processed.", self.waiting)
+        gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", min(kv, 1.0))
+        counter("num_preemptions", "Cumulative number of preemption from the engine.", self.settings.preemptions_total)
+        counter("prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens_total)
+        counter("generation_tokens", "Number of generation tokens processed.", generated)
+        counter("request_success", "Count of successfully processed requests.", self.requests_total)
+        return "\n".join(out) + "\n"
+
+    # -- routing
+
+    def dispatch(self, conn: _Connection, head: RequestHead, body: bytes, recv_ns: int) -> None:
+        path, method = head.path, head.method
+        ka = conn.keep_alive
+        auth = head.headers.get("authorization")
+        if auth is not None and not path.startswith("/_"):
+            self.last_authorization[path] = auth
+        if path == "/v1/completions":
+            if method != "POST":
+                conn.send(_detail(405, ka))
+                return
+            self.completions(conn, body, recv_ns)
+            return
+        handlers: dict[str, tuple[str, Callable[[], tuple[int, bytes, str]]]] = {
+            "/health": ("GET", self._health),
+            "/v1/models": ("GET", self._models),
+            "/version": ("GET", lambda: (200, b'{"version":"groundtruth"}', "application/json")),
+            "/metrics": ("GET", self._metrics),
+            "/_chunklog": ("GET", lambda: (200, _json_bytes(self.log.dump()), "application/json")),
+        }
+        if path == "/_control":
+            if method == "GET":
+                conn.send(_full_response(200, _json_bytes(self.describe()), "application/json", ka))
+                return
+            if method != "POST":
+                conn.send(_detail(405, ka))
+                return
+            try:
+                result = self.apply_control(json.loads(body or b"{}"))
+            except (ControlError, ValueError) as e:
+                conn.send(_full_response(400, _error_body(400, str(e)), "application/json", ka))
+                return
+            conn.send(_full_response(200, _json_bytes(result), "application/json", ka))
+            return
+        entry = handlers.get(path)
+        if entry is None:
+            conn.send(_detail(404, ka))
+            return
+        if method != entry[0]:
+            conn.send(_detail(405, ka))
+            return
+        status, payload, ctype = entry[1]()
+        conn.send(_full_response(status, payload, ctype, ka))
+
+    def _health(self) -> tuple[int, bytes, str]:
+        return (200 if self.settings.healthy else 503), b"", "application/json"
+
+    def _models(self) -> tuple[int, bytes, str]:
+        m = self.settings.model
+        card = {
+            "id": m,
+            "object": "model",
+            "created": int(self.started_wall),
+            "owned_by": "vllm",
+            "root": m,
+            "parent": None,
+            "max_model_len": 1_000_000,
+        }
+        return 200, _json_bytes({"object": "list", "data": [card]}), "application/json"
+
+    def _metrics(self) -> tuple[int, bytes, str]:
+        return 200, self.metrics_text().encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8"
+
+    # -- completions
+
+    def completions(self, conn: _Connection, body: bytes, recv_ns: int) -> None:
+        seq = self.next_seq
+        self.next_seq += 1
+        ka = conn.keep_alive
+        s = self.settings
+        try:
+            req = _parse_completion(body, s)
+        except HttpError as e:
+            conn.send(_full_response(e.status, _error_body(e.status, e.message), "application/json", ka))
+            return
+        prompt_tokens, max_tokens, stream, include_usage = req
+        row = [recv_ns, -1]
+        self.log.requests[seq] = row
+
+        terminal: _Fault | None = None
+        plan: _Plan | None = None
+        for fault in s.faults:
+            if not fault.matches(seq, prompt_tokens):
+                continue
+            if fault.kind in TERMINAL_FAULTS:
+                if terminal is None:
+                    terminal = fault
+                    fault.hits += 1
+                continue
+            if not stream:
+                continue
+            fault.hits += 1
+            if plan is None:
+                plan = _Plan()
+            _add_to_plan(plan, fault, s.gap_ms)
+        if terminal is not None:
+            self._terminal(conn, terminal, recv_ns, row)
+            return
+
+        script = s.schedules.get(seq)
+        st = _Stream(
+            self,
+            conn,
+            seq,
+            max_tokens,
+            prompt_tokens,
+            recv_ns,
+            round(s.ttft_ms * 1_000_000),
+            round(s.gap_ms * 1_000_000),
+            script,
+            plan,
+            row,
+            stream,
+        )
+        conn.stream = st
+        created = int(time.time())
+        model_json = json.dumps(s.model)
+        rid = f"cmpl-{seq}"
+        if not stream:
+            n = max_tokens
+            st.body = _full_response(
+                200,
+                _json_bytes(
+                    {
+                        "id": rid,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": s.model,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "text": TOKEN_TEXT * n,
+                                "logprobs": None,
+                                "finish_reason": "length",
+                                "stop_reason": None,
+                                "prompt_logprobs": None,
+                            }
+                        ],
+                        "usage": {
+                            "prompt_tokens": prompt_tokens,
+                            "total_tokens": prompt_tokens + n,
+                            "completion_tokens": n,
+                        },
+                    }
+                ),
+                "application/json",
+                ka,
+            )
+            st.start()
+            return
+
+        prefix = (
+            f'data: {{"id":"{rid}","object":"text_completion","created":{created},"model":{model_json},'
+            f'"choices":[{{"index":0,"text":{json.dumps(TOKEN_TEXT)},"logprobs":null,"finish_reason":'
+        ).encode()
+        st.mid_event = prefix + b'null,"stop_reason":null}]}\n\n'
+        st.last_event = prefix + b'"length","stop_reason":null}]}\n\n'
+        frame = st.frame
+        st.mid = frame(st.mid_event)
+        st.last = frame(st.last_event)
+        tail = b""
+        if include_usage:
+            usage = (
+                f'data: {{"id":"{rid}","object":"text_completion","created":{created},"model":{model_json},'
+                f'"choices":[],"usage":{{"prompt_tokens":{prompt_tokens},'
+                f'"total_tokens":{prompt_tokens + max_tokens},"completion_tokens":{max_tokens}}}}}\n\n'
+            ).encode()
+            tail += frame(usage)
+        tail += frame(_SSE_DONE)
+        if conn.chunked:
+            tail += _CHUNK_END
+        st.tail = tail
+        headers = [("content-type", "text/event-stream; charset=utf-8")]
+        if conn.chunked:
+            headers.append(("transfer-encoding", "chunked"))
+        else:
+            conn.keep_alive = False
+        conn.transport.write(_response_head(200, headers, conn.keep_alive))
+        st.start()
+
+    def _terminal(self, conn: _Connection, fault: _Fault, recv_ns: int, row: list[int]) -> None:
+        p = fault.params
+        if fault.kind == "headers_never":
+            return  # the connection stays busy; bytes the client sends are buffered and ignored
+
+        def fire() -> None:
+            if conn.closed:
+                return
+            row[1] = _monotonic_ns()
+            if fault.kind == "close_before_headers":
+                conn.drop(bool(p.get("rst", False)))
+                return
+            status = _HTTP_FAULT_STATUS[fault.kind]
+            extra: list[tuple[str, str]] = []
+            if status == 429:
+                extra.append(("retry-after", str(p.get("retry_after", 1))))
+            message = p.get("message", f"injected {status} ({fault.kind})")
+            body = _error_body(status, message, p.get("type"))
+            conn.send(_full_response(status, body, "application/json", conn.keep_alive, extra))
+
+        delay_ns = round(float(p.get("delay_ms", 0.0)) * 1_000_000)
+        if delay_ns <= 0:
+            fire()
+        else:
+            self.loop.call_at((recv_ns + delay_ns) * 1e-9, fire)
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _detail(status: int, keep_alive: bool) -> bytes:
+    """FastAPI's shape for unknown routes and methods, which is what vLLM answers."""
+    return _full_response(status, _json_bytes({"detail": _REASONS[status]}), "application/json", keep_alive)
+
+
+def _parse_completion(body: bytes, s: Settings) -> tuple[int, int, bool, bool]:
+    """(prompt tokens, max tokens, stream, include usage), or the 4xx vLLM would answer."""
+    try:
+        req = json.loads(body)
+    except ValueError:
+        raise HttpError(400, "request body is not valid JSON") from None
+    if not isinstance(req, dict):
+        raise HttpError(400, "request body must be a JSON object")
+    model = req.get("model")
+    if model is not None and model != s.model and not s.accept_any_model:
+        raise HttpError(404, f"The model `{model}` does not exist.")
+    prompt = req.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        prompt_tokens = len(prompt.split())
+    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        prompt_tokens = len(prompt)
+    else:
+        raise HttpError(400, "prompt must be a string, a list of one string, or a list of token ids")
+    max_tokens = req.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise HttpError(400, f"max_tokens must be at least 1, got {max_tokens!r}")
+    stream = req.get("stream", False)
+    if not isinstance(stream, bool):
+        raise HttpError(400, "stream must be a boolean")
+    options = req.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise HttpError(400, "Stream options can only be defined when `stream=True`.")
+        if not isinstance(options, dict):
+            raise HttpError(400, "stream_options must be an object")
+    include_usage = bool(options and options.get("include_usage"))
+    return prompt_tokens, max_tokens, stream, include_usage
+
+
+def _add_to_plan(plan: _Plan, fault: _Fault, gap_ms: float) -> None:
+    p = fault.params
+    kind = fault.kind
+    if kind == "cut_mid_stream":
+        after = int(p.get("after_chunks", 1))
+        plan.cut_after = after if plan.cut_after is None else min(plan.cut_after, after)
+        plan.cut_rst = bool(p.get("rst", False))
+    elif kind == "malformed_json":
+        plan.malformed.add(int(p.get("at_chunk", 1)))
+    elif kind == "stall":
+        stall_ms = p.get("stall_ms", 1000.0)
+        at = int(p.get("at_chunk", 1))
+        forever = stall_ms is None or stall_ms >= FOREVER_MS
+        plan.stalls[at] = None if forever else round(float(stall_ms) * 1_000_000)
+    elif kind == "error_event":
+        at = int(p.get("at_chunk", 1))
+        plan.error_at = at if plan.error_at is None else min(plan.error_at, at)
+        code = int(p.get("code", 500))
+        error = {
+            "error": {
+                "message": p.get("message", "injected engine error"),
+                "type": p.get("type", _HTTP_ERROR_TYPES.get(code, "InternalServerError")),
+                "param": None,
+                "code": code,
+            }
+        }
+        plan.error_event = b"data: " + json.dumps(error).encode("utf-8") + b"\n\n"
+    elif kind == "keepalive_comments":
+        interval_ms = p.get("interval_ms") or gap_ms
+        plan.ping_interval_ns = max(100_000, round(float(interval_ms) * 1_000_000))
+        plan.ping_event = b": " + str(p.get("comment", "ping")).encode("utf-8") + b"\n\n"
+    elif kind == "multi_event_writes":
+        plan.group = int(p.get("events_per_write", 3))
+        plan.same_http_chunk = bool(p.get("same_http_chunk", False))
+
+

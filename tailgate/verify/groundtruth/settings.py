@@ -1,0 +1,90 @@
+"""What the server is told to do (settings) and what it saw (the chunk log a client's stamps are compared to).
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from .faults import _Fault
+from .wire import DEFAULT_GAP_MS, DEFAULT_MODEL, DEFAULT_TTFT_MS, KV_CAPACITY_TOKENS
+
+
+@dataclass(slots=True)
+class Settings:
+    """What new requests are served with. A change reaches requests that arrive after it."""
+
+    ttft_ms: float = DEFAULT_TTFT_MS
+    gap_ms: float = DEFAULT_GAP_MS
+    model: str = DEFAULT_MODEL
+    accept_any_model: bool = False
+    """vLLM answers 404 for an unknown model name; this lets any name through."""
+    preemptions_total: float = 0.0
+    """The value ``/metrics`` reports for ``vllm:num_preemptions_total``; set it to test deltas and resets."""
+    healthy: bool = True
+    """False makes ``/health`` answer 503, as vLLM does when its engine died."""
+    kv_capacity_tokens: int = KV_CAPACITY_TOKENS
+    faults: list[_Fault] = field(default_factory=list)
+    schedules: dict[int, list[int]] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "ttft_ms": self.ttft_ms,
+            "gap_ms": self.gap_ms,
+            "model": self.model,
+            "accept_any_model": self.accept_any_model,
+            "preemptions_total": self.preemptions_total,
+            "healthy": self.healthy,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "faults": [f.describe() for f in self.faults],
+            "scripted_requests": sorted(self.schedules),
+        }
+
+
+# ------------------------------------------------------------------------------------------- logging
+
+
+class ChunkLog:
+    """Per-chunk write times in flat integer arrays.
+
+    Appending five machine integers per chunk costs a fraction of a microsecond and allocates no
+    Python objects, so logging every chunk does not perturb the timing it records. The response id
+    of a row is ``cmpl-<seq>``. The dump keeps ``chunks`` as ``[seq, index, written ns]`` rows and puts
+    the targets and the before-write stamps in lists parallel to it.
+    """
+
+    __slots__ = ("backpressured", "begin_ns", "idx", "requests", "seq", "t_ns", "target_ns")
+
+    def __init__(self) -> None:
+        self.seq = array("q")
+        self.idx = array("q")
+        self.t_ns = array("q")
+        """Right after the write call returned: the time the comparison uses."""
+        self.begin_ns = array("q")
+        """Right before the write call: the bytes left between this and ``t_ns``. A reader on another
+        core can receive them before ``t_ns`` (by the syscall's duration, or by much more if this
+        process was preempted in between), never before ``begin_ns``."""
+        self.target_ns = array("q")
+        self.requests: dict[int, list[int]] = {}
+        """seq -> [body received ns, first write ns or -1]."""
+        self.backpressured = 0
+        """Writes that left bytes in the transport's buffer: their logged time is a hand-off to
+        asyncio, not to the kernel (the client was not reading fast enough)."""
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            "clock": "CLOCK_MONOTONIC (time.monotonic_ns)",
+            "pid": os.getpid(),
+            "chunks": [list(r) for r in zip(self.seq, self.idx, self.t_ns, strict=True)],
+            "chunk_targets": list(self.target_ns),
+            "chunk_write_begin": list(self.begin_ns),
+            "requests": [[s, r[0], r[1] if r[1] >= 0 else None] for s, r in self.requests.items()],
+            "backpressured_writes": self.backpressured,
+        }
+
+

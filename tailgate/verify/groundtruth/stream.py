@@ -1,0 +1,367 @@
+"""One response on an absolute schedule: timers, the per-request plan and the stream that writes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .wire import _CHUNK_END, _SSE_DONE, _SSE_MALFORMED, _chunk_frame, _monotonic_ns, _raw_frame
+
+if TYPE_CHECKING:
+    from .server import GroundTruthServer, _Connection
+
+
+
+# ------------------------------------------------------------------------------------------- streams
+
+
+class _Timers:
+    """Every stream's next write in one heap of ``(target_ns, order, stream)``, under one asyncio timer.
+
+    An asyncio timer per chunk costs a ``TimerHandle`` and heap comparisons made in Python; tuples of
+    integers compare in C. A stream has at most one entry at a time; a stream that ended is skipped
+    when its entry comes up rather than searched for. One pass runs at most as many entries as were
+    in the heap when it began, so a server that has fallen behind still reads sockets between passes.
+    """
+
+    __slots__ = ("heap", "in_pass", "loop", "order", "timer", "when")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.heap: list[tuple[int, int, _Stream]] = []
+        self.order = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.when = 0
+        self.in_pass = False
+
+    def push(self, target: int, stream: _Stream) -> None:
+        self.order += 1
+        heapq.heappush(self.heap, (target, self.order, stream))
+        if not self.in_pass and (self.timer is None or target < self.when):
+            self.arm()
+
+    def arm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.heap:
+            self.when = self.heap[0][0]
+            self.timer = self.loop.call_at(self.when * 1e-9, self.run_due)
+
+    def run_due(self) -> None:
+        self.timer = None
+        self.in_pass = True
+        heap = self.heap
+        budget = len(heap)
+        now = _monotonic_ns()
+        # asyncio fired this timer because the first entry is due (to its float rounding): run it.
+        first = True
+        try:
+            while heap and budget > 0 and (first or heap[0][0] <= now):
+                first = False
+                budget -= 1
+                stream = heapq.heappop(heap)[2]
+                if not stream.ended:
+                    stream.fire()
+                now = _monotonic_ns()
+        finally:
+            self.in_pass = False
+            self.arm()
+
+
+@dataclass(slots=True)
+class _Plan:
+    """How the stream-shaping faults that matched one request change its stream."""
+
+    stalls: dict[int, int | None] = field(default_factory=dict)
+    malformed: set[int] = field(default_factory=set)
+    error_at: int | None = None
+    error_event: bytes = b""
+    cut_after: int | None = None
+    cut_rst: bool = False
+    group: int = 1
+    same_http_chunk: bool = False
+    ping_interval_ns: int | None = None
+    ping_event: bytes = b": ping\n\n"
+
+
+class _Stream:
+    """One completion being generated: a chain of writes on absolute targets.
+
+    Target k is ``body received + ttft + k * gap`` (or the request's script), never "previous write
+    + gap", so a late wake-up delays one chunk and not every chunk after it. The chunk bytes are
+    rendered once per request; the fault-free path writes a prebuilt bytes object per chunk.
+    """
+
+    __slots__ = (
+        "base_ns",
+        "body",
+        "conn",
+        "ended",
+        "first_ns",
+        "frame",
+        "gap_ns",
+        "k",
+        "last",
+        "last_event",
+        "log",
+        "loop",
+        "mid",
+        "mid_event",
+        "n",
+        "pending_events",
+        "pending_idx",
+        "pending_targets",
+        "ping_handle",
+        "plan",
+        "prompt_tokens",
+        "request_row",
+        "running",
+        "script",
+        "seq",
+        "server",
+        "shift_ns",
+        "streaming",
+        "tail",
+        "target",
+        "transport",
+        "ttft_ns",
+    )
+
+    def __init__(
+        self,
+        server: GroundTruthServer,
+        conn: _Connection,
+        seq: int,
+        n: int,
+        prompt_tokens: int,
+        base_ns: int,
+        ttft_ns: int,
+        gap_ns: int,
+        script: list[int] | None,
+        plan: _Plan | None,
+        request_row: list[int],
+        streaming: bool,
+    ) -> None:
+        self.server = server
+        self.conn = conn
+        self.transport = conn.transport
+        self.loop = server.loop
+        self.log = server.log
+        self.seq = seq
+        self.n = n
+        self.k = 0
+        self.prompt_tokens = prompt_tokens
+        self.base_ns = base_ns
+        self.ttft_ns = ttft_ns
+        self.gap_ns = gap_ns
+        self.script = script
+        self.shift_ns = 0
+        self.plan = plan
+        self.request_row = request_row
+        self.streaming = streaming
+        self.ping_handle: asyncio.TimerHandle | None = None
+        self.running = False
+        self.ended = False
+        self.first_ns = -1
+        self.target = 0
+        self.pending_events: list[bytes] = []
+        self.pending_idx: list[int] = []
+        self.pending_targets: list[int] = []
+        self.frame: Callable[[bytes], bytes] = _chunk_frame if conn.chunked else _raw_frame
+        self.mid_event = b""
+        self.last_event = b""
+        self.mid = b""
+        self.last = b""
+        self.tail = b""
+        self.body = b""
+
+    # -- schedule
+
+    def target_ns(self, k: int) -> int | None:
+        """Absolute target of chunk k, moved by any stall before it; None when stalled forever."""
+        plan = self.plan
+        if plan is not None and k in plan.stalls:
+            stall = plan.stalls[k]
+            if stall is None:
+                return None
+            self.shift_ns += stall
+        script = self.script
+        if script is None:
+            offset = self.ttft_ns + k * self.gap_ns
+        elif k < len(script):
+            offset = script[k]
+        else:
+            offset = script[-1] + (k - len(script) + 1) * self.gap_ns
+        return self.base_ns + offset + self.shift_ns
+
+    def schedule(self, k: int) -> None:
+        target = self.target_ns(k)
+        if target is None:
+            return
+        self.target = target
+        self.server.timers.push(target, self)
+
+    def fire(self) -> None:
+        if self.streaming:
+            self.tick()
+        else:
+            self.tick_whole()
+
+    def start(self) -> None:
+        self.server.waiting += 1
+        self.server.active.add(self)
+        plan = self.plan
+        if plan is not None and plan.ping_interval_ns:
+            self.ping_handle = self.loop.call_at(
+                (self.base_ns + plan.ping_interval_ns // 2) * 1e-9, self.ping, self.base_ns
+            )
+        self.schedule(0)
+
+    # -- writes
+
+    def tick(self) -> None:
+        """Write content chunk k: the hot path, one transport write and five array appends."""
+        if self.plan is not None:
+            self.tick_planned()
+            return
+        k = self.k
+        last = k == self.n - 1
+        tr = self.transport
+        t0 = _monotonic_ns()
+        tr.write(self.last if last else self.mid)
+        t = _monotonic_ns()
+        log = self.log
+        log.seq.append(self.seq)
+        log.idx.append(k)
+        log.t_ns.append(t)
+        log.begin_ns.append(t0)
+        log.target_ns.append(self.target)
+        if tr.get_write_buffer_size():
+            log.backpressured += 1
+        self.k = k + 1
+        if k == 0:
+            self.first_token(t)
+        if last:
+            tr.write(self.tail)
+            self.finish()
+        else:
+            self.schedule(k + 1)
+
+    def tick_planned(self) -> None:
+        plan = self.plan
+        assert plan is not None
+        k = self.k
+        tr = self.transport
+        if plan.cut_after == k:
+            self.end()
+            self.conn.drop(plan.cut_rst)
+            return
+        if plan.error_at == k:
+            frame = self.frame
+            tr.write(frame(plan.error_event) + frame(_SSE_DONE) + (_CHUNK_END if self.conn.chunked else b""))
+            self.finish()
+            return
+        if k in plan.malformed:
+            self.pending_events.append(_SSE_MALFORMED)
+        last = k == self.n - 1
+        self.pending_events.append(self.last_event if last else self.mid_event)
+        self.pending_idx.append(k)
+        self.pending_targets.append(self.target)
+        self.k = k + 1
+        if len(self.pending_idx) < plan.group and not last:
+            self.schedule(k + 1)
+            return
+        events = self.pending_events
+        if plan.same_http_chunk:
+            data = self.frame(b"".join(events))
+        else:
+            data = b"".join([self.frame(e) for e in events])
+        t0 = _monotonic_ns()
+        tr.write(data)
+        t = _monotonic_ns()
+        log = self.log
+        for idx, target in zip(self.pending_idx, self.pending_targets, strict=True):
+            log.seq.append(self.seq)
+            log.idx.append(idx)
+            log.t_ns.append(t)
+            log.begin_ns.append(t0)
+            log.target_ns.append(target)
+        if tr.get_write_buffer_size():
+            log.backpressured += 1
+        if self.pending_idx[0] == 0:
+            self.first_token(t)
+        self.pending_events = []
+        self.pending_idx = []
+        self.pending_targets = []
+        if last:
+            tr.write(self.tail)
+            self.finish()
+        else:
+            self.schedule(k + 1)
+
+    def tick_whole(self) -> None:
+        """Non-streaming: mark the first token at its target, write the whole body at the last one's."""
+        if not self.running:
+            self.first_token(-1)
+            if self.n > 1:
+                self.schedule(self.n - 1)
+                return
+        self.k = self.n
+        self.transport.write(self.body)
+        self.request_row[1] = _monotonic_ns()
+        self.finish()
+
+    def ping(self, phase_ns: int) -> None:
+        if self.ended:
+            return
+        plan = self.plan
+        assert plan is not None and plan.ping_interval_ns is not None
+        self.transport.write(self.frame(plan.ping_event))
+        nxt = phase_ns + plan.ping_interval_ns
+        self.ping_handle = self.loop.call_at((nxt + plan.ping_interval_ns // 2) * 1e-9, self.ping, nxt)
+
+    # -- bookkeeping
+
+    def first_token(self, t: int) -> None:
+        self.first_ns = t
+        if t >= 0:
+            self.request_row[1] = t
+        self.running = True
+        server = self.server
+        server.waiting -= 1
+        server.running += 1
+        server.prompt_tokens_total += self.prompt_tokens
+
+    def end(self) -> None:
+        """Leave the server's books; called exactly once whatever ended the stream."""
+        if self.ended:
+            return
+        self.ended = True
+        if self.ping_handle is not None:
+            self.ping_handle.cancel()
+            self.ping_handle = None
+        server = self.server
+        server.active.discard(self)
+        if self.running:
+            server.running -= 1
+        else:
+            server.waiting -= 1
+        server.generation_tokens_done += self.k
+        self.conn.stream = None
+
+    def finish(self) -> None:
+        if self.k == self.n:
+            self.server.requests_total += 1
+        self.end()
+        self.conn.response_done()
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.prompt_tokens + self.k if self.running else 0
+
+
