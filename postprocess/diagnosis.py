@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from html import escape
 from typing import Any
 
 import numpy as np
@@ -647,21 +646,24 @@ def render_text(findings: Sequence[Mapping[str, Any]]) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
-def render_html(findings: Sequence[Mapping[str, Any]]) -> str:
-    """An HTML fragment: question, verdict, explanation, and the evidence as collapsible JSON."""
+def findings_context(findings: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """Each finding's texts and its evidence as indented JSON, for ``templates/diagnosis.html.j2``."""
     import json
 
-    out = ['<ol class="diagnosis">']
-    for f in findings:
-        verdict = str(f["verdict"])
-        tone = verdict.split(":", 1)[0].strip().lower()
-        out.append(
-            f'<li><p class="question">{escape(str(f["question"]))}</p>'
-            f'<p class="verdict {escape(tone)}"><strong>{escape(verdict)}</strong></p>'
-            f"<p>{escape(str(f['text']))}</p>"
-            "<details><summary>evidence</summary>"
-            f"<pre>{escape(json.dumps(f['evidence'], indent=1))}</pre></details>"
-            "</li>"
-        )
-    out.append("</ol>")
-    return "".join(out)
+    return [
+        {
+            "question": str(f["question"]),
+            "verdict": str(f["verdict"]),
+            "tone": str(f["verdict"]).split(":", 1)[0].strip().lower(),
+            "text": str(f["text"]),
+            "evidence": json.dumps(f["evidence"], indent=1),
+        }
+        for f in findings
+    ]
+
+
+def render_html(findings: Sequence[Mapping[str, Any]]) -> str:
+    """An HTML fragment: question, verdict, explanation, and the evidence as collapsible JSON."""
+    from tailgate.postprocess.html import render
+
+    return render("diagnosis.html.j2", findings=findings_context(findings))

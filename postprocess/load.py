@@ -8,15 +8,11 @@ generator leaves behind: a trailing partial JSONL line, a missing ``server-metri
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import multiprocessing as mp
 import os
-import re
 import threading
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -24,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pandas as pd
 from pandas.api.types import union_categoricals
 
@@ -253,31 +250,35 @@ def _run_warmup(run: RunDir) -> int:
 # records
 
 
-class _NoFastPath(Exception):
-    """The file does not have the regular shape the columnar reader relies on."""
-
-
-_ERROR_MARKER = b'"error":"'
-_CHUNKS_KEY = b'"chunk_offsets_ms":'
-_CHUNKS_FIELD = re.compile(rb',"chunk_offsets_ms":(?:\[[^\]]*\]|null)')
-_SEPARATORS = str.maketrans("", "", ",:")
 PARALLEL_BYTES = 64 << 20
 """Below this much JSONL, starting processes costs more than it saves."""
 MAX_WORKERS = 8
-SPILL_FIELDS = 48
-"""Spare columns after the last field, where separators in an error text spill harmlessly."""
 
 
 def _json_object(raw: bytes) -> dict[str, Any] | None:
     try:
-        obj = json.loads(raw)
-    except (ValueError, RecursionError):  # nesting deeper than the parser's stack is no record either
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:  # also nesting deeper than the parser allows: no record either
         return None
     return obj if isinstance(obj, dict) else None
 
 
-def _slow_rows(data: bytes) -> tuple[list[dict[str, Any]], int]:
-    rows, bad = [], 0
+def _parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
+    """Every record line of ``data``, and the count of lines that are not a JSON object.
+
+    A clean file (the usual case) is parsed in one call as a JSON array of its lines; only a damaged
+    one is walked line by line to skip what does not parse.
+    """
+    body = data.rstrip(b"\n")
+    if not body:
+        return [], 0
+    try:
+        rows = orjson.loads(b"[" + body.replace(b"\n", b",") + b"]")
+    except orjson.JSONDecodeError:
+        rows = None
+    if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
+        return rows, 0
+    good, bad = [], 0
     for raw in data.splitlines():
         if not raw or raw.isspace():
             continue
@@ -285,168 +286,8 @@ def _slow_rows(data: bytes) -> tuple[list[dict[str, Any]], int]:
         if obj is None:
             bad += 1
         else:
-            rows.append(obj)
-    return rows, bad
-
-
-def _marker_lines(data: bytes, marker: bytes) -> list[bytes]:
-    lines = []
-    pos = data.find(marker)
-    while pos != -1:
-        start = data.rfind(b"\n", 0, pos) + 1
-        end = data.find(b"\n", pos)
-        end = len(data) if end == -1 else end
-        lines.append(data[start:end])
-        pos = data.find(marker, end)
-    return lines
-
-
-def _unquote(token: str) -> str:
-    # values are JSON strings; only the rare escaped one needs the JSON decoder
-    return json.loads(token) if "\\" in token else token[1:-1]
-
-
-class _Chained(io.RawIOBase):
-    """Several byte buffers read as one stream, without concatenating (copying) them."""
-
-    def __init__(self, *parts: bytes) -> None:
-        self._parts = [memoryview(p) for p in parts]
-        self._i = 0
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while self._i < len(self._parts):
-            part = self._parts[self._i]
-            if self._pos < len(part):
-                n = min(len(buffer), len(part) - self._pos)
-                buffer[:n] = part[self._pos : self._pos + n]
-                self._pos += n
-                return n
-            self._i += 1
-            self._pos = 0
-        return 0
-
-
-def _complete(token: str) -> bool:
-    """A whole JSON string: quoted at both ends, the closing quote not an escaped one (``\\"``)."""
-    if len(token) < 2 or not token.startswith('"') or not token.endswith('"'):
-        return False
-    body = token[1:-1]
-    return (len(body) - len(body.rstrip("\\"))) % 2 == 0
-
-
-def _columnar(data: bytes) -> pd.DataFrame:
-    """Parse record lines with pandas' C tokenizer after one byte substitution.
-
-    Turning ``:`` into ``,`` makes ``{"k":v,...}`` a CSV row of alternating keys and values (the
-    braces stick to the first key and the last value), so only the wanted value columns are
-    converted: several times faster than
-    any JSON reader available here. It needs every line to carry the same keys in the same order
-    (one writer's ``asdict`` order) and no separators inside strings, except in the error text:
-    that is the last field of a line, so its separators only spill into spare columns, and the
-    few lines concerned are re-read with ``json`` for their exact text. Anything else unexpected
-    raises :class:`_NoFastPath` so the caller re-reads the whole file line by line.
-    """
-    first_end = data.find(b"\n")
-    first = _json_object(data[: first_end if first_end != -1 else len(data)])
-    if first is None:
-        raise _NoFastPath("first line is not a JSON object")
-    keys = list(first)
-    free_text = keys[-1] if keys[-1] in TEXT_COLUMNS else None
-    for k, v in first.items():
-        if isinstance(v, (dict, list)):
-            raise _NoFastPath("structured values")
-        if k != free_text and isinstance(v, str) and v != v.translate(_SEPARATORS):
-            raise _NoFastPath("separators inside a string other than the error text")
-    names: list[str] = []
-    for k in keys:
-        names += [f"_k_{k}", k]
-    if free_text is not None:
-        names += [f"_spill{i}" for i in range(SPILL_FIELDS)]
-    wanted = [c for c in RECORD_COLUMNS if c in first]
-    checks = sorted({f"_k_{keys[0]}", f"_k_{keys[-1]}", f"_k_{keys[len(keys) // 2]}"})
-    dtype: dict[str, Any] = {c: "category" for c in checks}
-    for c in wanted:
-        if c in CATEGORY_COLUMNS or c in TEXT_COLUMNS:
-            dtype[c] = "category"
-        elif c in BOOL_COLUMNS:
-            dtype[c] = "boolean"
-        else:
-            dtype[c] = "float64"
-    # a first row as wide as ``names``: the tokenizer sizes its columns from the first row
-    width = b"," * (len(names) - 1) + b"\n"
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", pd.errors.ParserWarning)
-        try:
-            df = pd.read_csv(
-                io.BufferedReader(_Chained(width, data.replace(b":", b",")), buffer_size=1 << 20),
-                header=None,
-                names=names,
-                usecols=wanted + checks,
-                dtype=dtype,
-                na_values=["null", ""],
-                keep_default_na=False,
-                quoting=csv.QUOTE_NONE,
-                engine="c",
-                on_bad_lines="warn",
-            )
-        except (ValueError, pd.errors.ParserError) as e:
-            raise _NoFastPath(str(e)) from None
-    skipped = any(issubclass(w.category, pd.errors.ParserWarning) for w in caught)
-    df = df.iloc[1:].reset_index(drop=True)
-    for c in checks:
-        col = df[c]
-        expected = ("{" if c == f"_k_{keys[0]}" else "") + f'"{c[3:]}"'
-        if col.isna().any() or list(col.cat.categories) != [expected]:
-            raise _NoFastPath(f"key {c[3:]} is not in the same place on every line")
-    df = df.drop(columns=checks)
-    broken = np.zeros(len(df), dtype=bool)
-    for c in wanted:
-        if dtype.get(c) != "category":
-            continue
-        cats = list(df[c].cat.categories)
-        if c == free_text:
-            # the line's closing brace sticks to this last value; a text cut at a separator
-            # spilled into the spare columns and is fetched exactly below
-            codes = df[c].cat.codes.to_numpy()
-            bare = [k[:-1] if k.endswith("}") else k for k in cats]
-            lookup = np.array(
-                [None if k == "null" else _unquote(k) if _complete(k) else None for k in bare] + [None],
-                dtype=object,
-            )
-            cut = np.array([k != "null" and not _complete(k) for k in bare] + [False])
-            broken = cut[codes]
-            df[c] = lookup[codes]
-            continue
-        if not all(_complete(k) for k in cats):
-            raise _NoFastPath(f"{c} holds a non-string value")
-        df[c] = df[c].cat.rename_categories([_unquote(k) for k in cats])
-    if skipped:  # with ``usecols`` the tokenizer truncates long rows; a skip means something else
-        raise _NoFastPath("the tokenizer skipped lines")
-    if broken.any() and free_text is not None:
-        texts: dict[tuple[Any, Any], Any] = {}
-        for raw in _marker_lines(data, _ERROR_MARKER):
-            obj = _json_object(raw)
-            if obj is None:
-                raise _NoFastPath("an error record does not parse")
-            key = (obj.get("stage"), obj.get("trace_id"))
-            if key in texts:
-                raise _NoFastPath("two error records share a stage and trace id")
-            texts[key] = obj.get(free_text)
-        rows = np.flatnonzero(broken)
-        stage = df["stage"].to_numpy()[rows]
-        trace = df["trace_id"].to_numpy()[rows]
-        values = df[free_text].to_numpy(dtype=object, copy=True)
-        for r, st, tid in zip(rows, stage, trace, strict=True):
-            key = (int(st), int(tid))
-            if key not in texts:
-                raise _NoFastPath("an error text could not be matched to its line")
-            values[r] = texts[key]
-        df[free_text] = values
-    return df
+            good.append(obj)
+    return good, bad
 
 
 def _normalise(df: pd.DataFrame) -> pd.DataFrame:
@@ -472,42 +313,14 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
 def read_records_file(path: str | Path) -> tuple[pd.DataFrame, int]:
     """One JSONL file as a frame, and the count of lines that did not parse.
 
-    The usual damage is one partial line at the end (the generator died mid-write). Anything
-    the columnar reader cannot vouch for is re-read line by line, so the fast path never trades
-    correctness for speed.
+    The usual damage is one partial line at the end (the generator died mid-write); it is counted,
+    never guessed at.
     """
-    data = Path(path).read_bytes()
-    bad = 0
-    extra: list[dict[str, Any]] = []
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        tail = data[cut:]
-        data = data[:cut]
-        if tail and not tail.isspace():
-            obj = _json_object(tail)
-            if obj is None:
-                bad += 1
-            else:
-                extra.append(obj)
-    parts: list[pd.DataFrame] = []
-    if data and not data.isspace():
-        first_line = data[: data.find(b"\n")]
-        if _CHUNKS_KEY in first_line:
-            data = _CHUNKS_FIELD.sub(b"", data)  # never analysed, and lists defeat the tokenizer
-        try:
-            got = _columnar(data)
-        except _NoFastPath:
-            rows, bad_lines = _slow_rows(data)
-            extra += rows
-            bad += bad_lines
-        else:
-            parts.append(_normalise(got))
-    if extra:
-        parts.append(_normalise(pd.DataFrame(extra)))
-    if not parts:
-        return _normalise(pd.DataFrame(columns=list(RECORD_COLUMNS))), bad
-    frame = parts[0] if len(parts) == 1 else _concat(parts)
-    return frame, bad
+    rows, bad = _parse_lines(Path(path).read_bytes())
+    frame = pd.DataFrame.from_records(rows, columns=list(RECORD_COLUMNS)) if rows else pd.DataFrame(
+        columns=list(RECORD_COLUMNS)
+    )
+    return _normalise(frame), bad
 
 
 def _str_categories(values: pd.Series) -> pd.Series:
@@ -657,23 +470,13 @@ def load_records(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
 def read_server_metrics(run: RunDir) -> tuple[pd.DataFrame, int]:
     """A run's ~1 Hz scrapes sorted by time; unparsable lines are skipped and counted.
 
-    A day-long stage is 86,400 lines, so the whole file goes to pandas' reader first; only a
-    file with a damaged line is read line by line.
+    Read the same way as the records: one parse for a clean file, line by line for a damaged one.
     """
     path = run.path / SERVER_METRICS
     if not path.is_file():
         return pd.DataFrame(columns=[*SERVER_COLUMNS, "run_dir"]), 0
-    data = path.read_bytes()
-    bad = 0
-    cut = data.rfind(b"\n") + 1
-    if cut < len(data) and data[cut:].strip():
-        bad += 1  # the sampler was stopped mid-line
-    data = data[:cut]
-    try:
-        df = pd.read_json(io.BytesIO(data), lines=True, dtype=False) if data.strip() else pd.DataFrame()
-    except ValueError:
-        rows, bad_lines = _slow_rows(data)
-        df, bad = pd.DataFrame(rows), bad + bad_lines
+    rows, bad = _parse_lines(path.read_bytes())
+    df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame()
     for c in SERVER_COLUMNS:
         df[c] = pd.to_numeric(df[c], errors="coerce") if c in df.columns else np.nan
     df = df.loc[df["t"].notna(), list(SERVER_COLUMNS)].sort_values("t", kind="stable").reset_index(drop=True)

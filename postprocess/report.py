@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +23,11 @@ import numpy as np
 import pandas as pd
 
 from tailgate.postprocess import charts
-from tailgate.postprocess.diagnosis import diagnose, render_html
+from tailgate.postprocess.diagnosis import diagnose, findings_context
+from tailgate.postprocess.html import render
 from tailgate.postprocess.load import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus
 from tailgate.postprocess.prometheus import NONE, ServerData, collect_server_data
-from tailgate.postprocess.table import choose_decision_rate, summary_table, table_html, write_table
+from tailgate.postprocess.table import choose_decision_rate, summary_table, table_context, write_table
 
 REPORT_DIR = "report"
 PARALLEL_CHART_RECORDS = 200_000
@@ -229,24 +229,6 @@ def draw_charts(analysis: Analysis, out_dir: str | Path) -> dict[str, list[Path]
 # ---------------------------------------------------------------------------------------------
 # HTML
 
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;
- padding:0 1rem;color:#222;line-height:1.45}
-h1{margin-bottom:.2rem}h2{border-bottom:1px solid #ddd;padding-bottom:.2rem;margin-top:2rem}
-.meta{color:#555;margin-top:0}
-table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
-th,td{border:1px solid #ccc;padding:.25rem .45rem}th{background:#f3f3f3;text-align:left}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
-tr.disagree td{background:#fff3cd}
-figure{margin:1rem 0}figure img{max-width:100%;border:1px solid #eee}
-figcaption{color:#555;font-size:.9rem}
-ul.notes li{margin:.2rem 0}
-ol.diagnosis li{margin-bottom:1rem}.question{font-weight:600;margin-bottom:.2rem}
-.verdict{margin:.2rem 0}.verdict.yes strong{color:#a02020}.verdict.no strong{color:#206020}
-pre{background:#f7f7f7;padding:.5rem;overflow:auto;font-size:.8rem}
-dl.run{display:grid;grid-template-columns:max-content auto;gap:.1rem 1rem;font-size:.9rem}
-dl.run dt{color:#555}dl.run dd{margin:0}
-"""
 
 CAPTIONS = {
     "chart1": (
@@ -266,12 +248,7 @@ CAPTIONS = {
 }
 
 
-def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{data}">'
-
-
-def _meta_html(run: RunDir) -> str:
+def _run_facts(run: RunDir) -> dict[str, Any]:
     m = run.meta
     trace = m.get("trace") if isinstance(m.get("trace"), Mapping) else {}
     versions = m.get("versions") if isinstance(m.get("versions"), Mapping) else {}
@@ -293,44 +270,15 @@ def _meta_html(run: RunDir) -> str:
         ("mix", ", ".join(f"{k}: {v}" for k, v in (trace.get("mix") or {}).items())),
         ("versions", ", ".join(f"{k} {v}" for k, v in versions.items())),
     ]
-    dl = "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in rows if v not in (None, ""))
-    raw = escape(json.dumps(m, indent=1, default=str)) if m else "no run.json"
-    return (
-        f"<h3>{escape(run.name)}</h3><dl class='run'>{dl}</dl>"
-        f"<details><summary>run.json</summary><pre>{raw}</pre></details>"
-    )
+    return {
+        "name": run.name,
+        "facts": [(k, str(v)) for k, v in rows if v not in (None, "")],
+        "raw": json.dumps(m, indent=1, default=str) if m else "no run.json",
+    }
 
 
-def render_report_html(
-    analysis: Analysis, chart_paths: Mapping[str, Sequence[Path]], findings: Sequence[Mapping[str, Any]]
-) -> str:
-    """The whole page as one string."""
-    a = analysis
-    generated = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime())
-    n_cells = len(a.table)
-    rate = "none" if a.decision_rate is None else f"{rate_text(a.decision_rate)} req/s"
-    sources = sorted(set(a.table["preemptions_source"].dropna().astype(str)))
-    parts = [
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>tailgate report: {escape(a.results_dir.name)}</title><style>{_CSS}</style></head><body>",
-        "<h1>tailgate report</h1>",
-        f"<p class='meta'>results: {escape(str(a.results_dir))} · {len(a.runs)} run(s), {n_cells} cell(s) · "
-        f"decision rate {escape(rate)} · preemption source(s): {escape(', '.join(sources) or 'none')} · "
-        f"generated {generated}</p>",
-        "<section id='notes'><h2>Notes on the data</h2>",
-    ]
-    if a.notes:
-        parts.append("<ul class='notes'>" + "".join(f"<li>{escape(n)}</li>" for n in a.notes) + "</ul>")
-    else:
-        parts.append("<p>Every source was present.</p>")
-    parts.append("</section><section id='table'><h2>Results table</h2>")
-    parts.append(
-        "<p>Milliseconds; n = measured requests after warm-up; percentiles interpolate linearly between "
-        "closest ranks, as the reference harness does. Preemptions: the counter's increase over the "
-        "stage window from Prometheus and from the load generator's direct /metrics reads.</p>"
-    )
-    parts.append(table_html(a.table))
-    parts.append("</section><section id='charts'><h2>Charts</h2>")
+def _figures(chart_paths: Mapping[str, Sequence[Path]]) -> list[dict[str, str]]:
+    figures = []
     for name, paths in chart_paths.items():
         png = next((p for p in paths if p.suffix == ".png"), None)
         if png is None:
@@ -338,14 +286,31 @@ def render_report_html(
         caption = CAPTIONS.get(name.split("_")[0], "")
         if name == "chart3_preempt":
             caption = "Chart 3 (preemption cell). " + caption.split(". ", 1)[1]
-        figure = f"{_img(png, name)}<figcaption>{escape(caption)}</figcaption>"
-        parts.append(f"<figure id='{escape(name)}'>{figure}</figure>")
-    parts.append("</section><section id='diagnosis'><h2>Diagnosis: the five questions</h2>")
-    parts.append(render_html(findings))
-    parts.append("</section><section id='runs'><h2>Runs</h2>")
-    parts += [_meta_html(r) for r in a.runs]
-    parts.append("</section></body></html>\n")
-    return "".join(parts)
+        data = base64.b64encode(png.read_bytes()).decode("ascii")
+        figures.append({"name": name, "png_base64": data, "caption": caption})
+    return figures
+
+
+def render_report_html(
+    analysis: Analysis, chart_paths: Mapping[str, Sequence[Path]], findings: Sequence[Mapping[str, Any]]
+) -> str:
+    """The whole self-contained page (charts embedded), from ``templates/report.html.j2``."""
+    a = analysis
+    return render(
+        "report.html.j2",
+        title=a.results_dir.name,
+        results_dir=str(a.results_dir),
+        n_runs=len(a.runs),
+        n_cells=len(a.table),
+        rate="none" if a.decision_rate is None else f"{rate_text(a.decision_rate)} req/s",
+        sources=", ".join(sorted(set(a.table["preemptions_source"].dropna().astype(str)))),
+        generated=time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+        notes=list(a.notes),
+        table=table_context(a.table),
+        figures=_figures(chart_paths),
+        findings=findings_context(findings),
+        runs=[_run_facts(r) for r in a.runs],
+    )
 
 
 def _json_default(x: Any) -> Any:

@@ -3,8 +3,9 @@
 The load path writes summaries as each stage ends; these functions recompute them from records
 with pandas, for runs whose summary was never written and so that the records behind every
 number (the bootstrap intervals, the per-request charts) are chosen by the same warm-up rule.
-Percentiles are numpy's linear interpolation, which is what :func:`tailgate.stats.percentile`
-implements.
+The rules are not restated here: which percentiles, over which requests, the warm-up rules, the
+completion order and the rounding all come from :mod:`tailgate.stats`; this module only vectorises
+them (numpy's linear interpolation is what :func:`tailgate.stats.percentile` implements).
 """
 
 from __future__ import annotations
@@ -15,17 +16,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tailgate.stats import WARMUP_RULES
+from tailgate.stats import COMPLETION_ORDER, PERCENTILE_RULES, ROUND_DIGITS, SEED_SUMMARY_KEYS, WARMUP_RULES
 
 STAGE_KEYS: tuple[str, ...] = ("run_dir", "stage")
-_EXTRA_PERCENTILES: tuple[str, ...] = (
-    "ttft_from_intended_p50", "ttft_from_intended_p99", "total_from_intended_p99",
-    "schedule_lag_p50", "schedule_lag_p99", "schedule_lag_max", "chunks_p50",
-)  # fmt: skip
 
 
 def _r1(x: float) -> float | None:
-    return None if x is None or not np.isfinite(x) else round(float(x), 1)
+    return None if x is None or not np.isfinite(x) else round(float(x), ROUND_DIGITS)
 
 
 def measured_mask(
@@ -63,8 +60,9 @@ def measured_mask(
         by_trace = np.full(len(records), rule == "trace")
     ok = records["error_class"].isna().to_numpy()
     # completion order within each stage: rank of each success by (end_s, trace_id)
-    end = records["end_s"].fillna(0.0).to_numpy()
-    tid = records["trace_id"].to_numpy()
+    end_key, tie_key = COMPLETION_ORDER
+    end = records[end_key].fillna(0.0).to_numpy()
+    tid = records[tie_key].to_numpy()
     order = np.lexsort((tid, end, ~ok, grp))
     rank = np.empty(len(records), dtype=np.int64)
     g_sorted = grp[order]
@@ -112,24 +110,14 @@ def summaries_from_records(
     keys = [k for k in STAGE_KEYS if k in records.columns]
     mask = measured_mask(records, default_warmup, rule)
     good = records.loc[mask]
-    stats = {}
-    for name, col in (("ttft", "ttft_ms"), ("gap", "worst_gap_ms"), ("total", "total_ms")):
-        g = good.groupby(keys, observed=True)[col]
-        stats[f"{name}_p50"] = _pct(g, 50)
-        stats[f"{name}_p99"] = _pct(g, 99)
     gi = good.groupby(keys, observed=True)
-    stats["ttft_from_intended_p50"] = _pct(gi["ttft_from_intended_ms"], 50)
-    stats["ttft_from_intended_p99"] = _pct(gi["ttft_from_intended_ms"], 99)
-    stats["total_from_intended_p99"] = _pct(gi["total_from_intended_ms"], 99)
+    ga = records.groupby(keys, observed=True)
+    population = {"measured": gi, "sent": ga}
+    stats = {pr.key: _pct(population[pr.over][pr.field], pr.p) for pr in PERCENTILE_RULES}
     stats["n"] = gi.size()
     stats["completion_tokens"] = gi["completion_tokens"].sum()
-    stats["chunks_p50"] = _pct(gi["chunks"], 50)
-    ga = records.groupby(keys, observed=True)
     stats["sent"] = ga.size()
     stats["errors"] = ga["error_class"].count()
-    stats["schedule_lag_p50"] = _pct(ga["schedule_lag_ms"], 50)
-    stats["schedule_lag_p99"] = _pct(ga["schedule_lag_ms"], 99)
-    stats["schedule_lag_max"] = ga["schedule_lag_ms"].max()
     stats["window_start_s"] = ga["sent_s"].min()
     stats["window_end_s"] = ga["end_s"].max()
     first = ga[["arm", "rate_or_batch", "stage_label", "run_id"]].first()
@@ -153,10 +141,7 @@ def summaries_from_records(
                 "n": int(row["n"]) if np.isfinite(row["n"]) else 0,
                 "started": pd.Timestamp(start, unit="s", tz="UTC").strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "rate_or_batch": float(row["rate_or_batch"]),
-                **{
-                    k: _r1(row[k])
-                    for k in ("ttft_p50", "ttft_p99", "gap_p50", "gap_p99", "total_p50", "total_p99")
-                },
+                **{pr.key: _r1(row[pr.key]) for pr in PERCENTILE_RULES if pr.key in SEED_SUMMARY_KEYS},
                 "preemptions_delta": None,
                 "errors": int(row["errors"]),
                 "stage_label": str(row["stage_label"]),
@@ -167,7 +152,7 @@ def summaries_from_records(
                 "warmup": default_warmup,
                 "warmup_rule": rule,
                 "errors_by_class": dict(sorted(classes.get(tuple(key), {}).items())),
-                **{k: _r1(row[k]) for k in _EXTRA_PERCENTILES},
+                **{pr.key: _r1(row[pr.key]) for pr in PERCENTILE_RULES if pr.key not in SEED_SUMMARY_KEYS},
                 "achieved_rate": None
                 if pd.isna(row["achieved_rate"])
                 else round(float(row["achieved_rate"]), 3),

@@ -92,24 +92,22 @@ def table_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def table_html(table: pd.DataFrame) -> str:
-    """The Markdown table's content as an HTML ``<table>`` for the self-contained report."""
-    from html import escape
-
+def table_context(table: pd.DataFrame) -> dict[str, Any]:
+    """Headers and formatted cells of the Markdown table, for ``templates/table.html.j2``."""
     cols = list(TABLE_COLUMNS)
-    out = ['<table class="cells">', "<thead><tr>"]
-    out += [f"<th>{escape(HEADERS.get(c, c))}</th>" for c in cols]
-    out.append("</tr></thead><tbody>")
+    rows = []
     for row in table.itertuples(index=False):
         d = row._asdict()
-        flag = ' class="disagree"' if bool(d.get("preemptions_disagree")) is True else ""
-        out.append(f"<tr{flag}>")
-        for c in cols:
-            cls = "" if c in ("cell", "config", "arm") else ' class="num"'
-            out.append(f"<td{cls}>{escape(_fmt(c, d[c]))}</td>")
-        out.append("</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
+        cells = [{"text": _fmt(c, d[c]), "numeric": c not in ("cell", "config", "arm")} for c in cols]
+        rows.append({"disagree": bool(d.get("preemptions_disagree")) is True, "cells": cells})
+    return {"headers": [HEADERS.get(c, c) for c in cols], "rows": rows}
+
+
+def table_html(table: pd.DataFrame) -> str:
+    """The Markdown table's content as an HTML ``<table>``."""
+    from tailgate.postprocess.html import render
+
+    return render("table.html.j2", table=table_context(table))
 
 
 def write_table(table: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:

@@ -1,12 +1,15 @@
 """Percentiles and the per-stage summary, with the reference harness's exact rules.
 
-Pure Python on purpose: the load path writes summaries without pandas or numpy.
+Pure Python on purpose: the load path writes summaries without pandas or numpy. The rules live here
+once (:data:`PERCENTILE_RULES`, :data:`WARMUP_RULES`, :data:`COMPLETION_ORDER`, :data:`ROUND_DIGITS`);
+``tailgate.postprocess.summarize`` vectorises the same table for frames of millions of records.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 SEED_SUMMARY_KEYS: tuple[str, ...] = (
     "arm", "n", "started", "rate_or_batch",
@@ -15,6 +18,45 @@ SEED_SUMMARY_KEYS: tuple[str, ...] = (
 )  # fmt: skip
 
 WARMUP_RULES = ("completion", "trace")
+
+COMPLETION_ORDER: tuple[str, str] = ("end_s", "trace_id")
+"""How "the first requests to finish" is decided: by end time, ties broken by trace id."""
+
+ROUND_DIGITS = 1
+"""Summaries carry milliseconds with one decimal, as the reference harness prints them."""
+
+
+@dataclass(frozen=True)
+class PercentileRule:
+    """One percentile a stage summary reports: which field, which percentile, over which requests.
+
+    ``over="measured"`` is the successful requests left after the warm-up rule; ``over="sent"`` is
+    every request the stage sent (schedule lag concerns them all, failed or not). ``p=100`` is the
+    maximum. The load path's summary and the analysis's vectorised recomputation both iterate this
+    table, so a rule changes in one place.
+    """
+
+    key: str
+    field: str
+    p: float
+    over: Literal["measured", "sent"] = "measured"
+
+
+PERCENTILE_RULES: tuple[PercentileRule, ...] = (
+    PercentileRule("ttft_p50", "ttft_ms", 50),
+    PercentileRule("ttft_p99", "ttft_ms", 99),
+    PercentileRule("gap_p50", "worst_gap_ms", 50),
+    PercentileRule("gap_p99", "worst_gap_ms", 99),
+    PercentileRule("total_p50", "total_ms", 50),
+    PercentileRule("total_p99", "total_ms", 99),
+    PercentileRule("ttft_from_intended_p50", "ttft_from_intended_ms", 50),
+    PercentileRule("ttft_from_intended_p99", "ttft_from_intended_ms", 99),
+    PercentileRule("total_from_intended_p99", "total_from_intended_ms", 99),
+    PercentileRule("schedule_lag_p50", "schedule_lag_ms", 50, "sent"),
+    PercentileRule("schedule_lag_p99", "schedule_lag_ms", 99, "sent"),
+    PercentileRule("schedule_lag_max", "schedule_lag_ms", 100, "sent"),
+    PercentileRule("chunks_p50", "chunks", 50),
+)
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
@@ -30,8 +72,9 @@ def percentile(values: Sequence[float], p: float) -> float | None:
     return xs[lo] * (hi - k) + xs[hi] * (k - lo)
 
 
-def _r1(x: float | None) -> float | None:
-    return None if x is None else round(x, 1)
+def round_ms(x: float | None) -> float | None:
+    """The summaries' rounding; None stays None."""
+    return None if x is None else round(x, ROUND_DIGITS)
 
 
 def measured_records(
@@ -43,7 +86,8 @@ def measured_records(
     in the order they finished. ``trace`` drops the first ``warmup`` trace items of the stage
     instead, which does not depend on which requests happened to finish first.
     """
-    done = sorted(records, key=lambda r: (r.get("end_s") or 0.0, r["trace_id"]))
+    end_key, tie_key = COMPLETION_ORDER
+    done = sorted(records, key=lambda r: (r.get(end_key) or 0.0, r[tie_key]))
     good = [r for r in done if r.get("error_class") is None]
     if rule == "completion":
         return good[warmup:]
@@ -66,9 +110,11 @@ def summarize_stage(
 ) -> dict[str, Any]:
     """The seed's keys with the seed's meanings, then extra keys that the seed lacks."""
     good = measured_records(records, warmup, warmup_rule)
-    ttft = [r["ttft_ms"] for r in good]
-    gap = [r["worst_gap_ms"] for r in good]
-    total = [r["total_ms"] for r in good]
+    population = {"measured": good, "sent": records}
+    pct = {
+        rule.key: round_ms(percentile([r[rule.field] for r in population[rule.over]], rule.p))
+        for rule in PERCENTILE_RULES
+    }
     errors_by_class: dict[str, int] = {}
     for r in records:
         if r.get("error_class") is not None:
@@ -78,35 +124,21 @@ def summarize_stage(
         "n": len(good),
         "started": started,
         "rate_or_batch": rate_or_batch,
-        "ttft_p50": _r1(percentile(ttft, 50)),
-        "ttft_p99": _r1(percentile(ttft, 99)),
-        "gap_p50": _r1(percentile(gap, 50)),
-        "gap_p99": _r1(percentile(gap, 99)),
-        "total_p50": _r1(percentile(total, 50)),
-        "total_p99": _r1(percentile(total, 99)),
+        **{k: pct[k] for k in SEED_SUMMARY_KEYS if k in pct},
         "preemptions_delta": preemptions_delta,
         "errors": sum(errors_by_class.values()),
     }
     sent = sorted(r["intended_s"] for r in records)
     span = (sent[-1] - sent[0]) if len(sent) > 1 else 0.0
-    ttft_i = [r["ttft_from_intended_ms"] for r in good]
-    total_i = [r["total_from_intended_ms"] for r in good]
-    lag = [r["schedule_lag_ms"] for r in records]
     summary.update(
         {
             "sent": len(records),
             "warmup": warmup,
             "warmup_rule": warmup_rule,
             "errors_by_class": dict(sorted(errors_by_class.items())),
-            "ttft_from_intended_p50": _r1(percentile(ttft_i, 50)),
-            "ttft_from_intended_p99": _r1(percentile(ttft_i, 99)),
-            "total_from_intended_p99": _r1(percentile(total_i, 99)),
-            "schedule_lag_p50": _r1(percentile(lag, 50)),
-            "schedule_lag_p99": _r1(percentile(lag, 99)),
-            "schedule_lag_max": _r1(max(lag) if lag else None),
+            **{k: v for k, v in pct.items() if k not in summary},
             "achieved_rate": round((len(sent) - 1) / span, 3) if span > 0 else None,
             "completion_tokens": sum(r.get("completion_tokens") or 0 for r in good),
-            "chunks_p50": _r1(percentile([r["chunks"] for r in good], 50)),
         }
     )
     return summary

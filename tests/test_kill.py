@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import write_trace
 from runkit import LocustProcess, count_lines, start_locust, wait_until
@@ -45,16 +46,11 @@ def slow_server() -> Iterator[ServerProcess]:
 def processes_mentioning(text: str) -> list[int]:
     """Pids whose command line contains ``text`` (the test's own results folder: only what it started)."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.pid == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if text in cmdline and state != "Z":
-            pids.append(int(entry.name))
+        if text in " ".join(proc.info["cmdline"] or ()):
+            pids.append(proc.pid)
     return pids
 
 

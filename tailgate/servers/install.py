@@ -108,8 +108,7 @@ def ensure_tiny_model(home: Path | None = None, python: Path | None = None) -> P
         return target
     python = python or ensure_vllm_venv(home)
     script = Path(__file__).with_name("tinymodel.py")
-    # -I keeps the script's own directory (this package, whose trace.py and stats.py would shadow the
-    # standard library's modules) off sys.path.
+    # -I: isolated from the caller's PYTHONPATH and user site, so only the vLLM environment's packages load.
     done = subprocess.run(
         [str(python), "-I", str(script), str(target)],
         stdin=subprocess.DEVNULL,

@@ -15,6 +15,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import psutil
+
 from .base import HOST, ServerError
 from .install import tailgate_home
 from .net import free_port, http_json, is_healthy
@@ -296,37 +298,27 @@ class LocalVllmServer:
 
 
 def group_members(pgid: int) -> list[int]:
-    """Pids of live (non-zombie) processes in a process group, read from ``/proc``.
+    """Pids of live (non-zombie) processes in a process group.
 
     Engine processes orphaned by a killed API server are reparented; if nothing reaps them they linger as
     zombies, which ``killpg(pgid, 0)`` would still count as members. Tests use this to prove that nothing
     was left running.
     """
     members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for proc in psutil.process_iter(["status"]):
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            if proc.info["status"] in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                continue
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc.pid)
+        except (psutil.Error, ProcessLookupError, PermissionError):
             continue
-        # Fields after the parenthesised command: state, ppid, pgrp, ...
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 3 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
     return members
 
 
 def _group_alive(pgid: int) -> bool:
-    """True while a live process remains in the group (``killpg(pgid, 0)`` where there is no ``/proc``)."""
-    if Path("/proc/self/stat").exists():
-        return bool(group_members(pgid))
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    """True while a live process remains in the group."""
+    return bool(group_members(pgid))
     return True
 
 

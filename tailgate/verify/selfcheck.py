@@ -261,12 +261,13 @@ def join_records(records: Sequence[Mapping[str, Any]], dump: Mapping[str, Any]) 
 # ------------------------------------------------------------------------------------------- machine
 
 
-def _proc_stat() -> tuple[int, int]:
-    """(busy, total) jiffies over all CPUs."""
-    with open("/proc/stat", encoding="ascii") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    idle = values[3] + values[4]
-    return sum(values) - idle, sum(values)
+def _proc_stat() -> tuple[float, float]:
+    """(busy, total) CPU seconds over all CPUs since boot."""
+    import psutil
+
+    times = psutil.cpu_times()
+    total = sum(times)
+    return total - times.idle - getattr(times, "iowait", 0.0), total
 
 
 def machine_facts() -> dict[str, Any]:
@@ -286,8 +287,8 @@ class CpuSampler(threading.Thread):
         self.root_pid = root_pid
         self.other_pids = list(other_pids)
         self.interval_s = interval_s
-        self.samples: list[tuple[float, float, float, int, int]] = []
-        """(wall time, tree CPU s, other pids' CPU s, machine busy jiffies, machine total jiffies)."""
+        self.samples: list[tuple[float, float, float, float, float]] = []
+        """(wall time, tree CPU s, other pids' CPU s, machine busy CPU s, machine total CPU s)."""
         self._seen: dict[int, float] = {}
         self._others: dict[int, float] = {}
         self._halt = threading.Event()
