@@ -60,16 +60,19 @@ PERCENTILE_RULES: tuple[PercentileRule, ...] = (
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default method); None when empty."""
+    """Linear interpolation between closest ranks (numpy's default method); None when empty.
+
+    Written as ``a + (b - a) * frac`` at index ``(p / 100) * (n - 1)``, the very arithmetic of pandas'
+    grouped quantile, so the analysis's vectorised summaries round to the same tenth.
+    """
     if not values:
         return None
     xs = sorted(values)
-    k = (len(xs) - 1) * p / 100.0
+    k = (p / 100.0) * (len(xs) - 1)
     lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    if lo == hi:
-        return float(xs[lo])
-    return xs[lo] * (hi - k) + xs[hi] * (k - lo)
+    if lo >= len(xs) - 1:
+        return float(xs[-1])
+    return xs[lo] + (xs[lo + 1] - xs[lo]) * (k - lo)
 
 
 def round_ms(x: float | None) -> float | None:

@@ -489,7 +489,7 @@ def test_real_server_start_restart_stop(tmp_path: Path) -> None:
 
 
 def test_suite_compose_controller_switches_file_sets_per_configuration() -> None:
-    from tailgate.cli import ComposeByConfig
+    from tailgate.servers import ComposeByConfig
 
     runner = FakeRunner()
     files = {"chunked": [], "nochunk": ["docker-compose.nochunk.yml"], "preempt": ["docker-compose.preempt.yml"]}
