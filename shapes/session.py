@@ -92,6 +92,7 @@ class RunSession:
         self.status = "running"
         self.stop_reason: str | None = None
         self.failed: str | None = None
+        self.ended_at: float | None = None
         self.ended = False
         """True once run.json holds the final status: nothing of this run runs any more."""
         self.natural_end = False
@@ -176,6 +177,7 @@ class RunSession:
             "error": self.failed,
         })  # fmt: skip
         write_json(self.folder / "run.json", self.meta)
+        self.ended_at = time.time()
         self.ended = True
 
     # -- the coordinator --------------------------------------------------------------------------

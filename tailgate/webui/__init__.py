@@ -15,9 +15,12 @@ Everything goes through the extension points Locust's web UI offers, nothing of 
 
 from __future__ import annotations
 
+import gevent
+
 import argparse
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,9 @@ from tailgate.webui.live import TABLE_KEY, TABLE_STRUCTURE, LiveViews, table_row
 
 log = logging.getLogger("tailgate")
 
+STOPPING_WAIT_S = 20.0
+"""A stats poll that arrives while a run is being stopped waits (cooperatively) for the finished run:
+Locust polls until it sees the test stopped, and the answer it stops on must hold the final rows."""
 STATIC = Path(__file__).resolve().parent / "static"
 TAB_TITLE = "Tail latency"
 SCRIPT_TAGS = (
@@ -132,6 +138,10 @@ def install(environment: Any) -> None:
             if "tailgate/static/tail.js" not in page:
                 response.set_data(page.replace("</body>", SCRIPT_TAGS + "</body>", 1))
         elif endpoint == "locust.request_stats" and response.status_code == 200 and response.is_json:
+            run = newest()
+            deadline = time.monotonic() + STOPPING_WAIT_S
+            while run is not None and run.stopping and not run.ended and time.monotonic() < deadline:
+                gevent.sleep(0.05)
             body = json.loads(response.get_data())
             body["extended_stats"] = [{"key": TABLE_KEY, "data": table_rows(live_snapshot())}]
             response.set_data(json.dumps(body))

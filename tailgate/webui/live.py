@@ -144,7 +144,8 @@ class LiveRun:
                 preemptions = summary.get("preemptions_delta")
             else:
                 running = stage.index == current and not s.ended
-                state = "running" if running else ("not run" if s.ended else "waiting")
+                over = s.ended or s.stopping
+                state = ("stopping" if s.stopping else "running") if running else ("not run" if over else "waiting")
                 before = s.before.get(stage.index)
                 pre = None if before is None else before.preemptions_total
                 known = running and pre is not None and latest_preempt is not None
@@ -156,7 +157,7 @@ class LiveRun:
         return {
             "run_id": s.run_id, "arm": settings.arm, "host": settings.host, "model": settings.model,
             "folder": str(s.folder), "status": s.status, "stop_reason": s.stop_reason, "ended": s.ended,
-            "started": s.started, "elapsed_s": round(time.time() - s.started, 1),
+            "started": s.started, "elapsed_s": round((s.ended_at or time.time()) - s.started, 1),
             "current_stage": None if current is None else s.stages[current].label,
             "warmup": settings.warmup, "warmup_rule": settings.warmup_rule,
             "coordinator_alive": s.coordinator_alive, "sampler_alive": s.sampler_alive,
@@ -215,7 +216,7 @@ class LiveViews:
         self.last_cost_ms: float | None = None
 
     def snapshot(self, session: Any) -> dict[str, Any]:
-        key = (session.status, session.ended, session.current.index if session.current else None,
+        key = (session.status, session.ended, session.stopping, session.current.index if session.current else None,
                len(session.summaries), session.report_state())  # fmt: skip
         now = time.monotonic()
         cached = self._cache.get(session.run_id)
