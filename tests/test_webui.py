@@ -342,7 +342,9 @@ def test_quitting_mid_stage_leaves_a_stopped_run(server: ServerProcess, tmp_path
     locust.proc.send_signal(sig)
     locust.wait(60)
     run = check_run(folder, status="stopped", host=server.base_url, options={"rates": [3.0]})
-    assert run["meta"]["stop_reason"] == "quit" and run["meta"]["partial_stages"] == ["cont_r3"]
+    # a headless shape run meets Ctrl-C in Locust's own wait for the shape, which stops the test before quitting
+    assert run["meta"]["stop_reason"] == ("quit" if sig == signal.SIGTERM else "stop")
+    assert run["meta"]["partial_stages"] == ["cont_r3"]
     s = run["summaries"]["cont_r3"]
     assert s["partial"] and s["errors_by_class"].get("cancelled", 0) >= 1 and s["sent"] < s["planned"] == 30
     assert not (folder / "report").exists(), "no report is built for a process that is quitting"
