@@ -5,12 +5,17 @@ Locust's own statistics round response times into histogram buckets (a true p99 
 rules (:mod:`tailgate.stats`): at the end of a stage the tab's p50 and p99 are the summary's.
 
 It runs inside the load generator's event loop, which also timestamps chunks, so it is built to be
-cheap: files are read incrementally (only the bytes appended since the last look, only the fields
-it needs), a stage's figures are recomputed only when that stage got new records, and a snapshot
-is reused for :data:`MIN_REFRESH_S`. Pure Python: no pandas in the load path.
+cheap and to hand the loop back often: files are read incrementally (only the bytes appended since
+the last look, only the fields it needs), the work is cut into slices of :data:`SLICE_LINES` lines
+with a :func:`gevent.idle` between them (the loop polls sockets there, as the dispatcher's spin
+does), a stage's figures are recomputed only when that stage got new records, and a snapshot is
+reused for :data:`MIN_REFRESH_S`. Pure Python: no pandas in the load path.
 """
 
 from __future__ import annotations
+
+import gevent
+from gevent.lock import Semaphore
 
 import json
 import time
@@ -28,6 +33,13 @@ SERIES_POINTS = 600
 KEEP = ("stage", "trace_id", "end_s", "error_class", "ttft_ms", "worst_gap_ms", "total_ms", "schedule_lag_ms")
 METRICS = (("ttft", "ttft_ms"), ("gap", "worst_gap_ms"), ("total", "total_ms"))
 QUANTILES = (50, 90, 99)
+SLICE_LINES = 100
+"""Lines parsed between two hand-backs to the event loop (under a millisecond of work on an idle core)."""
+
+
+def pause() -> None:
+    """Let the event loop poll sockets (chunks of running streams get stamped) before going on."""
+    gevent.idle()
 
 
 class Tail:
@@ -102,7 +114,9 @@ class LiveRun:
         self.unreadable = 0
 
     def _read(self) -> None:
-        for line in self._records.new_lines():
+        for i, line in enumerate(self._records.new_lines(), 1):
+            if i % SLICE_LINES == 0:
+                pause()
             try:
                 obj = json.loads(line)
             except ValueError:
@@ -117,7 +131,9 @@ class LiveRun:
                 view = self.stages.get(int(parts[0]))
                 if view is not None:
                     view.sent += 1
-        for line in self._metrics.new_lines():
+        for i, line in enumerate(self._metrics.new_lines(), 1):
+            if i % SLICE_LINES == 0:
+                pause()
             try:
                 self.series.append(json.loads(line))
             except ValueError:
@@ -136,6 +152,7 @@ class LiveRun:
         for stage in s.stages:
             view = self.stages[stage.index]
             if view.computed_at != len(view.records):
+                pause()
                 view.figures = stage_figures(view.records, stage.warmup, settings.warmup_rule)
                 view.computed_at = len(view.records)
             summary = s.summaries.get(stage.index)
@@ -214,8 +231,14 @@ class LiveViews:
         self._views: dict[str, LiveRun] = {}
         self._cache: dict[str, tuple[float, tuple[Any, ...], dict[str, Any]]] = {}
         self.last_cost_ms: float | None = None
+        self._lock = Semaphore()
+        """Two polls (Locust's and the panel's) may overlap now that a refresh yields; one reads the files."""
 
     def snapshot(self, session: Any) -> dict[str, Any]:
+        with self._lock:
+            return self._snapshot(session)
+
+    def _snapshot(self, session: Any) -> dict[str, Any]:
         key = (session.status, session.ended, session.stopping, session.current.index if session.current else None,
                len(session.summaries), session.report_state())  # fmt: skip
         now = time.monotonic()
