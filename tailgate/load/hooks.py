@@ -121,12 +121,13 @@ def _on_init(environment: Any, **_: Any) -> None:
         runner.register_message(DONE_MESSAGE, shape.on_done)
         opts = environment.parsed_options
         if environment.web_ui is not None:
-            from tailgate.webui import install
+            from tailgate.webui import WEB_RESULTS, install
 
             shape.own_folders = True
             check_command_line(environment)
             install(environment)
             if opts is not None and getattr(opts, "autostart", False):
+                opts.results_dir = opts.results_dir or WEB_RESULTS
                 prepare(environment)  # --autostart starts without the form
         elif opts is not None and opts.headless:
             prepare(environment)

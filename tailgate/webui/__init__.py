@@ -31,6 +31,8 @@ from tailgate.webui.live import TABLE_KEY, TABLE_STRUCTURE, LiveViews, table_row
 
 log = logging.getLogger("tailgate")
 
+WEB_RESULTS = "results/webui"
+"""Where the runs started from the web UI go when the form names no results dir (one sub-folder per run)."""
 STOPPING_WAIT_S = 20.0
 """A stats poll that arrives while a run is being stopped waits (cooperatively) for the finished run:
 Locust polls until it sees the test stopped, and the answer it stops on must hold the final rows."""
@@ -123,6 +125,7 @@ def install(environment: Any) -> None:
             return jsonify({"success": False, "message": message, "host": host})
         try:
             opts = form_options(environment.parsed_options, request.form)
+            opts.results_dir = opts.results_dir or WEB_RESULTS
             settings = settings_for(environment, opts)
         except OptionError as e:
             log.error(usage_line(str(e)))
