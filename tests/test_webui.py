@@ -229,11 +229,18 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         page.submit()
         wait_for("the error line", lambda: "tailgate: error: --rates: 'abc' is not a number" in
                  browser.find_element(page.by.TAG_NAME, "body").text, 30, locust)  # fmt: skip
+        # so is a server that does not answer, checked at Start (the command line only filled the form)
+        dead = f"http://127.0.0.1:{free_port()}"
+        page.fill({"host": dead, "rates": "2,3"})
+        page.submit()
+        wait_for("the unreachable-host line", lambda: f"tailgate: error: --host: cannot reach {dead}" in
+                 browser.find_element(page.by.TAG_NAME, "body").text, 30, locust)  # fmt: skip
+        page.fill({"host": server.base_url})
         assert not (tmp_path / "ui-a").exists() or not run_folders(tmp_path / "ui-a")
 
         # run 1: form values, no --host; watch the tab update, then Stop mid-stage
         first = tmp_path / "ui-a"
-        page.fill({"rates": "2,3", "n": "10", "warmup": "2", "settle": "0.5", "resultsDir": str(first)})
+        page.fill({"n": "10", "warmup": "2", "settle": "0.5", "resultsDir": str(first)})
         page.submit()
         page.open_tab()
         seen = wait_for("a first record in the tab", lambda: recorded(page.table().get("cont_r2", {TAB_TITLE: "0/0/0"}))
