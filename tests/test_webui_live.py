@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +96,15 @@ def test_form_values_that_do_not_convert_name_the_option(field: str, value: str,
     with pytest.raises(OptionError) as e:
         form_options(parsed(), MultiDict({field: value}))
     assert str(e.value) == line
+
+
+def test_the_web_ui_code_stays_out_of_the_analysis_stack() -> None:
+    """The tab runs in the load generator's loop: no pandas, numpy or matplotlib get imported with it."""
+    code = (
+        "import sys\n"
+        "import tailgate.locustfiles.continuous, tailgate.locustfiles.gated, tailgate.webui, tailgate.webui.live\n"
+        "import tailgate.shapes.session\n"
+        "heavy = {'pandas', 'numpy', 'matplotlib'} & set(sys.modules)\n"
+        "assert not heavy, f'the load path imported {heavy}'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

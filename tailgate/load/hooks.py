@@ -97,8 +97,11 @@ def check_command_line(environment: Any) -> None:
     opts = environment.parsed_options
     if opts is None:
         return
+    from tailgate.webui import WEB_RESULTS
+
     probe = argparse.Namespace(**vars(opts))
     probe.host = probe.host or environment.host or "http://127.0.0.1"
+    probe.results_dir = probe.results_dir or WEB_RESULTS  # where the form's runs go, not a folder per launch
     try:
         settings_for(environment, probe, contact_server=False)
     except OptionError as e:
