@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LOCUST, ROOT
+from conftest import LOCUST, ROOT, write_trace
 from runkit import LocustProcess, assert_no_traceback, summaries
 from test_kill import processes_mentioning
 
@@ -359,3 +359,37 @@ def test_quitting_mid_stage_leaves_a_stopped_run(server: ServerProcess, tmp_path
     assert s["partial"] and s["errors_by_class"].get("cancelled", 0) >= 1 and s["sent"] < s["planned"] == 30
     assert not (folder / "report").exists(), "no report is built for a process that is quitting"
     assert_no_traceback(locust.stderr)
+
+
+@pytest.mark.vllm
+def test_web_ui_run_against_the_cpu_vllm(vllm_server: Any, tmp_path: Path) -> None:
+    """A real engine behind the tab: its running / KV-usage series reach the chart's data, and the tab's
+    preemption count and percentiles are the stage summary's. Driven through Locust's HTTP API (the
+    browser's part is covered above)."""
+    trace = write_trace(tmp_path / "trace.jsonl", [(32, 64)] * 9 + [(400, 64)])
+    results = tmp_path / "results"
+    locust, url = start_web_locust(tmp_path, "--results-dir", str(results), "--trace-file", str(trace),
+                                   "--warmup", "2", "--ignore-eos")  # fmt: skip
+    try:
+        form = {"host": vllm_server.base_url, "user_count": "1", "spawn_rate": "1", "rates": "2", "settle": "0.5"}
+        data = "&".join(f"{k}={urllib.request.quote(v)}" for k, v in form.items()).encode()
+        answer = json.loads(urllib.request.urlopen(url + "/swarm", data=data, timeout=60).read())
+        assert answer["success"], answer
+        live = wait_for("the run to end and its report", lambda: (r := get_json(url + "/tailgate/live")["run"])
+                        and r["report"]["state"] in ("ready", "failed") and r, 300, locust)  # fmt: skip
+    finally:
+        code = stop_locust(locust)
+    assert code == 0, locust.stderr[-3000:]
+    assert live["status"] == "completed" and live["report"]["state"] == "ready", live["report"]
+    (stage,) = live["stages"]
+    counts = (stage["state"], stage["planned"], stage["sent"], stage["recorded"], stage["errors"])
+    assert counts == ("done", 10, 10, 10, 0)
+    series = live["series"]
+    assert max(v for v in series["running"] if v is not None) >= 1, series["running"]
+    assert any(v is not None for v in series["kv_usage"]) and any(v is not None for v in series["preemptions_total"])
+    (folder,) = run_folders(results)
+    summary = summaries(folder)["cont_r2"]
+    assert stage["preemptions"] == summary["preemptions_delta"] is not None
+    assert (stage["ttft"]["p50"], stage["ttft"]["p99"]) == (summary["ttft_p50"], summary["ttft_p99"])
+    assert (stage["total"]["p50"], stage["total"]["p99"]) == (summary["total_p50"], summary["total_p99"])
+    check_run(folder, status="completed", host=vllm_server.base_url, options={"rates": [2.0], "ignore_eos": True})
