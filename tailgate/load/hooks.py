@@ -4,6 +4,10 @@ Importing this module from a locustfile is all it takes: the options join Locust
 ``locust.conf``, ``LOCUST_*`` variables and the web UI know them), bad values stop the run
 with one line and exit code 2, and each process registers the messages that carry schedules
 from the shape to the load processes and records back.
+
+Locust's test events bound each run: ``test_start`` clears what a load process kept of the last
+run, ``test_stopping`` (Stop, ``--run-time``, a natural end) and ``quitting`` (Ctrl-C, SIGTERM) finish
+it on disk before Locust reports it stopped, and ``test_stop`` starts its report in the web UI.
 """
 
 from __future__ import annotations
