@@ -178,7 +178,8 @@ def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
                 raise ResultsError(f"{p} does not hold a JSON object")
             got.append(obj)
         status = str(run.meta.get("status") or "")
-        ended = status == "completed" or status.startswith("stopped after")  # every stage run was summarized
+        # every stage that ran was summarized (a stopped run's last one as partial)
+        ended = status in ("completed", "stopped") or status.startswith("stopped after")
         if record_files(run.path) and (not got or (not ended and all("stage" in obj for obj in got))):
             # stages whose summary was never written (the generator died in them) come from their records
             from tailgate.postprocess.summarize import summaries_from_records

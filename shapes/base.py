@@ -2,47 +2,29 @@
 
 Locust calls ``tick()`` about once a second and only understands user counts, so the shape
 asks for exactly one :class:`~tailgate.load.worker.StreamingUser` per load-generator process and
-drives the experiment from a coordinator greenlet instead: it sends each process its share of
-the schedule, waits until every request of a group has ended, reads the preemption counter
-around each stage, and writes the stage summary. ``tick()`` returns ``None`` when the last stage
-is summarized, which ends a headless run.
+drives the experiment from a coordinator greenlet instead (:mod:`tailgate.shapes.session`): it sends
+each process its share of the schedule, waits until every request of a group has ended, reads the
+preemption counter around each stage, and writes the stage summary. ``tick()`` returns ``None``
+when the last stage is summarized, which ends a headless run.
+
+Locust keeps this object for the whole process while the web UI may start many runs, so the
+shape itself holds no run state: the first ``tick()`` after a Start opens a fresh
+:class:`~tailgate.shapes.session.RunSession` from the settings validated for that Start, and the
+end of the run (natural, Stop, or quitting) closes it.
 """
 
 from __future__ import annotations
 
-import gevent
-from gevent.event import Event
 from locust import LoadTestShape
-from locust import __version__ as locust_version
 from locust.runners import MasterRunner
 
-import json
 import logging
-import os
-import platform
-import subprocess
-import sys
-import time
-import uuid
-from pathlib import Path
 from typing import Any, ClassVar
 
-import tailgate
-from tailgate.load.metrics import scrape
 from tailgate.load.options import OptionError, Settings
-from tailgate.load.plan import Stage, share
-from tailgate.load.worker import ORDER_MESSAGE
-from tailgate.load.workload import mix_of
-from tailgate.stats import summarize_stage
+from tailgate.shapes.session import RunSession
 
 log = logging.getLogger("tailgate")
-
-START_LEAD_S = 0.25
-"""Orders carry an absolute start time this far ahead, so every process has it before t0."""
-
-
-def iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 class SuiteShape(LoadTestShape):
@@ -53,16 +35,15 @@ class SuiteShape(LoadTestShape):
 
     def __init__(self) -> None:
         super().__init__()
-        self.settings: Settings | None = None
-        self.finished = False
-        self.failed: str | None = None
-        self._coordinator: gevent.Greenlet | None = None
-        self._ready: dict[str, str] = {}
-        self._ready_event = Event()
-        self._done: dict[str, dict[str, Any]] = {}
-        self._done_event = Event()
-        self._waiting_for: set[str] = set()
-        self.summaries: list[dict[str, Any]] = []
+        self.pending: Settings | None = None
+        """Settings validated for the next Start (command line when headless, the form in the web UI)."""
+        self.session: RunSession | None = None
+        """The run in progress, from its first tick until the end of the run is handled."""
+        self.runs: list[RunSession] = []
+        """Every run this process started, oldest first (the live tab shows the newest)."""
+        self.own_folders = False
+        """Web UI: each run gets its own folder under ``--results-dir`` instead of the folder itself."""
+        self.quitting = False
 
     # -- Locust hooks ---------------------------------------------------------------------
     def workers_expected(self) -> int:
@@ -72,245 +53,80 @@ class SuiteShape(LoadTestShape):
         return 1
 
     def tick(self) -> tuple[int, float] | None:
-        if self.finished:
+        session = self.session
+        if session is None:
+            if self.pending is None:
+                log.error("tailgate: Start without validated settings; nothing to run")
+                return None
+            session = self.begin()
+        if session.natural_end and session.ended:
             return None
-        if self._coordinator is None:
-            self._coordinator = gevent.spawn(self._run_guarded)
         users = self.workers_expected()
         return users, float(users)
 
     def on_ready(self, environment: Any, msg: Any, **_: Any) -> None:
-        self._ready[msg.node_id] = msg.data.get("worker", msg.node_id)
-        self._ready_event.set()
+        if self.session is not None:
+            self.session.on_ready(msg.node_id, msg.data.get("worker", msg.node_id))
 
     def on_done(self, environment: Any, msg: Any, **_: Any) -> None:
-        self._done[msg.node_id] = msg.data
-        if self._waiting_for <= set(self._done):
-            self._done_event.set()
+        if self.session is not None:
+            self.session.on_done(msg.node_id, msg.data)
 
-    # -- the experiment -------------------------------------------------------------------
+    # -- runs -------------------------------------------------------------------------------
+    @property
+    def settings(self) -> Settings | None:
+        if self.pending is not None:
+            return self.pending
+        return None if self.session is None else self.session.settings
+
+    @property
+    def failed(self) -> str | None:
+        """The newest run's failure, for the process exit code."""
+        return self.runs[-1].failed if self.runs else None
+
+    @property
+    def latest(self) -> RunSession | None:
+        return self.runs[-1] if self.runs else None
+
     def configure(self, settings: Settings) -> None:
-        self.settings = settings
+        self.pending = settings
 
-    def _run_guarded(self) -> None:
-        try:
-            self._run()
-        except Exception as e:  # surface a clear line, then let the run end
-            self.failed = f"{type(e).__name__}: {e}"
-            log.exception("tailgate run failed")
-        finally:
-            self.finished = True
-
-    def _wait_ready(self) -> list[str]:
-        expected = self.workers_expected()
-        while len(self._ready) < expected:
-            self._ready_event.clear()
-            self._ready_event.wait(timeout=1.0)
-        return sorted(self._ready)
-
-    def _run(self) -> None:
-        s = self.settings
-        assert s is not None, "settings are configured at init"
-        out = s.results_dir
-        out.mkdir(parents=True, exist_ok=True)
-        run_id = uuid.uuid4().hex[:12]
-        started = time.time()
-        stages = s.stages()
-        meta = self._metadata(run_id, started, stages)
-        self._write_json(out / "run.json", meta)
-        sampler = self._start_sampler()
-        nodes = self._wait_ready()
-        log.info("tailgate: %d load process(es) ready; %d stage(s); results in %s", len(nodes), len(stages), out)
-        status = "completed"
-        try:
-            for stage in stages:
-                summary = self._run_stage(run_id, stage, nodes)
-                self.summaries.append(summary)
-                log.info("tailgate: %s", _summary_line(summary))
-                if s.stop_on_errors and summary["errors"] >= s.stop_on_errors:
-                    status = f"stopped after {stage.label}: {summary['errors']} errors"
-                    log.error("tailgate: %s (--stop-on-errors %d)", status, s.stop_on_errors)
-                    break
-                if stage is not stages[-1] and s.settle:
-                    gevent.sleep(s.settle)
-        except BaseException:
-            status = "interrupted"
-            raise
-        finally:
-            if sampler is not None:
-                sampler.terminate()
-                try:
-                    sampler.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    sampler.kill()
-            done = [x["stage_label"] for x in self.summaries]
-            meta.update({"ended": iso(time.time()), "status": status, "stages": done})
-            self._write_json(out / "run.json", meta)
-
-    def _run_stage(self, run_id: str, stage: Stage, nodes: list[str]) -> dict[str, Any]:
-        s = self.settings
-        assert s is not None
-        before = scrape(s.metrics_url) if s.metrics_url else None
-        stage_start = time.time()
-        records: list[dict[str, Any]] = []
-        dropped = 0
-        total = stage.size
-        baseline = _count_lines(s.results_dir, "records-*.jsonl"), _count_lines(s.results_dir, "sent-*.log")
-        for group in stage.groups:
-            t0 = time.time() + (START_LEAD_S if len(nodes) > 1 or group is stage.groups[0] else 0.0)
-            self._done = {}
-            self._done_event.clear()
-            self._waiting_for = set(nodes)
-            for index, node in enumerate(nodes):
-                mine = share(group, index, len(nodes))
-                order = {
-                    "order_id": f"{stage.index}:{mine[0].batch if mine else 0}:{index}",
-                    "run_id": run_id, "stage": stage.index, "stage_label": stage.label, "arm": stage.arm,
-                    "rate_or_batch": stage.rate_or_batch, "t0_wall": t0,
-                    "max_in_flight": s.max_in_flight if stage.arm == "continuous" else 0,
-                    "items": [[a.item.id, a.item.prompt_tokens, a.item.max_tokens, a.offset_s, a.batch] for a in mine],
-                    "config": self._order_config(),
-                }  # fmt: skip
-                self.runner.send_message(ORDER_MESSAGE, order, client_id=None if node == "local" else node)
-            while not self._done_event.wait(timeout=5.0):
-                self._progress(stage, baseline, stage_start)
-            for result in self._done.values():
-                records.extend(result["records"])
-                dropped += result.get("dropped", 0)
-        stage_end = max([r["end_s"] for r in records] or [time.time()])
-        after = scrape(s.metrics_url) if s.metrics_url else None
-        pre = None if before is None else before.preemptions_total
-        post = None if after is None else after.preemptions_total
-        delta = (post - pre) if pre is not None and post is not None else None
-        summary = summarize_stage(
-            records, arm=stage.arm, rate_or_batch=stage.rate_or_batch, started=iso(stage_start),
-            warmup=stage.warmup, warmup_rule=s.warmup_rule, preemptions_delta=delta,
+    def begin(self) -> RunSession:
+        settings, self.pending = self.pending, None
+        assert settings is not None
+        session = RunSession(
+            self.runner, settings, nodes_expected=self.workers_expected, own_folder=self.own_folders,
+            local=not isinstance(self.runner, MasterRunner),
         )  # fmt: skip
-        summary.update(
-            {
-                "stage": stage.index, "stage_label": stage.label, "config": s.config_label, "run_id": run_id,
-                "window_start_s": min([r["sent_s"] for r in records] or [stage_start]),
-                "window_end_s": stage_end, "planned": total, "dropped_arrivals": dropped,
-                "preemptions_before": pre, "preemptions_after": post,
-                "preemptions_before_t": None if before is None else before.t,
-                "preemptions_after_t": None if after is None else after.t,
-                "preemptions_source": "direct_scrape" if delta is not None else None,
-                "preemption_counter_reset": bool(delta is not None and delta < 0),
-                "metrics_url": s.metrics_url, "target_rate": stage.rate_or_batch if stage.arm == "continuous" else None,
-            }
-        )  # fmt: skip
-        if delta is not None and delta < 0:
-            # the counter went backwards: the server restarted mid-stage; a negative delta is meaningless
-            summary["preemptions_delta"] = None
-            log.warning("tailgate: %s: preemption counter fell %s -> %s (server restarted?)", stage.label, pre, post)
-        self._write_json(s.results_dir / f"summary-{stage.label}.json", summary)
-        return summary
+        self.session = session
+        self.runs.append(session)
+        session.start()
+        return session
 
-    def _progress(self, stage: Stage, baseline: tuple[int, int], started: float) -> None:
-        """Requests sent and ended so far in this stage, read from the files the workers append to."""
-        s = self.settings
-        assert s is not None
-        ended = _count_lines(s.results_dir, "records-*.jsonl") - baseline[0]
-        sent = _count_lines(s.results_dir, "sent-*.log") - baseline[1]
-        elapsed = time.time() - started
-        eta = f", about {elapsed / ended * (stage.size - ended):.0f} s left" if ended else ""
-        log.info("tailgate: %s: %d/%d ended, %d in flight%s", stage.label, ended, stage.size, sent - ended, eta)
+    def busy(self) -> bool:
+        """A run is going (or being stopped): a new Start must wait."""
+        return self.session is not None
 
-    def _order_config(self) -> dict[str, Any]:
-        s = self.settings
-        assert s is not None
-        return {
-            "host": s.host, "model": s.model, "api_key": s.api_key, "ignore_eos": s.ignore_eos,
-            "prompt_word": s.prompt_word, "record_chunks": s.record_chunks, "results_dir": str(s.results_dir),
-            "connect_timeout": s.timeouts.connect_s, "request_timeout": s.timeouts.request_s,
-            "stall_timeout": s.timeouts.stall_s,
-        }  # fmt: skip
+    def stop_run(self, reason: str) -> None:
+        """Locust is stopping the test (Stop, --run-time, quitting): finish the run before it says so."""
+        if self.session is not None:
+            self.session.stop(reason)
 
-    def _start_sampler(self) -> subprocess.Popen | None:
-        s = self.settings
-        assert s is not None
-        if not s.metrics_url or not s.sample_metrics:
-            return None
-        if s.prometheus_url and _answers(s.prometheus_url + "/-/ready"):
-            # a Prometheus already scrapes the server; every extra read of /metrics costs the server
-            # a few milliseconds of streaming (measured on vLLM 0.24: results/h200/README.md). A
-            # Prometheus that is down at the start gets the direct samples as its fallback.
-            log.info("tailgate: Prometheus at %s is up: no direct /metrics sampling", s.prometheus_url)
-            return None
-        cmd = [sys.executable, "-m", "tailgate.load.metrics", "--url", s.metrics_url,
-               "--out", str(s.results_dir / "server-metrics.jsonl"), "--interval", str(s.sample_metrics)]  # fmt: skip
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def close_run(self) -> None:
+        """After Locust stopped: the run is finished on disk; build its report when someone can open it."""
+        session, self.session = self.session, None
+        if session is None:
+            return
+        if not session.ended:
+            session.stop("stop")
+        if self.own_folders and not self.quitting:
+            session.launch_report()
 
-    def _metadata(self, run_id: str, started: float, stages: list[Stage]) -> dict[str, Any]:
-        s = self.settings
-        assert s is not None
-        measured = s.trace[s.warmup :]
-        return {
-            "run_id": run_id, "arm": s.arm, "config": s.config_label, "host": s.host, "model": s.model,
-            "prometheus_url": s.prometheus_url, "metrics_url": s.metrics_url, "started": iso(started),
-            "ended": None, "status": "running",
-            "trace": {"seed": s.seed, "warmup": s.warmup, "n": s.n, "source": s.trace_source,
-                      "mix": mix_of(measured), "mix_with_warmup": mix_of(s.trace)},
-            "stages_planned": [x.label for x in stages], "ignore_eos": s.ignore_eos,
-            "options": s.public(), "load_processes": self.workers_expected(),
-            "versions": {"tailgate": tailgate.__version__, "locust": locust_version,
-                         "python": platform.python_version()},
-            "load_host": platform.node(), "pid": os.getpid(),
-            "server": server_info(s),
-        }  # fmt: skip
-
-    @staticmethod
-    def _write_json(path: Path, obj: Any) -> None:
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(path)
-
-
-def _answers(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
-    except Exception:
-        return False
-
-
-def _count_lines(directory: Path, pattern: str) -> int:
-    total = 0
-    for path in directory.glob(pattern):
-        try:
-            with open(path, "rb") as f:
-                total += f.read().count(b"\n")
-        except OSError:
-            pass
-    return total
-
-
-def _summary_line(s: dict[str, Any]) -> str:
-    return (
-        f"{s['stage_label']} [{s['config']}]: n={s['n']} errors={s['errors']} "
-        f"TTFT p50/p99 {s['ttft_p50']}/{s['ttft_p99']} ms, worst gap p50/p99 {s['gap_p50']}/{s['gap_p99']} ms, "
-        f"total p99 {s['total_p99']} ms, preemptions {s['preemptions_delta']}, "
-        f"schedule lag p99 {s['schedule_lag_p99']} ms"
-    )
-
-
-def server_info(s: Settings) -> dict[str, Any]:
-    """What the server says about itself (``/version``, served models); absent fields stay None."""
-    import urllib.request
-
-    info: dict[str, Any] = {"version": None, "models": None}
-    headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
-    for key, path in (("version", "/version"), ("models", "/v1/models")):
-        try:
-            req = urllib.request.Request(s.target.url(path), headers=headers)
-            with urllib.request.urlopen(req, timeout=5) as resp:
-                body = json.loads(resp.read())
-            info[key] = body.get("version") if key == "version" else [m.get("id") for m in body.get("data", [])]
-        except Exception:
-            pass
-    return info
+    def quit(self) -> None:
+        self.quitting = True
+        self.stop_run("quit")
+        for run in self.runs:
+            run.end_report()
 
 
 __all__ = ["OptionError", "SuiteShape"]

@@ -4,6 +4,10 @@ Importing this module from a locustfile is all it takes: the options join Locust
 ``locust.conf``, ``LOCUST_*`` variables and the web UI know them), bad values stop the run
 with one line and exit code 2, and each process registers the messages that carry schedules
 from the shape to the load processes and records back.
+
+Locust's test events bound each run: ``test_start`` clears what a load process kept of the last
+run, ``test_stopping`` (Stop, ``--run-time``, a natural end) and ``quitting`` (Ctrl-C, SIGTERM) finish
+it on disk before Locust reports it stopped, and ``test_stop`` starts its report in the web UI.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 from locust import events
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
+import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -19,18 +25,21 @@ import urllib.request
 from typing import Any
 
 from tailgate.load.options import OptionError, Settings, add_arguments, validate
-from tailgate.load.worker import DONE_MESSAGE, ORDER_MESSAGE, READY_MESSAGE, order_runner
+from tailgate.load.worker import CANCEL_MESSAGE, DONE_MESSAGE, ORDER_MESSAGE, READY_MESSAGE, order_runner
 
 EXIT_USAGE = 2
 
 
+def usage_line(message: str) -> str:
+    """The one line every bad input gets, on stderr and in the web UI alike."""
+    return f"tailgate: error: {message}"
+
+
 def fail(message: str) -> None:
     """One line on stderr and exit code 2: the contract for every bad input."""
-    sys.stderr.write(f"tailgate: error: {message}\n")
+    sys.stderr.write(usage_line(message) + "\n")
     sys.stderr.flush()
     raise SystemExit(EXIT_USAGE)
-
-
 @events.init_command_line_parser.add_listener
 def _add_options(parser: Any) -> None:
     add_arguments(parser)
@@ -61,61 +70,117 @@ def resolve_model(settings: Settings) -> str:
     return str(models[0])
 
 
-def prepare(environment: Any) -> None:
-    """Validate options and hand the shape its settings (master or single process only)."""
+def settings_for(environment: Any, opts: Any, *, contact_server: bool = True) -> Settings:
+    """Validated settings for one run of this locustfile's arm; raises OptionError."""
     shape = environment.shape_class
-    if shape is None or not getattr(shape, "arm", ""):
-        fail("this locustfile has no tailgate shape (use locustfiles/continuous.py or locustfiles/gated.py)")
+    settings = validate(opts, arm=shape.arm, now=time.strftime("%Y%m%d-%H%M%S"))
+    if contact_server:
+        settings = dataclasses.replace(settings, model=resolve_model(settings))
+    return settings
+
+
+def prepare(environment: Any) -> None:
+    """Validate the command line and hand the shape its settings (master or single process only)."""
+    shape = environment.shape_class
     opts = environment.parsed_options
     if opts is None:
         return
     opts.host = opts.host or environment.host
     try:
-        settings = validate(opts, arm=shape.arm, now=time.strftime("%Y%m%d-%H%M%S"))
-        settings = settings.__class__(**{**settings.__dict__, "model": resolve_model(settings)})
+        settings = settings_for(environment, opts)
     except OptionError as e:
         fail(str(e))
     shape.configure(settings)
+
+
+def check_command_line(environment: Any) -> None:
+    """Web UI: the command line only fills the form, but a bad value there still stops at launch.
+
+    The server need not be up yet (nor named: the form has a Host field), so this checks values only;
+    every Start validates the form again, server included."""
+    opts = environment.parsed_options
+    if opts is None:
+        return
+    from tailgate.webui import WEB_RESULTS
+
+    probe = argparse.Namespace(**vars(opts))
+    probe.host = probe.host or environment.host or "http://127.0.0.1"
+    probe.results_dir = probe.results_dir or WEB_RESULTS  # where the form's runs go, not a folder per launch
+    try:
+        settings_for(environment, probe, contact_server=False)
+    except OptionError as e:
+        fail(str(e))
+
+
+def _is_tailgate(environment: Any) -> bool:
+    shape = environment.shape_class
+    return shape is not None and bool(getattr(shape, "arm", ""))
 
 
 @events.init.add_listener
 def _on_init(environment: Any, **_: Any) -> None:
     runner = environment.runner
     if isinstance(runner, (MasterRunner, LocalRunner)):
+        if not _is_tailgate(environment):
+            fail("this locustfile has no tailgate shape (use locustfiles/continuous.py or locustfiles/gated.py)")
         shape = environment.shape_class
-        if shape is not None and hasattr(shape, "on_ready"):
-            runner.register_message(READY_MESSAGE, shape.on_ready)
-            runner.register_message(DONE_MESSAGE, shape.on_done)
+        runner.register_message(READY_MESSAGE, shape.on_ready)
+        runner.register_message(DONE_MESSAGE, shape.on_done)
         opts = environment.parsed_options
-        headless = bool(opts and (opts.headless or getattr(opts, "autostart", False)))
-        if headless or (opts and opts.host):
+        if environment.web_ui is not None:
+            from tailgate.webui import WEB_RESULTS, install
+
+            shape.own_folders = True
+            check_command_line(environment)
+            install(environment)
+            if opts is not None and getattr(opts, "autostart", False):
+                opts.results_dir = opts.results_dir or WEB_RESULTS
+                prepare(environment)  # --autostart starts without the form
+        elif opts is not None and opts.headless:
             prepare(environment)
     if isinstance(runner, (WorkerRunner, LocalRunner)):
         runner.register_message(ORDER_MESSAGE, _on_order)
+    if isinstance(runner, WorkerRunner):
+        runner.register_message(CANCEL_MESSAGE, _on_cancel)
 
 
 def _on_order(environment: Any, msg: Any, **_: Any) -> None:
     order_runner(environment).submit(msg.data)
 
 
+def _on_cancel(environment: Any, msg: Any, **_: Any) -> None:
+    order_runner(environment).cancel()
+
+
 @events.test_start.add_listener
 def _on_test_start(environment: Any, **_: Any) -> None:
-    """Web UI starts may change the host or options after init: validate again then."""
-    runner = environment.runner
-    if isinstance(runner, (MasterRunner, LocalRunner)):
-        shape = environment.shape_class
-        if shape is not None and getattr(shape, "settings", None) is None:
-            try:
-                prepare(environment)
-            except SystemExit:
-                runner.quit()
+    """A new run in a load process: nothing of the previous one (orders, stop flag, files) carries over."""
+    if isinstance(environment.runner, (WorkerRunner, LocalRunner)):
+        order_runner(environment).reset()
+
+
+@events.test_stopping.add_listener
+def _on_test_stopping(environment: Any, **_: Any) -> None:
+    """Stop, --run-time or a natural end: the run is finished on disk before Locust reports it stopped."""
+    if isinstance(environment.runner, (MasterRunner, LocalRunner)) and _is_tailgate(environment):
+        environment.shape_class.stop_run("stop")
+
+
+@events.test_stop.add_listener
+def _on_test_stop(environment: Any, **_: Any) -> None:
+    if isinstance(environment.runner, (MasterRunner, LocalRunner)) and _is_tailgate(environment):
+        environment.shape_class.close_run()
 
 
 @events.quitting.add_listener
 def _on_quit(environment: Any, **_: Any) -> None:
+    """Ctrl-C, SIGTERM or the end of a headless run: stop the run like Stop does, then close the files."""
     runner = environment.runner
-    if isinstance(runner, (WorkerRunner, LocalRunner)):
-        order_runner(environment).close()
     shape = environment.shape_class
+    if isinstance(runner, (MasterRunner, LocalRunner)) and _is_tailgate(environment):
+        shape.quit()
+    if isinstance(runner, (WorkerRunner, LocalRunner)):
+        order_runner(environment).cancel()
+        order_runner(environment).close()
     if shape is not None and getattr(shape, "failed", None):
         environment.process_exit_code = 1

@@ -26,6 +26,7 @@ log = logging.getLogger("tailgate")
 ORDER_MESSAGE = "tailgate_order"
 DONE_MESSAGE = "tailgate_done"
 READY_MESSAGE = "tailgate_ready"
+CANCEL_MESSAGE = "tailgate_cancel"
 
 SPIN_NS = 1_500_000
 """The dispatcher sleeps until this close to a send time, then spins on the event loop until it.
@@ -74,6 +75,8 @@ class OrderRunner:
         self.orders: Queue = Queue()
         self.worker = worker_name()
         self.in_flight = 0
+        self.cancelled = False
+        """Set by a stop: the dispatcher sends nothing more until the next run resets it."""
         self._writers: dict[str, tuple[RecordWriter, SendJournal]] = {}
         self._group = Group()
 
@@ -109,6 +112,8 @@ class OrderRunner:
                 sleep((delay - SPIN_NS) / 1e9)
             while clock() < intended_ns:
                 idle(spin_priority)
+            if self.cancelled:
+                break
             if cap and self.in_flight >= cap:
                 dropped += 1
                 continue
@@ -121,7 +126,10 @@ class OrderRunner:
             plan = (trace_id, prompt_tokens, max_tokens, intended_ns, batch)
             self._group.spawn(self._one, order, plan, body, target, timeouts, cfg, writer, journal, finished)
         self._group.join()
-        return {"order_id": order["order_id"], "worker": self.worker, "records": finished, "dropped": dropped}
+        return {
+            "order_id": order["order_id"], "run_id": order["run_id"], "stage": order["stage"], "worker": self.worker,
+            "records": finished, "dropped": dropped,
+        }  # fmt: skip
 
     def _one(
         self,
@@ -190,27 +198,33 @@ class OrderRunner:
         )  # fmt: skip
 
     def _fire(self, r: RequestRecord) -> None:
-        """Live rows for Locust's UI; authoritative percentiles come from the records."""
-        fire = self.environment.events.request.fire
-        label = r.stage_label
-        if r.error_class is not None:
-            fire(
-                request_type="STREAM", name=f"{label} request", response_time=r.total_ms or 0.0,
-                response_length=r.completion_tokens or r.chunks,
-                exception=RuntimeError(f"{r.error_class}: {r.error}"), context={"trace_id": r.trace_id},
-            )  # fmt: skip
-            return
-        tokens = r.completion_tokens or r.chunks
-        fire(request_type="TTFT", name=label, response_time=r.ttft_ms, response_length=tokens, exception=None,
-             context={})  # fmt: skip
-        fire(request_type="WORST_GAP", name=label, response_time=r.worst_gap_ms, response_length=tokens,
-             exception=None, context={})  # fmt: skip
-        fire(request_type="TOTAL", name=label, response_time=r.total_ms, response_length=tokens, exception=None,
-             context={})  # fmt: skip
+        """One request event per stream, so Locust's RPS is the real request rate.
+
+        Its response time is the whole stream (send to last chunk, or to the failure); Locust rounds it
+        into histogram buckets, so the tail figures are the exact ones of the Tail latency tab and the
+        stage summaries, computed from the records."""
+        if r.error_class is None:
+            elapsed, exception = r.total_ms or 0.0, None
+        else:
+            elapsed = round(((r.end_s or r.sent_s) - r.sent_s) * 1000, 3)
+            exception = RuntimeError(f"{r.error_class}: {r.error}")
+        self.environment.events.request.fire(
+            request_type="STREAM", name=r.stage_label, response_time=elapsed,
+            response_length=r.completion_tokens or r.chunks, exception=exception, context={"trace_id": r.trace_id},
+        )  # fmt: skip
 
     def cancel(self) -> None:
-        """Kill in-flight requests; each still writes a ``cancelled`` record on the way out."""
+        """Send nothing more and kill in-flight requests; each still writes a ``cancelled`` record on the way out."""
+        self.cancelled = True
         self._group.kill(block=True, timeout=10)
+
+    def reset(self) -> None:
+        """A new run starts in this process: forget the last one's orders, stop flag and files."""
+        while not self.orders.empty():
+            self.orders.get_nowait()
+        self._group.kill(block=True, timeout=10)
+        self.cancelled = False
+        self.close()
 
     def close(self) -> None:
         for writer, journal in self._writers.values():

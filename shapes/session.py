@@ -1,0 +1,441 @@
+"""One run of the experiment, from a Start (or a headless launch) to a finished results folder.
+
+Locust keeps one shape object for the life of the process, but a web UI user presses Start many
+times: each Start is a fresh :class:`RunSession` with its own run id, results folder, coordinator
+greenlet and ``/metrics`` sampler, so nothing of one run (a finished flag, a ready worker, a stale
+order, the host of the command line) leaks into the next.
+
+A session ends in one of two ways, and both leave a finished run on disk:
+
+- **naturally**: every stage is summarized (or ``--stop-on-errors`` ended it); the coordinator
+  writes ``run.json`` as ``completed`` (or ``stopped after ...``);
+- **stopped**: Stop in the UI, ``--run-time``, Ctrl-C or SIGTERM call :meth:`RunSession.stop`, which
+  ends the coordinator, cancels the streams in flight (each is recorded as ``cancelled``), writes a
+  summary marked ``partial`` for the stage that was running, ends the sampler and writes
+  ``run.json`` as ``stopped``.
+"""
+
+from __future__ import annotations
+
+import gevent
+from gevent.event import Event
+from locust import __version__ as locust_version
+
+import dataclasses
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tailgate
+from tailgate.load.metrics import Snapshot, scrape
+from tailgate.load.options import Settings
+from tailgate.load.plan import Stage, share
+from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
+from tailgate.load.workload import mix_of
+from tailgate.records import lost_in_flight, read_records
+from tailgate.stats import summarize_stage
+
+log = logging.getLogger("tailgate")
+
+START_LEAD_S = 0.25
+"""Orders carry an absolute start time this far ahead, so every process has it before t0."""
+DRAIN_TIMEOUT_S = 15.0
+"""How long a stop waits for load processes to record the streams it cancelled."""
+REPORT_LOG = "report.log"
+
+
+def iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Whole-file replace, so a reader (the live tab, a report) never sees half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+class RunSession:
+    """A single run: owns its folder, coordinator, sampler and, in the web UI, its report build."""
+
+    def __init__(
+        self,
+        runner: Any,
+        settings: Settings,
+        *,
+        nodes_expected: Callable[[], int],
+        own_folder: bool,
+        local: bool,
+    ) -> None:
+        self.runner = runner
+        self.run_id = uuid.uuid4().hex[:12]
+        self.started = time.time()
+        if own_folder:
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.started))
+            folder = settings.results_dir / f"{settings.arm}-{stamp}-{self.run_id}"
+            folder.mkdir(parents=True, exist_ok=False)
+            settings = dataclasses.replace(settings, results_dir=folder)
+        settings.results_dir.mkdir(parents=True, exist_ok=True)
+        self.settings = settings
+        self.folder = settings.results_dir
+        self.stages = settings.stages()
+        self._nodes_expected = nodes_expected
+        self._local = local
+        self.status = "running"
+        self.stop_reason: str | None = None
+        self.failed: str | None = None
+        self.ended_at: float | None = None
+        self.ended = False
+        """True once run.json holds the final status: nothing of this run runs any more."""
+        self.natural_end = False
+        """The coordinator ended the run itself (all stages, --stop-on-errors or a failure)."""
+        self.stopping = False
+        self.current: Stage | None = None
+        self.stage_started: dict[int, float] = {}
+        self.before: dict[int, Snapshot | None] = {}
+        self.summaries: dict[int, dict[str, Any]] = {}
+        self.dropped: dict[int, int] = {}
+        self.report: subprocess.Popen[bytes] | None = None
+        self._coordinator: gevent.Greenlet | None = None
+        self._sampler: subprocess.Popen[bytes] | None = None
+        self._ready: dict[str, str] = {}
+        self._ready_event = Event()
+        self._done: dict[str, dict[str, Any]] = {}
+        self._done_event = Event()
+        self._waiting_for: set[str] = set()
+        self.meta: dict[str, Any] = {}
+
+    # -- life cycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self.meta = self._metadata()
+        write_json(self.folder / "run.json", self.meta)
+        self._sampler = self._start_sampler()
+        self._coordinator = gevent.spawn(self._coordinate)
+
+    @property
+    def coordinator_alive(self) -> bool:
+        return self._coordinator is not None and not self._coordinator.dead
+
+    @property
+    def sampler_alive(self) -> bool:
+        return self._sampler is not None and self._sampler.poll() is None
+
+    def stop(self, reason: str) -> None:
+        """End a run that has not ended by itself; leaves the same finished folder a natural end does."""
+        if self.ended or self.stopping:
+            return
+        self.stopping = True
+        self.stop_reason = reason
+        log.info("tailgate: stopping run %s (%s)", self.run_id, reason)
+        if self._coordinator is not None:
+            self._coordinator.kill(block=True, timeout=10)
+        self._cancel_load()
+        self._wait_recorded()
+        stage = self.current
+        if stage is not None and stage.index not in self.summaries:
+            records = [r for r in read_records(self.folder).records if r.get("stage") == stage.index]
+            after = scrape(self.settings.metrics_url) if self.settings.metrics_url else None
+            summary = self._summarize(stage, records, after, partial=True)
+            log.info("tailgate: %s (partial)", summary_line(summary))
+        self._end("stopped")
+
+    def _cancel_load(self) -> None:
+        """Stop dispatching and cancel what is in flight, in every load process."""
+        if self._local:
+            order_runner(self.runner.environment).cancel()
+        else:
+            self.runner.send_message(CANCEL_MESSAGE, {"run_id": self.run_id})
+
+    def _wait_recorded(self) -> None:
+        """Every request journaled as sent has its record: a worker process cancels on its own time."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            loss = lost_in_flight(self.folder)
+            if loss["lost"] == 0:
+                return
+            gevent.sleep(0.1)
+        log.warning("tailgate: %s: %d request(s) still without a record after %.0f s",
+                    self.run_id, lost_in_flight(self.folder)["lost"], DRAIN_TIMEOUT_S)  # fmt: skip
+
+    def _end(self, status: str) -> None:
+        if self.ended:
+            return
+        self._stop_sampler()
+        self.status = status
+        self.meta.update({
+            "ended": iso(time.time()), "status": status, "stop_reason": self.stop_reason,
+            "stages": [self.summaries[i]["stage_label"] for i in sorted(self.summaries)],
+            "partial_stages": [s["stage_label"] for _, s in sorted(self.summaries.items()) if s.get("partial")],
+            "error": self.failed,
+        })  # fmt: skip
+        write_json(self.folder / "run.json", self.meta)
+        self.ended_at = time.time()
+        self.ended = True
+
+    # -- the coordinator --------------------------------------------------------------------------
+    def _coordinate(self) -> None:
+        s = self.settings
+        status = "completed"
+        try:
+            nodes = self._wait_ready()
+            log.info("tailgate: run %s: %d load process(es) ready; %d stage(s); results in %s",
+                     self.run_id, len(nodes), len(self.stages), self.folder)  # fmt: skip
+            for stage in self.stages:
+                summary = self._run_stage(stage, nodes)
+                log.info("tailgate: %s", summary_line(summary))
+                if s.stop_on_errors and summary["errors"] >= s.stop_on_errors:
+                    status = f"stopped after {stage.label}: {summary['errors']} errors"
+                    log.error("tailgate: %s (--stop-on-errors %d)", status, s.stop_on_errors)
+                    break
+                if stage is not self.stages[-1] and s.settle:
+                    gevent.sleep(s.settle)
+        except gevent.GreenletExit:
+            raise  # stop() ends the run
+        except Exception as e:  # surface a clear line, then let the run end
+            self.failed = f"{type(e).__name__}: {e}"
+            status = "failed"
+            log.exception("tailgate run failed")
+        self.natural_end = True
+        self._end(status)
+
+    def _wait_ready(self) -> list[str]:
+        expected = self._nodes_expected()
+        while len(self._ready) < expected:
+            self._ready_event.clear()
+            self._ready_event.wait(timeout=1.0)
+        return sorted(self._ready)
+
+    def on_ready(self, node_id: str, worker: str) -> None:
+        self._ready[node_id] = worker
+        self._ready_event.set()
+
+    def on_done(self, node_id: str, data: dict[str, Any]) -> None:
+        if data.get("run_id") not in (None, self.run_id):
+            return  # a cancelled order of an earlier run
+        stage = data.get("stage")
+        if isinstance(stage, int):
+            self.dropped[stage] = self.dropped.get(stage, 0) + int(data.get("dropped") or 0)
+        self._done[node_id] = data
+        if self._waiting_for <= set(self._done):
+            self._done_event.set()
+
+    def _run_stage(self, stage: Stage, nodes: list[str]) -> dict[str, Any]:
+        s = self.settings
+        self.before[stage.index] = scrape(s.metrics_url) if s.metrics_url else None
+        self.stage_started[stage.index] = time.time()
+        self.current = stage
+        records: list[dict[str, Any]] = []
+        baseline = _count_lines(self.folder, "records-*.jsonl"), _count_lines(self.folder, "sent-*.log")
+        for group in stage.groups:
+            t0 = time.time() + (START_LEAD_S if len(nodes) > 1 or group is stage.groups[0] else 0.0)
+            self._done = {}
+            self._done_event.clear()
+            self._waiting_for = set(nodes)
+            for index, node in enumerate(nodes):
+                mine = share(group, index, len(nodes))
+                order = {
+                    "order_id": f"{stage.index}:{mine[0].batch if mine else 0}:{index}",
+                    "run_id": self.run_id, "stage": stage.index, "stage_label": stage.label, "arm": stage.arm,
+                    "rate_or_batch": stage.rate_or_batch, "t0_wall": t0,
+                    "max_in_flight": s.max_in_flight if stage.arm == "continuous" else 0,
+                    "items": [[a.item.id, a.item.prompt_tokens, a.item.max_tokens, a.offset_s, a.batch] for a in mine],
+                    "config": self._order_config(),
+                }  # fmt: skip
+                self.runner.send_message(ORDER_MESSAGE, order, client_id=None if node == "local" else node)
+            while not self._done_event.wait(timeout=5.0):
+                self._progress(stage, baseline)
+            for result in self._done.values():
+                records.extend(result["records"])
+        after = scrape(s.metrics_url) if s.metrics_url else None
+        return self._summarize(stage, records, after, partial=False)
+
+    def _summarize(
+        self, stage: Stage, records: list[dict[str, Any]], after: Snapshot | None, *, partial: bool
+    ) -> dict[str, Any]:
+        s = self.settings
+        stage_start = self.stage_started.get(stage.index, time.time())
+        before = self.before.get(stage.index)
+        pre = None if before is None else before.preemptions_total
+        post = None if after is None else after.preemptions_total
+        delta = (post - pre) if pre is not None and post is not None else None
+        summary = summarize_stage(
+            records, arm=stage.arm, rate_or_batch=stage.rate_or_batch, started=iso(stage_start),
+            warmup=stage.warmup, warmup_rule=s.warmup_rule, preemptions_delta=delta,
+        )  # fmt: skip
+        summary.update(
+            {
+                "stage": stage.index, "stage_label": stage.label, "config": s.config_label, "run_id": self.run_id,
+                "partial": partial,
+                "window_start_s": min([r["sent_s"] for r in records] or [stage_start]),
+                "window_end_s": max([r["end_s"] for r in records] or [time.time()]),
+                "planned": stage.size, "dropped_arrivals": self.dropped.get(stage.index, 0),
+                "preemptions_before": pre, "preemptions_after": post,
+                "preemptions_before_t": None if before is None else before.t,
+                "preemptions_after_t": None if after is None else after.t,
+                "preemptions_source": "direct_scrape" if delta is not None else None,
+                "preemption_counter_reset": bool(delta is not None and delta < 0),
+                "metrics_url": s.metrics_url, "target_rate": stage.rate_or_batch if stage.arm == "continuous" else None,
+            }
+        )  # fmt: skip
+        if delta is not None and delta < 0:
+            # the counter went backwards: the server restarted mid-stage; a negative delta is meaningless
+            summary["preemptions_delta"] = None
+            log.warning("tailgate: %s: preemption counter fell %s -> %s (server restarted?)", stage.label, pre, post)
+        self.summaries[stage.index] = summary
+        write_json(self.folder / f"summary-{stage.label}.json", summary)
+        return summary
+
+    def _progress(self, stage: Stage, baseline: tuple[int, int]) -> None:
+        """Requests sent and ended so far in this stage, read from the files the workers append to."""
+        ended = _count_lines(self.folder, "records-*.jsonl") - baseline[0]
+        sent = _count_lines(self.folder, "sent-*.log") - baseline[1]
+        elapsed = time.time() - self.stage_started[stage.index]
+        eta = f", about {elapsed / ended * (stage.size - ended):.0f} s left" if ended else ""
+        log.info("tailgate: %s: %d/%d ended, %d in flight%s", stage.label, ended, stage.size, sent - ended, eta)
+
+    def _order_config(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "host": s.host, "model": s.model, "api_key": s.api_key, "ignore_eos": s.ignore_eos,
+            "prompt_word": s.prompt_word, "record_chunks": s.record_chunks, "results_dir": str(self.folder),
+            "connect_timeout": s.timeouts.connect_s, "request_timeout": s.timeouts.request_s,
+            "stall_timeout": s.timeouts.stall_s,
+        }  # fmt: skip
+
+    # -- the /metrics sampler -----------------------------------------------------------------------
+    def _start_sampler(self) -> subprocess.Popen[bytes] | None:
+        s = self.settings
+        if not s.metrics_url or not s.sample_metrics:
+            return None
+        if s.prometheus_url and _answers(s.prometheus_url + "/-/ready"):
+            # a Prometheus already scrapes the server; every extra read of /metrics costs the server
+            # a few milliseconds of streaming (measured on vLLM 0.24: results/h200/README.md). A
+            # Prometheus that is down at the start gets the direct samples as its fallback.
+            log.info("tailgate: Prometheus at %s is up: no direct /metrics sampling", s.prometheus_url)
+            return None
+        cmd = [sys.executable, "-m", "tailgate.load.metrics", "--url", s.metrics_url,
+               "--out", str(self.folder / "server-metrics.jsonl"), "--interval", str(s.sample_metrics)]  # fmt: skip
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def _stop_sampler(self) -> None:
+        sampler, self._sampler = self._sampler, None
+        if sampler is None:
+            return
+        sampler.terminate()
+        try:
+            sampler.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            sampler.kill()
+            sampler.wait()
+
+    # -- the report ---------------------------------------------------------------------------------
+    def launch_report(self) -> None:
+        """Build the HTML report in another process: pandas and matplotlib would hold this event loop,
+        which stamps the chunks of the next run, for seconds."""
+        if self.report is not None:
+            return
+        with open(self.folder / REPORT_LOG, "wb") as out:
+            self.report = subprocess.Popen(
+                [sys.executable, "-m", "tailgate.postprocess", str(self.folder)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                preexec_fn=lambda: os.nice(10),  # the build yields the CPU to the load path
+            )  # fmt: skip
+
+    @property
+    def report_html(self) -> Path:
+        return self.folder / "report" / "report.html"
+
+    def report_state(self) -> str:
+        """``none`` (not asked for), ``building``, ``ready`` or ``failed``."""
+        if self.report is None:
+            return "ready" if self.report_html.exists() else "none"
+        code = self.report.poll()
+        if code is None:
+            return "building"
+        return "ready" if code == 0 and self.report_html.exists() else "failed"
+
+    def report_error(self) -> str | None:
+        if self.report_state() != "failed":
+            return None
+        try:
+            lines = (self.folder / REPORT_LOG).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "the report process failed"
+        return lines[-1][:300] if lines else "the report process failed"
+
+    def end_report(self) -> None:
+        if self.report is not None and self.report.poll() is None:
+            self.report.terminate()
+
+    # -- metadata -----------------------------------------------------------------------------------
+    def _metadata(self) -> dict[str, Any]:
+        s = self.settings
+        measured = s.trace[s.warmup :]
+        return {
+            "run_id": self.run_id, "arm": s.arm, "config": s.config_label, "host": s.host, "model": s.model,
+            "prometheus_url": s.prometheus_url, "metrics_url": s.metrics_url, "started": iso(self.started),
+            "ended": None, "status": "running", "stop_reason": None,
+            "trace": {"seed": s.seed, "warmup": s.warmup, "n": s.n, "source": s.trace_source,
+                      "mix": mix_of(measured), "mix_with_warmup": mix_of(s.trace)},
+            "stages_planned": [x.label for x in self.stages], "ignore_eos": s.ignore_eos,
+            "options": s.public(), "load_processes": self._nodes_expected(),
+            "versions": {"tailgate": tailgate.__version__, "locust": locust_version,
+                         "python": platform.python_version()},
+            "load_host": platform.node(), "pid": os.getpid(),
+            "server": server_info(s),
+        }  # fmt: skip
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except Exception:
+        return False
+
+
+def _count_lines(directory: Path, pattern: str) -> int:
+    total = 0
+    for path in directory.glob(pattern):
+        try:
+            with open(path, "rb") as f:
+                total += f.read().count(b"\n")
+        except OSError:
+            pass
+    return total
+
+
+def summary_line(s: dict[str, Any]) -> str:
+    return (
+        f"{s['stage_label']} [{s['config']}]: n={s['n']} errors={s['errors']} "
+        f"TTFT p50/p99 {s['ttft_p50']}/{s['ttft_p99']} ms, worst gap p50/p99 {s['gap_p50']}/{s['gap_p99']} ms, "
+        f"total p99 {s['total_p99']} ms, preemptions {s['preemptions_delta']}, "
+        f"schedule lag p99 {s['schedule_lag_p99']} ms"
+    )
+
+
+def server_info(s: Settings) -> dict[str, Any]:
+    """What the server says about itself (``/version``, served models); absent fields stay None."""
+    import urllib.request
+
+    info: dict[str, Any] = {"version": None, "models": None}
+    headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
+    for key, path in (("version", "/version"), ("models", "/v1/models")):
+        try:
+            req = urllib.request.Request(s.target.url(path), headers=headers)
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                body = json.loads(resp.read())
+            info[key] = body.get("version") if key == "version" else [m.get("id") for m in body.get("data", [])]
+        except Exception:
+            pass
+    return info

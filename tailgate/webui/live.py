@@ -1,0 +1,256 @@
+"""The live view of a run: exact per-stage tail figures from the records as they are written.
+
+Locust's own statistics round response times into histogram buckets (a true p99 of 5629 ms shows as
+6000), so the Tail latency tab computes its percentiles here, from the records, with the summaries'
+rules (:mod:`tailgate.stats`): at the end of a stage the tab's p50 and p99 are the summary's.
+
+It runs inside the load generator's event loop, which also timestamps chunks, so it is built to be
+cheap and to hand the loop back often: files are read incrementally (only the bytes appended since
+the last look, only the fields it needs), the work is cut into slices of :data:`SLICE_LINES` lines
+with a :func:`gevent.idle` between them (the loop polls sockets there, as the dispatcher's spin
+does), a stage's figures are recomputed only when that stage got new records, and a snapshot is
+reused for :data:`MIN_REFRESH_S`. Pure Python: no pandas in the load path.
+"""
+
+from __future__ import annotations
+
+import gevent
+from gevent.lock import Semaphore
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tailgate.stats import measured_records, percentile
+
+MIN_REFRESH_S = 1.0
+"""A snapshot younger than this is served again: the UI polls every 2 s, possibly from several tabs."""
+SERIES_POINTS = 600
+"""Server samples kept for the chart (10 minutes at the default 1 s)."""
+KEEP = ("stage", "trace_id", "end_s", "error_class", "ttft_ms", "worst_gap_ms", "total_ms", "schedule_lag_ms")
+METRICS = (("ttft", "ttft_ms"), ("gap", "worst_gap_ms"), ("total", "total_ms"))
+QUANTILES = (50, 90, 99)
+SLICE_LINES = 100
+"""Lines parsed between two hand-backs to the event loop (under a millisecond of work on an idle core)."""
+
+
+def pause() -> None:
+    """Let the event loop poll sockets (chunks of running streams get stamped) before going on."""
+    gevent.idle()
+
+
+class Tail:
+    """Complete lines appended to a set of files since the last call (a cut last line waits for its end)."""
+
+    def __init__(self, folder: Path, pattern: str) -> None:
+        self.folder = folder
+        self.pattern = pattern
+        self._offsets: dict[Path, int] = {}
+
+    def new_lines(self) -> list[bytes]:
+        lines: list[bytes] = []
+        for path in sorted(self.folder.glob(self.pattern)):
+            start = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    data = f.read()
+            except OSError:
+                continue
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                lines.extend(data[:cut].splitlines())
+                self._offsets[path] = start + cut
+        return lines
+
+
+@dataclass
+class StageView:
+    records: list[dict[str, Any]] = field(default_factory=list)
+    sent: int = 0
+    figures: dict[str, Any] = field(default_factory=dict)
+    computed_at: int = -1
+    """Record count the figures were computed for."""
+
+
+def _r1(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def stage_figures(records: Sequence[dict[str, Any]], warmup: int, rule: str) -> dict[str, Any]:
+    """Exact p50/p90/p99/max of TTFT, worst gap and total over the measured records, errors by class, lag p99."""
+    good = measured_records(records, warmup, rule)
+    out: dict[str, Any] = {"measured": len(good)}
+    for name, key in METRICS:
+        values = [r[key] for r in good if r.get(key) is not None]
+        fig = {f"p{q}": _r1(percentile(values, q)) for q in QUANTILES}
+        fig["max"] = _r1(max(values)) if values else None
+        out[name] = fig
+    errors: dict[str, int] = {}
+    for r in records:
+        if r.get("error_class") is not None:
+            errors[r["error_class"]] = errors.get(r["error_class"], 0) + 1
+    out["errors_by_class"] = dict(sorted(errors.items()))
+    out["errors"] = sum(errors.values())
+    lag = [r["schedule_lag_ms"] for r in records if r.get("schedule_lag_ms") is not None]
+    out["lag_p99"] = _r1(percentile(lag, 99))
+    return out
+
+
+class LiveRun:
+    """What one run's folder says right now, with the session's own state (stages, status, report)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        folder: Path = session.folder
+        self._records = Tail(folder, "records-*.jsonl")
+        self._sent = Tail(folder, "sent-*.log")
+        self._metrics = Tail(folder, "server-metrics.jsonl")
+        self.stages: dict[int, StageView] = {s.index: StageView() for s in session.stages}
+        self.series: list[dict[str, Any]] = []
+        self.unreadable = 0
+
+    def _read(self) -> None:
+        for i, line in enumerate(self._records.new_lines(), 1):
+            if i % SLICE_LINES == 0:
+                pause()
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                self.unreadable += 1
+                continue
+            view = self.stages.get(obj.get("stage"))
+            if view is not None:
+                view.records.append({k: obj.get(k) for k in KEEP})
+        for line in self._sent.new_lines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0].isdigit():
+                view = self.stages.get(int(parts[0]))
+                if view is not None:
+                    view.sent += 1
+        for i, line in enumerate(self._metrics.new_lines(), 1):
+            if i % SLICE_LINES == 0:
+                pause()
+            try:
+                self.series.append(json.loads(line))
+            except ValueError:
+                continue
+        del self.series[:-SERIES_POINTS]
+
+    def snapshot(self) -> dict[str, Any]:
+        self._read()
+        s = self.session
+        settings = s.settings
+        current = s.current.index if s.current is not None else None
+        latest_preempt = next(
+            (p["preemptions_total"] for p in reversed(self.series) if p.get("preemptions_total") is not None), None
+        )
+        stages = []
+        for stage in s.stages:
+            view = self.stages[stage.index]
+            if view.computed_at != len(view.records):
+                pause()
+                view.figures = stage_figures(view.records, stage.warmup, settings.warmup_rule)
+                view.computed_at = len(view.records)
+            summary = s.summaries.get(stage.index)
+            if summary is not None:
+                state = "partial" if summary.get("partial") else "done"
+                preemptions = summary.get("preemptions_delta")
+            else:
+                running = stage.index == current and not s.ended
+                over = s.ended or s.stopping
+                state = ("stopping" if s.stopping else "running") if running else ("not run" if over else "waiting")
+                before = s.before.get(stage.index)
+                pre = None if before is None else before.preemptions_total
+                known = running and pre is not None and latest_preempt is not None
+                preemptions = latest_preempt - pre if known else None
+            stages.append({
+                "index": stage.index, "label": stage.label, "state": state, "planned": stage.size,
+                "sent": view.sent, "recorded": len(view.records), "preemptions": preemptions, **view.figures,
+            })  # fmt: skip
+        return {
+            "run_id": s.run_id, "arm": settings.arm, "host": settings.host, "model": settings.model,
+            "folder": str(s.folder), "status": s.status, "stop_reason": s.stop_reason, "ended": s.ended,
+            "started": s.started, "elapsed_s": round((s.ended_at or time.time()) - s.started, 1),
+            "current_stage": None if current is None else s.stages[current].label,
+            "warmup": settings.warmup, "warmup_rule": settings.warmup_rule,
+            "coordinator_alive": s.coordinator_alive, "sampler_alive": s.sampler_alive,
+            "report": {"state": s.report_state(), "error": s.report_error()},
+            "stages": stages, "unreadable_lines": self.unreadable,
+            "series": {
+                "t": [round(p["t"] - s.started, 2) for p in self.series],
+                **{k: [p.get(k) for p in self.series] for k in ("running", "waiting", "kv_usage", "preemptions_total")},
+            },
+        }  # fmt: skip
+
+
+def _ms(fig: dict[str, Any] | None) -> str:
+    if not fig or fig.get("p50") is None:
+        return "–"
+    return " / ".join(f"{fig[k]:.1f}" for k in ("p50", "p90", "p99", "max"))
+
+
+TABLE_KEY = "tail-latency"
+TABLE_STRUCTURE: list[dict[str, str]] = [
+    {"key": "stage", "title": "Stage"},
+    {"key": "state", "title": "State"},
+    {"key": "counts", "title": "Planned / sent / recorded"},
+    {"key": "ttft", "title": "TTFT p50 / p90 / p99 / max (ms)"},
+    {"key": "gap", "title": "Worst gap p50 / p90 / p99 / max (ms)"},
+    {"key": "total", "title": "Total p50 / p90 / p99 / max (ms)"},
+    {"key": "errors", "title": "Errors"},
+    {"key": "lag", "title": "Schedule lag p99 (ms)"},
+    {"key": "preempt", "title": "Preemptions"},
+]
+
+
+def table_rows(snapshot: dict[str, Any] | None) -> list[dict[str, str]]:
+    """The stage rows of Locust's extended table (strings: its table prints cells as they are)."""
+    if not snapshot:
+        return []
+    rows = []
+    for st in snapshot["stages"]:
+        errors = ", ".join(f"{k} {v}" for k, v in st.get("errors_by_class", {}).items()) or "0"
+        lag = st.get("lag_p99")
+        pre = st.get("preemptions")
+        rows.append({
+            "stage": st["label"], "state": st["state"], "counts": f"{st['planned']} / {st['sent']} / {st['recorded']}",
+            "ttft": _ms(st.get("ttft")), "gap": _ms(st.get("gap")), "total": _ms(st.get("total")), "errors": errors,
+            "lag": "–" if lag is None else f"{lag:.1f}", "preempt": "–" if pre is None else f"{pre:g}",
+        })  # fmt: skip
+    return rows
+
+
+class LiveViews:
+    """Snapshots per run, each reused for MIN_REFRESH_S unless the run's state changed meanwhile."""
+
+    def __init__(self) -> None:
+        self._views: dict[str, LiveRun] = {}
+        self._cache: dict[str, tuple[float, tuple[Any, ...], dict[str, Any]]] = {}
+        self.last_cost_ms: float | None = None
+        self._lock = Semaphore()
+        """Two polls (Locust's and the panel's) may overlap now that a refresh yields; one reads the files."""
+
+    def snapshot(self, session: Any) -> dict[str, Any]:
+        with self._lock:
+            return self._snapshot(session)
+
+    def _snapshot(self, session: Any) -> dict[str, Any]:
+        key = (session.status, session.ended, session.stopping, session.current.index if session.current else None,
+               len(session.summaries), session.report_state())  # fmt: skip
+        now = time.monotonic()
+        cached = self._cache.get(session.run_id)
+        if cached is not None and now - cached[0] < MIN_REFRESH_S and cached[1] == key:
+            return cached[2]
+        view = self._views.get(session.run_id)
+        if view is None:
+            view = self._views[session.run_id] = LiveRun(session)
+        t0 = time.perf_counter()
+        snap = view.snapshot()
+        self.last_cost_ms = round((time.perf_counter() - t0) * 1000, 3)
+        snap["cost_ms"] = self.last_cost_ms
+        self._cache[session.run_id] = (now, key, snap)
+        return snap

@@ -1,0 +1,396 @@
+"""The web UI as a user drives it: a real headless Chromium against ``locust -f locustfiles/continuous.py``.
+
+No ``--host`` on the command line: every run is started from the form (Host and the suite's options
+typed in), watched in the Tail latency tab, stopped mid-stage or left to finish, and started again.
+Each run must leave its own complete folder: one record per request sent, stage summaries (the
+stopped stage's marked partial), ``run.json`` with the form's values and the final status, nothing
+of the run still running, and the HTML report built in the background and linked from the tab.
+
+``TAILGATE_WEBUI_SCREENSHOT=path.png`` keeps the tab's screenshot (README's docs/webui-tail-tab.png).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import LOCUST, ROOT, write_trace
+from runkit import LocustProcess, assert_no_traceback, summaries
+from test_kill import processes_mentioning
+
+from tailgate.records import lost_in_flight, read_records, read_sent
+from tailgate.verify.groundtruth import ServerProcess, start_server_process
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+TTFT_MS, GAP_MS = 20.0, 10.0  # the seeded mix's 100/300/600-token answers take 1/3/6 s: several in flight
+TAB_TITLE = "Planned / sent / recorded"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(url: str, timeout: float = 10) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def wait_for(what: str, condition: Callable[[], Any], timeout: float, proc: LocustProcess) -> Any:
+    """Poll until ``condition()`` is truthy; fail early, with Locust's log, if Locust exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = condition()
+        except Exception:  # the page is re-rendering, the file is being replaced: look again
+            value = None
+        if value:
+            return value
+        if proc.proc.poll() is not None:
+            raise AssertionError(f"locust exited ({proc.proc.returncode}) before {what}:\n{proc.stderr[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}\n{proc.stderr[-2000:]}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    with start_server_process(ttft_ms=TTFT_MS, gap_ms=GAP_MS) as s:
+        yield s
+
+
+def start_web_locust(tmp_path: Path, *args: str) -> tuple[LocustProcess, str]:
+    """``locust`` with its web UI on a free port and no ``--host``; returns once the page answers."""
+    port = free_port()
+    out, err = tmp_path / "locust.stdout", tmp_path / "locust.stderr"
+    cmd = [*LOCUST, "-f", str(ROOT / "locustfiles" / "continuous.py"), "--web-host", "127.0.0.1",
+           "--web-port", str(port), *args]  # fmt: skip
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=o, stderr=e, stdin=subprocess.DEVNULL)
+    locust = LocustProcess(proc, out, err)
+    url = f"http://127.0.0.1:{port}"
+    wait_for("the web UI", lambda: urllib.request.urlopen(url + "/", timeout=2).status == 200, 60, locust)
+    return locust, url
+
+
+def stop_locust(locust: LocustProcess) -> int:
+    if locust.proc.poll() is None:
+        locust.proc.send_signal(signal.SIGTERM)
+    return locust.wait(60)
+
+
+# ------------------------------------------------------------------------------------------ browser
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("chromium and chromium-driver are not installed (scripts/setup.sh installs them)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="tailgate-chromium-")
+    options = Options()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1400,1000", f"--user-data-dir={profile}"):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+class Page:
+    """The Locust page, used the way a person would: fields by name, buttons by their label."""
+
+    def __init__(self, driver: Any, locust: LocustProcess) -> None:
+        from selenium.webdriver.common.by import By
+
+        self.d = driver
+        self.by = By
+        self.locust = locust
+
+    def button(self, label: str) -> Any:
+        label = label.lower()
+        for b in self.d.find_elements(self.by.TAG_NAME, "button"):
+            if b.is_displayed() and b.text.strip().lower() == label:
+                return b
+        return None
+
+    def click(self, label: str) -> None:
+        wait_for(f"the {label!r} button", lambda: self.button(label), 30, self.locust).click()
+
+    def fill(self, values: dict[str, str]) -> None:
+        """Open the form's Custom parameters if needed, then type every value over what is there."""
+        wait_for("the start form", lambda: self.d.find_elements(self.by.NAME, "host"), 30, self.locust)
+        if not self.d.find_element(self.by.NAME, "rates").is_displayed():
+            self.click("Custom parameters")
+            wait_for("the custom parameters", lambda: self.d.find_element(self.by.NAME, "rates").is_displayed(), 10,
+                     self.locust)  # fmt: skip
+        for name, value in values.items():
+            field = self.d.find_element(self.by.NAME, name)
+            field.send_keys("\ue009a")  # Ctrl+A: replace, whatever the field held before
+            field.send_keys("\ue017")  # Delete
+            field.send_keys(value)
+            assert field.get_attribute("value") == value, name
+
+    def submit(self) -> None:
+        form_button = [b for b in self.d.find_elements(self.by.CSS_SELECTOR, "button[type=submit]") if b.is_displayed()]
+        form_button[0].click()
+
+    def open_tab(self) -> None:
+        self.click("Tail latency")
+        wait_for("the tail table", lambda: self.table(), 30, self.locust)
+
+    def table(self) -> dict[str, dict[str, str]]:
+        """The tab's stage table as {stage: {column title: cell}}, read from the page."""
+        heads = [th for th in self.d.find_elements(self.by.TAG_NAME, "th") if th.text.strip()]
+        titles = [th.text.replace("\n", " ").strip() for th in heads]
+        if TAB_TITLE not in titles:
+            return {}
+        table = heads[titles.index(TAB_TITLE)].find_element(self.by.XPATH, "./ancestor::table")
+        out = {}
+        for tr in table.find_elements(self.by.CSS_SELECTOR, "tbody tr"):
+            cells = [td.text.replace("\n", " ").strip() for td in tr.find_elements(self.by.TAG_NAME, "td")]
+            row = dict(zip(titles, cells, strict=False))
+            out[row["Stage"]] = row
+        return out
+
+    def panel(self) -> str:
+        found = self.d.find_elements(self.by.ID, "tailgate-panel")
+        return found[0].text if found else ""
+
+
+def recorded(row: dict[str, str]) -> int:
+    return int(row[TAB_TITLE].split("/")[2])
+
+
+# --------------------------------------------------------------------------------------- the checks
+
+
+def check_run(folder: Path, *, status: str, host: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A finished run folder: run.json, one record per request sent, summaries that match the records."""
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["status"] == status, meta["status"]
+    assert meta["host"] == host and meta["options"]["host"] == host
+    for key, value in options.items():
+        assert meta["options"][key] == value, (key, meta["options"][key], value)
+    assert meta["ended"] is not None
+    scan = read_records(folder)
+    assert scan.partial_lines == 0
+    records = scan.records
+    keys = [(r["stage"], r["trace_id"]) for r in records]
+    assert len(keys) == len(set(keys)) and set(keys) == read_sent(folder), "sent and recorded differ"
+    assert lost_in_flight(folder)["lost"] == 0
+    assert {r["run_id"] for r in records} <= {meta["run_id"]}
+    by_label = summaries(folder)
+    assert sorted(by_label) == sorted(meta["stages"])
+    for label, s in by_label.items():
+        stage = [r for r in records if r["stage_label"] == label]
+        assert s["run_id"] == meta["run_id"] and s["sent"] == len(stage)
+        assert s["errors_by_class"] == dict(Counter(r["error_class"] for r in stage if r["error_class"]))
+        assert s["partial"] is (label in meta["partial_stages"])
+    # nothing of the run is left running: its /metrics sampler mentions the folder on its command line
+    assert not processes_mentioning(str(folder / "server-metrics.jsonl")), "the run's sampler outlived it"
+    return {"meta": meta, "records": records, "summaries": by_label}
+
+
+def run_folders(parent: Path) -> list[Path]:
+    return sorted(p for p in parent.glob("continuous-*") if p.is_dir())
+
+
+def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tmp_path: Path) -> None:
+    locust, url = start_web_locust(tmp_path, "--rates", "9", "--n", "500")  # the form overrides both
+    page = Page(browser, locust)
+    try:
+        browser.get(url + "/")
+
+        # a bad value is refused with the command line's one line, shown by the form; nothing starts
+        page.fill({"host": server.base_url, "rates": "2,abc"})
+        page.submit()
+        wait_for("the error line", lambda: "tailgate: error: --rates: 'abc' is not a number" in
+                 browser.find_element(page.by.TAG_NAME, "body").text, 30, locust)  # fmt: skip
+        # so is a server that does not answer, checked at Start (the command line only filled the form)
+        dead = f"http://127.0.0.1:{free_port()}"
+        page.fill({"host": dead, "rates": "4,6"})
+        page.submit()
+        wait_for("the unreachable-host line", lambda: f"tailgate: error: --host: cannot reach {dead}" in
+                 browser.find_element(page.by.TAG_NAME, "body").text, 30, locust)  # fmt: skip
+        page.fill({"host": server.base_url})
+        assert not (tmp_path / "ui-a").exists() or not run_folders(tmp_path / "ui-a")
+
+        # run 1: form values, no --host; watch the tab update, then Stop mid-stage
+        first = tmp_path / "ui-a"
+        page.fill({"n": "20", "warmup": "2", "settle": "0.5", "resultsDir": str(first)})
+        page.submit()
+        page.open_tab()
+        seen = wait_for("a first record in the tab", lambda: recorded(page.table().get("cont_r4", {TAB_TITLE: "0/0/0"}))
+                        or None, 60, locust)  # fmt: skip
+        later = wait_for("the tab to update", lambda: (n := recorded(page.table()["cont_r4"])) > seen and n, 60, locust)
+        assert "running cont_r4" in page.panel()
+        assert browser.find_elements(page.by.CSS_SELECTOR, "#tailgate-panel svg"), "no server chart"
+
+        def in_flight() -> dict[str, Any] | None:
+            run = get_json(url + "/tailgate/live")["run"]
+            stage = run["stages"][0]
+            mid_stage = stage["sent"] < stage["planned"]
+            return run if mid_stage and stage["sent"] - stage["recorded"] >= 3 else None
+
+        live = wait_for("requests in flight", in_flight, 60, locust)
+        assert live["stages"][0]["state"] == "running" and later >= 2
+        page.click("Stop")
+        states = {"cont_r4": "partial", "cont_r6": "not run"}
+        wait_for("the stopped run in the tab", lambda: {k: v["State"] for k, v in page.table().items()} == states, 60,
+                 locust)  # fmt: skip
+        (folder_1,) = run_folders(first)
+        run1 = check_run(folder_1, status="stopped", host=server.base_url,
+                         options={"rates": [4.0, 6.0], "n": 20, "warmup": 2, "settle": 0.5})  # fmt: skip
+        assert run1["meta"]["stages"] == ["cont_r4"] and run1["meta"]["partial_stages"] == ["cont_r4"]
+        s1 = run1["summaries"]["cont_r4"]
+        assert s1["partial"] and s1["planned"] == 22 and s1["sent"] < 22
+        assert s1["errors_by_class"].get("cancelled", 0) >= 1, "Stop cancelled nothing in flight"
+        live = get_json(url + "/tailgate/live")["run"]
+        assert live["run_id"] == run1["meta"]["run_id"] and not live["coordinator_alive"] and not live["sampler_alive"]
+        wait_for("run 1's report", lambda: (folder_1 / "report" / "report.html").exists(), 120, locust)
+
+        # run 2: other values in another folder, left to finish; the tab's figures are the summary's
+        second = tmp_path / "ui-b"
+        page.click("New")
+        page.fill({"rates": "3,5", "n": "8", "warmup": "1", "resultsDir": str(second)})
+        page.submit()
+        page.open_tab()
+        done = {"cont_r3": "done", "cont_r5": "done"}
+        wait_for("run 2 to complete", lambda: {k: v["State"] for k, v in page.table().items()} == done, 180, locust)
+        link = wait_for("the report link", lambda: browser.find_elements(page.by.ID, "tailgate-report-link"), 120,
+                        locust)  # fmt: skip
+        (folder_2,) = run_folders(second)
+        run2 = check_run(folder_2, status="completed", host=server.base_url,
+                         options={"rates": [3.0, 5.0], "n": 8, "warmup": 1, "settle": 0.5})  # fmt: skip
+        table = page.table()
+        for label, s2 in run2["summaries"].items():
+            assert not s2["partial"] and s2["sent"] == s2["planned"] == 9 and s2["errors"] == 0 and s2["n"] == 8
+            row = table[label]
+            assert row[TAB_TITLE] == "9 / 9 / 9" and row["Errors"] == "0"
+            p50, _, p99, _ = (float(x) for x in row["TTFT p50 / p90 / p99 / max (ms)"].split("/"))
+            assert (p50, p99) == (s2["ttft_p50"], s2["ttft_p99"])
+            g50, _, g99, _ = (float(x) for x in row["Worst gap p50 / p90 / p99 / max (ms)"].split("/"))
+            assert (g50, g99) == (s2["gap_p50"], s2["gap_p99"])
+        # Locust's own statistics: one request event per stream, so its count (and RPS) is the real one
+        stats = get_json(url + "/stats/requests")
+        rows = [s for s in stats["stats"] if s["name"] != "Aggregated"]
+        streams = sorted((s["method"], s["name"], s["num_requests"]) for s in rows)
+        assert streams == [("STREAM", "cont_r3", 9), ("STREAM", "cont_r5", 9)]
+        href = link[0].get_attribute("href")
+        with urllib.request.urlopen(href, timeout=10) as resp:
+            assert resp.status == 200 and b"<html" in resp.read(2000).lower()
+        shot = os.environ.get("TAILGATE_WEBUI_SCREENSHOT") or str(tmp_path / "webui-tail-tab.png")
+        browser.save_screenshot(shot)
+
+        # run 3: a third Start after a completed run starts a fresh run too
+        page.click("New")
+        page.fill({"rates": "4", "n": "5", "warmup": "0"})
+        page.submit()
+        wait_for("run 3's folder", lambda: len(run_folders(second)) == 2, 60, locust)
+        folder_3 = next(p for p in run_folders(second) if p != folder_2)
+        page.open_tab()
+        wait_for("run 3 to complete", lambda: page.table().get("cont_r4", {}).get("State") == "done", 120, locust)
+        run3 = check_run(folder_3, status="completed", host=server.base_url, options={"rates": [4.0], "n": 5})
+        assert run3["summaries"]["cont_r4"]["sent"] == 5
+        assert len({run1["meta"]["run_id"], run2["meta"]["run_id"], run3["meta"]["run_id"]}) == 3
+    finally:
+        code = stop_locust(locust)
+    assert code == 0, locust.stderr[-3000:]
+    assert_no_traceback(locust.stderr)
+
+
+@pytest.mark.parametrize("how", ["sigterm-web", "sigint-headless"])
+def test_quitting_mid_stage_leaves_a_stopped_run(server: ServerProcess, tmp_path: Path, how: str) -> None:
+    """Ctrl-C and SIGTERM finish the run as Stop does: cancelled streams, a partial summary, status stopped."""
+    results = tmp_path / "results"
+    if how == "sigterm-web":
+        locust, url = start_web_locust(tmp_path, "--results-dir", str(results))
+        form = {"host": server.base_url, "user_count": "1", "spawn_rate": "1", "rates": "3", "n": "30",
+                "warmup": "0"}  # fmt: skip
+        data = "&".join(f"{k}={urllib.request.quote(v)}" for k, v in form.items()).encode()
+        answer = json.loads(urllib.request.urlopen(url + "/swarm", data=data, timeout=30).read())
+        assert answer["success"], answer
+        folder = wait_for("the run folder", lambda: run_folders(results) and run_folders(results)[0], 30, locust)
+        sig = signal.SIGTERM
+    else:
+        cmd = [*LOCUST, "-f", str(ROOT / "locustfiles" / "continuous.py"), "--headless", "--only-summary",
+               "--host", server.base_url, "--results-dir", str(results), "--rates", "3", "--n", "30", "--warmup", "0"]
+        out, err = tmp_path / "locust.stdout", tmp_path / "locust.stderr"
+        with open(out, "wb") as o, open(err, "wb") as e:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=o, stderr=e, stdin=subprocess.DEVNULL)
+        locust = LocustProcess(proc, out, err)
+        folder = results
+        sig = signal.SIGINT
+
+    def in_flight() -> bool:
+        sent = len(read_sent(folder))
+        return sent >= 3 and sent - len(read_records(folder).records) >= 2
+
+    wait_for("requests in flight", in_flight, 60, locust)
+    locust.proc.send_signal(sig)
+    locust.wait(60)
+    run = check_run(folder, status="stopped", host=server.base_url, options={"rates": [3.0]})
+    # a headless shape run meets Ctrl-C in Locust's own wait for the shape, which stops the test before quitting
+    assert run["meta"]["stop_reason"] == ("quit" if sig == signal.SIGTERM else "stop")
+    assert run["meta"]["partial_stages"] == ["cont_r3"]
+    s = run["summaries"]["cont_r3"]
+    assert s["partial"] and s["errors_by_class"].get("cancelled", 0) >= 1 and s["sent"] < s["planned"] == 30
+    assert not (folder / "report").exists(), "no report is built for a process that is quitting"
+    assert_no_traceback(locust.stderr)
+
+
+@pytest.mark.vllm
+def test_web_ui_run_against_the_cpu_vllm(vllm_server: Any, tmp_path: Path) -> None:
+    """A real engine behind the tab: its running / KV-usage series reach the chart's data, and the tab's
+    preemption count and percentiles are the stage summary's. Driven through Locust's HTTP API (the
+    browser's part is covered above)."""
+    trace = write_trace(tmp_path / "trace.jsonl", [(32, 64)] * 9 + [(400, 64)])
+    results = tmp_path / "results"
+    locust, url = start_web_locust(tmp_path, "--results-dir", str(results), "--trace-file", str(trace),
+                                   "--warmup", "2", "--ignore-eos")  # fmt: skip
+    try:
+        form = {"host": vllm_server.base_url, "user_count": "1", "spawn_rate": "1", "rates": "2", "settle": "0.5"}
+        data = "&".join(f"{k}={urllib.request.quote(v)}" for k, v in form.items()).encode()
+        answer = json.loads(urllib.request.urlopen(url + "/swarm", data=data, timeout=60).read())
+        assert answer["success"], answer
+        live = wait_for("the run to end and its report", lambda: (r := get_json(url + "/tailgate/live")["run"])
+                        and r["report"]["state"] in ("ready", "failed") and r, 300, locust)  # fmt: skip
+    finally:
+        code = stop_locust(locust)
+    assert code == 0, locust.stderr[-3000:]
+    assert live["status"] == "completed" and live["report"]["state"] == "ready", live["report"]
+    (stage,) = live["stages"]
+    counts = (stage["state"], stage["planned"], stage["sent"], stage["recorded"], stage["errors"])
+    assert counts == ("done", 10, 10, 10, 0)
+    series = live["series"]
+    assert max(v for v in series["running"] if v is not None) >= 1, series["running"]
+    assert any(v is not None for v in series["kv_usage"]) and any(v is not None for v in series["preemptions_total"])
+    (folder,) = run_folders(results)
+    summary = summaries(folder)["cont_r2"]
+    assert stage["preemptions"] == summary["preemptions_delta"] is not None
+    assert (stage["ttft"]["p50"], stage["ttft"]["p99"]) == (summary["ttft_p50"], summary["ttft_p99"])
+    assert (stage["total"]["p50"], stage["total"]["p99"]) == (summary["total_p50"], summary["total_p99"])
+    check_run(folder, status="completed", host=vllm_server.base_url, options={"rates": [2.0], "ignore_eos": True})

@@ -1,0 +1,110 @@
+"""The Tail latency tab's figures and the Start check, without a browser or a server.
+
+The tab must say what the stage summary will say (same records, same warm-up rule, same
+percentile), read files that are being appended to without ever parsing half a line, and turn
+form values that do not convert into the command line's one-line errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from werkzeug.datastructures import MultiDict
+
+from tailgate.load.options import OptionError
+from tailgate.stats import summarize_stage
+from tailgate.webui import form_options
+from tailgate.webui.live import Tail, stage_figures, table_rows
+
+
+def records(n: int, seed: int = 3) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        failed = rng.random() < 0.1
+        out.append({
+            "trace_id": i, "intended_s": float(i), "end_s": i + rng.random() * 5, "schedule_lag_ms": rng.random(),
+            "error_class": rng.choice(["http_500", "cancelled"]) if failed else None,
+            "ttft_ms": None if failed else rng.lognormvariate(4, 1),
+            "worst_gap_ms": None if failed else rng.random() * 90,
+            "total_ms": None if failed else rng.lognormvariate(7, 0.5), "chunks": 10, "completion_tokens": 10,
+        })  # fmt: skip
+        out[-1]["ttft_from_intended_ms"], out[-1]["total_from_intended_ms"] = out[-1]["ttft_ms"], out[-1]["total_ms"]
+    return out
+
+
+@pytest.mark.parametrize("rule", ["completion", "trace"])
+def test_tab_figures_are_the_summary_figures(rule: str) -> None:
+    recs = records(300)
+    fig = stage_figures(recs, 25, rule)
+    summary = summarize_stage(recs, arm="continuous", rate_or_batch=5, started="", warmup=25, warmup_rule=rule)
+    assert fig["measured"] == summary["n"]
+    for name, key in (("ttft", "ttft"), ("gap", "gap"), ("total", "total")):
+        assert (fig[name]["p50"], fig[name]["p99"]) == (summary[f"{key}_p50"], summary[f"{key}_p99"])
+    assert fig["errors_by_class"] == summary["errors_by_class"] and fig["errors"] == summary["errors"]
+    assert fig["lag_p99"] == summary["schedule_lag_p99"]
+    good = [r["total_ms"] for r in recs if r["error_class"] is None]
+    assert fig["total"]["max"] <= round(max(good), 1)
+
+
+def test_an_empty_stage_reads_as_dashes() -> None:
+    fig = stage_figures([], 25, "completion")
+    assert fig["ttft"] == {"p50": None, "p90": None, "p99": None, "max": None} and fig["errors"] == 0
+    snap = {"stages": [{"label": "cont_r1", "state": "waiting", "planned": 10, "sent": 0, "recorded": 0,
+                        "preemptions": None, **fig}]}  # fmt: skip
+    (row,) = table_rows(snap)
+    assert row["ttft"] == "–" and row["counts"] == "10 / 0 / 0" and row["errors"] == "0"
+
+
+def test_tail_reads_only_complete_lines(tmp_path: Path) -> None:
+    tail = Tail(tmp_path, "records-*.jsonl")
+    path = tmp_path / "records-a.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"a": 2')  # the second line is being written
+    assert tail.new_lines() == [b'{"a": 1}']
+    assert tail.new_lines() == []
+    with open(path, "ab") as f:
+        f.write(b'}\n{"a": 3}\n')
+    (tmp_path / "records-b.jsonl").write_bytes(b'{"b": 1}\n')
+    assert tail.new_lines() == [b'{"a": 2}', b'{"a": 3}', b'{"b": 1}']
+
+
+def parsed() -> argparse.Namespace:
+    return argparse.Namespace(host="", rates="1,5", n=500, settle=2.0, ignore_eos=False, results_dir="", model="",
+                              num_users=1)  # fmt: skip
+
+
+def test_form_values_keep_each_option_type() -> None:
+    form = MultiDict({"host": "http://h:8000<>", "rates": "2,3", "n": "12", "settle": "0.5", "ignore_eos": "true",
+                      "user_count": "7", "unknown": "x"})  # fmt: skip
+    opts = form_options(parsed(), form)
+    assert (opts.host, opts.rates, opts.n, opts.settle, opts.ignore_eos) == ("http://h:8000", "2,3", 12, 0.5, True)
+    assert opts.num_users == 1 and not hasattr(opts, "unknown")
+    assert parsed().n == 500  # a copy: Locust's own options are left to Locust
+
+
+@pytest.mark.parametrize(("field", "value", "line"), [
+    ("n", "ten", "--n: 'ten' is not a whole number"),
+    ("settle", "soon", "--settle: 'soon' is not a number"),
+])  # fmt: skip
+def test_form_values_that_do_not_convert_name_the_option(field: str, value: str, line: str) -> None:
+    with pytest.raises(OptionError) as e:
+        form_options(parsed(), MultiDict({field: value}))
+    assert str(e.value) == line
+
+
+def test_the_web_ui_code_stays_out_of_the_analysis_stack() -> None:
+    """The tab runs in the load generator's loop: no pandas, numpy or matplotlib get imported with it."""
+    code = (
+        "import sys\n"
+        "import tailgate.locustfiles.continuous, tailgate.locustfiles.gated, tailgate.webui, tailgate.webui.live\n"
+        "import tailgate.shapes.session\n"
+        "heavy = {'pandas', 'numpy', 'matplotlib'} & set(sys.modules)\n"
+        "assert not heavy, f'the load path imported {heavy}'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
