@@ -1002,6 +1002,13 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         if not Path(args.trace_file).is_file():
             raise SloError(f"--trace-file: {args.trace_file} is not a file")
         locust_args += ["--trace-file", str(Path(args.trace_file).resolve())]
+        try:  # the file sets the count: every item after the warm-up is measured
+            lines = [x for x in Path(args.trace_file).read_text().splitlines() if x.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise SloError(f"--trace-file: cannot read {args.trace_file} ({e})") from None
+        if len(lines) <= warmup:
+            raise SloError(f"--trace-file: {len(lines)} items leave nothing after --warmup {warmup}")
+        n = len(lines) - warmup
     return SloPlan(
         limits=limits, configs=configs, start_rate=start, max_rate=max_rate, min_rate=min_rate,
         resolution=Resolution.parse(args.resolution), max_probes=args.max_probes, reruns=args.reruns,

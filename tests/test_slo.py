@@ -284,3 +284,77 @@ def test_report_section_from_synthetic_state(tmp_path: Path) -> None:
     assert (tmp_path / "report" / "slo_rate.png").stat().st_size > 0
     assert (tmp_path / "report" / "slo_p99.svg").stat().st_size > 0
     assert "| a |" in section.table_md.read_text()
+
+
+# ------------------------------------------------------------------------------------ end to end, CPU vLLM
+
+
+def _follows_the_search(probes: list[dict[str, Any]], start: float, max_rate: float) -> None:
+    """Each recorded probe is the one the rules ask for, given the verdicts before it."""
+    lo = hi = None
+    for i, p in enumerate(probes):
+        rate, phase = p["rate"], p["phase"]
+        if i == 0:
+            assert (rate, phase) == (start, "double")
+        elif hi is None:
+            assert phase == "double" and rate == min(lo * 2, max_rate)
+        elif lo is None:
+            assert phase == "halve" and rate == round(hi / 2, 3)
+        else:
+            assert phase == "bisect" and rate == round((lo + hi) / 2, 3)
+        if p["verdict"] == "pass":
+            lo = rate
+        else:
+            hi = rate if hi is None else min(hi, rate)
+
+
+@pytest.mark.vllm
+def test_embedded_slo_end_to_end(tmp_path: Path) -> None:
+    """Scaled down: short requests, one in flight at most, so arrivals above the server's pace are dropped
+    (and count as errors); the error limit then fails at high rates on any machine, however busy."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"prompt_tokens": 16, "max_tokens": 24}) + "\n" for _ in range(9)))
+    results = tmp_path / "slo"
+    cmd = [sys.executable, "-m", "tailgate.cli", "slo", "--embedded", "--results", str(results),
+           "--slo", "ttft_p99<=60s,gap_p99<=30s,errors<=60%", "--config", "seqs4: max-num-seqs=4",
+           "--trace-file", str(trace), "--warmup", "1", "--start-rate", "1", "--max-rate", "16",
+           "--resolution", "50%", "--max-probes", "5", "--reruns", "1", "--resamples", "500",
+           "--locust-arg=--settle=0", "--locust-arg=--max-in-flight=1"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    out = done.stdout + done.stderr
+    state = json.loads((results / "slo.json").read_text())
+    config = state["configs"][0]
+    result = config["result"]
+    assert done.returncode == (0 if result["best_rate"] is not None else 3), out[-4000:]
+    assert "Traceback" not in out
+    # the effective server command carries the knob
+    command = config["server"]["command"]
+    assert config["server"]["flags_applied"] and "--max-num-seqs" in command and "4" in command
+    assert "--enforce-eager" in command
+    # every probe recorded, none discarded: one folder per attempt, a verdict with intervals per probe
+    probes = config["probes"]
+    assert 1 <= len(probes) <= 5
+    for p in probes:
+        assert p["verdict"] in ("pass", "fail", "uncertain")
+        for a in p["attempts"]:
+            assert (results / a["dir"] / "slo-probe.json").exists()
+        assert len(p["attempts"]) == (2 if p["verdict"] == "uncertain" else len(p["attempts"]))
+        for ch in p["checks"]:
+            if ch["point"] is not None:
+                assert ch["low"] <= ch["point"] + 1e-6 and ch["point"] <= ch["high"] + 1e-6
+    _follows_the_search(probes, 1.0, 16.0)
+    verdicts = [p["verdict"] for p in probes]
+    if "pass" in verdicts and any(v != "pass" for v in verdicts) and len(probes) < 5:
+        assert any(p["phase"] in ("bisect", "halve") for p in probes)  # doubling then narrowing
+    if result["first_fail_rate"] is not None:
+        assert result["binding"] in ("ttft_p99", "gap_p99", "errors")
+    # the report has the section, its table and charts
+    html = (results / "report" / "report.html").read_text()
+    assert 'id="slo"' in html and "Capacity under the SLO" in html and "seqs4" in html
+    assert (results / "report" / "slo_table.md").exists() and (results / "report" / "slo_rate.png").exists()
+    # and a second run reuses every probe instead of sending anything
+    again = subprocess.run([*cmd, "--no-report"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == done.returncode, (again.stdout + again.stderr)[-3000:]
+    assert "restarting" not in again.stdout and again.stdout.count("already done") == sum(
+        len(p["attempts"]) for p in probes
+    )
