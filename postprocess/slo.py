@@ -40,6 +40,7 @@ STATUS_TEXT = {
     "max_rate": "met at the highest rate probed (the capacity may be higher)",
     "below_min": "not met even at the lowest rate probed",
     "probe_limit": "probe budget spent before the resolution",
+    "time_budget": "time budget spent before the resolution (the bracket so far)",
 }
 
 

@@ -572,6 +572,8 @@ class SloPlan:
     processes: int = 1
     max_waiting: int = 0
     """Stop a probe once the server's waiting queue reaches this many requests (0: never)."""
+    time_budget: float = 0.0
+    """Seconds of probing per configuration; no probe starts that would overrun it (0: no budget)."""
     locust_args: list[str] = field(default_factory=list)
     base_flags: list[str] = field(default_factory=list)
     """Flags every configuration starts with (the embedded server's eager mode), before its own."""
@@ -583,7 +585,8 @@ class SloPlan:
             "resolution": str(self.resolution), "max_probes": self.max_probes, "reruns": self.reruns,
             "confidence": self.confidence, "resamples": self.resamples, "n": self.n, "warmup": self.warmup,
             "seed": self.seed, "ignore_eos": self.ignore_eos, "processes": self.processes,
-            "max_waiting": self.max_waiting, "locust_args": self.locust_args, "base_flags": self.base_flags,
+            "max_waiting": self.max_waiting, "time_budget": self.time_budget, "locust_args": self.locust_args,
+            "base_flags": self.base_flags,
             "measured_from": "intended send (TTFT, total); worst gap inside the stream",
         }  # fmt: skip
 
@@ -654,6 +657,9 @@ class SloRunner:
         self._running: str | None = None
         self._interrupted = False
         self.state: dict[str, Any] = {}
+        self.clock: Callable[[], float] = time.monotonic
+        """What the time budget is counted on (a test may substitute its own)."""
+        self._config_t0 = self.clock()
 
     # -- state file ------------------------------------------------------------------------------
     def _save(self) -> None:
@@ -682,10 +688,11 @@ class SloRunner:
         if getattr(self.controller, "restarts", True):
             shown = shlex.join(flags) or "default flags"
             self.log(f"[slo] server configuration '{config.name}': restarting with {shown}")
-            t0 = time.monotonic()
+            t0 = self.clock()
             self.controller.restart(flags)
             self.controller.wait_healthy()
-            self.log(f"[slo] server healthy after {time.monotonic() - t0:.0f} s")
+            self.log(f"[slo] server healthy after {self.clock() - t0:.0f} s")
+            self._config_t0 += self.clock() - t0  # the time budget is for probes, not for starts
             applied = True
         else:
             self.log(f"[slo] server configuration '{config.name}': using the server as it runs; "
@@ -809,8 +816,16 @@ class SloRunner:
                 mark = json.loads(mark_path.read_text())
                 self.log(f"[slo] {config.name}: probe {index} ({phase}) {rate:g} req/s attempt {attempt}: already done")
             else:
-                self._ensure_server(config)
                 est = (p.n + p.warmup) / rate
+                spent = self.clock() - self._config_t0
+                if p.time_budget and spent + est + PROBE_OVERHEAD_S > p.time_budget:
+                    if attempts:  # a re-run that does not fit: the probe stays uncertain, and is recorded
+                        self.log(f"[slo]   no time left in the budget for the re-run: {rate:g} req/s stays uncertain")
+                        break
+                    need = est + PROBE_OVERHEAD_S
+                    raise _BudgetSpent(f"{spent:.0f} s spent; a {rate:g} req/s probe needs ~{need:.0f} s more "
+                                       f"than the {p.time_budget:g} s budget allows")  # fmt: skip
+                self._ensure_server(config)
                 self.log(f"[slo] {config.name}: probe {index} ({phase}) {rate:g} req/s attempt {attempt} "
                          f"(~{est:.0f} s of arrivals)")  # fmt: skip
                 mark = self._run_child(config, rate, seed, out)
@@ -849,11 +864,16 @@ class SloRunner:
         cs.update({"status": "running", "probes": []})
         self._save()
         counter = itertools.count(1)
-        outcome = search(
-            lambda rate, phase: self.probe(config, rate, phase, next(counter)),
-            start=p.start_rate, max_rate=p.max_rate, min_rate=p.min_rate,
-            resolution=p.resolution, max_probes=p.max_probes,
-        )  # fmt: skip
+        self._config_t0 = self.clock()
+        try:
+            outcome = search(
+                lambda rate, phase: self.probe(config, rate, phase, next(counter)),
+                start=p.start_rate, max_rate=p.max_rate, min_rate=p.min_rate,
+                resolution=p.resolution, max_probes=p.max_probes,
+            )  # fmt: skip
+        except _BudgetSpent as e:
+            self.log(f"[slo] {config.name}: time budget spent ({e}); the bracket so far is the answer")
+            outcome = _outcome_so_far(cs["probes"])
         best_probe = next((pr for pr in reversed(cs["probes"]) if pr["rate"] == outcome.best), None)
         fail_probe = next((pr for pr in reversed(cs["probes"]) if pr["rate"] == outcome.first_fail), None)
         cs["result"] = {
@@ -878,8 +898,8 @@ class SloRunner:
         except (OSError, ValueError):
             self.state = {"created": _iso(time.time())}
         self.state.update({"started": _iso(time.time()), "plan": self.plan.describe(), **self.extra})
-        wanted = {x.name for x in self.plan.configs}
-        self.state["configs"] = [c for c in self.state.get("configs", []) if c["name"] in wanted]
+        # configurations searched by earlier invocations (one per device call) stay in the file
+        self.state.setdefault("configs", [])
         self._save()
         done = []
         for config in self.plan.configs:
@@ -902,6 +922,23 @@ class SloRunner:
 
 class SloRunError(RuntimeError):
     pass
+
+
+class _BudgetSpent(Exception):
+    """The next probe would overrun the configuration's time budget."""
+
+
+PROBE_OVERHEAD_S = 15.0
+"""Seconds a probe costs beyond its arrivals: the load generator's start, the last streams, the settle."""
+
+
+def _outcome_so_far(probes: Sequence[Mapping[str, Any]]) -> SearchOutcome:
+    """The answer the probes run so far give, when the search is cut short."""
+    passed = [p["rate"] for p in probes if p["verdict"] == "pass"]
+    best = max(passed) if passed else None
+    above = [p["rate"] for p in probes if p["verdict"] != "pass" and (best is None or p["rate"] > best)]
+    steps = [SearchStep(p["rate"], p["phase"], p["verdict"]) for p in probes]
+    return SearchOutcome(best, min(above) if above else None, "time_budget", steps)
 
 
 def _fmt(key: str, v: float | None) -> str:
@@ -945,6 +982,8 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resolution", default="25%",
                    help="bisect until the bracket is this narrow: req/s or a %% of the rate")
     p.add_argument("--max-probes", type=int, default=8, help="rates probed per configuration at most")
+    p.add_argument("--time-budget", type=float, default=0.0,
+                   help="seconds of probing per configuration; no probe starts that would overrun it (0: none)")
     p.add_argument("--reruns", type=int, default=1, help="re-runs of a probe whose interval straddles a limit")
     p.add_argument("--confidence", type=float, default=0.95, help="level of the bootstrap / Wilson intervals")
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples per percentile")
@@ -995,6 +1034,8 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         raise SloError(f"--resamples: must be at least 100, got {args.resamples}")
     if args.processes < 1:
         raise SloError(f"--processes: must be at least 1, got {args.processes}")
+    if not (math.isfinite(args.time_budget) and args.time_budget >= 0):
+        raise SloError(f"--time-budget: must be 0 (none) or more seconds, got {args.time_budget:g}")
     if max_waiting < 0:
         raise SloError(f"--max-waiting: must be 0 (never) or more, got {max_waiting}")
     locust_args = list(args.locust_arg)
@@ -1014,6 +1055,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         resolution=Resolution.parse(args.resolution), max_probes=args.max_probes, reruns=args.reruns,
         confidence=args.confidence, resamples=args.resamples, n=n, warmup=warmup, seed=args.seed,
         ignore_eos=args.ignore_eos or args.embedded, processes=args.processes, max_waiting=max_waiting,
+        time_budget=args.time_budget,
         locust_args=locust_args, base_flags=list(EMBEDDED_BASE_FLAGS) if args.embedded else [],
     )  # fmt: skip
 

@@ -212,6 +212,95 @@ def test_compose_override_really_carries_the_flags(tmp_path: Path) -> None:
     assert up[-3:] == ["up", "-d", "vllm"] and str(override) in up
 
 
+# ------------------------------------------------------------------------------------ the runner, faked
+
+
+class _Controller:
+    base_url = "http://127.0.0.1:9"
+    restarts = True
+
+    def __init__(self) -> None:
+        self.restarted: list[list[str]] = []
+
+    def use_config(self, config: str) -> None:
+        self.config = config
+
+    def restart(self, flags: Any) -> None:
+        self.restarted.append(list(flags))
+
+    def wait_healthy(self) -> float:
+        return 0.0
+
+    def describe(self) -> dict[str, Any]:
+        return {"command": ["vllm", *self.restarted[-1]]}
+
+    def stop(self) -> None:
+        pass
+
+
+def _fake_runner(tmp_path: Path, capacity: float, edge: float, **plan: Any) -> tuple[slo.SloRunner, _Controller]:
+    """A runner whose Locust runs are replaced by a latency model: TTFT p99 crosses 300 ms at ``capacity``,
+    and probes within ``edge`` req/s of it straddle the limit."""
+    ctl = _Controller()
+    p = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=300ms"), configs=[slo.parse_config("a: max-num-seqs=8")],
+                    start_rate=2, max_rate=64, min_rate=1, resolution=slo.Resolution(1, False), n=300, warmup=0,
+                    resamples=300, **plan)  # fmt: skip
+    runner = slo.SloRunner(p, ctl, tmp_path, log=lambda _line: None)
+    now = [0.0]
+    runner.clock = lambda: now[0]
+
+    def run_child(config: Any, rate: float, seed: int, out: Path) -> dict[str, Any]:
+        out.mkdir(parents=True)
+        now[0] += 300 / rate + slo.PROBE_OVERHEAD_S  # what the probe would have taken
+        mark = {"rate": rate, "seed": seed, "stopped_early": None, "waiting_max": 0.0, "seconds": 1.0}
+        (out / slo.PROBE_MARK).write_text(json.dumps(mark))
+        return mark
+
+    def attempt_data(out: Path, mark: dict[str, Any]) -> dict[str, Any]:
+        rate = mark["rate"]
+        rng = np.random.default_rng(mark["seed"] + int(rate * 1000))
+        if abs(rate - capacity) <= edge:
+            vals = np.r_[rng.uniform(50, 100, 294), rng.uniform(200, 400, 6)]
+        else:
+            vals = rng.uniform(50, 100 if rate < capacity else 1000, 300)
+        data = _attempt(vals.tolist())
+        data["summary"] = {}
+        return data
+
+    runner._run_child = run_child  # type: ignore[method-assign]
+    runner._attempt_data = attempt_data  # type: ignore[method-assign]
+    return runner, ctl
+
+
+def test_runner_records_reruns_and_resumes(tmp_path: Path) -> None:
+    runner, ctl = _fake_runner(tmp_path, capacity=12, edge=0.6)
+    runner.run()
+    state = json.loads((tmp_path / slo.SLO_FILE).read_text())
+    c = state["configs"][0]
+    assert ctl.restarted == [["--max-num-seqs", "8"]] and c["server"]["flags_applied"] is True
+    assert [p["rate"] for p in c["probes"]][:4] == [2, 4, 8, 16]
+    assert c["result"]["best_rate"] < 12 <= c["result"]["first_fail_rate"]
+    assert c["result"]["binding"] == "ttft_p99"
+    uncertain = [p for p in c["probes"] if p["verdict"] == "uncertain"]
+    assert uncertain and all(len(p["attempts"]) == 2 for p in uncertain)  # re-run once, attempts pooled
+    assert all(p["checks"][0]["n"] == 300 * len(p["attempts"]) for p in c["probes"])
+    # a second run finds every attempt on disk and never restarts the server
+    again, ctl2 = _fake_runner(tmp_path, capacity=12, edge=0.6)
+    again.run()
+    assert ctl2.restarted == []
+    assert json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"][0]["result"] == c["result"]
+
+
+def test_runner_time_budget_keeps_the_bracket(tmp_path: Path) -> None:
+    # 2, 4, 8 req/s take 150 + 75 + 37.5 s of arrivals plus overheads; 16 req/s would not fit in 330 s
+    runner, _ = _fake_runner(tmp_path, capacity=12, edge=0.0, time_budget=330)
+    runner.run()
+    c = json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"][0]
+    assert [p["rate"] for p in c["probes"]] == [2, 4, 8]
+    r = c["result"]
+    assert r["status"] == "time_budget" and r["best_rate"] == 8 and r["first_fail_rate"] is None
+
+
 # ------------------------------------------------------------------------------------------ bad input
 
 

@@ -89,6 +89,7 @@ class CommandServer:
         version = http_json(self.base_url + "/version", timeout=2.0)
         return {
             "kind": "command", "base_url": self.base_url, "command": self.last_command, "extra_args": self.flags,
+            "command_output": self.last_output[-2000:],
             "vllm_version": version.get("version") if isinstance(version, dict) else None,
         }  # fmt: skip
 
