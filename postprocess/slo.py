@@ -158,7 +158,8 @@ def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> dict[str, Any
         name = "admission queueing" if admission else ("prefill insertion" if prefill else "unattributed")
     else:
         name = "unattributed"
-    text = f"at {_rate(at['rate'])} req/s the {binding or 'SLO'} limit broke: " + ("; ".join(parts) or "no evidence")
+    how = "was exceeded" if at.get("verdict") == "fail" else "could not be shown to hold"
+    text = f"at {_rate(at['rate'])} req/s the {binding or 'SLO'} limit {how}: " + ("; ".join(parts) or "no evidence")
     return {"mechanism": name, "text": text, "evidence": ev}
 
 
@@ -196,7 +197,7 @@ def slo_rows(state: Mapping[str, Any], records: pd.DataFrame | None = None) -> l
     return rows
 
 
-HEADERS = ("configuration", "flags", "highest rate meeting the SLO (req/s)", "first rate failing",
+HEADERS = ("configuration", "flags", "highest rate meeting the SLO (req/s)", "first rate not passing",
            "TTFT p99 there (ms)", "worst-gap p99 there (ms)", "total p99 there (ms)", "binding limit",
            "mechanism at the limit", "probes (attempts)", "uncertain rates")  # fmt: skip
 
@@ -233,8 +234,9 @@ def recommendation(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
     text = (f"Run {top['config']} ({top['flags']}): it met {slo} up to {_best_text(top)} req/s"
             + (f", as did {', '.join(ties)}" if ties else "") + ". ")  # fmt: skip
     if top["first_fail_rate"] is not None:
-        text += (f"At {_rate(top['first_fail_rate'])} req/s the {top['binding'] or 'SLO'} limit broke; "
-                 f"mechanism: {top['mechanism']} ({top['mechanism_text']}). ")  # fmt: skip
+        text += (f"Above it, at {_rate(top['first_fail_rate'])} req/s, the binding limit is "
+                 f"{top['binding'] or 'the SLO'}; mechanism: {top['mechanism']} "
+                 f"({top['mechanism_text']}). ")  # fmt: skip
     if len(ranked) > 1:
         runner = next((r for r in ranked[1:] if r["best_rate"] != top["best_rate"]), None)
         if runner is not None:
@@ -270,7 +272,7 @@ def chart_feasible(rows: Sequence[Mapping[str, Any]], out_dir: Path, name: str =
     ax.invert_yaxis()
     xmax = max([_num(r["first_fail_rate"]) or _num(r["best_rate"]) or 1.0 for r in rows] or [1.0])
     ax.set_xlim(0, xmax * 1.6)
-    ax.set_xlabel("Poisson arrival rate (req/s): bar = highest passing probe, red tick = first failing probe")
+    ax.set_xlabel("Poisson arrival rate (req/s): bar = highest passing probe, red tick = first probe not passing")
     ax.set_title("SLO-feasible rate per server configuration")
     ax.grid(axis="x", alpha=0.3)
     return charts._save(fig, out_dir, name)
@@ -278,13 +280,21 @@ def chart_feasible(rows: Sequence[Mapping[str, Any]], out_dir: Path, name: str =
 
 def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") -> list[Path]:
     """Each p99 against rate per configuration, with its interval and the SLO's limit."""
-    limits = {lim["metric"]: lim for lim in state.get("plan", {}).get("limits", []) if lim["metric"] in METRICS}
+    all_limits = state.get("plan", {}).get("limits", [])
+    limits = {lim["metric"]: lim for lim in all_limits if lim["metric"] in METRICS}
     shown = [m for m in METRICS if m in limits] + [m for m in METRICS if m not in limits]
+    errors = next((lim for lim in all_limits if lim["metric"] == "errors"), None)
+    if errors is not None:
+        shown.append("errors")
     fig = Figure(figsize=(5 * len(shown), 4.2), layout="constrained")
     axes = fig.subplots(1, len(shown), squeeze=False)[0]
     names = [c["name"] for c in state.get("configs", [])]
     for ax, metric in zip(axes, shown, strict=True):
+        if metric == "errors":
+            _errors_panel(ax, state, errors or {}, names)
+            continue
         lim = limits.get(metric)
+        drawn: list[float] = [lim["limit"]] if lim else []
         key = lim["key"] if lim else None
         for c in state.get("configs", []):
             probes = sorted(c.get("probes", []), key=lambda p: p["rate"])
@@ -293,6 +303,7 @@ def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") ->
             color = charts.config_color(c["name"], names)
             xs = [p["rate"] for p in probes]
             ys = [_num(p.get("p99", {}).get(metric)) for p in probes]
+            drawn += [v for v in ys if v is not None]
             ax.plot(xs, [np.nan if v is None else v for v in ys], color=color, lw=1, alpha=0.7, label=c["name"])
             for p, v in zip(probes, ys, strict=True):
                 if v is None:
@@ -308,14 +319,40 @@ def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") ->
             ax.axhline(lim["limit"], color="#a02020", ls="--", lw=1)
             ax.text(0.01, lim["limit"], f" limit {lim['limit']:g} ms", color="#a02020", fontsize=8, va="bottom",
                     transform=ax.get_yaxis_transform())  # fmt: skip
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(charts.FuncFormatter(lambda v, _p: f"{v:g}"))
-        ax.set_xlabel("arrival rate (req/s)")
+        if charts._wide(drawn):
+            charts._log_y(ax)
+        _rate_axis(ax)
         ax.set_ylabel(f"{METRIC_NAMES[metric]} p99 (ms)" + (" from intended send" if metric != "gap" else ""))
         ax.set_title(f"{METRIC_NAMES[metric]} p99" + ("" if lim else " (no limit)"))
-        ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, title="o pass · X fail · ◇ uncertain", title_fontsize=8)
     return charts._save(fig, out_dir, name)
+
+
+def _rate_axis(ax: Any) -> None:
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(charts.FuncFormatter(lambda v, _p: f"{v:g}"))
+    ax.set_xlabel("arrival rate (req/s)")
+    ax.grid(alpha=0.3)
+
+
+def _errors_panel(ax: Any, state: Mapping[str, Any], lim: Mapping[str, Any], names: Sequence[str]) -> None:
+    """Error rate (errors and dropped arrivals over arrivals) per probe, Wilson interval, and its limit."""
+    for c in state.get("configs", []):
+        probes = sorted(c.get("probes", []), key=lambda p: p["rate"])
+        color = charts.config_color(c["name"], names)
+        pts = [(p, next((x for x in p.get("checks", []) if x["key"] == "errors"), None)) for p in probes]
+        pts = [(p, ch) for p, ch in pts if ch and ch.get("point") is not None]
+        if not pts:
+            continue
+        xs = [p["rate"] for p, _ in pts]
+        ys = [100 * ch["point"] for _, ch in pts]
+        err = [[y - 100 * ch["low"] for (_, ch), y in zip(pts, ys, strict=True)],
+               [100 * ch["high"] - y for (_, ch), y in zip(pts, ys, strict=True)]]  # fmt: skip
+        ax.errorbar(xs, ys, yerr=err, color=color, marker="o", capsize=3, lw=1, label=c["name"])
+    ax.axhline(100 * float(lim.get("limit", 0)), color="#a02020", ls="--", lw=1)
+    _rate_axis(ax)
+    ax.set_ylabel("errors + dropped arrivals (% of arrivals)")
+    ax.set_title("error rate (Wilson interval)")
 
 
 # ---------------------------------------------------------------------------------------------- build
