@@ -1005,6 +1005,10 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
 def build_plan(args: argparse.Namespace) -> SloPlan:
     """Validate every option before anything starts; :class:`SloError` names the option."""
     limits = parse_slo(args.slo)
+    if not any(lim.metric == "errors" for lim in limits):
+        # errors are never an acceptable way to meet a latency limit: without an error term, the first
+        # failed request fails the probe (and stops it early)
+        limits = (*limits, Limit("errors", "errors", None, 0.0))
     configs = build_sweep(args)
     scaled = EMBEDDED if args.embedded else GPU
     start = args.start_rate if args.start_rate is not None else scaled["start_rate"]
