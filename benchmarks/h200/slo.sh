@@ -20,6 +20,15 @@
 # straddles a limit, halving no lower than 2.5 req/s. A probe of 225 requests takes 225/rate s plus ~15 s
 # (5 req/s: ~60 s, 10: ~38 s, 20: ~26 s, 40: ~21 s): a typical configuration is 3-4 probes and 1-2 re-runs,
 # ~3-4.5 min, plus ~80-100 s of server start: about 6 minutes per call, under the 10-minute command limit.
+#
+# Device calls (../shared/gpu/README.md: `prepare.sh .gpu` here first, with the suite's wheels as for device.sh):
+#   carry [.gpu/p1, .gpu/s]:    bash .gpu/s/go.sh env; bash .gpu/s/go.sh stage 1      (then stage K for each chunk)
+#   carry [.gpu/s, .gpu/model]: bash .gpu/s/go.sh install && bash benchmarks/h200/slo.sh chunked 200
+#   carry [.gpu/s]:             bash benchmarks/h200/slo.sh mnbt2048 200
+#   carry [.gpu/s]:             bash benchmarks/h200/slo.sh mnbt512 200
+#   carry [.gpu/s]:             bash benchmarks/h200/slo.sh nochunk 200; bash .gpu/s/go.sh stop
+# Each call's tar holds every configuration run so far; here, unpack the last one and build the report:
+#   tar xzf results-slo-nochunk.tar.gz -C results/h200 && tailgate report results/h200/slo
 set -uo pipefail
 config=${1:?usage: slo.sh CONFIG [N] [TIME_BUDGET_S]}; n=${2:-200}; budget=${3:-270}
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
