@@ -33,6 +33,8 @@ from tailgate.postprocess.diagnosis import (
 from tailgate.postprocess.html import render
 
 SLO_FILE = "slo.json"
+LAG_WARN_MS = 10.0
+"""Schedule lag p99 above which the report already says the generator lacked CPU (``report.LAG_WARN_MS``)."""
 METRICS = ("ttft", "gap", "total")
 METRIC_NAMES = {"ttft": "TTFT", "gap": "worst gap", "total": "total"}
 STATUS_TEXT = {
@@ -142,6 +144,11 @@ def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> dict[str, Any
         parts.append(f"the waiting queue reached {waiting:g}")
     if stopped:
         parts.append(f"the probe was stopped early ({stopped})")
+    lag = max((_num(a.get("schedule_lag_p99")) or 0 for a in attempts), default=0)
+    ev["schedule_lag_p99"] = lag
+    if lag > LAG_WARN_MS:
+        parts.append(f"caution: the load generator fell behind (schedule lag p99 {lag:.0f} ms), so part of "
+                     "the TTFT from the intended send is the client's")  # fmt: skip
     if tg is not None and gg is not None:
         parts.append(f"from {_rate(ev['from_rate'])} to {_rate(at['rate'])} req/s TTFT p99 grew ×{tg:g} and "
                      f"worst-gap p99 ×{gg:g}")  # fmt: skip

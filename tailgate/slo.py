@@ -1028,6 +1028,8 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         raise SloError(f"--n: must be at least 1, got {n}")
     if warmup < 0:
         raise SloError(f"--warmup: must be 0 or more, got {warmup}")
+    if not args.trace_file and n < warmup:
+        raise SloError(f"--n: {n} measured requests is fewer than the {warmup} warm-up requests")
     if args.max_probes < 1:
         raise SloError(f"--max-probes: must be at least 1, got {args.max_probes}")
     if args.reruns < 0:

@@ -33,10 +33,10 @@ set -uo pipefail
 config=${1:?usage: slo.sh CONFIG [N] [TIME_BUDGET_S]}; n=${2:-200}; budget=${3:-270}
 # the installed layout (shapes, locustfiles, postprocess under the tailgate namespace, as pyproject.toml maps
 # them), built by copying: the device has no network for a build backend
-T=/tmp/tg; rm -rf "$T"; mkdir -p "$T/tailgate" && cp -r tailgate/. "$T/tailgate/" \
+T=${TG_TREE:-/tmp/tg}; rm -rf "$T"; mkdir -p "$T/tailgate" && cp -r tailgate/. "$T/tailgate/" \
   && for d in shapes locustfiles postprocess; do cp -r "$d" "$T/tailgate/$d"; done || exit 1
 export PYTHONPATH=$T:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; R=/tmp/w/results/slo; mkdir -p "$R" "$OUT"
+OUT=${OUT:-/tmp/out}; R=${RESULTS:-/tmp/w/results/slo}; mkdir -p "$R" "$OUT"
 HOST=${HOST:-http://127.0.0.1:8000}
 GO=${GO:-.gpu/s/go.sh}
 SLO=${SLO:-ttft_p99<=300ms,gap_p99<=200ms}
@@ -62,6 +62,6 @@ rc=${PIPESTATUS[0]}
 echo "slo $config exit $rc after $(( $(date +%s) - t0 )) s"
 bash "$GO" log >/dev/null 2>&1   # the server logs (scheduler stats every 5 s) travel with the results
 mkdir -p "$R/server-logs" && cp "$OUT"/server_*.log "$R/server-logs/" 2>/dev/null; rm -f "$OUT"/server_*.log
-tar czf "$OUT/results-slo-$config.tar.gz" -C /tmp/w/results slo
+tar czf "$OUT/results-slo-$config.tar.gz" -C "$(dirname "$R")" "$(basename "$R")"
 ls -la "$OUT"
 exit "$rc"
