@@ -448,3 +448,15 @@ def test_embedded_slo_end_to_end(tmp_path: Path) -> None:
     assert "restarting" not in again.stdout and again.stdout.count("already done") == sum(
         len(p["attempts"]) for p in probes
     )
+
+
+def test_imports_stay_on_their_side() -> None:
+    """The search drives children and reads JSONL without pandas; its report section never pulls in gevent."""
+    code = (
+        "import sys\n"
+        "import tailgate.slo, tailgate.servers.sweep\n"
+        "assert not ({'pandas', 'gevent', 'locust'} & set(sys.modules))\n"
+        "import tailgate.postprocess.slo\n"
+        "assert not ({'gevent', 'locust'} & set(sys.modules))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
