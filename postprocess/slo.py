@@ -238,8 +238,10 @@ def recommendation(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
         return f"No configuration met {slo} at any rate probed; the binding limits and mechanisms are in the table."
     top = ranked[0]
     ties = [r["config"] for r in ranked[1:] if r["best_rate"] == top["best_rate"]]
-    text = (f"Run {top['config']} ({top['flags']}): it met {slo} up to {_best_text(top)} req/s"
-            + (f", as did {', '.join(ties)}" if ties else "") + ". ")  # fmt: skip
+    reach = (f"at every rate probed, up to {_rate(top['best_rate'])} req/s (the capacity may be higher)"
+             if top["status"] == "max_rate" else f"up to {_rate(top['best_rate'])} req/s")
+    text = (f"Run {top['config']} ({top['flags']}): it met {slo} {reach}"
+            + (f"; so did {', '.join(ties)}" if ties else "") + ". ")  # fmt: skip
     if top["first_fail_rate"] is not None:
         text += (f"Above it, at {_rate(top['first_fail_rate'])} req/s, the binding limit is "
                  f"{top['binding'] or 'the SLO'}; mechanism: {top['mechanism']} "
