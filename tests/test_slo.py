@@ -460,3 +460,24 @@ def test_imports_stay_on_their_side() -> None:
         "assert not ({'gevent', 'locust'} & set(sys.modules))\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
+
+
+def test_mechanism_at_the_limit() -> None:
+    """The same evidence as the diagnosis: the preemption counter, the queue and TTFT growth, gap growth."""
+    from tailgate.postprocess.slo import mechanism
+
+    def cfg(binding: str, p99_low: dict[str, float], p99_high: dict[str, float], **attempt: Any) -> dict[str, Any]:
+        a = {"dir": "none", "waiting_max": 0, "preemptions_delta": 0, "schedule_lag_p99": 1.0, **attempt}
+        return {"probes": [{"rate": 5, "verdict": "pass", "p99": p99_low, "attempts": [dict(a)]},
+                           {"rate": 10, "verdict": "fail", "binding": binding, "p99": p99_high, "attempts": [a]}],
+                "result": {"best_rate": 5, "first_fail_rate": 10}}  # fmt: skip
+
+    flat, slow = {"ttft": 100, "gap": 100}, {"ttft": 110, "gap": 400}
+    assert mechanism(cfg("gap_p99", flat, slow, preemptions_delta=7), pd.DataFrame())["mechanism"] == "preemption"
+    assert mechanism(cfg("gap_p99", flat, slow), pd.DataFrame())["mechanism"] == "prefill insertion"
+    queued = mechanism(cfg("ttft_p99", flat, {"ttft": 900, "gap": 110}), pd.DataFrame())
+    assert queued["mechanism"] == "admission queueing" and "×9" in queued["text"]
+    lagging = mechanism(cfg("ttft_p99", flat, {"ttft": 900, "gap": 110}, schedule_lag_p99=50.0), pd.DataFrame())
+    assert "load generator fell behind" in lagging["text"]
+    none = mechanism({"probes": [], "result": {"best_rate": 5, "first_fail_rate": None}}, pd.DataFrame())
+    assert none["mechanism"] == "none"
