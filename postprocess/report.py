@@ -292,7 +292,10 @@ def _figures(chart_paths: Mapping[str, Sequence[Path]]) -> list[dict[str, str]]:
 
 
 def render_report_html(
-    analysis: Analysis, chart_paths: Mapping[str, Sequence[Path]], findings: Sequence[Mapping[str, Any]]
+    analysis: Analysis,
+    chart_paths: Mapping[str, Sequence[Path]],
+    findings: Sequence[Mapping[str, Any]],
+    extra_sections: Sequence[str] = (),
 ) -> str:
     """The whole self-contained page (charts embedded), from ``templates/report.html.j2``."""
     a = analysis
@@ -310,6 +313,7 @@ def render_report_html(
         figures=_figures(chart_paths),
         findings=findings_context(findings),
         runs=[_run_facts(r) for r in a.runs],
+        extra_sections=list(extra_sections),
     )
 
 
@@ -359,8 +363,14 @@ def build_report(
         + "\n",
         encoding="utf-8",
     )
+    from tailgate.postprocess.slo import slo_section
+
+    slo = slo_section(analysis.results_dir, analysis.records, out)  # None unless `tailgate slo` wrote slo.json
+    if slo is not None:
+        chart_paths = {**chart_paths, **slo.charts}
     html_path = out / "report.html"
-    html_path.write_text(render_report_html(analysis, chart_paths, findings), encoding="utf-8")
+    sections = [slo.html] if slo is not None else []
+    html_path.write_text(render_report_html(analysis, chart_paths, findings, sections), encoding="utf-8")
     return ReportPaths(
         out, html_path, md, csv_path, diag, chart_paths, list(analysis.server.saved), analysis.notes
     )

@@ -3,6 +3,7 @@
     tailgate suite --embedded              # everything on this machine: CPU vLLM, tiny model, report
     tailgate suite --server compose ...    # the GPU box from docker-compose.yml
     tailgate report RESULTS_DIR            # table, charts, HTML report, diagnosis
+    tailgate slo --slo ... --config ...    # highest rate meeting an SLO, per server configuration
     tailgate trace --out trace.jsonl       # the seeded trace, to inspect or edit
     tailgate make-model DIR                # the tiny dummy-weight model the CPU server uses
 
@@ -313,11 +314,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tailgate.verify.selfcheck import main as selfcheck_main
 
         return selfcheck_main(argv[1:])
+    if argv and argv[0] == "slo":
+        from tailgate.slo import main as slo_main
+
+        return slo_main(argv[1:])
     parser = ArgumentParser(prog="tailgate", description="what does your batching policy do to tail latency?")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     p_suite = sub.add_parser("suite", help="run every cell of the experiment, then the report")
     add_suite_arguments(p_suite)
     sub.add_parser("report", help="table, charts, HTML report and diagnosis from a results folder")
+    sub.add_parser("slo", help="highest Poisson rate meeting an SLO, per server configuration (scheduler sweep)")
     sub.add_parser("selfcheck", help="measure the load generator's own timing error against a ground-truth server")
     p_trace = sub.add_parser("trace", help="write the seeded trace as JSONL")
     p_trace.add_argument("--out", required=True)

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# One configuration of the H200 SLO search per device call, executed on the GPU machine from the repository
+# root after `go.sh install` (../shared/gpu/go.sh; carried as .gpu/s). `tailgate slo` restarts vLLM 0.24.0 itself
+# through `go.sh serve NAME FLAGS` (--server command), so the flags it records are the flags the server ran with;
+# the results folder lives in /tmp/w (it survives between warm calls) and is packed into $OUT after each call.
+#
+#   bash benchmarks/h200/slo.sh CONFIG [N] [TIME_BUDGET_S]
+#     chunked    engine default: chunked prefill on, --max-num-batched-tokens 8192 (the H200 default)
+#     mnbt2048   chunked prefill on, --max-num-batched-tokens 2048
+#     mnbt512    chunked prefill on, --max-num-batched-tokens 512
+#     nochunk    --no-enable-chunked-prefill (the budget becomes the context length)
+#     lptt1024   chunked prefill on, --long-prefill-token-threshold 1024 (a fifth start, if the budget allows)
+#   N: measured requests per probe (default 200; 25 warm-up on top). TIME_BUDGET_S: seconds of probing
+#   (default 270): no probe starts that would overrun it, and the bracket reached so far is the answer.
+#   SERVE=0 runs against a server already started in this call (`go.sh serve NAME FLAGS` by hand): the
+#   configuration's flags are then recorded as declared, not applied.
+#
+# The search: the seed's trace (seed 7), SLO TTFT p99 <= 300 ms and worst-gap p99 <= 200 ms (TTFT from the intended
+# send), doubling from 5 req/s (5, 10, 20, 40), bisecting to 2.5 req/s, one re-run of a probe whose interval
+# straddles a limit, halving no lower than 2.5 req/s. A probe of 225 requests takes 225/rate s plus ~15 s
+# (5 req/s: ~60 s, 10: ~38 s, 20: ~26 s, 40: ~21 s): a typical configuration is 3-4 probes and 1-2 re-runs,
+# ~3-4.5 min, plus ~80-100 s of server start: about 6 minutes per call, under the 10-minute command limit.
+#
+# Device calls (../shared/gpu/README.md: `prepare.sh .gpu` here first, with the suite's wheels as for device.sh):
+#   carry [.gpu/p1, .gpu/s]:    bash .gpu/s/go.sh env; bash .gpu/s/go.sh stage 1      (then stage K for each chunk)
+#   carry [.gpu/s, .gpu/model]: bash .gpu/s/go.sh install && bash benchmarks/h200/slo.sh chunked 200
+#   carry [.gpu/s]:             bash benchmarks/h200/slo.sh mnbt2048 200
+#   carry [.gpu/s]:             bash benchmarks/h200/slo.sh mnbt512 200
+#   carry [.gpu/s]:             bash benchmarks/h200/slo.sh nochunk 200; bash .gpu/s/go.sh stop
+# Each call's tar holds every configuration run so far; here, unpack the last one and build the report:
+#   tar xzf results-slo-nochunk.tar.gz -C results/h200 && tailgate report results/h200/slo
+set -uo pipefail
+config=${1:?usage: slo.sh CONFIG [N] [TIME_BUDGET_S]}; n=${2:-200}; budget=${3:-270}
+# the installed layout (shapes, locustfiles, postprocess under the tailgate namespace, as pyproject.toml maps
+# them), built by copying: the device has no network for a build backend
+T=${TG_TREE:-/tmp/tg}; rm -rf "$T"; mkdir -p "$T/tailgate" && cp -r tailgate/. "$T/tailgate/" \
+  && for d in shapes locustfiles postprocess; do cp -r "$d" "$T/tailgate/$d"; done || exit 1
+export PYTHONPATH=$T:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; R=${RESULTS:-/tmp/w/results/slo}; mkdir -p "$R" "$OUT"
+HOST=${HOST:-http://127.0.0.1:8000}
+GO=${GO:-.gpu/s/go.sh}
+SLO=${SLO:-ttft_p99<=300ms,gap_p99<=200ms}
+case "$config" in
+  chunked)  knobs="chunked=on" ;;
+  mnbt2048) knobs="chunked=on max-num-batched-tokens=2048" ;;
+  mnbt512)  knobs="chunked=on max-num-batched-tokens=512" ;;
+  nochunk)  knobs="chunked=off" ;;
+  lptt1024) knobs="chunked=on long-prefill-token-threshold=1024" ;;
+  *) echo "unknown configuration $config (chunked, mnbt2048, mnbt512, nochunk, lptt1024)"; exit 2 ;;
+esac
+if [ "${SERVE:-1}" = 1 ]; then
+  server=(--server command --restart-command "bash $GO serve {config} {flags}")
+else
+  server=(--server url)
+fi
+t0=$(date +%s)
+python3 -m tailgate.cli slo "${server[@]}" --host "$HOST" --results "$R" --config "$config: $knobs" \
+  --slo "$SLO" --n "$n" --warmup 25 --seed 7 --ignore-eos \
+  --start-rate 5 --max-rate 40 --min-rate 2.5 --resolution 2.5 --max-probes 6 --reruns 1 \
+  --time-budget "$budget" --max-waiting 400 --no-report 2>&1 | grep -vE "in flight, about|^\s*$"
+rc=${PIPESTATUS[0]}
+echo "slo $config exit $rc after $(( $(date +%s) - t0 )) s"
+bash "$GO" log >/dev/null 2>&1   # the server logs (scheduler stats every 5 s) travel with the results
+mkdir -p "$R/server-logs" && cp "$OUT"/server_*.log "$R/server-logs/" 2>/dev/null; rm -f "$OUT"/server_*.log
+tar czf "$OUT/results-slo-$config.tar.gz" -C "$(dirname "$R")" "$(basename "$R")"
+ls -la "$OUT"
+exit "$rc"

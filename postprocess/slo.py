@@ -1,0 +1,408 @@
+"""The SLO search in the report: table, two charts, the mechanism that binds, and a recommendation.
+
+``tailgate slo`` leaves ``slo.json`` (the SLO, every probe with its verdict and intervals, each
+configuration's server command) next to ordinary run folders, one per probe attempt. This module
+reads it and, for the probe where each configuration's SLO broke, looks for the same evidence the
+diagnosis uses for the seed's questions: the preemption counter (preemption), the server's waiting
+queue and TTFT growing faster than the gaps (admission queueing), and worst gaps lining up with
+other requests' long prefills (prefill insertion). A highest rate is only ever a rate whose probe
+*passed*: its whole interval was under every limit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from markupsafe import Markup
+from matplotlib.figure import Figure
+
+from tailgate.postprocess import charts
+from tailgate.postprocess.diagnosis import (
+    FLAT_GAP_RATIO,
+    GAP_GROWTH,
+    OVERLOAD_TTFT_GROWTH,
+    TTFT_FLAT_GROWTH,
+    prefill_attribution,
+)
+from tailgate.postprocess.html import render
+
+SLO_FILE = "slo.json"
+LAG_WARN_MS = 10.0
+"""Schedule lag p99 above which the report already says the generator lacked CPU (``report.LAG_WARN_MS``)."""
+METRICS = ("ttft", "gap", "total")
+METRIC_NAMES = {"ttft": "TTFT", "gap": "worst gap", "total": "total"}
+STATUS_TEXT = {
+    "bracketed": "bracketed to the resolution",
+    "max_rate": "met at the highest rate probed (the capacity may be higher)",
+    "below_min": "not met even at the lowest rate probed",
+    "probe_limit": "probe budget spent before the resolution",
+    "time_budget": "time budget spent before the resolution (the bracket so far)",
+}
+
+
+@dataclass
+class SloSection:
+    html: Markup
+    table_md: Path
+    json_path: Path
+    charts: dict[str, list[Path]] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    recommendation: str = ""
+
+
+def load_slo(results_dir: str | Path) -> dict[str, Any] | None:
+    """``slo.json`` of a results folder; None when the folder is not an SLO search."""
+    path = Path(results_dir) / SLO_FILE
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("configs"), list) else None
+
+
+def _num(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if np.isfinite(v) else None
+
+
+def _ms(x: Any) -> str:
+    v = _num(x)
+    return "–" if v is None else f"{v:,.1f}"
+
+
+def _rate(x: Any) -> str:
+    v = _num(x)
+    return "–" if v is None else f"{v:g}"
+
+
+# ------------------------------------------------------------------------------------------ mechanism
+
+
+def _probe(config: Mapping[str, Any], rate: Any) -> Mapping[str, Any] | None:
+    if rate is None:
+        return None
+    found = [p for p in config.get("probes", []) if _num(p.get("rate")) == _num(rate)]
+    return found[-1] if found else None
+
+
+def _growth(a: Any, b: Any) -> float | None:
+    a, b = _num(a), _num(b)
+    return round(b / a, 2) if a and b is not None and a > 0 else None
+
+
+def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> dict[str, Any]:
+    """Which mechanism sets this configuration's limit, judged at the probe where the SLO broke.
+
+    The evidence is the diagnosis's: the counter of preemptions, the waiting queue and TTFT outgrowing
+    the gaps from the lowest probe (admission), and worst gaps inside others' long prefills well above
+    chance (prefill insertion). The binding limit decides between admission and prefill when both show.
+    """
+    result = config.get("result") or {}
+    at = _probe(config, result.get("first_fail_rate"))
+    if at is None:
+        return {"mechanism": "none", "text": "the SLO held at every rate probed; no limit was reached",
+                "evidence": {}}  # fmt: skip
+    probes = sorted(config.get("probes", []), key=lambda p: p["rate"])
+    base = probes[0] if probes and probes[0] is not at else None
+    attempts = at.get("attempts", [])
+    preempted = sum(_num(a.get("preemptions_delta")) or 0 for a in attempts)
+    waiting = max((_num(a.get("waiting_max")) or 0 for a in attempts), default=0)
+    stopped = next((a.get("stopped_early") for a in attempts if a.get("stopped_early")), None)
+    ev: dict[str, Any] = {"probe_rate": at["rate"], "binding": at.get("binding"), "preemptions": preempted,
+                          "waiting_max": waiting, "stopped_early": stopped}  # fmt: skip
+    if base is not None:
+        ev["from_rate"] = base["rate"]
+        for m in METRICS:
+            ev[f"{m}_p99_growth"] = _growth(base.get("p99", {}).get(m), at.get("p99", {}).get(m))
+    att = None
+    if len(records) and "run_dir" in records.columns and attempts:
+        stage = records.loc[records["run_dir"].astype(str) == str(attempts[0]["dir"])]
+        if len(stage):
+            att = prefill_attribution(stage)
+    ev["prefill_attribution"] = att
+    prefill = bool(att and att.get("share") is not None
+                   and att["share"] >= 0.5 and att["share"] >= 3 * (att.get("share_by_chance") or 0.0))  # fmt: skip
+    tg, gg = ev.get("ttft_p99_growth"), ev.get("gap_p99_growth")
+    admission = waiting > 0 or bool(stopped and "waiting" in stopped) or (
+        tg is not None and tg >= OVERLOAD_TTFT_GROWTH and (gg or 0) < FLAT_GAP_RATIO * TTFT_FLAT_GROWTH
+    )
+    gaps_grew = gg is not None and gg >= GAP_GROWTH and (tg or 0) < OVERLOAD_TTFT_GROWTH
+    binding = str(at.get("binding") or "")
+    parts = []
+    if preempted > 0:
+        parts.append(f"vllm:num_preemptions_total rose by {preempted:g} during the probe")
+    if waiting > 0:
+        parts.append(f"the waiting queue reached {waiting:g}")
+    if stopped:
+        parts.append(f"the probe was stopped early ({stopped})")
+    lag = max((_num(a.get("schedule_lag_p99")) or 0 for a in attempts), default=0)
+    ev["schedule_lag_p99"] = lag
+    if lag > LAG_WARN_MS:
+        parts.append(f"caution: the load generator fell behind (schedule lag p99 {lag:.0f} ms), so part of "
+                     "the TTFT from the intended send is the client's")  # fmt: skip
+    if tg is not None and gg is not None:
+        parts.append(f"from {_rate(ev['from_rate'])} to {_rate(at['rate'])} req/s TTFT p99 grew ×{tg:g} and "
+                     f"worst-gap p99 ×{gg:g}")  # fmt: skip
+    if att and att.get("share") is not None:
+        parts.append(f"{att['worst_gap_inside_big_prefill']} of {att['streams_live_during_big_prefill']} streams "
+                     f"had their worst gap inside another request's ≥{att['big_prompt_min_tokens']}-token prefill "
+                     f"({att['share']:.0%}; chance {att.get('share_by_chance') or 0:.0%})")  # fmt: skip
+    if preempted > 0:
+        name = "preemption"
+    elif binding.startswith("gap"):
+        fallback = "admission queueing" if admission else "unattributed"
+        name = "prefill insertion" if (prefill or gaps_grew) else fallback
+    elif binding.startswith(("ttft", "total", "errors")):
+        name = "admission queueing" if admission else ("prefill insertion" if prefill else "unattributed")
+    else:
+        name = "unattributed"
+    how = "was exceeded" if at.get("verdict") == "fail" else "could not be shown to hold"
+    text = f"at {_rate(at['rate'])} req/s the {binding or 'SLO'} limit {how}: " + ("; ".join(parts) or "no evidence")
+    return {"mechanism": name, "text": text, "evidence": ev}
+
+
+# ---------------------------------------------------------------------------------------------- table
+
+
+def slo_rows(state: Mapping[str, Any], records: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+    """One row per configuration: the highest rate meeting the SLO, its p99s, the binding limit, the mechanism."""
+    frame = records if records is not None else pd.DataFrame()
+    rows = []
+    for c in state.get("configs", []):
+        r = c.get("result") or {}
+        best = _probe(c, r.get("best_rate"))
+        server = c.get("server") or {}
+        command = server.get("command")
+        mech = mechanism(c, frame) if r else {"mechanism": "–", "text": "search not finished", "evidence": {}}
+        rows.append({
+            "config": c["name"],
+            "flags": " ".join(c.get("flags") or []) or "(defaults)",
+            "flags_applied": server.get("flags_applied"),
+            "command": " ".join(map(str, command)) if isinstance(command, list) else command,
+            "best_rate": r.get("best_rate"),
+            "first_fail_rate": r.get("first_fail_rate"),
+            "status": r.get("status") or c.get("status"),
+            "p99": (best or {}).get("p99", {}),
+            "checks": {ch["key"]: ch for ch in (best or {}).get("checks", [])},
+            "binding": r.get("binding"),
+            "mechanism": mech["mechanism"],
+            "mechanism_text": mech["text"],
+            "evidence": mech["evidence"],
+            "probes": len(c.get("probes", [])),
+            "attempts": sum(len(p.get("attempts", [])) for p in c.get("probes", [])),
+            "uncertain": r.get("uncertain_rates") or [],
+        })  # fmt: skip
+    return rows
+
+
+HEADERS = ("configuration", "flags", "highest rate meeting the SLO (req/s)", "first rate not passing",
+           "TTFT p99 there (ms)", "worst-gap p99 there (ms)", "total p99 there (ms)", "binding limit",
+           "mechanism at the limit", "probes (attempts)", "uncertain rates")  # fmt: skip
+
+
+def _best_text(row: Mapping[str, Any]) -> str:
+    if row["best_rate"] is None:
+        return "none"
+    return f"≥ {_rate(row['best_rate'])}" if row["status"] == "max_rate" else _rate(row["best_rate"])
+
+
+def _cells(row: Mapping[str, Any]) -> list[str]:
+    return [
+        row["config"], row["flags"], _best_text(row), _rate(row["first_fail_rate"]),
+        _ms(row["p99"].get("ttft")), _ms(row["p99"].get("gap")), _ms(row["p99"].get("total")),
+        row["binding"] or "–", row["mechanism"], f"{row['probes']} ({row['attempts']})",
+        ", ".join(_rate(u) for u in row["uncertain"]) or "–",
+    ]  # fmt: skip
+
+
+def table_markdown(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
+    lines = [f"SLO: `{slo}` (TTFT and total from the intended send). p99s at the highest passing rate.", "",
+             "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]  # fmt: skip
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def recommendation(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
+    """Which configuration to run, and what limits it, in one paragraph."""
+    ranked = sorted((r for r in rows if r["best_rate"] is not None), key=lambda r: -float(r["best_rate"]))
+    if not ranked:
+        return f"No configuration met {slo} at any rate probed; the binding limits and mechanisms are in the table."
+    top = ranked[0]
+    ties = [r["config"] for r in ranked[1:] if r["best_rate"] == top["best_rate"]]
+    reach = (f"at every rate probed, up to {_rate(top['best_rate'])} req/s (the capacity may be higher)"
+             if top["status"] == "max_rate" else f"up to {_rate(top['best_rate'])} req/s")
+    text = (f"Run {top['config']} ({top['flags']}): it met {slo} {reach}"
+            + (f"; so did {', '.join(ties)}" if ties else "") + ". ")  # fmt: skip
+    if top["first_fail_rate"] is not None:
+        text += (f"Above it, at {_rate(top['first_fail_rate'])} req/s, the binding limit is "
+                 f"{top['binding'] or 'the SLO'}; mechanism: {top['mechanism']} "
+                 f"({top['mechanism_text']}). ")  # fmt: skip
+    if len(ranked) > 1:
+        runner = next((r for r in ranked[1:] if r["best_rate"] != top["best_rate"]), None)
+        if runner is not None:
+            text += f"Next: {runner['config']} at {_best_text(runner)} req/s (limited by {runner['mechanism']}). "
+        else:
+            text += "The configurations tie at the search's resolution. "
+    if top["first_fail_rate"] is not None and top["best_rate"] is not None:
+        text += (f"The capacity lies between {_rate(top['best_rate'])} and {_rate(top['first_fail_rate'])} "
+                 "req/s; rates inside a bracket were not resolved further.")  # fmt: skip
+    return text.strip()
+
+
+# --------------------------------------------------------------------------------------------- charts
+
+
+def chart_feasible(rows: Sequence[Mapping[str, Any]], out_dir: Path, name: str = "slo_rate") -> list[Path]:
+    """Highest rate meeting the SLO per configuration, with the first failing rate as a whisker."""
+    names = [r["config"] for r in rows]
+    fig = Figure(figsize=(8, 0.6 * len(rows) + 1.6), layout="constrained")
+    ax = fig.add_subplot()
+    y = np.arange(len(rows))
+    for i, r in enumerate(rows):
+        best = _num(r["best_rate"]) or 0.0
+        color = charts.config_color(r["config"], names)
+        ax.barh(i, best, color=color, hatch="//" if r["status"] == "max_rate" else None, alpha=0.85)
+        fail = _num(r["first_fail_rate"])
+        if fail is not None:
+            ax.plot([best, fail], [i, i], color="#333333", lw=1)
+            ax.plot([fail], [i], marker="|", color="#a02020", ms=14, mew=2)
+        label = f"{_best_text(r)} req/s" + (f" · {r['binding']} · {r['mechanism']}" if r["binding"] else "")
+        ax.text(max(best, fail or 0) * 1.02 + 0.01, i, label, va="center", fontsize=8)
+    ax.set_yticks(y, names)
+    ax.invert_yaxis()
+    xmax = max([_num(r["first_fail_rate"]) or _num(r["best_rate"]) or 1.0 for r in rows] or [1.0])
+    ax.set_xlim(0, xmax * 1.6)
+    ax.set_xlabel("Poisson arrival rate (req/s): bar = highest passing probe, red tick = first probe not passing")
+    ax.set_title("SLO-feasible rate per server configuration")
+    ax.grid(axis="x", alpha=0.3)
+    return charts._save(fig, out_dir, name)
+
+
+def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") -> list[Path]:
+    """Each p99 against rate per configuration, with its interval and the SLO's limit."""
+    all_limits = state.get("plan", {}).get("limits", [])
+    limits = {lim["metric"]: lim for lim in all_limits if lim["metric"] in METRICS}
+    shown = [m for m in METRICS if m in limits] + [m for m in METRICS if m not in limits]
+    errors = next((lim for lim in all_limits if lim["metric"] == "errors"), None)
+    if errors is not None:
+        shown.append("errors")
+    fig = Figure(figsize=(5 * len(shown), 4.2), layout="constrained")
+    axes = fig.subplots(1, len(shown), squeeze=False)[0]
+    names = [c["name"] for c in state.get("configs", [])]
+    for ax, metric in zip(axes, shown, strict=True):
+        if metric == "errors":
+            _errors_panel(ax, state, errors or {}, names)
+            continue
+        lim = limits.get(metric)
+        drawn: list[float] = [lim["limit"]] if lim else []
+        key = lim["key"] if lim else None
+        for c in state.get("configs", []):
+            probes = sorted(c.get("probes", []), key=lambda p: p["rate"])
+            if not probes:
+                continue
+            color = charts.config_color(c["name"], names)
+            xs = [p["rate"] for p in probes]
+            ys = [_num(p.get("p99", {}).get(metric)) for p in probes]
+            drawn += [v for v in ys if v is not None]
+            ax.plot(xs, [np.nan if v is None else v for v in ys], color=color, lw=1, alpha=0.7, label=c["name"])
+            for p, v in zip(probes, ys, strict=True):
+                if v is None:
+                    continue
+                ch = next((x for x in p.get("checks", []) if x["key"] == key), None) if key else None
+                if ch and ch.get("low") is not None:
+                    err = [[ch["point"] - ch["low"]], [ch["high"] - ch["point"]]]
+                    ax.errorbar([p["rate"]], [ch["point"]], yerr=err, color=color, capsize=3, lw=1)
+                marker = {"pass": "o", "fail": "X", "uncertain": "D"}.get(p["verdict"], "o")
+                face = "none" if p["verdict"] == "uncertain" else color
+                ax.plot([p["rate"]], [v], marker=marker, color=color, mfc=face, ms=7, ls="none")
+        if lim:
+            ax.axhline(lim["limit"], color="#a02020", ls="--", lw=1)
+            ax.text(0.01, lim["limit"], f" limit {lim['limit']:g} ms", color="#a02020", fontsize=8, va="bottom",
+                    transform=ax.get_yaxis_transform())  # fmt: skip
+        if charts._wide(drawn):
+            charts._log_y(ax)
+        _rate_axis(ax)
+        ax.set_ylabel(f"{METRIC_NAMES[metric]} p99 (ms)" + (" from intended send" if metric != "gap" else ""))
+        ax.set_title(f"{METRIC_NAMES[metric]} p99" + ("" if lim else " (no limit)"))
+    axes[0].legend(fontsize=8, title="o pass · X fail · ◇ uncertain", title_fontsize=8)
+    return charts._save(fig, out_dir, name)
+
+
+def _rate_axis(ax: Any) -> None:
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(charts.FuncFormatter(lambda v, _p: f"{v:g}"))
+    ax.set_xlabel("arrival rate (req/s)")
+    ax.grid(alpha=0.3)
+
+
+def _errors_panel(ax: Any, state: Mapping[str, Any], lim: Mapping[str, Any], names: Sequence[str]) -> None:
+    """Error rate (errors and dropped arrivals over arrivals) per probe, Wilson interval, and its limit."""
+    for c in state.get("configs", []):
+        probes = sorted(c.get("probes", []), key=lambda p: p["rate"])
+        color = charts.config_color(c["name"], names)
+        pts = [(p, next((x for x in p.get("checks", []) if x["key"] == "errors"), None)) for p in probes]
+        pts = [(p, ch) for p, ch in pts if ch and ch.get("point") is not None]
+        if not pts:
+            continue
+        xs = [p["rate"] for p, _ in pts]
+        ys = [100 * ch["point"] for _, ch in pts]
+        err = [[y - 100 * ch["low"] for (_, ch), y in zip(pts, ys, strict=True)],
+               [100 * ch["high"] - y for (_, ch), y in zip(pts, ys, strict=True)]]  # fmt: skip
+        ax.errorbar(xs, ys, yerr=err, color=color, marker="o", capsize=3, lw=1, label=c["name"])
+    ax.axhline(100 * float(lim.get("limit", 0)), color="#a02020", ls="--", lw=1)
+    _rate_axis(ax)
+    ax.set_ylabel("errors + dropped arrivals (% of arrivals)")
+    ax.set_title("error rate (Wilson interval)")
+
+
+# ---------------------------------------------------------------------------------------------- build
+
+
+def slo_section(results_dir: str | Path, records: pd.DataFrame | None, out_dir: str | Path) -> SloSection | None:
+    """Write ``slo_table.md``, ``slo.json`` (analysed) and the two charts; return the HTML section, or None."""
+    state = load_slo(results_dir)
+    if state is None:
+        return None
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = slo_rows(state, records)
+    slo = str(state.get("plan", {}).get("slo", ""))
+    md = out / "slo_table.md"
+    rec = recommendation(rows, slo)
+    md.write_text(table_markdown(rows, slo) + "\n" + rec + "\n", encoding="utf-8")
+    paths = {"slo_rate": chart_feasible(rows, out), "slo_p99": chart_p99(state, out)}
+    js = out / "slo-analysis.json"
+    js.write_text(json.dumps({"slo": slo, "recommendation": rec, "rows": rows}, indent=1, default=str) + "\n")
+    import base64
+
+    figures = [
+        {"name": n, "png_base64": base64.b64encode(p[0].read_bytes()).decode("ascii"), "caption": cap}
+        for n, p, cap in (
+            ("slo_rate", paths["slo_rate"], "Highest Poisson rate whose probe passed the SLO (every interval under "
+             "its limit), and the first rate above it that did not pass. Hatched: passed at the highest rate probed."),
+            ("slo_p99", paths["slo_p99"], "Each p99 against rate per configuration, with its bootstrap interval "
+             "where the SLO limits it; the dashed line is the limit."),
+        )
+    ]  # fmt: skip
+    plan = state.get("plan", {})
+    html = render(
+        "slo.html.j2",
+        slo=slo,
+        plan=plan,
+        recommendation=rec,
+        headers=HEADERS,
+        rows=[{"cells": _cells(r), "row": r} for r in rows],
+        figures=figures,
+        configs=state.get("configs", []),
+        status_text=STATUS_TEXT,
+    )
+    return SloSection(Markup(html), md, js, paths, rows, rec)

@@ -1,0 +1,483 @@
+"""``tailgate slo``: SLO and sweep parsing, verdicts with intervals, the search, controllers, bad input.
+
+The search and the verdicts are tested on synthetic probes, where the capacity is known; the end-to-end
+test at the bottom runs the command against the embedded CPU vLLM, scaled down, and checks what it
+recorded against the search's rules rather than any absolute speed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tailgate import slo
+from tailgate.servers.sweep import CommandServer, ComposeWithFlags
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ------------------------------------------------------------------------------------------- parsing
+
+
+def test_parse_slo_units_and_errors() -> None:
+    limits = slo.parse_slo("ttft_p99<=300ms, gap_p99 <= 0.2s,total_p95<=10s,errors<=0.5%")
+    got = {lim.key: lim.limit for lim in limits}
+    assert got == {"ttft_p99": 300.0, "gap_p99": 200.0, "total_p95": 10000.0, "errors": 0.005}
+    assert slo.parse_slo("TTFT_P99<=300")[0].limit == 300.0  # ms by default
+    assert slo.parse_slo("gap_p99<=1s,errors<=0.01")[1].limit == 0.01
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "ttft_p99<300ms", "ttft_p100<=3ms", "latency_p99<=3ms", "ttft_p99<=0ms", "errors<=5%",
+     "ttft_p99<=3ms,ttft_p99<=4ms", "errors<=150%,ttft_p99<=1s", "gap_p99<=2x"],
+)  # fmt: skip
+def test_parse_slo_rejects(text: str) -> None:
+    with pytest.raises(slo.SloError, match=r"^--slo: "):
+        slo.parse_slo(text)
+
+
+def test_configs_knobs_and_flags() -> None:
+    c = slo.parse_config("small: chunked=on max-num-batched-tokens=512")
+    assert c.name == "small"
+    assert c.flags == ("--enable-chunked-prefill", "--max-num-batched-tokens", "512")
+    off = slo.parse_config("chunked=off", embedded=True)
+    assert off.name == "chunked-off"
+    assert off.flags == ("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192")
+    assert slo.parse_config("chunked=off").flags == ("--no-enable-chunked-prefill",)
+    assert slo.parse_config("plain").flags == ()
+    grid = slo.parse_grid(["chunked=on,off", "max_num_batched_tokens=512,2048"])
+    assert [g.name for g in grid] == ["chunked-on_mnbt-512", "chunked-on_mnbt-2048", "chunked-off_mnbt-512",
+                                      "chunked-off_mnbt-2048"]  # fmt: skip
+    lptt = slo.parse_config("x: long-prefill-token-threshold=256,max-num-seqs=8")
+    assert lptt.flags == ("--long-prefill-token-threshold", "256", "--max-num-seqs", "8")
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [("a: foo=1", "unknown knob"), ("a: chunked=maybe", "on or off"), ("a: max-num-seqs=0", "at least 1"),
+     ("a: max-num-seqs=x", "whole number"), ("bad name!: chunked=on", "configuration name")],
+)  # fmt: skip
+def test_config_rejects(text: str, match: str) -> None:
+    with pytest.raises(slo.SloError, match=f"^--config: .*{match}"):
+        slo.parse_config(text)
+
+
+def test_sweep_files(tmp_path: Path) -> None:
+    js = tmp_path / "s.json"
+    doc = {"configs": [{"name": "base", "knobs": {}}], "grid": {"max-num-batched-tokens": [512, 8192]}}
+    js.write_text(json.dumps(doc))
+    assert [c.name for c in slo.parse_sweep_file(str(js))] == ["base", "mnbt-512", "mnbt-8192"]
+    toml = tmp_path / "s.toml"
+    toml.write_text('[[configs]]\nname = "off"\nknobs = { chunked = false }\n')
+    assert slo.parse_sweep_file(str(toml))[0].flags == ("--no-enable-chunked-prefill",)
+    empty = tmp_path / "e.json"
+    empty.write_text('{"configs": []}')
+    with pytest.raises(slo.SloError, match=r"^--sweep: .*empty"):
+        slo.parse_sweep_file(str(empty))
+    bad = tmp_path / "b.json"
+    bad.write_text('{"grid": {"warp-speed": [1]}}')
+    with pytest.raises(slo.SloError, match=r"^--sweep: unknown knob"):
+        slo.parse_sweep_file(str(bad))
+
+
+# ------------------------------------------------------------------------------------------- verdicts
+
+
+def _attempt(values: list[float], errors: int = 0, stopped: str | None = None) -> dict[str, Any]:
+    recs = [{"ttft_from_intended_ms": v, "worst_gap_ms": v / 2, "total_from_intended_ms": v * 10} for v in values]
+    return {"measured": recs, "sent": len(values) + errors, "errors": errors, "stopped_early": stopped}
+
+
+def test_verdicts_carry_intervals() -> None:
+    limits = slo.parse_slo("ttft_p99<=300ms,errors<=5%")
+    rng = np.random.default_rng(1)
+    low = rng.uniform(50, 100, 300).tolist()
+    verdict, checks = slo.check_probe([_attempt(low)], limits)
+    assert verdict == "pass"
+    ttft = checks[0]
+    assert ttft.low <= ttft.point <= ttft.high <= 300 and ttft.n == 300
+    high = rng.uniform(400, 500, 300).tolist()
+    verdict, checks = slo.check_probe([_attempt(high)], limits)
+    assert verdict == "fail" and checks[0].low > 300
+    assert slo.binding_limit(checks) == "ttft_p99"
+    # the tail straddles the limit: uncertain, never a silent pass
+    edge = rng.uniform(50, 100, 290).tolist() + rng.uniform(250, 350, 10).tolist()
+    verdict, checks = slo.check_probe([_attempt(edge)], limits)
+    assert verdict == "uncertain" and checks[0].low <= 300 < checks[0].high
+    # errors decided by a Wilson interval; a probe stopped early fails whatever its percentiles
+    verdict, checks = slo.check_probe([_attempt(low, errors=60)], limits)
+    assert verdict == "fail" and slo.binding_limit(checks) == "errors"
+    assert slo.check_probe([_attempt(low, stopped="queue")], limits)[0] == "fail"
+    # an error limit finer than n can resolve: 0 errors pass on the point, the interval is still reported
+    verdict, checks = slo.check_probe([_attempt(low, errors=0)], slo.parse_slo("ttft_p99<=300ms,errors<=0.5%"))
+    assert verdict == "pass" and checks[1].high > 0.005
+    verdict, checks = slo.check_probe([_attempt(low, errors=2)], slo.parse_slo("ttft_p99<=300ms,errors<=0.5%"))
+    assert verdict == "uncertain" and checks[1].verdict == "uncertain"
+    lo, hi = slo.wilson_interval(0, 200, 0.95)
+    assert lo == 0.0 and 0 < hi < 0.02
+
+
+def test_pooled_attempts_narrow_the_interval() -> None:
+    limits = slo.parse_slo("ttft_p99<=300ms")
+    rng = np.random.default_rng(3)
+    one = [_attempt(rng.exponential(40, 300).tolist())]
+    four = [*one, *(_attempt(rng.exponential(40, 300).tolist()) for _ in range(3))]
+    w1 = slo.check_probe(one, limits)[1][0]
+    w4 = slo.check_probe(four, limits)[1][0]
+    assert w4.n == 1200 and (w4.high - w4.low) < (w1.high - w1.low)
+
+
+# --------------------------------------------------------------------------------------------- search
+
+
+def _fake(capacity: float, uncertain_band: float = 0.0) -> tuple[Any, list[float]]:
+    seen: list[float] = []
+
+    def probe(rate: float, phase: str) -> str:
+        seen.append(rate)
+        if uncertain_band and abs(rate - capacity) <= uncertain_band:
+            return "uncertain"
+        return "pass" if rate <= capacity else "fail"
+
+    return probe, seen
+
+
+def test_search_doubles_then_bisects() -> None:
+    probe, seen = _fake(13.0)
+    out = slo.search(probe, start=2, max_rate=64, min_rate=0.25, resolution=slo.Resolution(1, False), max_probes=20)
+    assert [s.phase for s in out.steps][:4] == ["double"] * 4 and seen[:4] == [2, 4, 8, 16]
+    assert all(s.phase == "bisect" for s in out.steps[4:]) and len(out.steps) > 4
+    assert out.status == "bracketed" and out.best <= 13 < out.first_fail and out.first_fail - out.best <= 1
+    assert seen[4] == 12  # midpoint of the bracket [8, 16]
+
+
+def test_search_edges() -> None:
+    probe, seen = _fake(0.7)
+    out = slo.search(probe, start=4, max_rate=64, min_rate=0.1, resolution=slo.Resolution(0.5, True), max_probes=20)
+    assert seen[:4] == [4, 2, 1, 0.5] and [s.phase for s in out.steps[:4]] == ["double", "halve", "halve", "halve"]
+    assert out.best is not None and out.best <= 0.7 < out.first_fail
+    probe, _ = _fake(1000)
+    out = slo.search(probe, start=4, max_rate=20, min_rate=1, resolution=slo.Resolution(1, False), max_probes=20)
+    assert out.status == "max_rate" and out.best == 20 and [s.rate for s in out.steps] == [4, 8, 16, 20]
+    probe, _ = _fake(0.01)
+    out = slo.search(probe, start=4, max_rate=20, min_rate=1, resolution=slo.Resolution(1, False), max_probes=20)
+    assert out.status == "below_min" and out.best is None
+    probe, _ = _fake(13)
+    out = slo.search(probe, start=2, max_rate=64, min_rate=1, resolution=slo.Resolution(0.01, False), max_probes=6)
+    assert out.status == "probe_limit" and len(out.steps) == 6
+    # uncertain never counts as meeting the SLO
+    probe, _ = _fake(8.0, uncertain_band=0.1)
+    out = slo.search(probe, start=2, max_rate=64, min_rate=1, resolution=slo.Resolution(1, False), max_probes=20)
+    assert out.best == 4 or out.best < 8
+    assert any(s.verdict == "uncertain" and s.rate == 8 for s in out.steps)
+
+
+# ---------------------------------------------------------------------------------------- controllers
+
+
+def test_command_server_fills_in_quoted_flags(tmp_path: Path) -> None:
+    log = tmp_path / "calls"
+    srv = CommandServer("http://127.0.0.1:9", f"echo {{config}} {{flags}} >> {log}")
+    srv.use_config("mnbt-512")
+    srv.start(["--max-num-batched-tokens", "512", "--x", "a b;rm -rf /"])
+    assert log.read_text().strip() == "mnbt-512 --max-num-batched-tokens 512 --x a b;rm -rf /"
+    assert "'a b;rm -rf /'" in (srv.last_command or "")
+    with pytest.raises(ValueError):
+        CommandServer("http://127.0.0.1:9", "restart.sh")
+
+
+def test_compose_override_really_carries_the_flags(tmp_path: Path) -> None:
+    calls: list[list[str]] = []
+
+    def runner(argv: Any, env: Any) -> subprocess.CompletedProcess[str]:
+        calls.append(list(argv))
+        out = json.dumps({"services": {"vllm": {"command": ["--model", "m", "--port", "8000"]}}})
+        return subprocess.CompletedProcess(argv, 0, out if "config" in argv else "", "")
+
+    c = ComposeWithFlags("vllm", ["docker-compose.yml"], tmp_path, runner=runner)
+    c.use_config("nochunk")
+    c.restart(["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"])
+    override = tmp_path / "compose-nochunk.yml"
+    cmd = json.loads(override.read_text())["services"]["vllm"]["command"]
+    assert cmd == ["--model", "m", "--port", "8000", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"]
+    up = [a for a in calls if "up" in a][-1]
+    assert up[-3:] == ["up", "-d", "vllm"] and str(override) in up
+
+
+# ------------------------------------------------------------------------------------ the runner, faked
+
+
+class _Controller:
+    base_url = "http://127.0.0.1:9"
+    restarts = True
+
+    def __init__(self) -> None:
+        self.restarted: list[list[str]] = []
+
+    def use_config(self, config: str) -> None:
+        self.config = config
+
+    def restart(self, flags: Any) -> None:
+        self.restarted.append(list(flags))
+
+    def wait_healthy(self) -> float:
+        return 0.0
+
+    def describe(self) -> dict[str, Any]:
+        return {"command": ["vllm", *self.restarted[-1]]}
+
+    def stop(self) -> None:
+        pass
+
+
+def _fake_runner(tmp_path: Path, capacity: float, edge: float, **plan: Any) -> tuple[slo.SloRunner, _Controller]:
+    """A runner whose Locust runs are replaced by a latency model: TTFT p99 crosses 300 ms at ``capacity``,
+    and probes within ``edge`` req/s of it straddle the limit."""
+    ctl = _Controller()
+    p = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=300ms"), configs=[slo.parse_config("a: max-num-seqs=8")],
+                    start_rate=2, max_rate=64, min_rate=1, resolution=slo.Resolution(1, False), n=300, warmup=0,
+                    resamples=300, **plan)  # fmt: skip
+    runner = slo.SloRunner(p, ctl, tmp_path, log=lambda _line: None)
+    now = [0.0]
+    runner.clock = lambda: now[0]
+
+    def run_child(config: Any, rate: float, seed: int, out: Path) -> dict[str, Any]:
+        out.mkdir(parents=True)
+        now[0] += 300 / rate + slo.PROBE_OVERHEAD_S  # what the probe would have taken
+        mark = {"rate": rate, "seed": seed, "stopped_early": None, "waiting_max": 0.0, "seconds": 1.0}
+        (out / slo.PROBE_MARK).write_text(json.dumps(mark))
+        return mark
+
+    def attempt_data(out: Path, mark: dict[str, Any]) -> dict[str, Any]:
+        rate = mark["rate"]
+        rng = np.random.default_rng(mark["seed"] + int(rate * 1000))
+        if abs(rate - capacity) <= edge:
+            vals = np.r_[rng.uniform(50, 100, 294), rng.uniform(200, 400, 6)]
+        else:
+            vals = rng.uniform(50, 100 if rate < capacity else 1000, 300)
+        data = _attempt(vals.tolist())
+        data["summary"] = {}
+        return data
+
+    runner._run_child = run_child  # type: ignore[method-assign]
+    runner._attempt_data = attempt_data  # type: ignore[method-assign]
+    return runner, ctl
+
+
+def test_runner_records_reruns_and_resumes(tmp_path: Path) -> None:
+    runner, ctl = _fake_runner(tmp_path, capacity=12, edge=0.6)
+    runner.run()
+    state = json.loads((tmp_path / slo.SLO_FILE).read_text())
+    c = state["configs"][0]
+    assert ctl.restarted == [["--max-num-seqs", "8"]] and c["server"]["flags_applied"] is True
+    assert [p["rate"] for p in c["probes"]][:4] == [2, 4, 8, 16]
+    assert c["result"]["best_rate"] < 12 <= c["result"]["first_fail_rate"]
+    assert c["result"]["binding"] == "ttft_p99"
+    uncertain = [p for p in c["probes"] if p["verdict"] == "uncertain"]
+    assert uncertain and all(len(p["attempts"]) == 2 for p in uncertain)  # re-run once, attempts pooled
+    assert all(p["checks"][0]["n"] == 300 * len(p["attempts"]) for p in c["probes"])
+    # a second run finds every attempt on disk and never restarts the server
+    again, ctl2 = _fake_runner(tmp_path, capacity=12, edge=0.6)
+    again.run()
+    assert ctl2.restarted == []
+    assert json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"][0]["result"] == c["result"]
+
+
+def test_runner_time_budget_keeps_the_bracket(tmp_path: Path) -> None:
+    # 2, 4, 8 req/s take 150 + 75 + 37.5 s of arrivals plus overheads; 16 req/s would not fit in 330 s
+    runner, _ = _fake_runner(tmp_path, capacity=12, edge=0.0, time_budget=330)
+    runner.run()
+    c = json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"][0]
+    assert [p["rate"] for p in c["probes"]] == [2, 4, 8]
+    r = c["result"]
+    assert r["status"] == "time_budget" and r["best_rate"] == 8 and r["first_fail_rate"] is None
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--server", "url"], "--slo"),
+        (["--slo", "ttft_p99<=3furlongs", "--server", "url"], "--slo"),
+        (["--slo", "ttft_p99<=1s", "--knob", "warp=1", "--server", "url"], "--knob"),
+        (["--slo", "ttft_p99<=1s", "--knob", "chunked=", "--server", "url"], "--knob"),
+        (["--slo", "ttft_p99<=1s", "--sweep", "{empty}", "--server", "url"], "--sweep"),
+        (["--slo", "ttft_p99<=1s", "--config", "a", "--config", "b", "--server", "url"], "--config"),
+        (["--slo", "ttft_p99<=1s", "--resolution", "0"], "--resolution"),
+        (["--slo", "ttft_p99<=1s", "--server", "command"], "--restart-command"),
+        (["--slo", "ttft_p99<=1s", "--server", "url", "--host", "ftp://x"], "--host"),
+        (["--slo", "ttft_p99<=1s", "--server", "url", "--start-rate", "8", "--max-rate", "4"], "--max-rate"),
+        (["--slo", "ttft_p99<=1s", "--server", "url", "--n", "0"], "--n"),
+        (["--slo", "ttft_p99<=1s", "--server", "url", "--n", "10", "--warmup", "25"], "--n"),
+        (["--slo", "ttft_p99<=1s", "--server", "url", "--trace-file", "/nonexistent/t.jsonl"], "--trace-file"),
+        (["--slo", "ttft_p99<=1s", "--server", "warp"], "--server"),
+    ],
+)
+def test_bad_input_one_line_exit_2(tmp_path: Path, args: list[str], option: str) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    args = [str(empty) if a == "{empty}" else a for a in args]
+    done = subprocess.run([sys.executable, "-m", "tailgate.cli", "slo", *args, "--results", str(tmp_path / "r")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and option in lines[0] and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "r" / "slo.json").exists()
+
+
+# ------------------------------------------------------------------------------------- report section
+
+
+def test_report_section_from_synthetic_state(tmp_path: Path) -> None:
+    from tailgate.postprocess.slo import recommendation, slo_rows, slo_section
+
+    def probe(i: int, rate: float, verdict: str, ttft: float) -> dict[str, Any]:
+        check = {"key": "ttft_p99", "limit": 300.0, "point": ttft, "low": ttft * 0.9, "high": ttft * 1.1,
+                 "n": 200, "verdict": verdict}  # fmt: skip
+        return {"index": i, "rate": rate, "phase": "double", "verdict": verdict, "checks": [check],
+                "binding": None if verdict == "pass" else "ttft_p99",
+                "p99": {"ttft": ttft, "gap": 50.0, "total": 900.0},
+                "attempts": [{"dir": f"x_r{rate:g}", "waiting_max": 30 if verdict == "fail" else 0,
+                              "preemptions_delta": 0, "n_measured": 200, "errors": 0,
+                              "stopped_early": None}]}  # fmt: skip
+
+    state = {
+        "plan": {"slo": "ttft_p99<=300ms", "limits": [{"key": "ttft_p99", "metric": "ttft", "p": 99, "limit": 300.0}],
+                 "start_rate": 5, "max_rate": 64, "resolution": "25%", "n": 200, "warmup": 25,
+                 "confidence": 0.95, "resamples": 2000, "reruns": 1},
+        "configs": [
+            {"name": "a", "flags": [], "server": {"flags_applied": True}, "probes": [
+                probe(1, 5, "pass", 100), probe(2, 10, "pass", 200), probe(3, 20, "fail", 600)],
+             "result": {"best_rate": 10, "first_fail_rate": 20, "status": "bracketed", "binding": "ttft_p99"}},
+            {"name": "b", "flags": ["--max-num-batched-tokens", "512"], "server": {}, "probes": [
+                probe(1, 5, "fail", 400)],
+             "result": {"best_rate": None, "first_fail_rate": 5, "status": "below_min", "binding": "ttft_p99"}},
+        ],
+    }  # fmt: skip
+    (tmp_path / "slo.json").write_text(json.dumps(state))
+    rows = slo_rows(state, pd.DataFrame())
+    assert rows[0]["mechanism"] == "admission queueing" and rows[0]["p99"]["ttft"] == 200
+    assert recommendation(rows, "ttft_p99<=300ms").startswith("Run a (")
+    section = slo_section(tmp_path, pd.DataFrame(), tmp_path / "report")
+    assert section is not None
+    assert 'id="slo"' in section.html and "admission queueing" in section.html
+    assert (tmp_path / "report" / "slo_rate.png").stat().st_size > 0
+    assert (tmp_path / "report" / "slo_p99.svg").stat().st_size > 0
+    assert "| a |" in section.table_md.read_text()
+
+
+# ------------------------------------------------------------------------------------ end to end, CPU vLLM
+
+
+def _follows_the_search(probes: list[dict[str, Any]], start: float, max_rate: float) -> None:
+    """Each recorded probe is the one the rules ask for, given the verdicts before it."""
+    lo = hi = None
+    for i, p in enumerate(probes):
+        rate, phase = p["rate"], p["phase"]
+        if i == 0:
+            assert (rate, phase) == (start, "double")
+        elif hi is None:
+            assert phase == "double" and rate == min(lo * 2, max_rate)
+        elif lo is None:
+            assert phase == "halve" and rate == round(hi / 2, 3)
+        else:
+            assert phase == "bisect" and rate == round((lo + hi) / 2, 3)
+        if p["verdict"] == "pass":
+            lo = rate
+        else:
+            hi = rate if hi is None else min(hi, rate)
+
+
+@pytest.mark.vllm
+def test_embedded_slo_end_to_end(tmp_path: Path) -> None:
+    """Scaled down: short requests, one in flight at most, so arrivals above the server's pace are dropped
+    (and count as errors); the error limit then fails at high rates on any machine, however busy."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"prompt_tokens": 16, "max_tokens": 24}) + "\n" for _ in range(13)))
+    results = tmp_path / "slo"
+    cmd = [sys.executable, "-m", "tailgate.cli", "slo", "--embedded", "--results", str(results),
+           "--slo", "ttft_p99<=60s,gap_p99<=30s,errors<=30%", "--config", "seqs4: max-num-seqs=4",
+           "--trace-file", str(trace), "--warmup", "1", "--start-rate", "1", "--max-rate", "16",
+           "--resolution", "50%", "--max-probes", "6", "--reruns", "1", "--resamples", "500",
+           "--locust-arg=--settle=0", "--locust-arg=--max-in-flight=1"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    out = done.stdout + done.stderr
+    state = json.loads((results / "slo.json").read_text())
+    config = state["configs"][0]
+    result = config["result"]
+    assert done.returncode == (0 if result["best_rate"] is not None else 3), out[-4000:]
+    assert "Traceback" not in out
+    # the effective server command carries the knob
+    command = config["server"]["command"]
+    assert config["server"]["flags_applied"] and "--max-num-seqs" in command and "4" in command
+    assert "--enforce-eager" in command
+    # every probe recorded, none discarded: one folder per attempt, a verdict with intervals per probe
+    probes = config["probes"]
+    assert 1 <= len(probes) <= 6
+    for p in probes:
+        assert p["verdict"] in ("pass", "fail", "uncertain")
+        for a in p["attempts"]:
+            assert (results / a["dir"] / "slo-probe.json").exists()
+        assert len(p["attempts"]) == (2 if p["verdict"] == "uncertain" else len(p["attempts"]))
+        for ch in p["checks"]:
+            if ch["point"] is not None:
+                assert ch["low"] <= ch["point"] + 1e-6 and ch["point"] <= ch["high"] + 1e-6
+    _follows_the_search(probes, 1.0, 16.0)
+    verdicts = [p["verdict"] for p in probes]
+    if "pass" in verdicts and any(v != "pass" for v in verdicts) and len(probes) < 6:
+        assert any(p["phase"] in ("bisect", "halve") for p in probes)  # doubling then narrowing
+    if result["first_fail_rate"] is not None:
+        assert result["binding"] in ("ttft_p99", "gap_p99", "errors")
+    # the report has the section, its table and charts
+    html = (results / "report" / "report.html").read_text()
+    assert 'id="slo"' in html and "Capacity under the SLO" in html and "seqs4" in html
+    assert (results / "report" / "slo_table.md").exists() and (results / "report" / "slo_rate.png").exists()
+    # and a second run reuses every probe instead of sending anything
+    again = subprocess.run([*cmd, "--no-report"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == done.returncode, (again.stdout + again.stderr)[-3000:]
+    assert "restarting" not in again.stdout and again.stdout.count("already done") == sum(
+        len(p["attempts"]) for p in probes
+    )
+
+
+def test_imports_stay_on_their_side() -> None:
+    """The search drives children and reads JSONL without pandas; its report section never pulls in gevent."""
+    code = (
+        "import sys\n"
+        "import tailgate.slo, tailgate.servers.sweep\n"
+        "assert not ({'pandas', 'gevent', 'locust'} & set(sys.modules))\n"
+        "import tailgate.postprocess.slo\n"
+        "assert not ({'gevent', 'locust'} & set(sys.modules))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
+
+
+def test_mechanism_at_the_limit() -> None:
+    """The same evidence as the diagnosis: the preemption counter, the queue and TTFT growth, gap growth."""
+    from tailgate.postprocess.slo import mechanism
+
+    def cfg(binding: str, p99_low: dict[str, float], p99_high: dict[str, float], **attempt: Any) -> dict[str, Any]:
+        a = {"dir": "none", "waiting_max": 0, "preemptions_delta": 0, "schedule_lag_p99": 1.0, **attempt}
+        return {"probes": [{"rate": 5, "verdict": "pass", "p99": p99_low, "attempts": [dict(a)]},
+                           {"rate": 10, "verdict": "fail", "binding": binding, "p99": p99_high, "attempts": [a]}],
+                "result": {"best_rate": 5, "first_fail_rate": 10}}  # fmt: skip
+
+    flat, slow = {"ttft": 100, "gap": 100}, {"ttft": 110, "gap": 400}
+    assert mechanism(cfg("gap_p99", flat, slow, preemptions_delta=7), pd.DataFrame())["mechanism"] == "preemption"
+    assert mechanism(cfg("gap_p99", flat, slow), pd.DataFrame())["mechanism"] == "prefill insertion"
+    queued = mechanism(cfg("ttft_p99", flat, {"ttft": 900, "gap": 110}), pd.DataFrame())
+    assert queued["mechanism"] == "admission queueing" and "×9" in queued["text"]
+    lagging = mechanism(cfg("ttft_p99", flat, {"ttft": 900, "gap": 110}, schedule_lag_p99=50.0), pd.DataFrame())
+    assert "load generator fell behind" in lagging["text"]
+    none = mechanism({"probes": [], "result": {"best_rate": 5, "first_fail_rate": None}}, pd.DataFrame())
+    assert none["mechanism"] == "none"
