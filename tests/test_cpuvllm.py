@@ -26,7 +26,6 @@ from tailgate.servers import (
     ManualServer,
     ServerController,
     ServerError,
-    default_vllm_python,
     ensure_tiny_model,
     ensure_vllm_venv,
     free_port,
@@ -34,7 +33,8 @@ from tailgate.servers import (
     tailgate_home,
     vllm_server_argv,
 )
-from tailgate.tinymodel import PROMPT_WORD, PROMPT_WORD_ID, model_config, tokenizer_config, vocabulary
+from tailgate.servers.install import default_vllm_python
+from tailgate.servers.tinymodel import PROMPT_WORD, PROMPT_WORD_ID, model_config, tokenizer_config, vocabulary
 
 PY = Path("/venv/bin/python")
 MODEL = Path("/models/tiny")
@@ -309,12 +309,20 @@ def test_compose_failure_raises_with_stderr() -> None:
 
 
 def test_compose_describe_reports_image_and_digest() -> None:
-    config = json.dumps({"services": {"vllm": {"image": "vllm/vllm-openai:v0.24.0"}}})
+    config = json.dumps({"services": {"vllm": {
+        "image": "vllm/vllm-openai:v0.24.0", "entrypoint": ["vllm", "serve"],
+        "command": ["--model", "m", "--no-enable-chunked-prefill", "--api-key", "sk-in-the-file"],
+        "environment": {"VLLM_API_KEY": "sk-interpolated", "HF_TOKEN": "hf-secret"}}}})  # fmt: skip
     inspect = json.dumps([{"Id": "sha256:abc", "RepoDigests": ["vllm/vllm-openai@sha256:def"]}])
     runner = FakeRunner({"config --format json": (0, config), "image inspect": (0, inspect)})
     server = ComposeServer("vllm", ["c.yaml"], base_url="http://127.0.0.1:1", runner=runner)
     facts = server.describe()
     assert facts["image"] == "vllm/vllm-openai:v0.24.0"
+    # what the container runs, as compose resolved it; secrets in it are not recorded
+    assert facts["effective_command"] == [
+        "vllm", "serve", "--model", "m", "--no-enable-chunked-prefill", "--api-key", "<redacted>"
+    ]  # fmt: skip
+    assert "secret" not in json.dumps(facts) and "sk-" not in json.dumps(facts)
     assert facts["image_id"] == "sha256:abc"
     assert facts["repo_digests"] == ["vllm/vllm-openai@sha256:def"]
     assert ["docker", "image", "inspect", "vllm/vllm-openai:v0.24.0"] in [c[0] for c in runner.calls]
@@ -379,7 +387,7 @@ def test_manual_restart_detects_new_process_without_stdin(stub_server: str) -> N
     server.restart(["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"])
     timer.join()
     assert any("--no-enable-chunked-prefill --max-num-batched-tokens 8192" in s for s in said)
-    assert server.describe()["extra_args"] == ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"]
+    assert server.describe()["requested_args"] == ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"]
     server.stop()
 
 
@@ -489,7 +497,7 @@ def test_real_server_start_restart_stop(tmp_path: Path) -> None:
 
 
 def test_suite_compose_controller_switches_file_sets_per_configuration() -> None:
-    from tailgate.cli import ComposeByConfig
+    from tailgate.servers import ComposeByConfig
 
     runner = FakeRunner()
     files = {"chunked": [], "nochunk": ["docker-compose.nochunk.yml"], "preempt": ["docker-compose.preempt.yml"]}
