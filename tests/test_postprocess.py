@@ -393,8 +393,16 @@ def test_diagnosis_answers_all_five_with_evidence(report: ReportPaths) -> None:
     by_rate = {i["rate"]: i for i in q3["evidence"]["by_rate"]}
     assert set(by_rate) == {2.0, 8.0}
     assert by_rate[8.0]["gap_p99_ratio"] == pytest.approx(233.6 / 142.0, abs=0.001)
+    # 48-50 requests per cell: a p99 interval would rest on one request, so none is given, and it is said
     ci = by_rate[8.0]["bootstrap"]["gap_p99"]
-    assert ci["ci_low"] <= ci["diff"] <= ci["ci_high"] and ci["resamples"] == 2000
+    assert ci["ci"] is None and "needs at least 100" in ci["why_no_ci"] and (ci["n_a"], ci["n_b"]) == (48, 50)
+    assert "no interval: n = 48 and 50" in q3["text"] and "95% CI" not in q3["text"]
+    assert q3["verdict"].startswith("yes by the point values only (fewer than 100 requests per cell: no interval)")
+    assert "1.65× at 8 req/s (n = 48, 50)" in q3["verdict"]
+    # chart 3 and question 2 call the same prompts long
+    from tailgate.postprocess.prompts import long_prompt_threshold
+
+    assert q2["evidence"]["attribution"]["big_prompt_min_tokens"] == 6000 == long_prompt_threshold([200, 1000, 6000])
     pre = next(c for c in q4["evidence"]["cells"] if c["cell"] == "preempt_r8")
     assert pre["moved"] and pre["direct"] == 15
     assert pre["requests_in_flight_during_increments"] >= pre["requests_stalled_during_increments"]
@@ -439,8 +447,12 @@ def test_diagnosis_is_deterministic_and_says_small_effects_plainly() -> None:
     b = diagnose(summaries, records)
     assert a == b
     q3 = a[2]
-    assert q3["verdict"].startswith("small")
+    assert q3["verdict"].startswith("no difference resolved: worst-gap p99 off/on")
     assert all(i["small"] for i in q3["evidence"]["by_rate"])
+    # n = 400 per cell: intervals are computed and stated with their n
+    assert all(i["bootstrap"]["gap_p99"]["n_a"] == 400 and "ci_low" in i["bootstrap"]["gap_p99"]
+               for i in q3["evidence"]["by_rate"])  # fmt: skip
+    assert "95% CI [" in q3["text"] and "n = 400 and 400" in q3["text"]
     q5 = a[4]
     assert q5["verdict"].startswith("no: one prompt length")
     assert "5." in render_text(a)
