@@ -540,3 +540,18 @@ def test_installed_names_live_under_the_tailgate_namespace() -> None:
         "assert u.find_spec('tailgate.trace') is None\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tempfile.gettempdir())
+
+
+def test_an_unreachable_prometheus_is_one_note_in_words(tmp_path: Path) -> None:
+    from tailgate.postprocess.report import analyze
+    from tailgate.servers import free_port
+
+    results = tmp_path / "results"
+    shutil.copytree(FIXTURE, results)
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    notes = analyze(results, prometheus_url=url, save_series=False).notes
+    about = [n for n in notes if url in n]
+    said = f"Prometheus at {url} did not answer (connection refused): every run uses the direct /metrics scrapes"
+    assert about == [said]
+    assert not any(word in " ".join(notes) for word in ("HTTPConnectionPool", "Max retries", "urllib3", "Errno"))
+    assert all("\n" not in n for n in notes)
