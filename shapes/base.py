@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gevent
 from gevent.event import Event
-from locust import LoadTestShape
+from locust import LoadTestShape, events
 from locust import __version__ as locust_version
 from locust.runners import MasterRunner
 
@@ -314,3 +314,37 @@ def server_info(s: Settings) -> dict[str, Any]:
 
 
 __all__ = ["OptionError", "SuiteShape"]
+
+
+# -- how a Locust process ends ------------------------------------------------------------------
+# Locust ends on Ctrl-C or SIGTERM without stopping greenlets it did not start. The coordinator
+# would be left blocked, its ``finally`` (run.json's end, the /metrics sampler) running only when
+# the interpreter finalizes it, or never. Killing it on ``quitting`` runs that ``finally`` first.
+# SIGHUP (a closed terminal) and SIGTERM are turned into Ctrl-C, so all three end through one path.
+
+
+def end_coordinator(environment: Any, **_: Any) -> None:
+    """Stop the shape's coordinator so run.json says ``interrupted`` and the sampler stops."""
+    shape = getattr(environment, "shape_class", None)
+    coordinator = getattr(shape, "_coordinator", None)
+    if isinstance(shape, SuiteShape) and coordinator is not None and not coordinator.dead:
+        coordinator.kill(block=True, timeout=10)
+
+
+def _interrupt_main() -> None:
+    """Raise KeyboardInterrupt in the main greenlet, as gevent does for Ctrl-C: Locust then shuts down
+    through its Ctrl-C path (quitting event, stats, exit code)."""
+    gevent.get_hub().parent.throw(KeyboardInterrupt())
+
+
+def _hangup_as_interrupt(environment: Any, **_: Any) -> None:
+    import signal
+
+    # SIGINT too: Python's own handler raises inside gevent's hub, which prints the KeyboardInterrupt
+    # with a timestamp before passing it on; thrown straight into the main greenlet it is silent
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        gevent.signal_handler(sig, _interrupt_main)
+
+
+events.quitting.add_listener(end_coordinator)
+events.init.add_listener(_hangup_as_interrupt)

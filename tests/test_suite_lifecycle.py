@@ -203,3 +203,26 @@ def test_stop_process_tree_ends_grandchildren_that_ignore_sigint(tmp_path: Path)
     assert tree[1] in killed  # ignored both SIGINT (never sent to it) and SIGTERM
     time.sleep(0.2)
     assert not [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_locust_alone_ends_cleanly_on_each_signal(gt: ServerProcess, tmp_path: Path, sig: int) -> None:
+    """A Locust run stopped by hand: every request sent has a record, run.json says interrupted, no noise."""
+    from runkit import start_locust
+
+    from tailgate.records import lost_in_flight
+
+    trace = write_trace(tmp_path / "trace.jsonl", [(4, 25)] * 40)
+    out = tmp_path / "results"
+    locust = start_locust("continuous.py", gt.base_url, out, tmp_path, "--rates", "8", "--trace-file", str(trace),
+                          "--warmup", "0")  # fmt: skip
+    wait_for(lambda: records_in(out) >= 2, locust.proc, locust.stderr_path, "the first records")  # type: ignore[arg-type]
+    locust.proc.send_signal(sig)
+    locust.wait(90)
+    text = locust.stdout + locust.stderr
+    assert "Traceback" not in text and "greenlet" not in text.lower() and "KeyboardInterrupt" not in text, text[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "interrupted" and run["ended"]
+    loss = lost_in_flight(out)
+    assert loss["lost"] == 0 and loss["sent"] == loss["recorded"] > 0  # in-flight requests became records
+    assert mentioning(str(out)) == []
