@@ -226,3 +226,27 @@ def test_locust_alone_ends_cleanly_on_each_signal(gt: ServerProcess, tmp_path: P
     loss = lost_in_flight(out)
     assert loss["lost"] == 0 and loss["sent"] == loss["recorded"] > 0  # in-flight requests became records
     assert mentioning(str(out)) == []
+
+
+@pytest.mark.parametrize("boundary", ["done in", "cell 2/2"], ids=["after-a-cell", "before-the-next"])
+def test_a_signal_at_a_cell_boundary_then_resume(gt: ServerProcess, tmp_path: Path, boundary: str) -> None:
+    trace = write_trace(tmp_path / "trace.jsonl", [(4, 3)] * 4)
+    results, logs = tmp_path / "suite", tmp_path / "suite.log"
+    cmd = suite_cmd(gt, results, trace)
+    cmd[cmd.index("--rates") + 1] = "8,9"
+    proc = start(cmd, logs)
+    wait_for(lambda: boundary in logs.read_text(), proc, logs, f"'{boundary}'")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=90) == 143, logs.read_text()[-3000:]
+    assert "Traceback" not in logs.read_text()
+    suite = json.loads((results / "suite.json").read_text())
+    assert (suite["status"], suite["exit_code"]) == ("interrupted", 143)
+    assert json.loads((results / "chunked_cont_r8" / "run.json").read_text())["status"] == "completed"
+    second = results / "chunked_cont_r9" / "run.json"
+    assert not second.exists() or json.loads(second.read_text())["status"] != "running"
+    assert mentioning(str(results)) == []
+    resumed = subprocess.run([*cmd, "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "chunked_cont_r8 already done, skipped" in resumed.stdout
+    assert json.loads((results / "chunked_cont_r9" / "run.json").read_text())["status"] == "completed"
+    assert json.loads((results / "suite.json").read_text())["status"] == "completed"
