@@ -555,3 +555,45 @@ def test_an_unreachable_prometheus_is_one_note_in_words(tmp_path: Path) -> None:
     assert about == [said]
     assert not any(word in " ".join(notes) for word in ("HTTPConnectionPool", "Max retries", "urllib3", "Errno"))
     assert all("\n" not in n for n in notes)
+
+
+def test_question_2_says_when_gaps_inside_long_prefills_were_shorter() -> None:
+    """Streams whose worst gap falls inside a long prefill, but is shorter than everyone else's: the
+    diagnosis must say so and not count it as prefill stalls."""
+    rows = []
+    for stage, rate in enumerate((5.0, 10.0)):
+        base = 1e9 + stage * 1000
+        for k, start in enumerate((10.0, 30.0, 50.0)):  # long prompts prefill for 2 s each
+            rows.append({"trace_id": 1000 + k, "stage": stage, "rate_or_batch": rate, "prompt_tokens_planned": 6000,
+                         "sent_s": base + start, "first_chunk_s": base + start + 2.0, "last_chunk_s": base + start + 4,
+                         "worst_gap_ms": 30.0, "worst_gap_end_s": base + start + 3.0})  # fmt: skip
+        for i in range(60):
+            t = base + i
+            big_gap = 0.1 * (1 + stage)
+            clear = [e for e in (0.5, 2.5, 4.5)  # a gap end whose interval touches no long prefill
+                     if not any(w - 0.05 <= i + e and i + e - big_gap <= w + 2.05 for w in (10.0, 30.0, 50.0))]
+            inside = i % 3 == 0 and any(w <= i + 2.5 <= w + 2.0 for w in (10.0, 30.0, 50.0))
+            if not inside and not clear:
+                continue
+            gap_end = t + 2.5 if inside else t + clear[0]
+            rows.append({"trace_id": i, "stage": stage, "rate_or_batch": rate, "prompt_tokens_planned": 200,
+                         "sent_s": t, "first_chunk_s": t + 0.02, "last_chunk_s": t + 5.0,
+                         "worst_gap_ms": 20.0 if inside else 100.0 * (1 + stage),
+                         "worst_gap_end_s": gap_end})  # fmt: skip
+    records = pd.DataFrame(rows)
+    n = len(records)
+    records = records.assign(
+        run_id="r", worker="w", stage_label=[f"cont_r{int(r)}" for r in records["rate_or_batch"]], arm="continuous",
+        max_tokens=100, intended_s=records["sent_s"], schedule_lag_ms=0.5, end_s=records["last_chunk_s"],
+        ttft_ms=20.0, ttft_from_intended_ms=20.0, total_ms=5000.0, total_from_intended_ms=5000.0, chunks=100,
+        completion_tokens=100, error_class=[None] * n, run_dir="run",
+    )  # fmt: skip
+    summaries = pd.DataFrame(summaries_from_records(records))
+    summaries["config"] = "chunked"
+    summaries["cell"] = [cell_name("chunked", "continuous", r) for r in summaries["rate_or_batch"]]
+    q2 = diagnose(summaries, records)[1]
+    att = q2["evidence"]["attribution"]
+    assert att["inside_shorter"] is True
+    assert att["median_worst_gap_inside_ms"] == 20.0 < att["median_worst_gap_other_ms"]
+    assert "shorter inside, so these prefills did not lengthen the worst gaps they overlapped" in q2["text"]
+    assert "inside a long prefill vs" not in q2["verdict"]  # not counted as prefill stalls
