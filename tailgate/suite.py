@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -228,7 +229,7 @@ class Suite:
         self._current_cell = out
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.child_env}
         # its own session: a Ctrl-C in the terminal reaches the suite alone, which stops Locust exactly
-        # once (interrupt()); the signal mask makes sure no child exists without self._child naming it
+        # once (interrupt()); deferred() makes sure no child exists without self._child naming it
         with deferred():
             self._child = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -249,6 +250,7 @@ class Suite:
         # Locust exits 1 when any request failed; failed requests are data (error records), so the
         # cell counts as done whenever the run completed and wrote its summary
         if code not in (0, 1) or summary is None or not cell_done(self.root, cell):
+            mark_run_ended(out / "run.json", f"locust exit {code}", status="failed")
             detail = "\n".join(tail[-15:])
             raise SuiteError(f"cell {cell.name} failed (locust exit {code}); last output:\n{detail}")
         self.log(f"[suite] {cell.name} done in {time.monotonic() - t0:.0f} s")
@@ -317,9 +319,12 @@ class Suite:
         child = self._child
         if child is None:
             return
+        # keep reading its output while it shuts down: Locust prints its final statistics, and a full
+        # pipe would block it until the SIGKILL
+        drain = threading.Thread(target=_drain, args=(child.stdout,), daemon=True)
+        drain.start()
         killed = stop_process_tree(child, first=signal.SIGINT, grace_s=20.0)
-        if child.stdout is not None:
-            child.stdout.close()
+        drain.join(timeout=5)
         if killed:
             self.log(f"[suite] Locust did not stop on SIGINT; killed {len(killed)} process(es)")
         self._child = None
@@ -334,15 +339,31 @@ class Suite:
         self._write_meta(status=status, exit_code=exit_code, ended=_iso(time.time()), end_detail=detail)
 
 
-def mark_run_ended(path: Path, why: str) -> None:
-    """Rewrite a run.json left at ``running`` (its Locust was stopped before it could) to ``interrupted``."""
+def _drain(stream: Any) -> None:
+    """Read a pipe to its end, discarding; closes it."""
+    if stream is None:
+        return
+    try:
+        for _ in stream:
+            pass
+    except (OSError, ValueError):
+        pass
+    finally:
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+def mark_run_ended(path: Path, why: str, status: str = "interrupted") -> None:
+    """Rewrite a run.json left at ``running`` (its Locust was stopped before it could) to ``status``."""
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError):
         return
     if meta.get("status") != "running":
         return
-    meta.update({"status": "interrupted", "ended": meta.get("ended") or _iso(time.time()), "ended_by": why})
+    meta.update({"status": status, "ended": meta.get("ended") or _iso(time.time()), "ended_by": why})
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(meta, indent=1) + "\n")
     tmp.replace(path)
