@@ -21,11 +21,11 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
 from tailgate.postprocess.load import rate_text
+from tailgate.postprocess.prompts import long_prompt_threshold
 
 CONFIG_COLORS = {"chunked": "#1f77b4", "nochunk": "#d62728", "preempt": "#9467bd"}
 EXTRA_COLORS = ("#2ca02c", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 METRIC_COLORS = {"ttft": "#4c72b0", "gap": "#dd8452", "total": "#55a868"}
-LONG_PROMPT_TOKENS = 6000
 RASTERIZE_ABOVE = 2000
 """Scatter sizes above which markers are rasterized in the SVG."""
 LOG_RATIO = 20.0
@@ -257,14 +257,6 @@ PROMPT_PALETTE = ("#4c72b0", "#dd8452", "#c44e52", "#8172b2", "#937860", "#da8bc
 MAX_LIFELINES = 5000
 MAX_SPANS = 500
 MAX_SERIES_POINTS = 1500
-
-
-def long_prompt_threshold(prompt_tokens: pd.Series) -> float:
-    """≥ 6000 tokens (the seed's long class), or the largest class present when none is that long."""
-    p = pd.to_numeric(prompt_tokens, errors="coerce").dropna()
-    if p.empty:
-        return float("inf")
-    return float(LONG_PROMPT_TOKENS) if (p >= LONG_PROMPT_TOKENS).any() else float(p.max())
 
 
 def _stage_records(records: pd.DataFrame, stage: pd.Series) -> pd.DataFrame:

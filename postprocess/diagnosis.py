@@ -17,6 +17,7 @@ import pandas as pd
 
 from tailgate.postprocess.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED, percentile_difference
 from tailgate.postprocess.load import rate_text
+from tailgate.postprocess.prompts import long_prompt_threshold
 from tailgate.postprocess.summarize import measured_mask, stage_warmups
 from tailgate.postprocess.table import choose_decision_rate, summary_table
 
@@ -41,6 +42,10 @@ GAP_GROWTH = 2.0
 """Across the ramp, a median worst gap growing this much while TTFT p50 grows under
 :data:`TTFT_FLAT_GROWTH` is prefill insertion."""
 TTFT_FLAT_GROWTH = 1.5
+MIN_N_P99_CI = 100
+"""A p99 interval needs at least this many requests per cell: below 100 the p99 is an interpolation
+between the top one or two requests, and resampling them gives an interval that looks precise and is
+not. Below it, the diagnosis gives the point values and says the interval was not computed."""
 STALL_FACTOR = 2.0
 """A worst gap this many times its stage's median worst gap counts as a stall (question 4)."""
 MAX_LISTED = 100
@@ -129,9 +134,13 @@ def _compare(cells: _Cells, a: pd.Series, b: pd.Series, resamples: int, seed: in
     """Bootstrap p99 differences (``b - a``) of worst gap and TTFT between two cells."""
     out: dict[str, Any] = {"a": a["cell"], "b": b["cell"]}
     for name, col in (("gap_p99", "worst_gap_ms"), ("ttft_p99", "ttft_ms")):
-        d = percentile_difference(
-            cells.values(a, col), cells.values(b, col), 99.0, resamples=resamples, seed=seed
-        )
+        va, vb = cells.values(a, col), cells.values(b, col)
+        na, nb = int(np.isfinite(va).sum()), int(np.isfinite(vb).sum())
+        if min(na, nb) < MIN_N_P99_CI:
+            out[name] = {"n_a": na, "n_b": nb, "ci": None,
+                         "why_no_ci": f"n = {na} and {nb}; a p99 interval needs at least {MIN_N_P99_CI} per cell"}
+            continue
+        d = percentile_difference(va, vb, 99.0, resamples=resamples, seed=seed)
         out[name] = d.as_dict() if d is not None else None
     return out
 
@@ -139,7 +148,17 @@ def _compare(cells: _Cells, a: pd.Series, b: pd.Series, resamples: int, seed: in
 def _ci_text(d: Mapping[str, Any] | None) -> str:
     if not d:
         return "no records to bootstrap"
-    return f"difference {d['diff']:+.1f} ms, 95% CI [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}]"
+    if d.get("why_no_ci"):
+        return f"no interval: {d['why_no_ci']}"
+    return (f"p99 difference {d['diff']:+.1f} ms, 95% CI [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}], "
+            f"n = {d['n_a']} and {d['n_b']}")  # fmt: skip
+
+
+def _resolved(d: Mapping[str, Any] | None) -> bool | None:
+    """True when a 95% interval was computed and excludes 0; None when there is no interval."""
+    if not d or d.get("why_no_ci") or "ci_includes_zero" not in d:
+        return None
+    return not d["ci_includes_zero"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,18 +226,26 @@ def _q1_admission(
             f"{config} ramp {_span(lo, hi)}: TTFT p50 {_x(item['ttft_p50_growth'])}, TTFT p99 "
             f"{_x(item['ttft_p99_growth'])}, worst-gap p99 {_x(item['gap_p99_growth'])}."
         )
-    if gated_hit and overload_hit:
-        verdict = (
-            "yes: gated admission pays at the door, and the continuous ramp overloads before the first token"
+    said = []
+    if gated_hit:
+        g = next(i for i in ev["gated_vs_continuous"]
+                 if (i["ttft_p50_ratio"] or 0) >= ADMISSION_TTFT_RATIO and (i["gap_p99_ratio"] or 9) <= FLAT_GAP_RATIO)
+        said.append(f"{g['gated']} TTFT p50 {_x(g['ttft_p50_ratio'])} {g['continuous']}'s, worst-gap p99 "
+                    f"{_x(g['gap_p99_ratio'])}")  # fmt: skip
+    if overload_hit:
+        r = next(i for i in ev["ramp"] if (i["ttft_p99_growth"] or 0) >= OVERLOAD_TTFT_GROWTH
+                 and (i["gap_p99_growth"] or 9) < OVERLOAD_FLAT_GAP_GROWTH)  # fmt: skip
+        said.append(f"{r['config']} ramp TTFT p99 {_x(r['ttft_p99_growth'])}, worst-gap p99 {_x(r['gap_p99_growth'])}")
+    if said:
+        verdict = "yes: " + "; ".join(said) + (
+            f" (thresholds: TTFT ≥ {ADMISSION_TTFT_RATIO:g}× gated or ≥ {OVERLOAD_TTFT_GROWTH:g}× over the ramp, "
+            f"gap ≤ {FLAT_GAP_RATIO:g}× / < {OVERLOAD_FLAT_GAP_GROWTH:g}×)"
         )
-    elif gated_hit:
-        verdict = "yes: gated admission, TTFT pays while the stream stays smooth"
-    elif overload_hit:
-        verdict = "yes: TTFT grows with load while gaps stay flat (queueing before the first token)"
     elif not ev["gated_vs_continuous"] and not ev["ramp"]:
         verdict = "unknown: no gated cell and no rate ramp to compare"
     else:
-        verdict = "no: TTFT did not outgrow the gaps"
+        verdict = (f"no: no cell's TTFT ratio reached {ADMISSION_TTFT_RATIO:g}× (gated) or {OVERLOAD_TTFT_GROWTH:g}× "
+                   "(ramp) with the gap ratio under its threshold")  # fmt: skip
     return {"evidence": ev, "verdict": verdict, "lines": lines}
 
 
@@ -247,8 +274,9 @@ def _covered_until(t: np.ndarray, ms: np.ndarray, me: np.ndarray, before: np.nda
 def prefill_attribution(stage: pd.DataFrame) -> dict[str, Any] | None:
     """Did streams have their worst gap while another request's large prompt was prefilling?
 
-    A prefill runs from a request's send to its first chunk; prompts above the most common class
-    are the ones whose prefill can stall everyone else. Among streams that were producing while
+    A prefill runs from a request's send to its first chunk; long prompts (the rule chart 3 marks them
+    by, :func:`~tailgate.postprocess.prompts.long_prompt_threshold`) are the ones whose prefill can
+    stall everyone else. Among streams that were producing while
     such a prefill ran, count those whose worst gap overlaps one, and compare with chance: the
     share of each stream's lifetime covered by those prefills. Far above chance means the
     prefills caused the stalls.
@@ -257,8 +285,10 @@ def prefill_attribution(stage: pd.DataFrame) -> dict[str, Any] | None:
     prompt = ok["prompt_tokens_planned"].to_numpy(dtype=float)
     if ok.empty or np.unique(prompt).size < 2:
         return None
-    mode = float(pd.Series(prompt).mode().iloc[0])
-    big = prompt > mode
+    # the same cut-off as chart 3's long-prompt marks, so the chart and this count can be checked together
+    big = prompt >= long_prompt_threshold(prompt)
+    if not big.any():
+        return None
     p0 = ok["sent_s"].to_numpy(dtype=float)[big]
     p1 = ok["first_chunk_s"].to_numpy(dtype=float)[big]
     keep = np.isfinite(p0) & np.isfinite(p1) & (p1 >= p0)
@@ -329,23 +359,43 @@ def _q2_prefill(table: pd.DataFrame, cells: _Cells, rate: float | None) -> dict[
             att["cell"] = row["cell"]
             ev["attribution"] = att
             share, chance = att["share"], att["share_by_chance"] or 0.0
-            attributed = share >= 0.5 and share >= 3 * chance
+            inside, other = att["median_worst_gap_inside_ms"], att["median_worst_gap_other_ms"]
+            shorter = inside is not None and other is not None and inside < other
+            att["inside_shorter"] = bool(shorter)
+            attributed = share >= 0.5 and share >= 3 * chance and not shorter
             lines.append(
                 f"In {row['cell']}, {att['worst_gap_inside_big_prefill']} of "
                 f"{att['streams_live_during_big_prefill']} streams that were producing while another "
                 f"request's ≥ {att['big_prompt_min_tokens']}-token prompt prefilled had their worst gap "
-                f"inside that prefill ({share:.0%}; chance alone would give {chance:.0%})."
+                f"inside that prefill ({share:.0%}; the share of their lifetime covered by such prefills, "
+                f"what chance alone would give, is {chance:.0%})."
             )
+            if inside is not None and other is not None:
+                lines.append(
+                    f"Median worst gap: {_ms(inside)} for those inside a long prefill, {_ms(other)} for the rest"
+                    + (" — shorter inside, so these prefills did not lengthen the worst gaps they overlapped."
+                       if shorter else ".")
+                )  # fmt: skip
+    ramp = next((i for i in ev["ramp"] if (i["gap_p50_growth"] or 0) >= GAP_GROWTH
+                 and (i["ttft_p50_growth"] or 9) < TTFT_FLAT_GROWTH), None)  # fmt: skip
+    att = ev["attribution"]
+    ramp_text = (f"{ramp['config']} ramp worst-gap p50 {_x(ramp['gap_p50_growth'])}, TTFT p50 "
+                 f"{_x(ramp['ttft_p50_growth'])}") if ramp else ""  # fmt: skip
+    att_text = (f"{att['share']:.0%} of live streams had their worst gap inside a long prefill vs "
+                f"{(att['share_by_chance'] or 0):.0%} by chance") if att and attributed else ""  # fmt: skip
     if hit and attributed:
-        verdict = "yes: gaps grow with load while TTFT p50 holds, and the stalls line up with long prefills"
+        verdict = f"yes: {ramp_text}; {att_text}"
     elif hit:
-        verdict = "yes: gaps grow with load while TTFT p50 holds (prefill insertion)"
+        verdict = f"yes: {ramp_text} (thresholds {GAP_GROWTH:g}× and < {TTFT_FLAT_GROWTH:g}×)"
     elif attributed:
-        verdict = "partly: the worst gaps line up with long prefills, but the median gap did not explode"
+        verdict = f"partly: {att_text}, but the worst-gap p50 grew less than {GAP_GROWTH:g}× over the ramp"
     elif not ev["ramp"]:
         verdict = "unknown: no rate ramp to compare"
     else:
-        verdict = "no: the median worst gap did not outgrow TTFT across the ramp"
+        verdict = (f"no: worst-gap p50 grew less than {GAP_GROWTH:g}×, or TTFT p50 grew {TTFT_FLAT_GROWTH:g}× "
+                   "or more, across the ramp")  # fmt: skip
+        if att and att.get("inside_shorter"):
+            verdict += "; worst gaps inside long prefills were shorter than the rest"
     return {"evidence": ev, "verdict": verdict, "lines": lines}
 
 
@@ -362,7 +412,8 @@ def _q3_chunked(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -
         ratio = _ratio(b["gap_p99"], a["gap_p99"])
         boot = _compare(cells, a, b, resamples, seed)
         gap = boot["gap_p99"]
-        small = ratio is None or ratio < SMALL_RATIO or (gap is not None and gap["ci_includes_zero"])
+        resolved = _resolved(gap)
+        small = ratio is None or ratio < SMALL_RATIO or resolved is False
         item = {
             "rate": r,
             "chunked": a["cell"],
@@ -373,14 +424,15 @@ def _q3_chunked(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -
             "ttft_p99_ratio": _ratio(b["ttft_p99"], a["ttft_p99"]),
             "bootstrap": boot,
             "small": bool(small),
+            "interval": resolved,
         }
         ev["by_rate"].append(item)
         if not small:
             clear.append(item)
         why = ""
         if small:
-            why = " — small: " + (
-                "the ratio is under 1.1"
+            why = " — not counted: " + (
+                f"the ratio is under {SMALL_RATIO:g}"
                 if ratio is not None and ratio < SMALL_RATIO
                 else "the interval includes 0"
             )
@@ -392,18 +444,27 @@ def _q3_chunked(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -
     if not rates:
         verdict = "not measured: no rate has both chunked prefill on and off"
     elif clear:
-        where = " and ".join(f"{i['gap_p99_ratio']:.2f}× at {rate_text(i['rate'])} req/s" for i in clear)
-        verdict = f"yes: chunked prefill off widens the worst-gap p99 by {where} (intervals exclude 0)"
+        def one(i: Mapping[str, Any]) -> str:
+            g = i["bootstrap"]["gap_p99"] or {}
+            if i["interval"]:
+                return (f"{i['gap_p99_ratio']:.2f}× at {rate_text(i['rate'])} req/s (95% CI of the difference "
+                        f"[{g['ci_low']:+.1f}, {g['ci_high']:+.1f}] ms)")  # fmt: skip
+            return f"{i['gap_p99_ratio']:.2f}× at {rate_text(i['rate'])} req/s (n = {g.get('n_a')}, {g.get('n_b')})"
+
+        lead = "yes" if any(i["interval"] for i in clear) else (
+            f"yes by the point values only (fewer than {MIN_N_P99_CI} requests per cell: no interval)"
+        )
+        verdict = f"{lead}: chunked prefill off multiplies the worst-gap p99 by " + "; ".join(one(i) for i in clear)
         if len(clear) < len(rates):
             verdict += (
-                "; small at "
+                "; not at "
                 + ", ".join(rate_text(i["rate"]) for i in ev["by_rate"] if i["small"])
                 + " req/s"
             )
     else:
-        verdict = (
-            "small: turning chunked prefill off made no clear difference (the defaults already cover it)"
-        )
+        ratios = ", ".join(f"{_x(i['gap_p99_ratio'])} at {rate_text(i['rate'])} req/s" for i in ev["by_rate"])
+        verdict = (f"no difference resolved: worst-gap p99 off/on {ratios} (under {SMALL_RATIO:g}× or an "
+                   "interval that includes 0)")  # fmt: skip
     return {"evidence": ev, "verdict": verdict, "lines": lines}
 
 
@@ -496,8 +557,8 @@ def _q4_preemption(table: pd.DataFrame, cells: _Cells, series: pd.DataFrame | No
                 more = " …" if across.sum() > 20 else ""
                 lines.append(
                     f"{row['cell']}: counter +{value:g} ({item['source']}); {int(in_flight.sum())} requests "
-                    f"were in flight while it rose, {int(big.sum())} of them with a large worst gap (≥ "
-                    f"{item['stall_threshold_ms']} ms, {STALL_FACTOR:g}× the stage median), and for "
+                    f"were in flight while it rose, {int(big.sum())} of them with a worst gap ≥ "
+                    f"{item['stall_threshold_ms']} ms ({STALL_FACTOR:g}× the stage median), and for "
                     f"{int(across.sum())} that worst gap spans an increment: trace ids "
                     f"{shown or 'none'}{more}."
                 )
@@ -516,9 +577,14 @@ def _q4_preemption(table: pd.DataFrame, cells: _Cells, series: pd.DataFrame | No
     if unknown:
         lines.append("No counter reading for: " + ", ".join(unknown) + ".")
     if moved_any:
-        moved = [i["cell"] for i in ev["cells"] if i["moved"]]
+        moved = [
+            f"{i['cell']} (+{(i['prometheus'] if i['prometheus'] is not None else i['direct']):g})"
+            for i in ev["cells"]
+            if i["moved"]
+        ]
         verdict = (
-            "yes: preemption (mechanism 2) in " + ", ".join(moved) + " — fix with KV headroom or max_num_seqs"
+            "yes: the counter rose in " + ", ".join(moved)
+            + "; preemption is fixed with KV headroom or max_num_seqs, not batching"
         )
     elif unknown_all:
         verdict = "unknown: no preemption counter reading (neither Prometheus nor direct /metrics reads)"

@@ -277,8 +277,34 @@ class PrometheusSource:
 
 
 def _short(e: BaseException) -> str:
-    text = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return text if len(text) <= 160 else text[:157] + "..."
+    """What went wrong, in words: the person reading a report needs "connection refused", not the
+    urllib3 pool, retry and adapter classes that ``str()`` of a requests exception spells out."""
+    import re
+
+    import requests
+
+    text = str(e)
+    lower = text.lower()
+    if isinstance(e, requests.Timeout) or "timed out" in lower:
+        return "no answer in time"
+    if "connection refused" in lower or "errno 111" in lower:
+        return "connection refused"
+    if any(m in lower for m in ("name or service not known", "failed to resolve", "nodename nor servname",
+                                "temporary failure in name resolution", "getaddrinfo failed")):  # fmt: skip
+        return "host name not found"
+    if "connection reset" in lower or "remotedisconnected" in lower or "connection aborted" in lower:
+        return "the connection was closed without an answer"
+    if isinstance(e, requests.exceptions.SSLError) or "ssl" in lower:
+        return "TLS handshake failed"
+    status = re.search(r"(?:status code|http)\D{0,3}(\d{3})", text, re.IGNORECASE)
+    if status:
+        return f"answered HTTP {status.group(1)}"
+    if isinstance(e, (ValueError, KeyError)):
+        return "the answer is not a Prometheus API response"
+    if isinstance(e, requests.ConnectionError):
+        return "cannot connect"
+    first = text.splitlines()[0] if text else type(e).__name__
+    return first if len(first) <= 120 else first[:117] + "..."
 
 
 def _empty_series() -> pd.DataFrame:
@@ -396,6 +422,7 @@ def collect_server_data(
     all_series: list[pd.DataFrame] = []
     run_source: dict[str, str] = {}
     saved: list[Path] = []
+    unreachable: dict[str, list[str]] = {}
     for run in runs:
         stages = summaries.loc[summaries["run_dir"] == run.name]
         server, _ = read_server_metrics(run)
@@ -409,7 +436,7 @@ def collect_server_data(
                     sources[url] = e
             got = sources[url]
             if isinstance(got, PrometheusUnavailable):
-                notes.append(f"{run.name}: {got}; using the direct /metrics scrapes")
+                unreachable.setdefault(str(got), []).append(run.name)  # one note per problem, not per run
             else:
                 prom = got
         saved_series = _read_saved(run.path / SERIES_FILE) if prom is None else None
@@ -500,6 +527,13 @@ def collect_server_data(
                     "preemptions": prom_value if prom_value is not None else direct_value,
                 }
             )
+    for problem, names in unreachable.items():
+        if len(names) == len(runs) and len(names) > 1:
+            which = "every run uses"
+        else:
+            one = len(names) == 1
+            which = ("run " if one else "runs ") + ", ".join(names) + (" uses" if one else " use")
+        notes.append(f"{problem}: {which} the direct /metrics scrapes")
     if not any(s == PROMETHEUS for s in run_source.values()):
         if any(r["preemptions_source"] == DIRECT for r in rows):
             notes.insert(0, "no Prometheus data: preemption deltas from direct /metrics scrapes")

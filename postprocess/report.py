@@ -23,6 +23,8 @@ import numpy as np
 import pandas as pd
 
 from tailgate.postprocess import charts
+from tailgate.postprocess.accounting import COLUMNS as ACCOUNTING
+from tailgate.postprocess.accounting import account
 from tailgate.postprocess.diagnosis import diagnose, findings_context
 from tailgate.postprocess.html import render
 from tailgate.postprocess.load import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus
@@ -77,6 +79,8 @@ def analyze(
     runs = find_run_dirs(root)
     records = load_records(runs)
     summaries = load_summaries(runs)
+    # where every planned request went, from the send journal and the records (not the summaries' word)
+    summaries[list(ACCOUNTING)] = account(summaries, records, runs)
     server = collect_server_data(runs, summaries, prometheus_url, save=save_series)
     table = summary_table(summaries, server.preemptions)
     rate = choose_decision_rate(table, decision_rate)

@@ -24,7 +24,10 @@ TABLE_COLUMNS: tuple[str, ...] = (
 CSV_EXTRA: tuple[str, ...] = (
     "run_dir", "run_id", "stage", "stage_label", "preemptions_source", "preemptions_disagree",
     "lost_in_flight", "achieved_rate", "sent", "warmup", "warmup_rule", "summary_source",
+    "planned", "recorded", "never_sent",
 )  # fmt: skip
+ACCOUNTING_COLUMNS: tuple[str, ...] = ("cell", "planned", "sent", "recorded", "lost_in_flight", "never_sent")
+"""Where each cell's planned requests went (``postprocess/accounting.py``): a second table."""
 HEADERS: dict[str, str] = {
     "rate_or_batch": "rate / B",
     "ttft_p50": "ttft_p50 ms",
@@ -68,7 +71,7 @@ def summary_table(summaries: pd.DataFrame, preemptions: pd.DataFrame | None = No
 def _fmt(column: str, value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    if column in ("n", "errors", "sent", "lost_in_flight", "stage", "warmup"):
+    if column in ("n", "errors", "sent", "lost_in_flight", "stage", "warmup", "planned", "recorded", "never_sent"):
         return str(int(value))
     if column == "rate_or_batch":
         v = float(value)
@@ -92,15 +95,48 @@ def table_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def table_context(table: pd.DataFrame) -> dict[str, Any]:
-    """Headers and formatted cells of the Markdown table, for ``templates/table.html.j2``."""
-    cols = list(TABLE_COLUMNS)
+HTML_HEADERS: dict[str, str] = {
+    "rate_or_batch": "rate / B",
+    "ttft_p50": "TTFT p50", "ttft_p99": "TTFT p99", "gap_p50": "gap p50", "gap_p99": "gap p99",
+    "total_p50": "total p50", "total_p99": "total p99",
+    "preemptions_prometheus": "preempt. Prom.", "preemptions_direct": "preempt. direct",
+    "ttft_from_intended_p99": "TTFT from intended p99", "schedule_lag_p99": "sched. lag p99",
+    "lost_in_flight": "lost in flight", "never_sent": "never sent",
+}  # fmt: skip
+"""Shorter headers for the page: the Markdown table keeps the summary keys, the page must fit a
+laptop screen (1400 px) without scrolling sideways; the caption says every figure is in ms."""
+
+
+def _rows(table: pd.DataFrame, cols: list[str]) -> list[dict[str, Any]]:
     rows = []
     for row in table.itertuples(index=False):
         d = row._asdict()
-        cells = [{"text": _fmt(c, d[c]), "numeric": c not in ("cell", "config", "arm")} for c in cols]
-        rows.append({"disagree": bool(d.get("preemptions_disagree")) is True, "cells": cells})
-    return {"headers": [HEADERS.get(c, c) for c in cols], "rows": rows}
+        cells = [{"text": _fmt(c, d.get(c)), "numeric": c not in ("cell", "config", "arm")} for c in cols]
+        flagged = bool(d.get("lost_in_flight") and d.get("lost_in_flight") == d.get("lost_in_flight"))
+        rows.append({"disagree": bool(d.get("preemptions_disagree")) is True, "lost": flagged, "cells": cells})
+    return rows
+
+
+def table_context(table: pd.DataFrame) -> dict[str, Any]:
+    """Headers and formatted cells of both tables, for ``templates/table.html.j2``."""
+    cols = list(TABLE_COLUMNS)
+    acc = [c for c in ACCOUNTING_COLUMNS if c in table.columns]
+    return {
+        "headers": [HTML_HEADERS.get(c, c) for c in cols],
+        "rows": _rows(table, cols),
+        "accounting": {"headers": [HTML_HEADERS.get(c, c) for c in acc], "rows": _rows(table, acc)},
+    }
+
+
+def accounting_markdown(table: pd.DataFrame) -> str:
+    """Planned / sent / recorded / lost in flight / never sent per cell, as Markdown."""
+    cols = list(ACCOUNTING_COLUMNS)
+    lines = ["| " + " | ".join(HTML_HEADERS.get(c, c) for c in cols) + " |",
+             "|" + "|".join("---" if c == "cell" else "---:" for c in cols) + "|"]  # fmt: skip
+    for row in table.itertuples(index=False):
+        d = row._asdict()
+        lines.append("| " + " | ".join(_fmt(c, d.get(c)) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def table_html(table: pd.DataFrame) -> str:
@@ -115,7 +151,11 @@ def write_table(table: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md = out / "table.md"
-    md.write_text(table_markdown(table), encoding="utf-8")
+    text = table_markdown(table)
+    if all(c in table.columns for c in ACCOUNTING_COLUMNS):
+        text += "\nRequests per cell (sent: the send journal; lost in flight: sent, never recorded):\n\n"
+        text += accounting_markdown(table)
+    md.write_text(text, encoding="utf-8")
     path_csv = out / "table.csv"
     table.to_csv(path_csv, index=False)
     return md, path_csv

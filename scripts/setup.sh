@@ -2,7 +2,9 @@
 # Installs what the suite and its tests need on a fresh machine, idempotently:
 #   .venv/                  the project (load generator, analysis) with its dev tools
 #   ~/.cache/tailgate/      the CPU build of vLLM in its own venv, and the tiny dummy-weight model
-#   prometheus              from the OS packages, when this user can install them (optional)
+#   prometheus, stress-ng   from the OS packages, when this user can install them (root with apt-get)
+# An OS package that cannot be installed by a user who can install packages is an error, said
+# loudly with apt's own output: a CI run that silently skipped its Prometheus tests proves nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,15 +16,42 @@ fi
 echo "[setup] installing the project into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 
-if ! command -v prometheus >/dev/null 2>&1; then
+# apt-get, waiting for a dpkg lock another process holds (unattended upgrades on a fresh machine,
+# a second job on a shared one), retried a few times; the last failure ends the setup with its log.
+apt_retry() {
+  local attempt log
+  log=$(mktemp)
+  for attempt in 1 2 3 4 5; do
+    if DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 -q -y "$@" >"$log" 2>&1; then
+      rm -f "$log"
+      return 0
+    fi
+    echo "[setup] apt-get $* failed (attempt $attempt of 5); last lines:" >&2
+    tail -n 3 "$log" >&2
+    sleep $((attempt * 5))
+  done
+  echo "[setup] ERROR: apt-get $* failed 5 times; its output:" >&2
+  cat "$log" >&2
+  rm -f "$log"
+  return 1
+}
+
+missing=()
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v stress-ng >/dev/null 2>&1 || missing+=(stress-ng)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "[setup] installing prometheus from the OS packages"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
-      || echo "[setup] prometheus could not be installed; reports will use direct /metrics reads"
+    echo "[setup] installing ${missing[*]} from the OS packages"
+    apt_retry update || { echo "[setup] ERROR: cannot update the package lists" >&2; exit 1; }
+    apt_retry install "${missing[@]}" || { echo "[setup] ERROR: cannot install ${missing[*]}" >&2; exit 1; }
+    for tool in "${missing[@]}"; do
+      command -v "$tool" >/dev/null 2>&1 || { echo "[setup] ERROR: $tool installed but not on PATH" >&2; exit 1; }
+    done
     # the Debian package starts a system service on :9090 that nothing here uses
     (systemctl stop prometheus 2>/dev/null || service prometheus stop 2>/dev/null || true) >/dev/null 2>&1
   else
-    echo "[setup] no prometheus and no way to install it; reports will use direct /metrics reads"
+    echo "[setup] ${missing[*]} missing and no way to install them here: tests that need them are skipped," \
+         "reports use direct /metrics reads"
   fi
 fi
 

@@ -15,7 +15,8 @@ end of the run (natural, Stop, or quitting) closes it.
 
 from __future__ import annotations
 
-from locust import LoadTestShape
+import gevent
+from locust import LoadTestShape, events
 from locust.runners import MasterRunner
 
 import logging
@@ -130,3 +131,26 @@ class SuiteShape(LoadTestShape):
 
 
 __all__ = ["OptionError", "SuiteShape"]
+
+
+# -- how a Locust process ends ------------------------------------------------------------------
+# SIGHUP (a closed terminal) and SIGTERM become Ctrl-C, so all three end through Locust's one quitting
+# path, where the run session finishes the run on disk (cancelled records, partial summary, run.json).
+
+
+def _interrupt_main() -> None:
+    """Raise KeyboardInterrupt in the main greenlet, as gevent does for Ctrl-C: Locust then shuts down
+    through its Ctrl-C path (quitting event, stats, exit code)."""
+    gevent.get_hub().parent.throw(KeyboardInterrupt())
+
+
+def _hangup_as_interrupt(environment: Any, **_: Any) -> None:
+    import signal
+
+    # SIGINT too: Python's own handler raises inside gevent's hub, which prints the KeyboardInterrupt
+    # with a timestamp before passing it on; thrown straight into the main greenlet it is silent
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        gevent.signal_handler(sig, _interrupt_main)
+
+
+events.init.add_listener(_hangup_as_interrupt)

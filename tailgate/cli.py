@@ -13,17 +13,18 @@ Every bad input ends as one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, Stopped, signals_raise
 from tailgate.load.client import Target, TargetError
-from tailgate.load.options import OptionError, parse_rates
-
-EXIT_USAGE = 2
+from tailgate.load.options import API_KEY_ENV, OptionError, parse_rates
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -69,7 +70,12 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
                    help="who restarts the server between arms: local (CPU vLLM), compose, manual (you), "
                         "url (nobody: name the configuration it runs with --configs)")  # fmt: skip
     p.add_argument("--host", default="http://127.0.0.1:8000", help="server URL (compose, manual, url)")
-    p.add_argument("--results", default="", help="suite folder (default results/suite-<time>); re-use to resume")
+    p.add_argument("--results", default="", help="suite folder (default results/suite-<time>); must be new or empty")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the suite in --results: finished cells are kept, the others run")  # fmt: skip
+    p.add_argument("--api-key", default="",
+                   help=f"Bearer token for the server (default ${API_KEY_ENV}); handed to Locust only "
+                        "through its environment, never written anywhere")  # fmt: skip
     p.add_argument("--rates", default="", help="continuous ramp, req/s (default 1,5,10,20)")
     p.add_argument("--until-knee", action="store_true", help="keep doubling the rate until the tail knees")
     p.add_argument("--knee-factor", type=float, default=2.0, help="a p99 growing past this factor is the knee")
@@ -154,55 +160,147 @@ def build_plan(args: argparse.Namespace) -> Any:
     )  # fmt: skip
 
 
+def _locust_args_without_key(args: list[str]) -> tuple[list[str], str | None]:
+    """Take ``--api-key`` out of the pass-through Locust options: a key on a command line is visible to
+    every user of the machine (``ps``) and would be recorded with the command."""
+    kept: list[str] = []
+    key: str | None = None
+    it = iter(args)
+    for arg in it:
+        if arg == "--api-key":
+            key = next(it, "")
+        elif arg.startswith("--api-key="):
+            key = arg.split("=", 1)[1]
+        else:
+            kept.append(arg)
+    return kept, key
+
+
+def check_results_folder(root: Path, resume: bool) -> None:
+    """A folder holding a suite is never written into by another one, unless ``--resume`` says so.
+
+    Two suites in one folder would mix their cells under one suite.json; analysis would then
+    compare runs that were never meant to be compared.
+    """
+    meta = root / "suite.json"
+    if root.exists() and not root.is_dir():
+        raise OptionError(f"--results: {root} exists and is not a folder")
+    if meta.exists():
+        if resume:
+            return
+        try:
+            status = json.loads(meta.read_text()).get("status") or "unknown"
+        except (OSError, ValueError):
+            status = "unreadable"
+        if status == "completed":
+            raise OptionError(f"--results: {root} holds a finished suite; choose a new folder "
+                              "(or --resume to rebuild its report and run cells it lacks)")  # fmt: skip
+        raise OptionError(f"--results: {root} holds a suite that ended as '{status}'; add --resume to continue it, "
+                          "or choose a new folder")  # fmt: skip
+    if resume:
+        raise OptionError(f"--resume: {root} holds no suite.json; there is nothing to resume")
+    if root.is_dir() and any(p.name != ".probe" for p in root.iterdir()):
+        raise OptionError(f"--results: {root} is not empty and holds no suite; choose a new or empty folder")
+
+
+def _check_same_plan(root: Path, plan: Any) -> None:
+    """A resumed suite must measure what the first attempt measured, or its cells do not compare."""
+    from dataclasses import asdict
+
+    try:
+        before = json.loads((root / "suite.json").read_text()).get("plan") or {}
+    except (OSError, ValueError):
+        return
+    now = asdict(plan)
+    for key in ("n", "warmup", "seed", "ignore_eos", "batch_size", "server_flags", "locust_args"):
+        old, new = before.get(key), now.get(key)
+        if isinstance(new, tuple):
+            new = list(new)
+        if key in before and old != json.loads(json.dumps(new)):
+            raise OptionError(f"--resume: {key} was {old} in {root}, now {new}; resume with the same options")
+
+
+def validate_suite_args(args: argparse.Namespace) -> tuple[Any, list[str], Path, str | None]:
+    """Every check that needs no server: plan, configurations, controller options, results folder."""
+    if args.embedded and args.server not in (None, "local"):
+        raise OptionError(f"--server: --embedded starts its own CPU server; it cannot be combined "
+                          f"with --server {args.server}")  # fmt: skip
+    if not args.embedded and args.server is None:
+        raise OptionError("--server: say who runs the server (local, compose, manual, url), or use --embedded")
+    if args.server == "compose" and (args.nochunk_flags or args.preempt_flags):
+        option = "--nochunk-flags" if args.nochunk_flags else "--preempt-flags"
+        raise OptionError(f"{option}: compose takes a configuration's flags from its compose file "
+                          "(--nochunk-compose-file, --preempt-compose-file); put them there")  # fmt: skip
+    locust_args, key_in_args = _locust_args_without_key(list(args.locust_arg))
+    args.locust_arg = locust_args
+    api_key = args.api_key or key_in_args or os.environ.get(API_KEY_ENV) or None
+    plan = build_plan(args)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = sorted(set(configs) - {"chunked", "nochunk", "preempt"})
+    if unknown or not configs:
+        raise OptionError(f"--configs: unknown configuration {', '.join(unknown) or '(none)'}; "
+                          "use chunked, nochunk, preempt")  # fmt: skip
+    if args.server == "url" and len(configs) > 1:
+        raise OptionError("--configs: --server url cannot restart the server; name the one configuration it runs")
+    plan.configs = tuple(configs)
+    plan.declared_flags = {
+        config: text.split()
+        for config, text in (("nochunk", args.nochunk_flags), ("preempt", args.preempt_flags))
+        if text
+    }
+    if args.server in ("compose", "manual", "url"):
+        try:
+            Target.parse(args.host)
+        except TargetError as e:
+            raise OptionError(f"--host: {e}") from None
+    if args.prometheus_url:
+        try:
+            Target.parse(args.prometheus_url)
+        except TargetError as e:
+            raise OptionError(f"--prometheus-url: {e}") from None
+    root = Path(args.results or f"results/suite-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_results_folder(root, args.resume)
+    if args.resume:
+        _check_same_plan(root, plan)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / ".probe").write_text("")
+        (root / ".probe").unlink()
+    except OSError as e:
+        raise OptionError(f"--results: {root} is not writable ({e.strerror or e})") from None
+    return plan, configs, root, api_key
+
+
 def run_suite(args: argparse.Namespace, prog: str) -> int:
+    """Validate, then run the suite inside one cleanup path.
+
+    Whatever ends the run (the last cell, Ctrl-C, SIGTERM, SIGHUP, a failed cell, a defect), the
+    same ``finally`` stops Locust with its processes, the server with its engine, and Prometheus,
+    and suite.json says how it ended. Exit: 0, 1 (failed), 2 (bad input), 128 + signal.
+    """
+    try:
+        plan, _configs, root, api_key = validate_suite_args(args)
+    except OptionError as e:
+        return usage_error(prog, str(e))
+    log = _printer()
+    # os.write, not print: a handler that prints while the main code prints raises "reentrant call"
+    def still_stopping(_signum: int) -> None:
+        os.write(1, b"[suite] still stopping: waiting for every process to end\n")
+
+    with signals_raise(on_repeat=still_stopping) as guard:
+        return _run_suite(args, plan, root, api_key, log, guard)
+
+
+def _run_suite(args: argparse.Namespace, plan: Any, root: Path, api_key: str | None, log: Any, guard: Any) -> int:
     from tailgate import servers, suite
     from tailgate.servers.prometheus import LocalPrometheus, PrometheusError, find_prometheus
 
-    try:
-        plan = build_plan(args)
-        configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-        unknown = sorted(set(configs) - {"chunked", "nochunk", "preempt"})
-        if unknown or not configs:
-            raise OptionError(f"--configs: unknown configuration {', '.join(unknown) or '(none)'}; "
-                              "use chunked, nochunk, preempt")  # fmt: skip
-        if args.server == "url" and len(configs) > 1:
-            raise OptionError("--configs: --server url cannot restart the server; name the one configuration it runs")
-        plan.configs = tuple(configs)
-        plan.declared_flags = {
-            config: text.split()
-            for config, text in (("nochunk", args.nochunk_flags), ("preempt", args.preempt_flags))
-            if text
-        }
-        if not args.embedded and args.server is None:
-            raise OptionError("--server: say who runs the server (local, compose, manual, url), or use --embedded")
-        if args.server in ("compose", "manual", "url"):
-            try:
-                Target.parse(args.host)
-            except TargetError as e:
-                raise OptionError(f"--host: {e}") from None
-        if args.prometheus_url:
-            try:
-                Target.parse(args.prometheus_url)
-            except TargetError as e:
-                raise OptionError(f"--prometheus-url: {e}") from None
-        root = Path(args.results or f"results/suite-{time.strftime('%Y%m%d-%H%M%S')}")
-        if root.exists() and not root.is_dir():
-            raise OptionError(f"--results: {root} exists and is not a folder")
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            (root / ".probe").write_text("")
-            (root / ".probe").unlink()
-        except OSError as e:
-            raise OptionError(f"--results: {root} is not writable ({e.strerror or e})") from None
-    except OptionError as e:
-        return usage_error(prog, str(e))
-
-    log = _printer()
     started = time.monotonic()
     controller: Any = None
     prometheus: LocalPrometheus | None = None
     runner: suite.Suite | None = None
     prom_url = args.prometheus_url or None
+    status, code, detail = "failed", EXIT_ERRORS, None
     try:
         if args.embedded or args.server == "local":
             log("[suite] preparing the CPU vLLM (installed once into ~/.cache/tailgate)")
@@ -231,6 +329,7 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
                     log(f"[suite] Prometheus on {prom_url}, scraping the server every second")
                 except PrometheusError as e:
                     log(f"[suite] Prometheus could not start ({e}); using direct /metrics reads")
+                    prometheus.stop()
                     prometheus = None
             else:
                 log("[suite] no prometheus binary: the report will use direct /metrics reads")
@@ -239,9 +338,12 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
         runner = suite.Suite(
             plan, controller, root, prometheus_url=prom_url, log=log,
             extra_metadata={"environment": host_facts(), "server_kind": type(controller).__name__,
-                            "embedded": args.embedded, "host": controller.base_url},
+                            "embedded": args.embedded, "host": controller.base_url,
+                            "api_key_set": bool(api_key)},
+            child_env={API_KEY_ENV: api_key} if api_key else None,
         )  # fmt: skip
         runner.run()
+        status, code = "completed", EXIT_OK
         if not args.no_report:
             from tailgate.postprocess.report import build_report
 
@@ -249,22 +351,44 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
             paths = build_report(root, prometheus_url=prom_url)
             log(f"[suite] finished in {time.monotonic() - started:.0f} s")
             log(f"[suite] report: {getattr(paths, 'html', paths)}")
-        return 0
-    except KeyboardInterrupt:
-        if runner is not None:
-            runner.interrupt()
-        log("[suite] interrupted: finished cells are kept; run the same command again to resume")
-        return 130
+        return EXIT_OK
+    except (KeyboardInterrupt, Stopped) as e:
+        stop = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
+        guard.disarm()
+        status, code, detail = "interrupted", stop.exit_code, stop.name
+        log(f"[suite] {stop.name}: stopping everything this suite started")
+        return code
     except (suite.SuiteError, servers.ServerError, PrometheusError) as e:
+        guard.disarm()
+        detail = str(e)
         log(f"[suite] failed: {e}")
-        return 1
+        return EXIT_ERRORS
+    except Exception as e:  # a defect: still one cleanup path, the traceback kept in a file
+        guard.disarm()
+        import traceback
+
+        detail = f"{type(e).__name__}: {e}"
+        where = root / "suite-error.log"
+        try:
+            where.write_text(traceback.format_exc())
+        except OSError:
+            where = None  # type: ignore[assignment]
+        log(f"[suite] failed: {detail}" + (f" (traceback in {where})" if where else ""))
+        return EXIT_ERRORS
     finally:
+        guard.disarm()
+        cleanup_started = time.monotonic()
         if runner is not None:
-            runner.interrupt()
+            runner.interrupt(why=detail or status)
         if controller is not None and (args.embedded or args.server == "local"):
             controller.stop()
         if prometheus is not None:
             prometheus.stop()
+        if runner is not None:
+            runner.finish(status, code, detail)
+        if status == "interrupted":
+            log(f"[suite] everything stopped in {time.monotonic() - cleanup_started:.1f} s; finished cells are "
+                f"kept: add --resume to the same command to continue")  # fmt: skip
 
 
 def _printer() -> Any:
@@ -340,6 +464,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "make-model":
         return run_make_model(args, "tailgate make-model")
     return EXIT_USAGE
+
+
+__all__ = ["EXIT_ERRORS", "EXIT_OK", "EXIT_USAGE", "main"]
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -25,8 +26,10 @@ from typing import Any
 
 import tailgate
 from tailgate import locustfiles
+from tailgate.lifecycle import deferred, stop_process_tree
 from tailgate.load.plan import rate_label
 from tailgate.servers import CHUNKED_OFF_FLAG
+from tailgate.servers.base import redact_argv
 
 Log = Callable[[str], None]
 
@@ -129,6 +132,7 @@ class Suite:
         prometheus_url: str | None = None,
         log: Log = print,
         extra_metadata: dict[str, Any] | None = None,
+        child_env: dict[str, str] | None = None,
     ) -> None:
         self.plan = plan
         self.controller = controller
@@ -136,8 +140,11 @@ class Suite:
         self.prometheus_url = prometheus_url
         self.log = log
         self.extra_metadata = extra_metadata or {}
+        self.child_env = dict(child_env or {})
+        """Added to every Locust child's environment: the only way a secret (the API key) reaches it."""
         self._child: subprocess.Popen[str] | None = None
         self._config_running: str | None = None
+        self._current_cell: Path | None = None
         self.knee: str | None = None
 
     # -- metadata ---------------------------------------------------------------------------
@@ -159,23 +166,34 @@ class Suite:
     def _ensure_server(self, config: str) -> None:
         if self._config_running == config:
             return
-        flags = self.plan.server_flags.get(config, [])
+        flags: list[str] | None = self.plan.server_flags.get(config, [])
+        entry: dict[str, Any] = {}
         if not getattr(self.controller, "restarts", True):
             self.log(f"[suite] server configuration '{config}': using the server as it runs (started elsewhere)")
-            flags = list(self.plan.declared_flags.get(config, [])) or None
+            declared = list(self.plan.declared_flags.get(config, []))
+            # nobody here applied them: they are the user's statement, kept apart from applied flags
+            entry["declared_flags"] = declared or None
+            flags = None
+        elif getattr(self.controller, "flags_in_files", False):
+            self.log(f"[suite] server configuration '{config}': re-creating the service from its compose files")
+            flags = None  # the command is the compose files' own; describe() reads it from `docker compose config`
+        elif not getattr(self.controller, "applies_flags", True):
+            self.log(f"[suite] server configuration '{config}': asking for a restart")
+            entry["requested_flags"] = flags  # someone else applies them; the suite cannot confirm it
+            flags = None
         else:
             self.log(f"[suite] server configuration '{config}': restarting with {' '.join(flags) or 'default flags'}")
         t0 = time.monotonic()
         if hasattr(self.controller, "use_config"):
             self.controller.use_config(config)
-        self.controller.restart(flags)
+        self.controller.restart(entry.get("requested_flags", flags))
         self.controller.wait_healthy()
         self.log(f"[suite] server healthy after {time.monotonic() - t0:.0f} s")
         self._config_running = config
         describe = self.controller.describe()
         meta = json.loads(self._meta_path().read_text()) if self._meta_path().exists() else {}
         servers = meta.get("servers", {})
-        servers[config] = {"flags": flags, **describe}
+        servers[config] = {"flags": flags, **entry, **describe}
         self._write_meta(servers=servers)
 
     def _locust_command(self, cell: Cell, out: Path) -> list[str]:
@@ -208,9 +226,15 @@ class Suite:
         self.log(f"[suite] cell {index}/{total}: {cell.name}")
         cmd = self._locust_command(cell, out)
         t0 = time.monotonic()
-        self._child = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-        )
+        self._current_cell = out
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.child_env}
+        # its own session: a Ctrl-C in the terminal reaches the suite alone, which stops Locust exactly
+        # once (interrupt()); deferred() makes sure no child exists without self._child naming it
+        with deferred():
+            self._child = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                bufsize=1, env=env, start_new_session=True,
+            )  # fmt: skip
         tail: list[str] = []
         assert self._child.stdout is not None
         for line in self._child.stdout:
@@ -219,11 +243,14 @@ class Suite:
             if "tailgate" in line:
                 self.log("    " + line.split("tailgate: ", 1)[-1])
         code = self._child.wait()
+        self._child.stdout.close()
         self._child = None
+        self._current_cell = None
         summary = load_summary(self.root, cell)
         # Locust exits 1 when any request failed; failed requests are data (error records), so the
         # cell counts as done whenever the run completed and wrote its summary
         if code not in (0, 1) or summary is None or not cell_done(self.root, cell):
+            mark_run_ended(out / "run.json", f"locust exit {code}", status="failed")
             detail = "\n".join(tail[-15:])
             raise SuiteError(f"cell {cell.name} failed (locust exit {code}); last output:\n{detail}")
         self.log(f"[suite] {cell.name} done in {time.monotonic() - t0:.0f} s")
@@ -235,6 +262,7 @@ class Suite:
         self.root.mkdir(parents=True, exist_ok=True)
         self._write_meta(
             started=_iso(time.time()), plan=asdict(p), prometheus_url=self.prometheus_url, **self.extra_metadata,
+            status="running", exit_code=None, ended=None, end_detail=None,
         )  # fmt: skip
         cells = p.fixed_cells()
         done_cells: list[Cell] = []
@@ -278,18 +306,67 @@ class Suite:
         except (OSError, ValueError):
             earlier = []
         names = [*earlier, *(c.name for c in done_cells if c.name not in earlier)]
-        self._write_meta(ended=_iso(time.time()), cells=names, knee=self.knee)
+        self._write_meta(cells=names, knee=self.knee)
         return done_cells
 
-    def interrupt(self) -> None:
-        """Stop the Locust child (its in-flight requests are written as cancelled records)."""
+    def interrupt(self, why: str = "interrupted") -> None:
+        """Stop the Locust child and all its processes; say in its run.json how it ended.
+
+        SIGINT first: Locust writes the requests in flight as ``cancelled`` records. A run.json
+        Locust had no time to finish still says ``running``; it is rewritten to ``interrupted`` so
+        no folder claims a run that is still going.
+        """
         child = self._child
-        if child is not None and child.poll() is None:
-            child.send_signal(signal.SIGINT)
-            try:
-                child.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        if child is None:
+            return
+        # keep reading its output while it shuts down: Locust prints its final statistics, and a full
+        # pipe would block it until the SIGKILL
+        drain = threading.Thread(target=_drain, args=(child.stdout,), daemon=True)
+        drain.start()
+        killed = stop_process_tree(child, first=signal.SIGINT, grace_s=20.0)
+        drain.join(timeout=5)
+        if killed:
+            self.log(f"[suite] Locust did not stop on SIGINT; killed {len(killed)} process(es)")
+        self._child = None
+        cell_dir = self._current_cell
+        if cell_dir is not None:
+            mark_run_ended(cell_dir / "run.json", why)
+
+    def finish(self, status: str, exit_code: int, detail: str | None = None) -> None:
+        """Record in suite.json how the suite ended (completed, interrupted, failed) and its exit code."""
+        if not self._meta_path().exists():
+            return
+        self._write_meta(status=status, exit_code=exit_code, ended=_iso(time.time()), end_detail=detail)
+
+
+def _drain(stream: Any) -> None:
+    """Read a pipe to its end, discarding; closes it."""
+    if stream is None:
+        return
+    try:
+        for _ in stream:
+            pass
+    except (OSError, ValueError):
+        pass
+    finally:
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+def mark_run_ended(path: Path, why: str, status: str = "interrupted") -> None:
+    """Rewrite a run.json left at ``running`` (its Locust was stopped before it could) to ``status``."""
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if meta.get("status") != "running":
+        return
+    meta.update({"status": status, "ended": meta.get("ended") or _iso(time.time()), "ended_by": why})
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(meta, indent=1) + "\n")
+    tmp.replace(path)
 
 
 class SuiteError(RuntimeError):
@@ -318,17 +395,18 @@ def gpu_facts() -> dict[str, Any] | None:
 
 def host_facts() -> dict[str, Any]:
     import platform
+    from importlib import metadata
 
     try:
-        import locust
-
-        locust_version = locust.__version__
-    except Exception:
+        # never `import locust` here: importing it monkey-patches this process with gevent, and the
+        # suite's signal handling and child processes would then run inside gevent's hub
+        locust_version = metadata.version("locust")
+    except metadata.PackageNotFoundError:
         locust_version = None
     return {
         "host": platform.node(), "python": platform.python_version(), "locust": locust_version,
         "tailgate": tailgate.__version__, "cpus": os.cpu_count(), "gpu": gpu_facts(),
-        "argv": [a for a in sys.argv if "key" not in a.lower()],
+        "argv": redact_argv(sys.argv),
     }  # fmt: skip
 
 

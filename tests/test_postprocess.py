@@ -393,8 +393,16 @@ def test_diagnosis_answers_all_five_with_evidence(report: ReportPaths) -> None:
     by_rate = {i["rate"]: i for i in q3["evidence"]["by_rate"]}
     assert set(by_rate) == {2.0, 8.0}
     assert by_rate[8.0]["gap_p99_ratio"] == pytest.approx(233.6 / 142.0, abs=0.001)
+    # 48-50 requests per cell: a p99 interval would rest on one request, so none is given, and it is said
     ci = by_rate[8.0]["bootstrap"]["gap_p99"]
-    assert ci["ci_low"] <= ci["diff"] <= ci["ci_high"] and ci["resamples"] == 2000
+    assert ci["ci"] is None and "needs at least 100" in ci["why_no_ci"] and (ci["n_a"], ci["n_b"]) == (48, 50)
+    assert "no interval: n = 48 and 50" in q3["text"] and "95% CI" not in q3["text"]
+    assert q3["verdict"].startswith("yes by the point values only (fewer than 100 requests per cell: no interval)")
+    assert "1.65× at 8 req/s (n = 48, 50)" in q3["verdict"]
+    # chart 3 and question 2 call the same prompts long
+    from tailgate.postprocess.prompts import long_prompt_threshold
+
+    assert q2["evidence"]["attribution"]["big_prompt_min_tokens"] == 6000 == long_prompt_threshold([200, 1000, 6000])
     pre = next(c for c in q4["evidence"]["cells"] if c["cell"] == "preempt_r8")
     assert pre["moved"] and pre["direct"] == 15
     assert pre["requests_in_flight_during_increments"] >= pre["requests_stalled_during_increments"]
@@ -439,8 +447,12 @@ def test_diagnosis_is_deterministic_and_says_small_effects_plainly() -> None:
     b = diagnose(summaries, records)
     assert a == b
     q3 = a[2]
-    assert q3["verdict"].startswith("small")
+    assert q3["verdict"].startswith("no difference resolved: worst-gap p99 off/on")
     assert all(i["small"] for i in q3["evidence"]["by_rate"])
+    # n = 400 per cell: intervals are computed and stated with their n
+    assert all(i["bootstrap"]["gap_p99"]["n_a"] == 400 and "ci_low" in i["bootstrap"]["gap_p99"]
+               for i in q3["evidence"]["by_rate"])  # fmt: skip
+    assert "95% CI [" in q3["text"] and "n = 400 and 400" in q3["text"]
     q5 = a[4]
     assert q5["verdict"].startswith("no: one prompt length")
     assert "5." in render_text(a)
@@ -528,3 +540,60 @@ def test_installed_names_live_under_the_tailgate_namespace() -> None:
         "assert u.find_spec('tailgate.trace') is None\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tempfile.gettempdir())
+
+
+def test_an_unreachable_prometheus_is_one_note_in_words(tmp_path: Path) -> None:
+    from tailgate.postprocess.report import analyze
+    from tailgate.servers import free_port
+
+    results = tmp_path / "results"
+    shutil.copytree(FIXTURE, results)
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    notes = analyze(results, prometheus_url=url, save_series=False).notes
+    about = [n for n in notes if url in n]
+    said = f"Prometheus at {url} did not answer (connection refused): every run uses the direct /metrics scrapes"
+    assert about == [said]
+    assert not any(word in " ".join(notes) for word in ("HTTPConnectionPool", "Max retries", "urllib3", "Errno"))
+    assert all("\n" not in n for n in notes)
+
+
+def test_question_2_says_when_gaps_inside_long_prefills_were_shorter() -> None:
+    """Streams whose worst gap falls inside a long prefill, but is shorter than everyone else's: the
+    diagnosis must say so and not count it as prefill stalls."""
+    rows = []
+    for stage, rate in enumerate((5.0, 10.0)):
+        base = 1e9 + stage * 1000
+        for k, start in enumerate((10.0, 30.0, 50.0)):  # long prompts prefill for 2 s each
+            rows.append({"trace_id": 1000 + k, "stage": stage, "rate_or_batch": rate, "prompt_tokens_planned": 6000,
+                         "sent_s": base + start, "first_chunk_s": base + start + 2.0, "last_chunk_s": base + start + 4,
+                         "worst_gap_ms": 30.0, "worst_gap_end_s": base + start + 3.0})  # fmt: skip
+        for i in range(60):
+            t = base + i
+            big_gap = 0.1 * (1 + stage)
+            clear = [e for e in (0.5, 2.5, 4.5)  # a gap end whose interval touches no long prefill
+                     if not any(w - 0.05 <= i + e and i + e - big_gap <= w + 2.05 for w in (10.0, 30.0, 50.0))]
+            inside = i % 3 == 0 and any(w <= i + 2.5 <= w + 2.0 for w in (10.0, 30.0, 50.0))
+            if not inside and not clear:
+                continue
+            gap_end = t + 2.5 if inside else t + clear[0]
+            rows.append({"trace_id": i, "stage": stage, "rate_or_batch": rate, "prompt_tokens_planned": 200,
+                         "sent_s": t, "first_chunk_s": t + 0.02, "last_chunk_s": t + 5.0,
+                         "worst_gap_ms": 20.0 if inside else 100.0 * (1 + stage),
+                         "worst_gap_end_s": gap_end})  # fmt: skip
+    records = pd.DataFrame(rows)
+    n = len(records)
+    records = records.assign(
+        run_id="r", worker="w", stage_label=[f"cont_r{int(r)}" for r in records["rate_or_batch"]], arm="continuous",
+        max_tokens=100, intended_s=records["sent_s"], schedule_lag_ms=0.5, end_s=records["last_chunk_s"],
+        ttft_ms=20.0, ttft_from_intended_ms=20.0, total_ms=5000.0, total_from_intended_ms=5000.0, chunks=100,
+        completion_tokens=100, error_class=[None] * n, run_dir="run",
+    )  # fmt: skip
+    summaries = pd.DataFrame(summaries_from_records(records))
+    summaries["config"] = "chunked"
+    summaries["cell"] = [cell_name("chunked", "continuous", r) for r in summaries["rate_or_batch"]]
+    q2 = diagnose(summaries, records)[1]
+    att = q2["evidence"]["attribution"]
+    assert att["inside_shorter"] is True
+    assert att["median_worst_gap_inside_ms"] == 20.0 < att["median_worst_gap_other_ms"]
+    assert "shorter inside, so these prefills did not lengthen the worst gaps they overlapped" in q2["text"]
+    assert "inside a long prefill vs" not in q2["verdict"]  # not counted as prefill stalls

@@ -63,14 +63,20 @@ def test_embedded_suite_interrupt_resume_report(tmp_path: Path) -> None:
     seen.append(rest)
     output = "".join(seen)
     assert first.returncode == 130, output[-3000:]
-    assert "run the same command again to resume" in output
+    assert "add --resume to the same command to continue" in output
+    ended = json.loads((results / "suite.json").read_text())
+    assert (ended["status"], ended["exit_code"], ended["end_detail"]) == ("interrupted", 130, "SIGINT")
     assert (results / "chunked_cont_r2" / "run.json").exists()
     assert not (results / "chunked_gated_b4" / "run.json").exists()
     # everything the interrupted suite started is gone
     time.sleep(2)
     assert leftovers(results) == []
 
-    second = subprocess.run(suite_cmd(results), cwd=ROOT, capture_output=True, text=True, env=env, timeout=1500)
+    refused = subprocess.run(suite_cmd(results), cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode == 2 and "--resume" in refused.stderr  # the folder holds a suite
+    second = subprocess.run(
+        [*suite_cmd(results), "--resume"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=1500
+    )
     out = second.stdout + second.stderr
     assert second.returncode == 0, out[-4000:]
     assert "chunked_cont_r2 already done, skipped" in out
@@ -84,6 +90,7 @@ def test_embedded_suite_interrupt_resume_report(tmp_path: Path) -> None:
         assert meta["server"]["version"]  # vLLM's /version
     suite = json.loads((results / "suite.json").read_text())
     assert suite["cells"] == cells
+    assert (suite["status"], suite["exit_code"]) == ("completed", 0)
     assert suite["environment"]["python"] and suite["environment"]["locust"]
     for config in ("chunked", "nochunk", "preempt"):
         assert suite["servers"][config]["command"], config

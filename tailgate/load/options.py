@@ -8,6 +8,7 @@ entry points can print one line and exit 2.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,6 +220,19 @@ def _writable_dir(path: Path) -> Path:
     return path
 
 
+def _refuse_used_folder(results: Path) -> None:
+    """One folder, one run: records of two runs in one folder would be summarized together."""
+    meta = results / "run.json"
+    if not meta.exists():
+        return
+    try:
+        found = json.loads(meta.read_text(encoding="utf-8"))
+        what = f"run {found.get('run_id')} ({found.get('status')})"
+    except (OSError, ValueError, AttributeError):
+        what = "a run"
+    raise OptionError(f"--results-dir: {results} already holds {what}; choose a new folder for this run")
+
+
 def validate(opts: Any, *, arm: str | None = None, now: str = "") -> Settings:
     """Check every value; raise OptionError naming the first bad option."""
     arm = arm or getattr(opts, "arm", None) or ""
@@ -269,6 +283,7 @@ def validate(opts: Any, *, arm: str | None = None, now: str = "") -> Settings:
     prometheus_url = _check_url("--prometheus-url", opts.prometheus_url) if opts.prometheus_url else None
     results = Path(opts.results_dir) if opts.results_dir else Path("results") / f"{arm}-{now or 'run'}"
     results = _writable_dir(results)
+    _refuse_used_folder(results)
     api_key = opts.api_key or os.environ.get(API_KEY_ENV) or None
     return Settings(
         arm=arm, host=host, target=target, rates=rates, batch_size=opts.batch_size, n=n,

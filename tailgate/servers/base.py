@@ -13,6 +13,29 @@ CHUNKED_OFF_FLAG = "--no-enable-chunked-prefill"
 Log = Callable[[str], None]
 
 
+SECRET_OPTIONS = ("--api-key",)
+"""Options whose value is a secret: metadata keeps the option and drops the value."""
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """A command line fit for metadata: the value of every secret option replaced, whether it follows
+    as the next argument (``--api-key X``) or after ``=``, also inside ``--locust-arg=--api-key=X``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("<redacted>")
+            hide_next = False
+            continue
+        for option in SECRET_OPTIONS:
+            if option + "=" in arg:
+                arg = arg.split(option + "=", 1)[0] + option + "=<redacted>"
+            elif arg.endswith(option):
+                hide_next = True
+        out.append(arg)
+    return out
+
+
 class ServerError(RuntimeError):
     """The server could not be set up, started or reached; the message says what to look at."""
 

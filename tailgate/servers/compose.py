@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import CHUNKED_OFF_FLAG, ServerError
+from .base import CHUNKED_OFF_FLAG, ServerError, redact_argv
 from .net import http_json, is_healthy
 
 # --------------------------------------------------------------------------------------------- compose
@@ -138,16 +138,25 @@ class ComposeServer:
         logs = self.runner([*self._base(extra_files), "logs", "--tail", "40", service], None)
         raise ServerError(f"{self.base_url} not healthy after {timeout:.0f} s; service log:\n{logs.stdout}")
 
-    def image(self) -> str | None:
-        """The image the active service runs, from ``docker compose config``; None if compose cannot say."""
-        service, extra_files, _ = self._variant(self._extra_args)
-        done = self.runner([*self._base(extra_files), "config", "--format", "json"], None)
+    def effective_service(self) -> dict[str, Any] | None:
+        """The active service as compose resolves it (files merged, variables filled in) from
+        ``docker compose config``, with the same environment ``up`` got; None if compose cannot say."""
+        service, extra_files, rest = self._variant(self._extra_args)
+        done = self.runner(
+            [*self._base(extra_files), "config", "--format", "json"], {"TAILGATE_VLLM_ARGS": shlex.join(rest)}
+        )
         if done.returncode != 0:
             return None
         try:
-            image = json.loads(done.stdout)["services"][service].get("image")
+            found = json.loads(done.stdout)["services"][service]
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
+        return found if isinstance(found, dict) else None
+
+    def image(self) -> str | None:
+        """The image the active service runs, from ``docker compose config``; None if compose cannot say."""
+        found = self.effective_service()
+        image = found.get("image") if found else None
         return str(image) if image else None
 
     def image_digest(self, image: str) -> dict[str, Any]:
@@ -175,17 +184,39 @@ class ComposeServer:
             "image": None,
         }
         with contextlib.suppress(OSError):
-            image = self.image()
-            facts["image"] = image
-            if image:
-                facts.update(self.image_digest(image))
+            found = self.effective_service()
+            if found:
+                # what the container really runs: the merged files' entrypoint and command. Only these:
+                # the environment holds VLLM_API_KEY and HF_TOKEN after interpolation
+                facts["effective_command"] = redact_argv(
+                    [*_as_list(found.get("entrypoint")), *_as_list(found.get("command"))]
+                )
+                image = found.get("image")
+                facts["image"] = str(image) if image else None
+                if image:
+                    facts.update(self.image_digest(str(image)))
         version = http_json(self.base_url + "/version", timeout=2.0)
         facts["vllm_version"] = version.get("version") if isinstance(version, dict) else None
         return facts
 
 
+def _as_list(value: Any) -> list[str]:
+    """Compose writes ``command``/``entrypoint`` as a list, a string or null."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return shlex.split(value)
+    return [str(v) for v in value]
+
+
 class ComposeByConfig:
-    """Compose cannot pass flags to ``up``: each server configuration is a set of compose files."""
+    """Compose cannot pass flags to ``up``: each server configuration is a set of compose files.
+
+    ``flags_in_files`` tells the suite not to record flags of its own: what runs is what the files say,
+    and :meth:`describe` reports it from ``docker compose config``.
+    """
+
+    flags_in_files = True
 
     def __init__(self, servers: dict[str, Any]) -> None:
         self.servers = servers

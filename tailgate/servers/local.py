@@ -17,6 +17,8 @@ from typing import Any
 
 import psutil
 
+from tailgate.lifecycle import deferred
+
 from .base import HOST, ServerError
 from .install import tailgate_home
 from .net import free_port, http_json, is_healthy
@@ -192,15 +194,17 @@ class LocalVllmServer:
             self._log_offset = log.tell()
             log.write(f"==== tailgate: starting {shlex.join(argv)}\n".encode())
             log.flush()
-            self._proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.environment(),
-                start_new_session=True,
-                preexec_fn=self._lower_priority if self.niceness else None,
-            )
+            # signals held back until the handle is stored: a Ctrl-C here must not orphan the server
+            with deferred():
+                self._proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.environment(),
+                    start_new_session=True,
+                    preexec_fn=self._lower_priority if self.niceness else None,
+                )
         self._started_at = time.monotonic()
         self.startup_seconds = None
         atexit.register(self.stop)

@@ -24,7 +24,11 @@ class ManualServer:
     A restart is recognised without asking: ``/health`` going down and coming back, or the server's
     process start time (from ``/metrics``) changing when the restart was too quick to catch. Standard
     input is read only when it is a terminal, so unattended runs never block on it.
+
+    ``applies_flags`` is False: the suite only asks for the flags; metadata records them as requested.
     """
+
+    applies_flags = False
 
     def __init__(
         self,
@@ -129,6 +133,6 @@ class ManualServer:
         return {
             "kind": "manual",
             "base_url": self.base_url,
-            "extra_args": list(self._extra_args),
+            "requested_args": list(self._extra_args),
             "vllm_version": version.get("version") if isinstance(version, dict) else None,
         }

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from tailgate.lifecycle import deferred
 from tailgate.servers import free_port
 
 CONFIG = """\
@@ -60,19 +61,20 @@ class LocalPrometheus:
         config = self.directory / "prometheus.yml"
         config.write_text(CONFIG.format(target=self.target), encoding="utf-8")
         log = open(self.directory / "prometheus.log", "ab")
-        self._proc = subprocess.Popen(
-            [
-                self.binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={self.directory / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--storage.tsdb.retention.time=2d",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with deferred():  # no Prometheus without a handle to stop it by
+            self._proc = subprocess.Popen(
+                [
+                    self.binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={self.directory / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--storage.tsdb.retention.time=2d",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
