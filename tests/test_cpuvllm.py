@@ -26,6 +26,7 @@ from tailgate.servers import (
     ManualServer,
     ServerController,
     ServerError,
+    default_vllm_python,
     ensure_tiny_model,
     ensure_vllm_venv,
     free_port,
