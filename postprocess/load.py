@@ -42,7 +42,7 @@ TEXT_COLUMNS: tuple[str, ...] = ("error",)
 INT_COLUMNS: tuple[str, ...] = (
     "trace_id", "stage", "prompt_tokens_planned", "max_tokens", "in_flight_at_send", "chunks",
 )  # fmt: skip
-BOOL_COLUMNS: tuple[str, ...] = ("ignore_eos",)
+BOOL_COLUMNS: tuple[str, ...] = ("ignore_eos", "client_coalesced")
 FLOAT_COLUMNS: tuple[str, ...] = tuple(
     c for c in RECORD_COLUMNS if c not in (*CATEGORY_COLUMNS, *TEXT_COLUMNS, *INT_COLUMNS, *BOOL_COLUMNS)
 )

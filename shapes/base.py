@@ -31,7 +31,7 @@ import tailgate
 from tailgate.load.metrics import scrape
 from tailgate.load.options import OptionError, Settings
 from tailgate.load.plan import Stage, share
-from tailgate.load.worker import ORDER_MESSAGE
+from tailgate.load.worker import ORDER_MESSAGE, order_runner
 from tailgate.load.workload import mix_of
 from tailgate.stats import summarize_stage
 
@@ -62,6 +62,8 @@ class SuiteShape(LoadTestShape):
         self._done: dict[str, dict[str, Any]] = {}
         self._done_event = Event()
         self._waiting_for: set[str] = set()
+        self._counts: dict[str, tuple[int, int]] = {}
+        """Load process -> (requests sent, ended) as it last reported them (distributed runs)."""
         self.summaries: list[dict[str, Any]] = []
 
     # -- Locust hooks ---------------------------------------------------------------------
@@ -83,8 +85,25 @@ class SuiteShape(LoadTestShape):
         self._ready[msg.node_id] = msg.data.get("worker", msg.node_id)
         self._ready_event.set()
 
+    def on_progress(self, environment: Any, msg: Any, **_: Any) -> None:
+        self._counts[msg.node_id] = (int(msg.data["sent"]), int(msg.data["ended"]))
+
+    def _sent_ended(self) -> tuple[int, int]:
+        """Requests sent and ended so far by every load process, from their in-memory counters.
+
+        One process: read straight from its runner. Several: the sum of what each last reported (they
+        report every few seconds). Never the record files: re-reading them grew with the run and held
+        the loop that timestamps the streams.
+        """
+        if isinstance(self.runner, MasterRunner):
+            return sum(c[0] for c in self._counts.values()), sum(c[1] for c in self._counts.values())
+        local = order_runner(self.runner.environment)
+        return local.sent, local.ended
+
     def on_done(self, environment: Any, msg: Any, **_: Any) -> None:
         self._done[msg.node_id] = msg.data
+        if "sent" in msg.data:  # exact counters at the end of each order, so a stage's baseline is never stale
+            self._counts[msg.node_id] = (int(msg.data["sent"]), int(msg.data["ended"]))
         if self._waiting_for <= set(self._done):
             self._done_event.set()
 
@@ -155,7 +174,7 @@ class SuiteShape(LoadTestShape):
         records: list[dict[str, Any]] = []
         dropped = 0
         total = stage.size
-        baseline = _count_lines(s.results_dir, "records-*.jsonl"), _count_lines(s.results_dir, "sent-*.log")
+        baseline = self._sent_ended()
         for group in stage.groups:
             t0 = time.time() + (START_LEAD_S if len(nodes) > 1 or group is stage.groups[0] else 0.0)
             self._done = {}
@@ -207,11 +226,9 @@ class SuiteShape(LoadTestShape):
         return summary
 
     def _progress(self, stage: Stage, baseline: tuple[int, int], started: float) -> None:
-        """Requests sent and ended so far in this stage, read from the files the workers append to."""
-        s = self.settings
-        assert s is not None
-        ended = _count_lines(s.results_dir, "records-*.jsonl") - baseline[0]
-        sent = _count_lines(s.results_dir, "sent-*.log") - baseline[1]
+        """Requests sent and ended so far in this stage, counted in memory by the load processes."""
+        sent_now, ended_now = self._sent_ended()
+        sent, ended = sent_now - baseline[0], ended_now - baseline[1]
         elapsed = time.time() - started
         eta = f", about {elapsed / ended * (stage.size - ended):.0f} s left" if ended else ""
         log.info("tailgate: %s: %d/%d ended, %d in flight%s", stage.label, ended, stage.size, sent - ended, eta)
@@ -274,17 +291,6 @@ def _answers(url: str) -> bool:
             return resp.status == 200
     except Exception:
         return False
-
-
-def _count_lines(directory: Path, pattern: str) -> int:
-    total = 0
-    for path in directory.glob(pattern):
-        try:
-            with open(path, "rb") as f:
-                total += f.read().count(b"\n")
-        except OSError:
-            pass
-    return total
 
 
 def _summary_line(s: dict[str, Any]) -> str:

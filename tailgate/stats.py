@@ -109,4 +109,22 @@ def summarize_stage(
             "chunks_p50": _r1(percentile([r["chunks"] for r in good], 50)),
         }
     )
+    summary.update(client_quality(good))
     return summary
+
+
+def client_quality(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """How much of a stage's timing the client could have hidden, from the records' own flags.
+
+    ``client_coalesced_streams`` counts streams where a late read merged chunks: their gaps describe the
+    client, so a cell with any is not a measurement of the server. Records written before these fields
+    existed count as unflagged, and ``read_delay_measured`` says how many records could be checked.
+    """
+    delays = [r["max_read_delay_ms"] for r in records if r.get("max_read_delay_ms") is not None]
+    return {
+        "client_coalesced_streams": sum(1 for r in records if r.get("client_coalesced")),
+        "read_delay_measured": len(delays),
+        "max_read_delay_p99": _r1(percentile(delays, 99)),
+        "max_read_delay_max": _r1(max(delays) if delays else None),
+        "max_events_per_read_max": max((int(r.get("max_events_per_read") or 0) for r in records), default=0),
+    }

@@ -19,7 +19,7 @@ import urllib.request
 from typing import Any
 
 from tailgate.load.options import OptionError, Settings, add_arguments, validate
-from tailgate.load.worker import DONE_MESSAGE, ORDER_MESSAGE, READY_MESSAGE, order_runner
+from tailgate.load.worker import DONE_MESSAGE, ORDER_MESSAGE, PROGRESS_MESSAGE, READY_MESSAGE, order_runner
 
 EXIT_USAGE = 2
 
@@ -86,6 +86,7 @@ def _on_init(environment: Any, **_: Any) -> None:
         if shape is not None and hasattr(shape, "on_ready"):
             runner.register_message(READY_MESSAGE, shape.on_ready)
             runner.register_message(DONE_MESSAGE, shape.on_done)
+            runner.register_message(PROGRESS_MESSAGE, shape.on_progress)
         opts = environment.parsed_options
         headless = bool(opts and (opts.headless or getattr(opts, "autostart", False)))
         if headless or (opts and opts.host):
