@@ -156,9 +156,14 @@ def build_payload(
     return json.dumps(body).encode()
 
 
-def build_request(target: Target, body: bytes, api_key: str | None = None) -> bytes:
-    """The complete request bytes (head and body), so a caller can build them before its send time."""
-    return _request_head(target, target.api_prefix + "/completions", len(body), api_key) + body
+def build_request(target: Target, body: bytes, api_key: str | None = None, request_id: str | None = None) -> bytes:
+    """The complete request bytes (head and body), so a caller can build them before its send time.
+
+    ``request_id`` goes out as ``X-Request-Id``: vLLM names the request after it (``cmpl-<id>-0``) in its
+    stream and in its request log, which is how the order the server received requests in is read back.
+    """
+    head = _request_head(target, target.api_prefix + "/completions", len(body), api_key, request_id)
+    return head + body
 
 
 def chunk_stamp_mode() -> str:
@@ -167,7 +172,9 @@ def chunk_stamp_mode() -> str:
     return mode if mode in CHUNK_STAMPS else "recv"
 
 
-def _request_head(target: Target, path: str, body_len: int, api_key: str | None) -> bytes:
+def _request_head(
+    target: Target, path: str, body_len: int, api_key: str | None, request_id: str | None = None
+) -> bytes:
     host = target.host if target.port in (80, 443) else f"{target.host}:{target.port}"
     lines = [
         f"POST {path} HTTP/1.1",
@@ -180,6 +187,8 @@ def _request_head(target: Target, path: str, body_len: int, api_key: str | None)
     ]
     if api_key:
         lines.append(f"Authorization: Bearer {api_key}")
+    if request_id:
+        lines.append(f"X-Request-Id: {request_id}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 

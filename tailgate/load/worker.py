@@ -18,9 +18,9 @@ from locust.runners import WorkerRunner
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
+from tailgate.load.batch import BatchGate
 from tailgate.load.client import (
     StreamTiming,
     Target,
@@ -90,74 +90,9 @@ PROGRESS_S = 5.0
 PROGRESS_MESSAGE = "tailgate_progress"
 
 
-class BatchGate:
-    """Writes the requests of one gated batch in trace order, from one place, once every connection is up.
-
-    Each request's greenlet stamps its send and connects on its own, so the batch connects in parallel; it
-    then hands its socket and request bytes to the gate and waits. The dispatcher writes them in slot
-    (trace) order in one pass. Left to their own greenlets, the writes would follow the order in which
-    gevent resumes connect completions, which is last-in first-out: the server saw each batch reversed.
-    """
-
-    def __init__(self, size: int) -> None:
-        self._slots: list[_Slot | None] = [None] * size
-        self._checked = [False] * size
-        self._pending = size
-        self._all_in = Event()
-        if size == 0:
-            self._all_in.set()
-
-    def writer(self, index: int) -> Callable[[Any, bytes], int]:
-        """The ``write`` callable that request ``index`` of the batch hands its connected socket to."""
-
-        def write(sock: Any, data: bytes) -> int:
-            slot = _Slot(sock, data)
-            self._slots[index] = slot
-            self._check_in(index)
-            slot.done.wait()
-            if slot.error is not None:
-                raise slot.error
-            return slot.written_ns
-
-        return write
-
-    def leave(self, index: int) -> None:
-        """Request ``index`` will not write (it failed to connect, or was cancelled); idempotent."""
-        self._check_in(index)
-
-    def _check_in(self, index: int) -> None:
-        if not self._checked[index]:
-            self._checked[index] = True
-            self._pending -= 1
-            if self._pending == 0:
-                self._all_in.set()
-
-    def flush(self) -> None:
-        """Wait until every request connected (or gave up), then write them all in trace order."""
-        self._all_in.wait()
-        clock = time.perf_counter_ns
-        for slot in self._slots:
-            if slot is None:
-                continue
-            try:
-                slot.sock.sendall(slot.data)
-            except OSError as e:  # raised in the request's own greenlet, which classifies it
-                slot.error = e
-            slot.written_ns = clock()
-        for slot in self._slots:  # wake the readers only after the last write, in trace order
-            if slot is not None:
-                slot.done.set()
-
-
-class _Slot:
-    __slots__ = ("data", "done", "error", "sock", "written_ns")
-
-    def __init__(self, sock: Any, data: bytes) -> None:
-        self.sock = sock
-        self.data = data
-        self.done = Event()
-        self.error: OSError | None = None
-        self.written_ns = 0
+def request_id(run_id: str, stage: int, trace_id: int) -> str:
+    """The ``X-Request-Id`` of one request: unique in a run, and readable back from vLLM's request log."""
+    return f"tg-{run_id}-{stage}-{trace_id}"
 
 
 class OrderRunner:
@@ -202,12 +137,16 @@ class OrderRunner:
         dropped = 0
         items = order["items"]
         # every request's bytes exist before the stage starts: nothing is built between a send time and its send
-        requests: dict[tuple[int, int], bytes] = {}
-        for _, prompt_tokens, max_tokens, _, _ in items:
-            if (prompt_tokens, max_tokens) not in requests:
+        bodies: dict[tuple[int, int], bytes] = {}
+        requests: list[bytes] = []
+        for trace_id, prompt_tokens, max_tokens, _, _ in items:
+            body = bodies.get((prompt_tokens, max_tokens))
+            if body is None:
                 prompt = build_prompt(prompt_tokens, cfg["prompt_word"])
                 body = build_payload(cfg["model"], prompt, max_tokens, ignore_eos=cfg["ignore_eos"])
-                requests[prompt_tokens, max_tokens] = build_request(target, body, cfg.get("api_key"))
+                bodies[prompt_tokens, max_tokens] = body
+            rid = request_id(order["run_id"], stage, trace_id)
+            requests.append(build_request(target, body, cfg.get("api_key"), rid))
         progress = self._start_progress()
         gate = BatchGate(len(items)) if order["arm"] == "gated" else None
         if gate is not None:
@@ -233,8 +172,7 @@ class OrderRunner:
                     dropped += 1
                     continue
                 plan = (trace_id, prompt_tokens, max_tokens, intended_ns, batch)
-                request = requests[prompt_tokens, max_tokens]
-                spawn(one, order, plan, request, target, timeouts, cfg, writer, finished, gate, index)
+                spawn(one, order, plan, requests[index], target, timeouts, cfg, writer, finished, gate, index)
             if gate is not None:
                 gate.flush()
             self._group.join()
