@@ -7,10 +7,10 @@ server, not inferred from the client's stamps.
 
 from __future__ import annotations
 
-import socket
+import gevent
+
 from pathlib import Path
 
-import gevent
 import pytest
 from conftest import load_records, run_locust, write_trace
 
@@ -154,5 +154,5 @@ def test_gated_arrival_order_at_a_real_vllm(tmp_path: Path) -> None:
         batch = sorted((r for r in records if r["batch"] == k), key=lambda r: r["trace_id"])
         written = [r["request_written_s"] for r in batch]
         assert written == sorted(written)
-        ids = [r["response_id"] for r in batch]
-        assert all(rid.startswith(f"cmpl-tg-{run_id}-0-{r['trace_id']}") for rid, r in zip(ids, batch)), ids
+        for r in batch:
+            assert r["response_id"].startswith(f"cmpl-tg-{run_id}-0-{r['trace_id']}"), r["response_id"]
