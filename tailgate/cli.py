@@ -145,6 +145,7 @@ def build_plan(args: argparse.Namespace) -> Any:
         batch_size=batch, gated=not args.no_gated, nochunk_rates=nochunk,
         preempt_rate=preempt[0] if preempt else None, n=n, warmup=warmup, seed=args.seed,
         ignore_eos=args.ignore_eos or args.embedded, processes=args.processes,
+        realtime=args.embedded or args.server == "local",
         server_flags={
             config: [*(EMBEDDED_BASE_FLAGS if args.embedded else []), *flags]
             for config, flags in (("chunked", []), ("nochunk", nochunk_flags), ("preempt", preempt_flags))

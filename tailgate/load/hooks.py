@@ -12,6 +12,7 @@ from locust import events
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -93,6 +94,22 @@ def _on_init(environment: Any, **_: Any) -> None:
             prepare(environment)
     if isinstance(runner, (WorkerRunner, LocalRunner)):
         runner.register_message(ORDER_MESSAGE, _on_order)
+        opts = environment.parsed_options
+        if opts is not None and getattr(opts, "realtime", False):
+            _go_realtime()
+
+
+def _go_realtime() -> None:
+    """This load process at ``SCHED_FIFO``, or a warning: the run never fails for want of the privilege."""
+    import logging
+
+    from tailgate.servers.local import set_realtime
+
+    log = logging.getLogger("tailgate")
+    if set_realtime():
+        log.info("tailgate: load process %d runs at SCHED_FIFO", os.getpid())
+    else:
+        log.warning("tailgate: --realtime refused (no CAP_SYS_NICE or RLIMIT_RTPRIO); normal priority")
 
 
 def _on_order(environment: Any, msg: Any, **_: Any) -> None:
