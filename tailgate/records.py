@@ -95,6 +95,10 @@ class RequestRecord:
     error: str | None = None
     chunk_offsets_ms: list[float] | None = field(default=None)
     """Optional: every content chunk's arrival, ms after send (``--record-chunks``)."""
+    chunk_read_delays_ms: list[float] | None = field(default=None)
+    """Optional, with ``chunk_offsets_ms``: how long each chunk's read came after the kernel received the
+    read's newest bytes (-1: unknown). The offset minus this is the kernel's stamp, the offset plus it (under
+    ``TAILGATE_CHUNK_STAMP=kernel``) the ``recv`` one: the self-check compares both from one run."""
 
     @property
     def ok(self) -> bool:
@@ -106,6 +110,8 @@ class RequestRecord:
         d = {name: getattr(self, name) for name in RECORD_FIELDS}
         if d["chunk_offsets_ms"] is None:
             del d["chunk_offsets_ms"]
+        if d["chunk_read_delays_ms"] is None:
+            del d["chunk_read_delays_ms"]
         return d
 
     def to_json(self) -> str:

@@ -63,7 +63,7 @@ def test_server_side_coalescing_is_counted_but_not_blamed_on_a_prompt_client(gt:
 def test_kernel_stamp_predates_the_late_read(gt: ServerProcess) -> None:
     target = Target.parse(gt.base_url)
     body = build_payload(DEFAULT_MODEL, "a b", 4)
-    recv = stream_completion(target, body, StreamTiming(), write=_late_writer(0.2))
+    recv = stream_completion(target, body, StreamTiming(), write=_late_writer(0.2), stamp="recv")
     kernel = stream_completion(target, body, StreamTiming(), write=_late_writer(0.2), stamp="kernel")
     assert recv.error_class is None and kernel.error_class is None
     # the server finished within ~25 ms of the request; a read 200 ms later stamps 200 ms, the kernel ~25 ms

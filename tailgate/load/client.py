@@ -39,9 +39,12 @@ Matches the self-check's 1 ms bound on the client-added error."""
 
 CHUNK_STAMPS = ("recv", "kernel")
 CHUNK_STAMP_ENV = "TAILGATE_CHUNK_STAMP"
-"""Which instant stamps a read's events: ``recv`` (when ``recvmsg`` returned, the default) or ``kernel``
-(the kernel's receive time of the newest bytes in the read). The self-check compares the two
-(benchmarks/results/chunk-stamp.md)."""
+DEFAULT_CHUNK_STAMP = "kernel"
+"""Which instant stamps a read's events: ``kernel`` (the kernel's receive time of the newest bytes in the
+read, the default) or ``recv`` (when ``recvmsg`` returned). A read without a kernel stamp (TLS) falls back
+to ``recv``. The self-check reports both from the same reads; the kernel stamp's error was lower at every
+percentile (benchmarks/results/chunk-stamp.md), because it does not include the time the loop took to
+come back to the socket."""
 
 _JSON_STRING = re.compile(rb'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')
 """One JSON string literal, exactly as ``json.loads`` accepts it (no raw control characters)."""
@@ -126,6 +129,9 @@ class StreamTiming:
     error_class: str | None = None
     error: str | None = None
     chunk_ns: list[int] | None = field(default=None)
+    chunk_delay_ns: list[int] | None = field(default=None)
+    """With ``chunk_ns``: each chunk's read delay (``max_read_delay_ns``'s per-read value; -1 unknown), so
+    both stamps (``recv`` and ``kernel``) of every chunk can be compared from one run."""
     reads: int = 0
     """``recv`` calls that returned bytes of the response."""
     max_events_per_read: int = 0
@@ -167,9 +173,9 @@ def build_request(target: Target, body: bytes, api_key: str | None = None, reque
 
 
 def chunk_stamp_mode() -> str:
-    """The chunk stamp chosen through ``TAILGATE_CHUNK_STAMP`` (``recv`` when unset or unknown)."""
-    mode = os.environ.get(CHUNK_STAMP_ENV, "recv").strip().lower()
-    return mode if mode in CHUNK_STAMPS else "recv"
+    """The chunk stamp chosen through ``TAILGATE_CHUNK_STAMP`` (``DEFAULT_CHUNK_STAMP`` when unset or unknown)."""
+    mode = os.environ.get(CHUNK_STAMP_ENV, DEFAULT_CHUNK_STAMP).strip().lower()
+    return mode if mode in CHUNK_STAMPS else DEFAULT_CHUNK_STAMP
 
 
 def _request_head(
@@ -344,7 +350,7 @@ def stream_completion(
     record_chunks: bool = False,
     request: bytes | None = None,
     write: Callable[[socket.socket, bytes], int] | None = None,
-    stamp: str = "recv",
+    stamp: str = DEFAULT_CHUNK_STAMP,
 ) -> StreamTiming:
     """Send one streaming completion and fill ``timing``; never raises for request failures.
 
@@ -362,6 +368,7 @@ def stream_completion(
     stall_s = timeouts.stall_s or timeouts.request_s
     if record_chunks:
         timing.chunk_ns = []
+        timing.chunk_delay_ns = []
     sock: socket.socket | None = None
     kernel_stamp = stamp == "kernel"
     timing.sent_ns = clock()
@@ -481,6 +488,7 @@ def stream_completion(
                         timing.chunks += 1
                         if timing.chunk_ns is not None:
                             timing.chunk_ns.append(now)
+                            timing.chunk_delay_ns.append(-1 if delay is None else delay)  # type: ignore[union-attr]
                         continue
                     if event == b"[DONE]":
                         timing.done = True
@@ -517,6 +525,7 @@ def stream_completion(
                     timing.chunks += 1
                     if timing.chunk_ns is not None:
                         timing.chunk_ns.append(now)
+                        timing.chunk_delay_ns.append(-1 if delay is None else delay)  # type: ignore[union-attr]
                     reason = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
                     if reason:
                         if not isinstance(reason, str):

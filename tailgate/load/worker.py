@@ -74,6 +74,11 @@ def _offsets_ms(times_ns: list[int], origin_ns: int) -> list[float]:
     return [(t - origin_ns + 500) // 1000 / 1000 for t in times_ns]
 
 
+def _delays_ms(delays_ns: list[int]) -> list[float]:
+    """Read delays in ms to the microsecond (-1 stays -1: no kernel stamp for that read)."""
+    return [-1.0 if d < 0 else (d + 500) // 1000 / 1000 for d in delays_ns]
+
+
 def _ms(a: int | None, b: int | None) -> float | None:
     return None if a is None or b is None else round((b - a) / 1e6, 3)
 
@@ -299,6 +304,7 @@ class OrderRunner:
             late_coalesced_reads=t.late_coalesced_reads, client_coalesced=t.late_coalesced_reads > 0,
             error_class=t.error_class, error=t.error,
             chunk_offsets_ms=None if t.chunk_ns is None else _offsets_ms(t.chunk_ns, sent),
+            chunk_read_delays_ms=None if t.chunk_delay_ns is None else _delays_ms(t.chunk_delay_ns),
         )  # fmt: skip
 
     def _fire(self, r: RequestRecord) -> None:
