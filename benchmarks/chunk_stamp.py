@@ -1,9 +1,10 @@
 """Which instant should stamp a chunk: when ``recv`` returned, or when the kernel received the bytes?
 
-Runs ``tailgate selfcheck`` (the ground-truth server, a real Locust run, the chunk-by-chunk join)
-with ``TAILGATE_CHUNK_STAMP=recv`` and ``=kernel`` alternately, so both see the same machine over
-the same minutes, and prints the client-added error per chunk and the TTFT and worst-gap errors of
-each run, then the median over repeats.
+Runs ``tailgate selfcheck`` (the ground-truth server, a real Locust run, the chunk-by-chunk join).
+Each record keeps every chunk's read delay, so one run yields both stamps of every chunk, from the
+same reads on the same machine at the same moment: the comparison needs no luck with a shared
+machine's load. Prints the client-added error per chunk and the TTFT and worst-gap errors under each
+stamp, per run, then the median over repeats.
 
     python benchmarks/chunk_stamp.py [--rates 20,80] [--repeats 3] [--n 400] [--tokens 50] [--json out.json]
     python benchmarks/chunk_stamp.py --from-dir DIR     # summarise runs saved as DIR/<mode>-r<rate>-<k>.json
@@ -13,48 +14,55 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from tailgate.load.client import CHUNK_STAMP_ENV, CHUNK_STAMPS
+from tailgate.load.client import CHUNK_STAMPS
 from tailgate.verify.selfcheck import SelfCheckConfig, run_selfcheck
 
 KEYS = (("chunk_error_ms", "p50"), ("chunk_error_ms", "p99"), ("chunk_error_ms", "max"),
         ("ttft_error_ms", "p99"), ("worst_gap_error_ms", "p99"))  # fmt: skip
 
 
-def row(result: dict[str, Any]) -> dict[str, Any]:
+BY_STAMP = {"chunk_error_ms": "chunk_error_ms", "ttft_error_ms": "ttft_error_ms", "worst_gap_error_ms": "gap_error_ms"}
+
+
+def rows_of(result: dict[str, Any], rate: float, repeat: int) -> list[dict[str, Any]]:
+    """One row per stamp; the run's own stamp from its figures, the other rebuilt from the read delays."""
     cpu = result.get("cpu") or {}
-    return {
-        **{f"{k}_{q}": result[k][q] for k, q in KEYS},
-        "exact": result["join"]["exact"],
-        "others_busy_cores": cpu.get("others_busy_cores"),
-    }
+    out = []
+    for mode in CHUNK_STAMPS:
+        figures = (result.get("by_stamp") or {}).get(mode)
+        if figures is None or not figures["chunk_error_ms"]["n"]:
+            if mode != result.get("chunk_stamp", "recv"):
+                continue
+            figures = {BY_STAMP[k]: result[k] for k, _ in KEYS}
+        out.append({
+            "mode": mode, "rate": rate, "repeat": repeat, "exact": result["join"]["exact"],
+            **{f"{k}_{q}": figures[BY_STAMP[k]][q] for k, q in KEYS},
+            "others_busy_cores": cpu.get("others_busy_cores"),
+        })  # fmt: skip
+    return out
 
 
 def run(rates: list[float], repeats: int, n: int, tokens: int) -> list[dict[str, Any]]:
     rows = []
     for rate in rates:
         for k in range(repeats):
-            for mode in CHUNK_STAMPS:
-                os.environ[CHUNK_STAMP_ENV] = mode
-                try:
-                    result = run_selfcheck(SelfCheckConfig(rate=rate, n=n, tokens=tokens))
-                finally:
-                    os.environ.pop(CHUNK_STAMP_ENV, None)
-                rows.append({"mode": mode, "rate": rate, "repeat": k + 1, **row(result)})
-                print(json.dumps(rows[-1]), flush=True)
+            result = run_selfcheck(SelfCheckConfig(rate=rate, n=n, tokens=tokens))
+            for r in rows_of(result, rate, k + 1):
+                rows.append(r)
+                print(json.dumps(r), flush=True)
     return rows
 
 
 def from_dir(directory: Path) -> list[dict[str, Any]]:
     rows = []
     for path in sorted(directory.glob("*-r*-*.json")):
-        mode, rate, k = path.stem.split("-")
-        rows.append({"mode": mode, "rate": float(rate[1:]), "repeat": int(k), **row(json.loads(path.read_text()))})
+        _, rate, k = path.stem.split("-")
+        rows += rows_of(json.loads(path.read_text()), float(rate[1:]), int(k))
     return rows
 
 

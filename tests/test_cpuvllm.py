@@ -34,7 +34,7 @@ from tailgate.servers import (
     tailgate_home,
     vllm_server_argv,
 )
-from tailgate.tinymodel import PROMPT_WORD, PROMPT_WORD_ID, model_config, tokenizer_config, vocabulary
+from tailgate.servers.tinymodel import PROMPT_WORD, PROMPT_WORD_ID, model_config, tokenizer_config, vocabulary
 
 PY = Path("/venv/bin/python")
 MODEL = Path("/models/tiny")

@@ -17,7 +17,7 @@ not pull in gevent's monkey-patching or pandas.
 from .base import CHUNKED_OFF_FLAG, HOST, ServerController, ServerError
 from .compose import ComposeByConfig, ComposeServer
 from .fixed import FixedServer
-from .install import ensure_tiny_model, ensure_vllm_venv, tailgate_home
+from .install import default_vllm_python, ensure_tiny_model, ensure_vllm_venv, tailgate_home
 from .local import LocalVllmServer, group_members, vllm_server_argv
 from .manual import ManualServer
 from .net import free_port, http_json, http_status, is_healthy
@@ -32,6 +32,7 @@ __all__ = [
     "ManualServer",
     "ServerController",
     "ServerError",
+    "default_vllm_python",
     "ensure_tiny_model",
     "ensure_vllm_venv",
     "free_port",
