@@ -9,10 +9,10 @@ are placed and prioritised:
 
 - ``as-is``: the server in its own session at nice 10 (the controller's former default).
 - ``autogroup``: the same, and the server's autogroup niced too (``/proc/<pid>/autogroup``).
-- ``isolated``: the controller's default now: server restricted to the cores after the first,
-  its OMP threads bound there, its autogroup niced; the probe at ``SCHED_FIFO`` when allowed.
+- ``isolated``: the controller's default now: server restricted to the cores after the first and
+  its OMP threads bound there; the probe at ``SCHED_FIFO`` when allowed.
 
-    python benchmarks/embedded_stall.py [--modes as-is,autogroup,isolated] [--seconds 30] [--json out.json]
+    python benchmarks/embedded_stall.py [--modes as-is,isolated,autogroup] [--seconds 30] [--json out.json]
 
 Prints, per mode, the probe's lag p50/p99/max and how long it waited runnable, and the server's
 thread placement (affinity, nice, autogroup) as the kernel reports it.
@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tailgate.servers import LocalVllmServer, ensure_tiny_model, ensure_vllm_venv
+from tailgate.servers import LocalVllmServer, ServerError, ensure_tiny_model, ensure_vllm_venv
 from tailgate.servers.local import set_realtime
 
 PROBE = r"""
@@ -126,6 +126,10 @@ def run_mode(mode: str, seconds: float, clients: int, log_dir: Path) -> dict[str
         kwargs = {"cpus": None, "autogroup_nice": False}
     elif mode == "autogroup":
         kwargs = {"cpus": None, "autogroup_nice": True}
+    elif mode == "isolated":
+        kwargs = {}
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
     server = LocalVllmServer(python, model_dir, extra_args=["--enforce-eager"], log_path=log_dir / f"vllm-{mode}.log",
                              **kwargs)  # fmt: skip
     t0 = time.monotonic()
@@ -160,7 +164,7 @@ def run_mode(mode: str, seconds: float, clients: int, log_dir: Path) -> dict[str
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", default="as-is,autogroup,isolated")
+    p.add_argument("--modes", default="as-is,isolated,autogroup")
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--clients", type=int, default=3)
     p.add_argument("--logs", default="/tmp/tailgate-embedded-stall")
@@ -173,7 +177,12 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; this process's autogroup: "
           f"{group}; realtime allowed: {set_realtime(probe_only=True)}")  # fmt: skip
     for mode in args.modes.split(","):
-        r = run_mode(mode.strip(), args.seconds, args.clients, logs)
+        try:
+            r = run_mode(mode.strip(), args.seconds, args.clients, logs)
+        except ServerError as e:
+            print(f"{mode:>10}: the server did not come up: {str(e).splitlines()[0]}", flush=True)
+            rows.append({"mode": mode, "error": str(e).splitlines()[0]})
+            continue
         rows.append(r)
         pr = r["probe"]
         if "error" in pr:
@@ -185,7 +194,8 @@ def main() -> int:
             f">10 ms {pr['over_10ms']}, >100 ms {pr['over_100ms']}, >1 s {pr['over_1s']}; "
             f"waited runnable {pr['runnable_wait_s']:.2f} s of {args.seconds:g} s (ran {pr['run_s']:.2f} s); "
             f"FIFO {pr['realtime']}; server cpus {r['server_cpus']} nice {r['server_nice']} "
-            f"autogroups {r['server_autogroups']}; {r['requests']} requests served"
+            f"autogroups {r['server_autogroups']}; {r['requests']} requests served",
+            flush=True,
         )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

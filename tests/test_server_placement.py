@@ -29,7 +29,7 @@ def test_server_cpus_leave_the_first_core() -> None:
 def test_environment_binds_openmp_to_the_server_cores(tmp_path: Path) -> None:
     server = LocalVllmServer("/venv/bin/python", "/models/tiny", port=1, cpus=[1, 2], log_path=tmp_path / "l")
     assert server.environment()["VLLM_CPU_OMP_THREADS_BIND"] == "1,2"
-    assert server.describe()["cpus"] == [1, 2] and server.describe()["autogroup_nice"] is True
+    assert server.describe()["cpus"] == [1, 2] and server.describe()["autogroup_nice"] is False
     free = LocalVllmServer("/venv/bin/python", "/models/tiny", port=1, cpus=None, log_path=tmp_path / "l")
     assert "VLLM_CPU_OMP_THREADS_BIND" not in free.environment() or os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
 
@@ -37,7 +37,8 @@ def test_environment_binds_openmp_to_the_server_cores(tmp_path: Path) -> None:
 def test_child_gets_the_nice_value_its_autogroup_and_its_cores(tmp_path: Path) -> None:
     cores = sorted(os.sched_getaffinity(0))
     server = LocalVllmServer(
-        "/venv/bin/python", "/models/tiny", port=1, cpus=cores[-1:], niceness=7, log_path=tmp_path / "l"
+        "/venv/bin/python", "/models/tiny", port=1, cpus=cores[-1:], niceness=7, autogroup_nice=True,
+        log_path=tmp_path / "l",
     )
     out = subprocess.run(
         [sys.executable, "-c", REPORT], capture_output=True, text=True, check=True, start_new_session=True,

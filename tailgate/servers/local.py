@@ -23,15 +23,15 @@ from .net import free_port, http_json, is_healthy
 DEFAULT_SERVED_MODEL_NAME = "tiny-llama"
 DEFAULT_MAX_MODEL_LEN = 8192
 DEFAULT_NICENESS = 10
-"""A CPU server shares the cores with the load generator: at a lower priority it cannot delay the
-generator's timestamps (its own speed matters less; it is the system under test, not the clock).
-
-The server runs in its own session, and with ``CONFIG_SCHED_AUTOGROUP`` (on by default in most
-distributions) every session is its own scheduling group: a task's nice value then only ranks it
-against the tasks of its own group, and two groups share the CPUs equally whatever their tasks' nice
-values. The niceness is therefore also written to the server's autogroup (``/proc/<pid>/autogroup``),
-which is what actually lowers the whole server against the load generator
-(benchmarks/results/embedded-stall.md)."""
+"""The server's task nice value. On its own it does little: the server runs in its own session, and with
+``CONFIG_SCHED_AUTOGROUP`` (on by default in most distributions) every session is its own scheduling
+group, so a task's nice value only ranks it against the tasks of its own group; two groups share the
+CPUs equally whatever their tasks' nice values. Niceing the server's whole autogroup
+(``autogroup_nice=True``) does rank it below the load generator, but also below every other session on
+the machine: on a shared, loaded machine the server then did not start within 240 s
+(benchmarks/results/embedded-stall.md). What keeps the generator's timestamps free is placement
+instead: the server kept off the generator's core (``AUTO_CPUS``) and the generator at ``SCHED_FIFO``
+(:func:`set_realtime`)."""
 AUTO_CPUS = "auto"
 """Default core set: every core this process may use except the lowest, which is left to the load
 generator (no restriction on a one-core machine). vLLM's CPU worker pins its OpenMP threads to cores and
@@ -116,7 +116,7 @@ class LocalVllmServer:
         env: Mapping[str, str] | None = None,
         niceness: int = DEFAULT_NICENESS,
         cpus: Sequence[int] | str | None = AUTO_CPUS,
-        autogroup_nice: bool = True,
+        autogroup_nice: bool = False,
     ) -> None:
         self.python = Path(python)
         self.niceness = niceness
