@@ -9,8 +9,9 @@ are placed and prioritised:
 
 - ``as-is``: the server in its own session at nice 10 (the controller's former default).
 - ``autogroup``: the same, and the server's autogroup niced too (``/proc/<pid>/autogroup``).
-- ``isolated``: the controller's default now: server restricted to the cores after the first and
-  its OMP threads bound there; the probe at ``SCHED_FIFO`` when allowed.
+- ``split``: the server restricted to the cores after the first, its OpenMP threads bound there
+  (the controller's default now); the probe at its ordinary priority.
+- ``isolated``: ``split`` and the probe at ``SCHED_FIFO`` when allowed (as ``--realtime`` runs Locust).
 
     python benchmarks/embedded_stall.py [--modes as-is,isolated,autogroup] [--seconds 30] [--json out.json]
 
@@ -126,7 +127,7 @@ def run_mode(mode: str, seconds: float, clients: int, log_dir: Path) -> dict[str
         kwargs = {"cpus": None, "autogroup_nice": False}
     elif mode == "autogroup":
         kwargs = {"cpus": None, "autogroup_nice": True}
-    elif mode == "isolated":
+    elif mode in ("isolated", "split"):
         kwargs = {}
     else:
         raise SystemExit(f"unknown mode {mode!r}")
