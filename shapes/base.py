@@ -256,7 +256,10 @@ class SuiteShape(LoadTestShape):
             return None
         cmd = [sys.executable, "-m", "tailgate.load.metrics", "--url", s.metrics_url,
                "--out", str(s.results_dir / "server-metrics.jsonl"), "--interval", str(s.sample_metrics)]  # fmt: skip
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=_ordinary_priority,
+        )  # fmt: skip
 
     def _metadata(self, run_id: str, started: float, stages: list[Stage]) -> dict[str, Any]:
         s = self.settings
@@ -281,6 +284,15 @@ class SuiteShape(LoadTestShape):
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
         tmp.replace(path)
+
+
+def _ordinary_priority() -> None:
+    """A helper process does not inherit the load generator's ``SCHED_FIFO`` (``--realtime``)."""
+    try:
+        if os.sched_getscheduler(0) != os.SCHED_OTHER:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except (OSError, AttributeError):
+        pass
 
 
 def _answers(url: str) -> bool:
