@@ -32,14 +32,14 @@ SERVER_METRICS = "server-metrics.jsonl"
 
 #: Record fields left out of the analysis frame: never analysed here (per-chunk offsets, response
 #: ids, the generator's monotonic clock), and leaving them out keeps a million-record frame small.
-SKIPPED_FIELDS: tuple[str, ...] = ("chunk_offsets_ms", "response_id", "sent_mono_ns")
+SKIPPED_FIELDS: tuple[str, ...] = ("chunk_offsets_ms", "chunk_read_delays_ms", "response_id", "sent_mono_ns")
 RECORD_COLUMNS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f not in SKIPPED_FIELDS)
 CATEGORY_COLUMNS: tuple[str, ...] = ("run_id", "worker", "stage_label", "arm", "finish_reason", "error_class")
 TEXT_COLUMNS: tuple[str, ...] = ("error",)
 INT_COLUMNS: tuple[str, ...] = (
     "trace_id", "stage", "prompt_tokens_planned", "max_tokens", "in_flight_at_send", "chunks",
 )  # fmt: skip
-BOOL_COLUMNS: tuple[str, ...] = ("ignore_eos",)
+BOOL_COLUMNS: tuple[str, ...] = ("ignore_eos", "client_coalesced")
 FLOAT_COLUMNS: tuple[str, ...] = tuple(
     c for c in RECORD_COLUMNS if c not in (*CATEGORY_COLUMNS, *TEXT_COLUMNS, *INT_COLUMNS, *BOOL_COLUMNS)
 )

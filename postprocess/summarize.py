@@ -116,6 +116,10 @@ def summaries_from_records(
     stats = {pr.key: _pct(population[pr.over][pr.field], pr.p) for pr in PERCENTILE_RULES}
     stats["n"] = gi.size()
     stats["completion_tokens"] = gi["completion_tokens"].sum()
+    if "client_coalesced" in good.columns:  # frames built by hand, or from an older schema, may lack it
+        stats["client_coalesced_streams"] = gi["client_coalesced"].sum()
+    else:
+        stats["client_coalesced_streams"] = gi.size() * 0
     stats["sent"] = ga.size()
     stats["errors"] = ga["error_class"].count()
     stats["window_start_s"] = ga["sent_s"].min()
@@ -158,6 +162,9 @@ def summaries_from_records(
                 else round(float(row["achieved_rate"]), 3),
                 "completion_tokens": int(row["completion_tokens"])
                 if pd.notna(row["completion_tokens"])
+                else 0,
+                "client_coalesced_streams": int(row["client_coalesced_streams"])
+                if pd.notna(row["client_coalesced_streams"])
                 else 0,
                 "summary_source": "records",
             }

@@ -18,9 +18,11 @@ TABLE_COLUMNS: tuple[str, ...] = (
     "cell", "config", "arm", "rate_or_batch", "n",
     "ttft_p50", "ttft_p99", "gap_p50", "gap_p99", "total_p50", "total_p99",
     "preemptions_prometheus", "preemptions_direct", "errors",
-    "ttft_from_intended_p99", "schedule_lag_p99",
+    "ttft_from_intended_p99", "schedule_lag_p99", "client_coalesced_streams",
 )  # fmt: skip
 """The Markdown table; the CSV adds :data:`CSV_EXTRA`."""
+NOT_A_MEASUREMENT = " (not a measurement)"
+"""Appended to a cell's name where the client read late and merged chunks: its gaps describe the client."""
 CSV_EXTRA: tuple[str, ...] = (
     "run_dir", "run_id", "stage", "stage_label", "preemptions_source", "preemptions_disagree",
     "lost_in_flight", "achieved_rate", "sent", "warmup", "warmup_rule", "summary_source",
@@ -40,6 +42,7 @@ HEADERS: dict[str, str] = {
     "preemptions_direct": "preempt. (direct)",
     "ttft_from_intended_p99": "ttft_from_intended_p99 ms",
     "schedule_lag_p99": "schedule_lag_p99 ms",
+    "client_coalesced_streams": "coalesced by client",
 }
 
 
@@ -71,7 +74,8 @@ def summary_table(summaries: pd.DataFrame, preemptions: pd.DataFrame | None = No
 def _fmt(column: str, value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    if column in ("n", "errors", "sent", "lost_in_flight", "stage", "warmup", "planned", "recorded", "never_sent"):
+    if column in ("n", "errors", "sent", "lost_in_flight", "stage", "warmup", "planned", "recorded", "never_sent",
+                  "client_coalesced_streams"):
         return str(int(value))
     if column == "rate_or_batch":
         v = float(value)
@@ -91,7 +95,9 @@ def table_markdown(table: pd.DataFrame) -> str:
     align = "|" + "|".join("---" if c in ("cell", "config", "arm") else "---:" for c in cols) + "|"
     lines = [head, align]
     for row in table[cols].itertuples(index=False):
-        lines.append("| " + " | ".join(_fmt(c, v) for c, v in zip(cols, row, strict=True)) + " |")
+        cells = [_fmt(c, v) for c, v in zip(cols, row, strict=True)]
+        cells[0] += _measurement_mark(row._asdict())
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -101,17 +107,30 @@ HTML_HEADERS: dict[str, str] = {
     "total_p50": "total p50", "total_p99": "total p99",
     "preemptions_prometheus": "preempt. Prom.", "preemptions_direct": "preempt. direct",
     "ttft_from_intended_p99": "TTFT from intended p99", "schedule_lag_p99": "sched. lag p99",
-    "lost_in_flight": "lost in flight", "never_sent": "never sent",
+    "lost_in_flight": "lost in flight", "never_sent": "never sent", "client_coalesced_streams": "coalesced",
 }  # fmt: skip
 """Shorter headers for the page: the Markdown table keeps the summary keys, the page must fit a
 laptop screen (1400 px) without scrolling sideways; the caption says every figure is in ms."""
+
+
+def _measurement_mark(row: dict[str, Any]) -> str:
+    """:data:`NOT_A_MEASUREMENT` for a cell with streams the client coalesced (absent counts: old records)."""
+    value = row.get("client_coalesced_streams")
+    try:
+        return NOT_A_MEASUREMENT if value is not None and float(value) > 0 else ""
+    except (TypeError, ValueError):
+        return ""
 
 
 def _rows(table: pd.DataFrame, cols: list[str]) -> list[dict[str, Any]]:
     rows = []
     for row in table.itertuples(index=False):
         d = row._asdict()
-        cells = [{"text": _fmt(c, d.get(c)), "numeric": c not in ("cell", "config", "arm")} for c in cols]
+        cells = [
+            {"text": _fmt(c, d.get(c)) + (_measurement_mark(d) if c == "cell" else ""),
+             "numeric": c not in ("cell", "config", "arm")}
+            for c in cols
+        ]  # fmt: skip
         flagged = bool(d.get("lost_in_flight") and d.get("lost_in_flight") == d.get("lost_in_flight"))
         rows.append({"disagree": bool(d.get("preemptions_disagree")) is True, "lost": flagged, "cells": cells})
     return rows

@@ -73,6 +73,10 @@ class SuiteShape(LoadTestShape):
         if self.session is not None:
             self.session.on_done(msg.node_id, msg.data)
 
+    def on_progress(self, environment: Any, msg: Any, **_: Any) -> None:
+        if self.session is not None:
+            self.session.on_progress(msg.node_id, msg.data)
+
     # -- runs -------------------------------------------------------------------------------
     @property
     def settings(self) -> Settings | None:

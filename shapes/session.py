@@ -111,6 +111,8 @@ class RunSession:
         self._done: dict[str, dict[str, Any]] = {}
         self._done_event = Event()
         self._waiting_for: set[str] = set()
+        self._counts: dict[str, tuple[int, int]] = {}
+        """Load process -> (requests sent, ended) as it last reported them (distributed runs)."""
         self.meta: dict[str, Any] = {}
 
     # -- life cycle -----------------------------------------------------------------------------
@@ -224,8 +226,25 @@ class RunSession:
         if isinstance(stage, int):
             self.dropped[stage] = self.dropped.get(stage, 0) + int(data.get("dropped") or 0)
         self._done[node_id] = data
+        if "sent" in data:  # exact counters at the end of each order, so a stage's baseline is never stale
+            self._counts[node_id] = (int(data["sent"]), int(data["ended"]))
         if self._waiting_for <= set(self._done):
             self._done_event.set()
+
+    def on_progress(self, node_id: str, data: dict[str, Any]) -> None:
+        self._counts[node_id] = (int(data["sent"]), int(data["ended"]))
+
+    def _sent_ended(self) -> tuple[int, int]:
+        """Requests sent and ended so far by every load process, from their in-memory counters.
+
+        One process: read straight from its runner. Several: the sum of what each last reported (they
+        report every few seconds). Never the record files: re-reading them grew with the run and held
+        the loop that timestamps the streams.
+        """
+        if not self._local:
+            return sum(c[0] for c in self._counts.values()), sum(c[1] for c in self._counts.values())
+        local = order_runner(self.runner.environment)
+        return local.sent, local.ended
 
     def _run_stage(self, stage: Stage, nodes: list[str]) -> dict[str, Any]:
         s = self.settings
@@ -233,7 +252,7 @@ class RunSession:
         self.stage_started[stage.index] = time.time()
         self.current = stage
         records: list[dict[str, Any]] = []
-        baseline = _count_lines(self.folder, "records-*.jsonl"), _count_lines(self.folder, "sent-*.log")
+        baseline = self._sent_ended()
         for group in stage.groups:
             t0 = time.time() + (START_LEAD_S if len(nodes) > 1 or group is stage.groups[0] else 0.0)
             self._done = {}
@@ -294,9 +313,9 @@ class RunSession:
         return summary
 
     def _progress(self, stage: Stage, baseline: tuple[int, int]) -> None:
-        """Requests sent and ended so far in this stage, read from the files the workers append to."""
-        ended = _count_lines(self.folder, "records-*.jsonl") - baseline[0]
-        sent = _count_lines(self.folder, "sent-*.log") - baseline[1]
+        """Requests sent and ended so far in this stage, counted in memory by the load processes."""
+        sent_now, ended_now = self._sent_ended()
+        sent, ended = sent_now - baseline[0], ended_now - baseline[1]
         elapsed = time.time() - self.stage_started[stage.index]
         eta = f", about {elapsed / ended * (stage.size - ended):.0f} s left" if ended else ""
         log.info("tailgate: %s: %d/%d ended, %d in flight%s", stage.label, ended, stage.size, sent - ended, eta)
@@ -323,7 +342,10 @@ class RunSession:
             return None
         cmd = [sys.executable, "-m", "tailgate.load.metrics", "--url", s.metrics_url,
                "--out", str(self.folder / "server-metrics.jsonl"), "--interval", str(s.sample_metrics)]  # fmt: skip
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=_ordinary_priority,
+        )  # fmt: skip
 
     def _stop_sampler(self) -> None:
         sampler, self._sampler = self._sampler, None
@@ -404,15 +426,13 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _count_lines(directory: Path, pattern: str) -> int:
-    total = 0
-    for path in directory.glob(pattern):
-        try:
-            with open(path, "rb") as f:
-                total += f.read().count(b"\n")
-        except OSError:
-            pass
-    return total
+def _ordinary_priority() -> None:
+    """A helper process does not inherit the load generator's ``SCHED_FIFO`` (``--realtime``)."""
+    try:
+        if os.sched_getscheduler(0) != os.SCHED_OTHER:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except (OSError, AttributeError):
+        pass
 
 
 def summary_line(s: dict[str, Any]) -> str:

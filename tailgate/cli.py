@@ -106,6 +106,9 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default="chunked,nochunk,preempt",
                    help="server configurations to run; with --server url, the one the server has now")
     p.add_argument("--no-report", action="store_true", help="skip the report at the end")
+    p.add_argument("--placement", choices=("isolated", "shared"), default="isolated",
+                   help="local server: 'isolated' keeps it off the first core, nices its autogroup and runs Locust "
+                        "at SCHED_FIFO where allowed; 'shared' does none of that (for comparison)")  # fmt: skip
 
 
 def _rates_or_none(text: str, default: tuple[float, ...], option: str) -> tuple[float, ...]:
@@ -152,6 +155,7 @@ def build_plan(args: argparse.Namespace) -> Any:
         batch_size=batch, gated=not args.no_gated, nochunk_rates=nochunk,
         preempt_rate=preempt[0] if preempt else None, n=n, warmup=warmup, seed=args.seed,
         ignore_eos=args.ignore_eos or args.embedded, processes=args.processes,
+        realtime=(args.embedded or args.server == "local") and args.placement == "isolated",
         server_flags={
             config: [*(EMBEDDED_BASE_FLAGS if args.embedded else []), *flags]
             for config, flags in (("chunked", []), ("nochunk", nochunk_flags), ("preempt", preempt_flags))
@@ -306,7 +310,8 @@ def _run_suite(args: argparse.Namespace, plan: Any, root: Path, api_key: str | N
             log("[suite] preparing the CPU vLLM (installed once into ~/.cache/tailgate)")
             python = servers.ensure_vllm_venv(log=log)
             model = servers.ensure_tiny_model(python=python)
-            controller = servers.LocalVllmServer(python, model, log_path=root / "server.log")
+            placement: dict[str, Any] = {} if args.placement == "isolated" else {"cpus": None, "autogroup_nice": False}
+            controller = servers.LocalVllmServer(python, model, log_path=root / "server.log", **placement)
         elif args.server == "compose":
             files = args.compose_file or ["docker-compose.yml"]
             controller = servers.ComposeByConfig(

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
-RECORD_SCHEMA_VERSION = 1
+RECORD_SCHEMA_VERSION = 2
+"""2: the connect and request-written instants, and how much of a record's timing the client could have hidden."""
 
 
 @dataclass(slots=True)
@@ -48,6 +49,11 @@ class RequestRecord:
     sent_mono_ns: int | None = None
     """The actual send on the generator's ``perf_counter_ns`` clock (``CLOCK_MONOTONIC`` on Linux): joins
     ``chunk_offsets_ms`` to a server's monotonic log on the same host without a wall-clock round trip."""
+    connected_s: float | None = None
+    """When the TCP (and TLS) connection was up. A gated batch connects all its requests first."""
+    request_written_s: float | None = None
+    """When the whole request had been handed to the kernel: the order in which these instants fall is the
+    order in which the server can see the requests (a gated batch writes them in trace order)."""
     # response path, epoch seconds (None when never reached)
     headers_s: float | None = None
     first_chunk_s: float | None = None
@@ -70,11 +76,29 @@ class RequestRecord:
     finish_reason: str | None = None
     status: int | None = None
     response_id: str | None = None
+    # how much of this record's timing the client could have hidden (see tailgate/load/client.py)
+    reads: int = 0
+    """Reads that returned bytes of the response."""
+    max_events_per_read: int = 0
+    """The most content events one read delivered; they share one timestamp, so gaps between them read 0."""
+    max_read_delay_ms: float | None = None
+    """The longest a read's newest bytes waited in the kernel before the client read them (kernel receive
+    stamp to ``recv`` return): a lower bound on how late this stream was timestamped. None: not measurable
+    (TLS, no receive stamps)."""
+    late_coalesced_reads: int = 0
+    """Reads that delivered two or more content events more than 1 ms after their newest bytes arrived."""
+    client_coalesced: bool = False
+    """True when any read was late and coalesced: the client, not the server, may have merged chunks the
+    server sent apart, so this stream's gaps are not a measurement of the server."""
     # outcome
     error_class: str | None = None
     error: str | None = None
     chunk_offsets_ms: list[float] | None = field(default=None)
     """Optional: every content chunk's arrival, ms after send (``--record-chunks``)."""
+    chunk_read_delays_ms: list[float] | None = field(default=None)
+    """Optional, with ``chunk_offsets_ms``: how long each chunk's read came after the kernel received the
+    read's newest bytes (-1: unknown). The offset minus this is the kernel's stamp, the offset plus it (under
+    ``TAILGATE_CHUNK_STAMP=kernel``) the ``recv`` one: the self-check compares both from one run."""
 
     @property
     def ok(self) -> bool:
@@ -86,6 +110,8 @@ class RequestRecord:
         d = {name: getattr(self, name) for name in RECORD_FIELDS}
         if d["chunk_offsets_ms"] is None:
             del d["chunk_offsets_ms"]
+        if d["chunk_read_delays_ms"] is None:
+            del d["chunk_read_delays_ms"]
         return d
 
     def to_json(self) -> str:
@@ -166,7 +192,8 @@ def read_records(directory: str | Path) -> RecordScan:
 
 
 class SendJournal:
-    """One short line per request at the moment it is sent.
+    """One short line per request, written just before it is sent (ahead of its send time, so the write
+    never delays the send: a kill in between counts at most the next arrival, or one gated batch, as lost).
 
     Compared with the records, it tells how many requests were in flight (sent, never recorded)
     when a load generator died.
@@ -178,6 +205,14 @@ class SendJournal:
 
     def sent(self, stage: int, trace_id: int) -> None:
         self._file.write(f"{stage} {trace_id}\n")
+
+    def sent_many(self, stage: int, trace_ids: Iterable[int]) -> None:
+        """Several requests in one ``write``: a gated batch is journaled before any of it goes out."""
+        self._file.write("".join(f"{stage} {t}\n" for t in trace_ids))
+
+    def dropped(self, stage: int, trace_id: int) -> None:
+        """Take back a request journaled ahead of its send time that was then not sent (in-flight cap)."""
+        self._file.write(f"{stage} {trace_id} dropped\n")
 
     def close(self) -> None:
         self._file.close()
@@ -194,8 +229,12 @@ def read_sent(directory: str | Path) -> set[tuple[int, int]]:
         text = path.read_text(encoding="utf-8", errors="replace")
         for line in text[: text.rfind("\n") + 1].splitlines():
             parts = line.split()
-            if len(parts) == 2 and all(p.lstrip("-").isdigit() for p in parts):
-                out.add((int(parts[0]), int(parts[1])))
+            if len(parts) in (2, 3) and all(p.lstrip("-").isdigit() for p in parts[:2]):
+                key = (int(parts[0]), int(parts[1]))
+                if len(parts) == 2:
+                    out.add(key)
+                elif parts[2] == "dropped":
+                    out.discard(key)
     return out
 
 

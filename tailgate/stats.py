@@ -144,4 +144,22 @@ def summarize_stage(
             "completion_tokens": sum(r.get("completion_tokens") or 0 for r in good),
         }
     )
+    summary.update(client_quality(good))
     return summary
+
+
+def client_quality(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """How much of a stage's timing the client could have hidden, from the records' own flags.
+
+    ``client_coalesced_streams`` counts streams where a late read merged chunks: their gaps describe the
+    client, so a cell with any is not a measurement of the server. Records written before these fields
+    existed count as unflagged, and ``read_delay_measured`` says how many records could be checked.
+    """
+    delays = [r["max_read_delay_ms"] for r in records if r.get("max_read_delay_ms") is not None]
+    return {
+        "client_coalesced_streams": sum(1 for r in records if r.get("client_coalesced")),
+        "read_delay_measured": len(delays),
+        "max_read_delay_p99": round_ms(percentile(delays, 99)),
+        "max_read_delay_max": round_ms(max(delays) if delays else None),
+        "max_events_per_read_max": max((int(r.get("max_events_per_read") or 0) for r in records), default=0),
+    }

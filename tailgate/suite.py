@@ -78,6 +78,8 @@ class SuitePlan:
     """Flags the user stated for a server the suite does not start (recorded, not applied)."""
     configs: tuple[str, ...] = CONFIG_ORDER
     """Server configurations to run now (a server nobody can restart runs one at a time)."""
+    realtime: bool = False
+    """Load processes at SCHED_FIFO where allowed: set when the server shares this machine's cores."""
 
     def fixed_cells(self) -> list[Cell]:
         cells = [Cell("chunked", "continuous", r) for r in self.rates]
@@ -214,6 +216,8 @@ class Suite:
             cmd += ["--prometheus-url", self.prometheus_url]
         if p.processes > 1:
             cmd += ["--processes", str(p.processes)]
+        if p.realtime:
+            cmd.append("--realtime")
         return cmd + list(p.locust_args)
 
     def run_cell(self, cell: Cell, index: int, total: int) -> dict[str, Any]:

@@ -86,7 +86,8 @@ def check_timing_of_successes(records: list[dict], max_tokens: int, first_seen_m
         assert r["chunks"] == r["completion_tokens"] == max_tokens and r["finish_reason"] == "length"
         assert r["ttft_ms"] >= first_seen_ms
         assert r["total_ms"] >= TTFT_MS + (max_tokens - 1) * GAP_MS
-        assert r["worst_gap_ms"] >= GAP_MS * 0.5
+        if not r["client_coalesced"]:  # a late read merges chunks the server sent apart: flagged, not timed
+            assert r["worst_gap_ms"] >= GAP_MS * 0.5
 
 
 # ---------------------------------------------------------------------------------- classified faults

@@ -11,7 +11,8 @@
 #     preempt     continuous 10 req/s (server: --max-model-len 8192 --num-gpu-blocks-override B)
 #   N: measured requests per cell (25 warm-up on top).
 # The harness is expected at .gpu/harness/batching_bench.py (extracted from the article, with
-# ignore_eos added); it is never committed.
+# ignore_eos added, by benchmarks/h200/prepare_harness.py); it is never committed.
+# The gated cell at n=500 (both tools, one server session, one call): benchmarks/h200/gated.sh.
 set -uo pipefail
 step=$1; n=${2:-200}
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1

@@ -13,16 +13,38 @@ Every outcome is classified: a request either completes with ``[DONE]`` or ends 
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import ssl
+import struct
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from tailgate.load.sse import ChunkedDecoder, SSEParser, StreamFormatError
 
 RECV_BYTES = 65536
+
+SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
+"""Linux's receive-timestamp option (``SO_TIMESTAMPNS_OLD``, 35; Python does not name it). With it, every
+``recvmsg`` on a TCP socket also returns when the kernel received the newest bytes it hands over."""
+_TS_SPACE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
+_TIMESPEC = struct.Struct("qq")
+LATE_READ_NS = 1_000_000
+"""A read this long after its newest bytes arrived is late: the client, not the server, set its events' times.
+Matches the self-check's 1 ms bound on the client-added error."""
+
+CHUNK_STAMPS = ("recv", "kernel")
+CHUNK_STAMP_ENV = "TAILGATE_CHUNK_STAMP"
+DEFAULT_CHUNK_STAMP = "kernel"
+"""Which instant stamps a read's events: ``kernel`` (the kernel's receive time of the newest bytes in the
+read, the default) or ``recv`` (when ``recvmsg`` returned). A read without a kernel stamp (TLS) falls back
+to ``recv``. The self-check reports both from the same reads; the kernel stamp's error was lower at every
+percentile (benchmarks/results/chunk-stamp.md), because it does not include the time the loop took to
+come back to the socket."""
 
 _JSON_STRING = re.compile(rb'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')
 """One JSON string literal, exactly as ``json.loads`` accepts it (no raw control characters)."""
@@ -89,6 +111,8 @@ class StreamTiming:
 
     sent_ns: int = 0
     connected_ns: int | None = None
+    written_ns: int | None = None
+    """When the whole request (head and body) had been handed to the kernel."""
     headers_ns: int | None = None
     first_chunk_ns: int | None = None
     last_chunk_ns: int | None = None
@@ -105,6 +129,19 @@ class StreamTiming:
     error_class: str | None = None
     error: str | None = None
     chunk_ns: list[int] | None = field(default=None)
+    chunk_delay_ns: list[int] | None = field(default=None)
+    """With ``chunk_ns``: each chunk's read delay (``max_read_delay_ns``'s per-read value; -1 unknown), so
+    both stamps (``recv`` and ``kernel``) of every chunk can be compared from one run."""
+    reads: int = 0
+    """``recv`` calls that returned bytes of the response."""
+    max_events_per_read: int = 0
+    """The most content events one read delivered: above 1, those events share one timestamp."""
+    max_read_delay_ns: int | None = None
+    """The longest wait between the kernel receiving a read's newest bytes and the read returning (a lower
+    bound on how long those bytes sat unread); None where the kernel gives no receive stamps (TLS, not Linux)."""
+    late_coalesced_reads: int = 0
+    """Reads that delivered two or more content events and came more than ``LATE_READ_NS`` after their newest
+    bytes arrived: events the server sent apart may have been merged by a client that read late."""
 
 
 def build_payload(
@@ -125,7 +162,25 @@ def build_payload(
     return json.dumps(body).encode()
 
 
-def _request_head(target: Target, path: str, body_len: int, api_key: str | None) -> bytes:
+def build_request(target: Target, body: bytes, api_key: str | None = None, request_id: str | None = None) -> bytes:
+    """The complete request bytes (head and body), so a caller can build them before its send time.
+
+    ``request_id`` goes out as ``X-Request-Id``: vLLM names the request after it (``cmpl-<id>-0``) in its
+    stream and in its request log, which is how the order the server received requests in is read back.
+    """
+    head = _request_head(target, target.api_prefix + "/completions", len(body), api_key, request_id)
+    return head + body
+
+
+def chunk_stamp_mode() -> str:
+    """The chunk stamp chosen through ``TAILGATE_CHUNK_STAMP`` (``DEFAULT_CHUNK_STAMP`` when unset or unknown)."""
+    mode = os.environ.get(CHUNK_STAMP_ENV, DEFAULT_CHUNK_STAMP).strip().lower()
+    return mode if mode in CHUNK_STAMPS else DEFAULT_CHUNK_STAMP
+
+
+def _request_head(
+    target: Target, path: str, body_len: int, api_key: str | None, request_id: str | None = None
+) -> bytes:
     host = target.host if target.port in (80, 443) else f"{target.host}:{target.port}"
     lines = [
         f"POST {path} HTTP/1.1",
@@ -138,6 +193,8 @@ def _request_head(target: Target, path: str, body_len: int, api_key: str | None)
     ]
     if api_key:
         lines.append(f"Authorization: Bearer {api_key}")
+    if request_id:
+        lines.append(f"X-Request-Id: {request_id}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
@@ -182,6 +239,39 @@ def _connect(target: Target, timeout: float) -> socket.socket:
         ctx = ssl.create_default_context()
         sock = ctx.wrap_socket(sock, server_hostname=target.host)
     return sock
+
+
+def _enable_rx_timestamps(sock: socket.socket) -> bool:
+    """Ask the kernel to stamp received bytes; False where it cannot (TLS, no ``recvmsg``, not Linux)."""
+    if SO_TIMESTAMPNS is None or not _TS_SPACE or isinstance(sock, ssl.SSLSocket):
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
+def _read(
+    sock: socket.socket, timestamps: bool, clock: Callable[[], int]
+) -> tuple[bytes, int, int | None]:
+    """``(bytes, when the read returned, how long its newest bytes had waited)``; the wait is None unknown.
+
+    The stamp is taken once, as the call returns, for everything the read delivered. With receive
+    timestamps, the wait is the read's return (wall clock) minus the kernel's receive time (wall
+    clock) of the newest bytes read, so it never needs the two clocks to agree on an origin.
+    """
+    if not timestamps:
+        data = sock.recv(RECV_BYTES)
+        return data, clock(), None
+    data, ancillary, _, _ = sock.recvmsg(RECV_BYTES, _TS_SPACE)
+    now = clock()
+    real = time.time_ns()
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
+            sec, nsec = _TIMESPEC.unpack_from(payload)
+            return data, now, max(0, real - (sec * 1_000_000_000 + nsec))
+    return data, now, None
 
 
 def _error_message(body: bytes) -> str:
@@ -258,18 +348,29 @@ def stream_completion(
     timeouts: Timeouts = Timeouts(),
     api_key: str | None = None,
     record_chunks: bool = False,
+    request: bytes | None = None,
+    write: Callable[[socket.socket, bytes], int] | None = None,
+    stamp: str = DEFAULT_CHUNK_STAMP,
 ) -> StreamTiming:
     """Send one streaming completion and fill ``timing``; never raises for request failures.
+
+    ``request`` is the prebuilt request (:func:`build_request`), else it is built from ``body`` here.
+    ``write`` hands the request bytes to whoever decides when they go out (a gated batch writes its
+    requests in trace order from one place); it returns when they were written, or raises what the
+    write raised. ``stamp`` picks the instant given to a read's events (see ``CHUNK_STAMPS``).
 
     Only non-``Exception`` interruptions (a greenlet being killed, Ctrl-C) propagate, after
     ``timing`` is marked ``cancelled`` so the caller can still write its record.
     """
     clock = time.perf_counter_ns
-    head = _request_head(target, target.api_prefix + "/completions", len(body), api_key)
+    if request is None:
+        request = build_request(target, body, api_key)
     stall_s = timeouts.stall_s or timeouts.request_s
     if record_chunks:
         timing.chunk_ns = []
+        timing.chunk_delay_ns = []
     sock: socket.socket | None = None
+    kernel_stamp = stamp == "kernel"
     timing.sent_ns = clock()
     deadline = timing.sent_ns + int(timeouts.request_s * 1e9)
     phase = "connect"
@@ -287,16 +388,22 @@ def stream_completion(
             raise _Failure("connect_error", f"{type(e).__name__}: {e}") from None
         timing.connected_ns = clock()
         phase = "headers"
-        sock.sendall(head + body)
+        timestamps = _enable_rx_timestamps(sock)
+        if write is None:
+            sock.sendall(request)
+            timing.written_ns = clock()
+        else:
+            timing.written_ns = write(sock, request)
 
         # --- status line and headers
         buf = b""
+        read_ns = 0
         while True:
             remaining = (deadline - clock()) / 1e9
             if remaining <= 0:
                 raise _Failure("headers_timeout", f"no response headers within {timeouts.request_s:g} s")
             sock.settimeout(remaining)
-            data = sock.recv(RECV_BYTES)
+            data, read_ns, delay = _read(sock, timestamps, clock)
             if not data:
                 raise _Failure("connection_closed", "server closed the connection before sending headers")
             buf += data
@@ -305,7 +412,7 @@ def stream_completion(
                 break
             if len(buf) > 65536:
                 raise _Failure("bad_response", "response headers exceed 64 KiB")
-        timing.headers_ns = clock()
+        timing.headers_ns = read_ns
         head_lines = buf[:end].decode("latin-1").split("\r\n")
         rest = buf[end + 4 :]
         code = head_lines[0].split(" ", 2)[1] if head_lines[0].count(" ") else ""
@@ -351,12 +458,19 @@ def stream_completion(
         attempts = TEMPLATE_ATTEMPTS
         data = rest
         received = 0
+        late_ns = LATE_READ_NS
         while True:
             if data:
                 received += len(data)
+                timing.reads += 1
+                if delay is not None and (timing.max_read_delay_ns is None or delay > timing.max_read_delay_ns):
+                    timing.max_read_delay_ns = delay
+                # one instant for every event of this read: when the read returned, or when the kernel
+                # received its newest bytes; parsing the read's events must not spread their stamps
+                now = read_ns - delay if kernel_stamp and delay is not None else read_ns
+                before = timing.chunks
                 payload = decoder.feed(data) if decoder is not None else data
                 for event in parser.feed(payload) if payload else ():
-                    now = clock()
                     # fast path: a content chunk like the template (see content_template); no decode
                     if (
                         fixed
@@ -374,6 +488,7 @@ def stream_completion(
                         timing.chunks += 1
                         if timing.chunk_ns is not None:
                             timing.chunk_ns.append(now)
+                            timing.chunk_delay_ns.append(-1 if delay is None else delay)  # type: ignore[union-attr]
                         continue
                     if event == b"[DONE]":
                         timing.done = True
@@ -410,6 +525,7 @@ def stream_completion(
                     timing.chunks += 1
                     if timing.chunk_ns is not None:
                         timing.chunk_ns.append(now)
+                        timing.chunk_delay_ns.append(-1 if delay is None else delay)  # type: ignore[union-attr]
                     reason = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
                     if reason:
                         if not isinstance(reason, str):
@@ -421,6 +537,11 @@ def stream_completion(
                         if template is not None:
                             prefix, suffix = template
                             fixed = len(prefix) + len(suffix)
+                events = timing.chunks - before
+                if events > timing.max_events_per_read:
+                    timing.max_events_per_read = events
+                if events > 1 and delay is not None and delay > late_ns:
+                    timing.late_coalesced_reads += 1
                 if (decoder is not None and decoder.done) or (to_read is not None and received >= to_read):
                     break
             remaining = (deadline - clock()) / 1e9
@@ -428,7 +549,7 @@ def stream_completion(
                 raise _Failure("request_timeout", f"stream still open after {timeouts.request_s:g} s")
             sock.settimeout(min(stall_s, remaining))
             try:
-                data = sock.recv(RECV_BYTES)
+                data, read_ns, delay = _read(sock, timestamps, clock)
             except TimeoutError:
                 if remaining <= stall_s:
                     message = f"stream still open after {timeouts.request_s:g} s"

@@ -18,6 +18,7 @@ from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -25,7 +26,14 @@ import urllib.request
 from typing import Any
 
 from tailgate.load.options import OptionError, Settings, add_arguments, validate
-from tailgate.load.worker import CANCEL_MESSAGE, DONE_MESSAGE, ORDER_MESSAGE, READY_MESSAGE, order_runner
+from tailgate.load.worker import (
+    CANCEL_MESSAGE,
+    DONE_MESSAGE,
+    ORDER_MESSAGE,
+    PROGRESS_MESSAGE,
+    READY_MESSAGE,
+    order_runner,
+)
 
 EXIT_USAGE = 2
 
@@ -126,6 +134,7 @@ def _on_init(environment: Any, **_: Any) -> None:
         shape = environment.shape_class
         runner.register_message(READY_MESSAGE, shape.on_ready)
         runner.register_message(DONE_MESSAGE, shape.on_done)
+        runner.register_message(PROGRESS_MESSAGE, shape.on_progress)
         opts = environment.parsed_options
         if environment.web_ui is not None:
             from tailgate.webui import WEB_RESULTS, install
@@ -140,8 +149,24 @@ def _on_init(environment: Any, **_: Any) -> None:
             prepare(environment)
     if isinstance(runner, (WorkerRunner, LocalRunner)):
         runner.register_message(ORDER_MESSAGE, _on_order)
+        opts = environment.parsed_options
+        if opts is not None and getattr(opts, "realtime", False):
+            _go_realtime()
     if isinstance(runner, WorkerRunner):
         runner.register_message(CANCEL_MESSAGE, _on_cancel)
+
+
+def _go_realtime() -> None:
+    """This load process at ``SCHED_FIFO``, or a warning: the run never fails for want of the privilege."""
+    import logging
+
+    from tailgate.servers.local import set_realtime
+
+    log = logging.getLogger("tailgate")
+    if set_realtime():
+        log.info("tailgate: load process %d runs at SCHED_FIFO", os.getpid())
+    else:
+        log.warning("tailgate: --realtime refused (no CAP_SYS_NICE or RLIMIT_RTPRIO); normal priority")
 
 
 def _on_order(environment: Any, msg: Any, **_: Any) -> None:

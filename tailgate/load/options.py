@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tailgate.load.client import Target, TargetError, Timeouts
+from tailgate.load.client import Target, TargetError, Timeouts, chunk_stamp_mode
 from tailgate.load.plan import DEFAULT_BATCH, DEFAULT_RATES, Stage, continuous_stage, gated_stage
 from tailgate.load.workload import (
     DEFAULT_MEASURED,
@@ -110,6 +110,11 @@ def add_arguments(parser: Any) -> None:
     g.add_argument(
         "--record-chunks", action="store_true", default=False, help="keep every chunk's arrival time in the records"
     )
+    g.add_argument(
+        "--realtime", action="store_true", default=False,
+        help="run the load processes at SCHED_FIFO when the system allows it (a server on the same cores "
+        "cannot then delay the timestamps); refused: a warning, and the run goes on at normal priority",
+    )  # fmt: skip
     g.add_argument("--metrics-url", default="", help="server /metrics URL (default: <host>/metrics)")
     g.add_argument(
         "--no-metrics", action="store_true", default=False, help="do not read /metrics (servers that do not expose it)"
@@ -158,6 +163,8 @@ class Settings:
     prometheus_url: str | None
     settle: float
     stop_on_errors: int
+    realtime: bool = False
+    """Load processes asked for SCHED_FIFO (whether they got it is in their log)."""
 
     def stages(self) -> list[Stage]:
         if self.arm == "continuous":
@@ -176,7 +183,8 @@ class Settings:
             "stall_timeout": self.timeouts.stall_s, "connect_timeout": self.timeouts.connect_s,
             "record_chunks": self.record_chunks, "metrics_url": self.metrics_url,
             "sample_metrics": self.sample_metrics, "prometheus_url": self.prometheus_url,
-            "settle": self.settle, "stop_on_errors": self.stop_on_errors,
+            "settle": self.settle, "stop_on_errors": self.stop_on_errors, "realtime": self.realtime,
+            "chunk_stamp": chunk_stamp_mode(),
         }  # fmt: skip
 
 
@@ -294,5 +302,5 @@ def validate(opts: Any, *, arm: str | None = None, now: str = "") -> Settings:
         timeouts=Timeouts(opts.connect_timeout, opts.request_timeout, opts.stall_timeout or None),
         record_chunks=bool(opts.record_chunks), metrics_url=metrics_url,
         sample_metrics=opts.sample_metrics, prometheus_url=prometheus_url, settle=opts.settle,
-        stop_on_errors=opts.stop_on_errors,
+        stop_on_errors=opts.stop_on_errors, realtime=bool(getattr(opts, "realtime", False)),
     )  # fmt: skip

@@ -9,6 +9,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,8 +27,19 @@ from .net import free_port, http_json, is_healthy
 DEFAULT_SERVED_MODEL_NAME = "tiny-llama"
 DEFAULT_MAX_MODEL_LEN = 8192
 DEFAULT_NICENESS = 10
-"""A CPU server shares the cores with the load generator: at a lower priority it cannot delay the
-generator's timestamps (its own speed matters less; it is the system under test, not the clock)."""
+"""The server's task nice value. On its own it does little: the server runs in its own session, and with
+``CONFIG_SCHED_AUTOGROUP`` (on by default in most distributions) every session is its own scheduling
+group, so a task's nice value only ranks it against the tasks of its own group; two groups share the
+CPUs equally whatever their tasks' nice values. Niceing the server's whole autogroup
+(``autogroup_nice=True``) does rank it below the load generator, but also below every other session on
+the machine: on a shared, loaded machine the server then did not start within 240 s
+(benchmarks/results/embedded-stall.md). What keeps the generator's timestamps free is placement
+instead: the server kept off the generator's core (``AUTO_CPUS``) and the generator at ``SCHED_FIFO``
+(:func:`set_realtime`)."""
+AUTO_CPUS = "auto"
+"""Default core set: every core this process may use except the lowest, which is left to the load
+generator (no restriction on a one-core machine). vLLM's CPU worker pins its OpenMP threads to cores and
+its engine process polls: inside this set they cannot take the core the generator timestamps on."""
 
 #: Set for every local server: no telemetry, and no network lookups for a model that lives on disk.
 SERVER_ENV: dict[str, str] = {
@@ -107,9 +119,17 @@ class LocalVllmServer:
         served_model_name: str = DEFAULT_SERVED_MODEL_NAME,
         env: Mapping[str, str] | None = None,
         niceness: int = DEFAULT_NICENESS,
+        cpus: Sequence[int] | str | None = AUTO_CPUS,
+        autogroup_nice: bool = False,
     ) -> None:
         self.python = Path(python)
         self.niceness = niceness
+        if cpus == AUTO_CPUS:
+            self.cpus: list[int] | None = server_cpus()
+        else:
+            self.cpus = None if cpus is None else sorted(int(c) for c in cpus)
+        """Cores the server (and its OpenMP threads) may use; None: no restriction."""
+        self.autogroup_nice = autogroup_nice
         self.model_dir = Path(model_dir)
         self.port = port if port is not None else free_port()
         self.served_model_name = served_model_name
@@ -155,6 +175,10 @@ class LocalVllmServer:
         env.update(SERVER_ENV)
         for key, value in SERVER_ENV_DEFAULTS.items():
             env.setdefault(key, value)
+        if self.cpus:
+            # vLLM's auto binding would pick cores itself (from the whole machine); bind its OpenMP threads to
+            # exactly the server's set instead. An explicit setting from the caller wins.
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(str(c) for c in self.cpus))
         env.update(self.env_overrides)
         return env
 
@@ -169,6 +193,8 @@ class LocalVllmServer:
             "base_url": self.base_url,
             "command": self.command,
             "niceness": self.niceness,
+            "autogroup_nice": self.autogroup_nice,
+            "cpus": self.cpus,
             "extra_args": self.extra_args,
             "served_model_name": self.served_model_name,
             "model_dir": str(self.model_dir),
@@ -203,14 +229,23 @@ class LocalVllmServer:
                     stderr=subprocess.STDOUT,
                     env=self.environment(),
                     start_new_session=True,
-                    preexec_fn=self._lower_priority if self.niceness else None,
+                    preexec_fn=self._place if self.niceness or self.cpus else None,
                 )
         self._started_at = time.monotonic()
         self.startup_seconds = None
         atexit.register(self.stop)
 
-    def _lower_priority(self) -> None:
-        os.nice(self.niceness)
+    def _place(self) -> None:
+        """In the child, after ``setsid``: lower its priority (task and autogroup) and restrict its cores."""
+        if self.niceness:
+            os.nice(self.niceness)
+            if self.autogroup_nice:
+                # no autogroups (kernel option off): the task nice is enough
+                with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
+                    f.write(str(self.niceness))
+        if self.cpus:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, self.cpus)
 
     def wait_healthy(self, timeout: float = 240.0, interval: float = 0.5) -> float:
         """Poll ``/health`` until 200 and return seconds since start; fail fast if the process exits."""
@@ -299,6 +334,33 @@ class LocalVllmServer:
 
     def __repr__(self) -> str:
         return f"LocalVllmServer(port={self.port}, pid={self.pid}, extra_args={self._extra_args!r})"
+
+
+def server_cpus(available: Sequence[int] | None = None) -> list[int] | None:
+    """Every usable core but the lowest (see ``AUTO_CPUS``); None when there is only one."""
+    cpus = sorted(available if available is not None else os.sched_getaffinity(0))
+    return cpus[1:] if len(cpus) >= 2 else None
+
+
+def set_realtime(priority: int = 1, probe_only: bool = False) -> bool:
+    """Run the calling process at ``SCHED_FIFO`` (``priority``); False, and nothing changed, when refused.
+
+    A load generator at a real-time priority runs the moment its timer or socket wakes it, ahead of any
+    ordinary task, so a busy server cannot delay its stamps. Refused without ``CAP_SYS_NICE`` or an
+    ``RLIMIT_RTPRIO``; the caller carries on at its ordinary priority. The kernel's real-time throttling
+    (``sched_rt_runtime_us``) still leaves ordinary tasks 5% of each second should the generator spin.
+    ``probe_only`` tries on a throwaway child instead of the caller.
+    """
+    if not hasattr(os, "sched_setscheduler"):
+        return False
+    if probe_only:
+        code = "import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def group_members(pgid: int) -> list[int]:

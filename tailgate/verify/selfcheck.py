@@ -160,6 +160,11 @@ class Join:
     sent_mono_ns: list[int] = field(default_factory=list)
     write_lateness_ms: list[float] = field(default_factory=list)
     """The server's own error, write minus its target: context for the client's."""
+    by_stamp: dict[str, dict[str, list[float]]] = field(
+        default_factory=lambda: {m: {"chunk": [], "ttft": [], "gap": []} for m in ("recv", "kernel")}
+    )
+    """Chunk, TTFT and worst-gap errors as each chunk stamp would have made them, from the same reads
+    (records with ``chunk_read_delays_ms`` whose reads all had kernel stamps)."""
 
     @property
     def exact(self) -> bool:
@@ -194,8 +199,20 @@ def server_write_begins(dump: Mapping[str, Any]) -> dict[tuple[int, int], int]:
     return {(row[0], row[1]): b for row, b in zip(dump["chunks"], begins, strict=True)}
 
 
-def join_records(records: Sequence[Mapping[str, Any]], dump: Mapping[str, Any]) -> Join:
-    """Match every record's chunks to the server's writes of the same sequence number and index."""
+def _both_stamps(offsets: Sequence[float], delays: Sequence[float], stamp: str) -> dict[str, list[float]] | None:
+    """Each chunk's offset under the ``recv`` and the ``kernel`` stamp, or None if a read had no kernel stamp."""
+    if len(delays) != len(offsets) or any(d < 0 for d in delays):
+        return None
+    if stamp == "kernel":
+        return {"kernel": list(offsets), "recv": [o + d for o, d in zip(offsets, delays, strict=True)]}
+    return {"recv": list(offsets), "kernel": [o - d for o, d in zip(offsets, delays, strict=True)]}
+
+
+def join_records(records: Sequence[Mapping[str, Any]], dump: Mapping[str, Any], stamp: str = "recv") -> Join:
+    """Match every record's chunks to the server's writes of the same sequence number and index.
+
+    ``stamp`` names the chunk stamp the run used (``TAILGATE_CHUNK_STAMP``), so the other one can be
+    rebuilt from the records' read delays and both compared on the same reads."""
     writes = server_writes(dump)
     begins = server_write_begins(dump)
     received = {row[0]: row[1] for row in dump.get("requests", [])}
@@ -250,6 +267,15 @@ def join_records(records: Sequence[Mapping[str, Any]], dump: Mapping[str, Any]) 
             j.worst_gap_error_ms.append(float(rec["worst_gap_ms"]) - true_gap)
         if seq in received:
             j.upload_ms.append((received[seq] - sent) / _MS)
+        both = _both_stamps(offsets, rec.get("chunk_read_delays_ms") or [], stamp)
+        if both is not None and len(ordered) == len(offsets):
+            for mode, offs in both.items():
+                got = j.by_stamp[mode]
+                got["chunk"] += [sent / _MS + off - t / _MS for off, t in zip(offs, ordered, strict=True)]
+                got["ttft"].append(offs[0] - true_ttft)
+                if len(offs) > 1:
+                    gap = max(b - a for a, b in itertools.pairwise(offs))
+                    got["gap"].append(gap - true_gap)
     j.unclaimed_server_requests = sum(1 for seq in writes if seq not in claimed)
     claimed_rows = [i for i, row in enumerate(dump["chunks"]) if row[0] in claimed]
     targets = dump.get("chunk_targets") or []
@@ -487,7 +513,10 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
             server.close()
         after = machine_facts()
         records = run.records
-        j = join_records(records, dump)
+        from tailgate.load.client import chunk_stamp_mode
+
+        stamp = chunk_stamp_mode()
+        j = join_records(records, dump, stamp)
         if run.exit_code != 0 and not records:
             tail = run.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
             j.problems.append(f"locust exited {run.exit_code}: {tail}")
@@ -529,6 +558,10 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
             "upload_ms": distribution(j.upload_ms),
             "schedule_lag_ms": distribution(j.schedule_lag_ms),
             "server_write_lateness_ms": distribution(j.write_lateness_ms),
+            "chunk_stamp": stamp,
+            "by_stamp": {
+                mode: {f"{k}_error_ms": distribution(v) for k, v in got.items()} for mode, got in j.by_stamp.items()
+            },
             "interarrival_ks": {**asdict(ks), "rate": cfg.rate, "alpha": KS_ALPHA, "passed": ks.p_value >= KS_ALPHA},
             "stage_s": stage_s,
             "chunks_per_s": total_chunks / stage_s if stage_s else None,
@@ -594,6 +627,16 @@ def render(result: Mapping[str, Any]) -> str:
             f"{label:<40}{d['n']:>8}{_fmt(d['min']):>10}{_fmt(d['p50']):>10}{_fmt(d['p99']):>10}"
             f"{_fmt(d['p99.9']):>10}{_fmt(d['max']):>10}"
         )
+    for mode, figures in (result.get("by_stamp") or {}).items():
+        used = " (used)" if mode == result.get("chunk_stamp") else ""
+        for key, label in (("chunk_error_ms", "chunk"), ("gap_error_ms", "worst gap")):
+            d = figures[key]
+            if d["n"]:
+                text = f"  {label} error, {mode} stamp{used}"
+                lines.append(
+                    f"{text:<40}{d['n']:>8}{_fmt(d['min']):>10}{_fmt(d['p50']):>10}{_fmt(d['p99']):>10}"
+                    f"{_fmt(d['p99.9']):>10}{_fmt(d['max']):>10}"
+                )
     ks = result["interarrival_ks"]
     lines += [
         "",
