@@ -138,8 +138,9 @@ __all__ = ["OptionError", "SuiteShape"]
 
 
 # -- how a Locust process ends ------------------------------------------------------------------
-# SIGHUP (a closed terminal) and SIGTERM become Ctrl-C, so all three end through Locust's one quitting
-# path, where the run session finishes the run on disk (cancelled records, partial summary, run.json).
+# Locust ends on Ctrl-C and SIGTERM through its quitting path, where the run session finishes the run
+# on disk (cancelled records, partial summary, run.json). SIGHUP (a closed terminal) would kill the
+# process without it, so it is turned into Ctrl-C.
 
 
 def _interrupt_main() -> None:
@@ -151,10 +152,7 @@ def _interrupt_main() -> None:
 def _hangup_as_interrupt(environment: Any, **_: Any) -> None:
     import signal
 
-    # SIGINT too: Python's own handler raises inside gevent's hub, which prints the KeyboardInterrupt
-    # with a timestamp before passing it on; thrown straight into the main greenlet it is silent
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        gevent.signal_handler(sig, _interrupt_main)
+    gevent.signal_handler(signal.SIGHUP, _interrupt_main)
 
 
 events.init.add_listener(_hangup_as_interrupt)
