@@ -15,7 +15,7 @@
 # The gated cell at n=500 (both tools, one server session, one call): benchmarks/h200/gated.sh.
 set -uo pipefail
 step=$1; n=${2:-200}
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/layout.sh"
 OUT=${OUT:-/tmp/out}; R=/tmp/w/results; mkdir -p "$R/suite" "$R/harness" "$OUT"
 HOST=${HOST:-http://127.0.0.1:8000}
 MODEL=${MODEL:-meta-llama/Llama-3.1-8B-Instruct}

@@ -16,7 +16,7 @@
 # arrival-order.json / .txt, and the server log.
 set -uo pipefail
 n=${N:-500}; seed=${SEED:-7}; batch=${BATCH:-16}; warmup=${WARMUP:-25}
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/layout.sh"
 OUT=${OUT:-/tmp/out}; W=${WORK:-/tmp/w}; R=$W/results-gated; mkdir -p "$R/suite" "$R/harness" "$OUT"
 HOST=${HOST:-http://127.0.0.1:8000}
 MODEL=${MODEL:-meta-llama/Llama-3.1-8B-Instruct}

@@ -31,11 +31,7 @@
 #   tar xzf results-slo-nochunk.tar.gz -C results/h200 && tailgate report results/h200/slo
 set -uo pipefail
 config=${1:?usage: slo.sh CONFIG [N] [TIME_BUDGET_S]}; n=${2:-200}; budget=${3:-270}
-# the installed layout (shapes, locustfiles, postprocess under the tailgate namespace, as pyproject.toml maps
-# them), built by copying: the device has no network for a build backend
-T=${TG_TREE:-/tmp/tg}; rm -rf "$T"; mkdir -p "$T/tailgate" && cp -r tailgate/. "$T/tailgate/" \
-  && for d in shapes locustfiles postprocess; do cp -r "$d" "$T/tailgate/$d"; done || exit 1
-export PYTHONPATH=$T:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/layout.sh"
 OUT=${OUT:-/tmp/out}; R=${RESULTS:-/tmp/w/results/slo}; mkdir -p "$R" "$OUT"
 HOST=${HOST:-http://127.0.0.1:8000}
 GO=${GO:-.gpu/s/go.sh}
