@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from tailgate.load import distributed
 from tailgate.load.options import OptionError, Settings, add_arguments, validate
 from tailgate.load.worker import CANCEL_MESSAGE, DONE_MESSAGE, ORDER_MESSAGE, READY_MESSAGE, order_runner
 
@@ -43,6 +44,7 @@ def fail(message: str) -> None:
 @events.init_command_line_parser.add_listener
 def _add_options(parser: Any) -> None:
     add_arguments(parser)
+    distributed.add_arguments(parser)
 
 
 def resolve_model(settings: Settings) -> str:
@@ -126,6 +128,10 @@ def _on_init(environment: Any, **_: Any) -> None:
         shape = environment.shape_class
         runner.register_message(READY_MESSAGE, shape.on_ready)
         runner.register_message(DONE_MESSAGE, shape.on_done)
+        if isinstance(runner, MasterRunner):
+            runner.register_message(distributed.SENT_MESSAGE, shape.on_sent)
+            runner.register_message(distributed.RECORDS_MESSAGE, shape.on_records)
+            runner.register_message(distributed.PONG_MESSAGE, shape.on_pong)
         opts = environment.parsed_options
         if environment.web_ui is not None:
             from tailgate.webui import WEB_RESULTS, install
@@ -142,6 +148,8 @@ def _on_init(environment: Any, **_: Any) -> None:
         runner.register_message(ORDER_MESSAGE, _on_order)
     if isinstance(runner, WorkerRunner):
         runner.register_message(CANCEL_MESSAGE, _on_cancel)
+        runner.register_message(distributed.PING_MESSAGE, distributed.on_ping)
+        runner.register_message(distributed.CONNECT_MESSAGE, distributed.on_connect)
 
 
 def _on_order(environment: Any, msg: Any, **_: Any) -> None:
