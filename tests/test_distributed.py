@@ -39,6 +39,18 @@ SHIFT_S = 7
 SCHEDULE_BOUND_MS = 50.0
 """Largest |arrival - schedule| at the server tolerated on this (shared, 2-core) machine; one process
 is held to the same bound."""
+JOIN_WHEN_TOLD = """
+import sys, time
+from pathlib import Path
+import locust.main, tailgate.load.hooks, tailgate.shapes.base  # paid before the stage: see the test
+flag, deadline = Path(sys.argv[1]), time.monotonic() + 120
+while not flag.exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+sys.argv = ["locust", *sys.argv[2:]]
+locust.main.main()
+"""
+"""A worker that connects when a file appears. Its imports (about a CPU-second) happen before: on this
+2-core machine they would otherwise steal the running workers' CPU, which separate hosts would not."""
 REQUEST_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 2.0
 
@@ -159,10 +171,13 @@ class Cluster:
                 "--connect-timeout", str(CONNECT_TIMEOUT_S), *args]  # fmt: skip
         return self.spawn("master", self.hosts.command(self.hosts.master, argv))
 
-    def start_worker(self, name: str, ns: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "continuous.py"), "--worker",
+    def start_worker(
+        self, name: str, ns: str, env: dict[str, str] | None = None, when: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        args = ["-f", str(ROOT / "locustfiles" / "continuous.py"), "--worker",
                 "--master-host", self.hosts.master_ip, "--master-port", str(self.master_port)]  # fmt: skip
-        return self.spawn(name, self.hosts.command(ns, argv, env))
+        head = [sys.executable, "-m", "locust"] if when is None else [sys.executable, "-c", JOIN_WHEN_TOLD, str(when)]
+        return self.spawn(name, self.hosts.command(ns, [*head, *args], env))
 
     def sent_lines(self) -> int:
         return sum(p.read_bytes().count(b"\n") for p in self.results.glob("sent-*.log"))
@@ -218,8 +233,10 @@ def test_shifted_clock_on_schedule_and_joiner_waits(cluster: Cluster, tmp_path: 
     cluster.start_worker("w0", cluster.hosts.worker(0))
     shifted = {"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": f"+{SHIFT_S}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
     cluster.start_worker("w1", cluster.hosts.worker(1), shifted)
+    join = tmp_path / "join-now"
+    cluster.start_worker("joiner", cluster.hosts.worker(1), when=join)
     cluster.wait_until(lambda: cluster.sent_lines() >= 8, 120, "the first stage to be under way")
-    cluster.start_worker("joiner", cluster.hosts.worker(1))
+    join.touch()
     assert master.wait(180) == 0, cluster.output("master")[-4000:]
 
     run = json.loads((cluster.results / "run.json").read_text())

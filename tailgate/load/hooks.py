@@ -147,9 +147,29 @@ def _on_init(environment: Any, **_: Any) -> None:
     if isinstance(runner, (WorkerRunner, LocalRunner)):
         runner.register_message(ORDER_MESSAGE, _on_order)
     if isinstance(runner, WorkerRunner):
+        _cache_default_args()
         runner.register_message(CANCEL_MESSAGE, _on_cancel)
         runner.register_message(distributed.PING_MESSAGE, distributed.on_ping)
         runner.register_message(distributed.CONNECT_MESSAGE, distributed.on_connect)
+
+
+def _cache_default_args() -> None:
+    """A worker answers every ``spawn`` message (a worker joining, Locust rebalancing) by filtering the
+    master's options against ``default_args_dict()``, which builds Locust's whole option parser and is
+    called once per option: about a second of blocked event loop on a busy host, during which no arrival
+    of a running stage goes out and no chunk is stamped. The defaults cannot change within a process, so
+    they are computed once, here, before any stage."""
+    from locust import argument_parser
+
+    if getattr(argument_parser.default_args_dict, "tailgate_cached", False):
+        return
+    defaults = argument_parser.default_args_dict()
+
+    def cached() -> dict[str, Any]:
+        return defaults
+
+    cached.tailgate_cached = True  # type: ignore[attr-defined]
+    argument_parser.default_args_dict = cached  # type: ignore[assignment]
 
 
 def _on_order(environment: Any, msg: Any, **_: Any) -> None:
