@@ -25,8 +25,8 @@ from typing import Any
 
 import tailgate
 from tailgate import locustfiles
-from tailgate.load.distributed import auto_processes, master_port_args
 from tailgate.load.plan import rate_label
+from tailgate.load.processes import auto_processes, master_port_args
 from tailgate.load.workload import SEED_MIX
 from tailgate.servers import CHUNKED_OFF_FLAG
 

@@ -309,3 +309,41 @@ def test_kill9_worker_mid_stage_ends_within_deadline(cluster: Cluster, tmp_path:
     assert len(records) == s["sent"] == n - s["never_sent"]
     # the server saw exactly the requests that were sent, no more (nothing never-sent went out)
     assert len(cluster.server_log()["requests"]) == s["sent"]
+
+
+WORKER_FAILS = """
+import json, sys, gevent
+from types import SimpleNamespace
+from tailgate.load.worker import DONE_MESSAGE, OrderRunner
+
+sent = []
+runner = SimpleNamespace(send_message=lambda kind, data, client_id=None: sent.append((kind, data)))
+orders = OrderRunner(SimpleNamespace(runner=runner))
+orders.submit({"order_id": "0:0:0", "run_id": "r", "stage": 0, "config": {"host": "http://127.0.0.1:9"}})
+gevent.sleep(0.2)
+orders.submit({"order_id": "1:0:0", "run_id": "r", "stage": 1, "config": {}})
+gevent.sleep(0.2)
+print(json.dumps([[kind, data.get("stage"), data.get("error")] for kind, data in sent]))
+"""
+
+
+def test_an_order_that_fails_in_a_worker_still_reports_done_with_the_error() -> None:
+    """Without the DONE the master would wait for this order until its deadline; with it, the error reaches the
+    master's output (``load process ... failed``) and the next order still runs."""
+    done = subprocess.run([sys.executable, "-c", WORKER_FAILS], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sent = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [(kind, stage) for kind, stage, _ in sent] == [("tailgate_done", 0), ("tailgate_done", 1)]
+    assert all(error and error.startswith("KeyError") for _, _, error in sent), sent
+
+
+def test_processes_option_takes_auto() -> None:
+    from tailgate.cli import parse_processes
+    from tailgate.load.options import OptionError
+    from tailgate.suite import Cell, cell_processes
+
+    assert parse_processes("auto") == 0 and parse_processes("3") == 3
+    with pytest.raises(OptionError):
+        parse_processes("0")
+    assert cell_processes(Cell("chunked", "continuous", 1.0), 0) == 1
+    assert cell_processes(Cell("chunked", "continuous", 1.0), 2) == 2

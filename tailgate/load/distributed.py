@@ -23,14 +23,15 @@ import gevent
 from gevent.event import Event
 
 import logging
-import math
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from tailgate.load.processes import CHUNKS_PER_PROCESS, auto_processes, free_port, master_port_args
 from tailgate.records import RequestRecord
+
+__all__ = ["CHUNKS_PER_PROCESS", "auto_processes", "free_port", "master_port_args"]
 
 log = logging.getLogger("tailgate")
 
@@ -49,36 +50,11 @@ SYNC_ROUNDS = 8
 SYNC_REPLY_TIMEOUT_S = 2.0
 DEADLINE_MARGIN_S = 10.0
 """A group's deadline is its last arrival + the request timeout + connect timeout + this margin."""
-CHUNKS_PER_PROCESS = 5000.0
-"""Chunks per second one load process times within 1 ms p99 on this project's benchmarks with room to
-spare (``benchmarks/results/scale.md``: about 60 us of CPU per chunk); ``--processes auto`` divides by it."""
 LOSS_POLICIES = ("continue", "stop")
 WORKER_LOST = "worker_lost"
 API_KEY_ENV = "TAILGATE_API_KEY"
 
 _connect_secret: str | None = None
-
-
-# -- ports and process counts ------------------------------------------------------------------------
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the OS picks it), for Locust's master."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def master_port_args(port: int | None = None) -> list[str]:
-    """Locust options that move master and ``--processes`` children off the default port together."""
-    port = port or free_port()
-    return ["--master-bind-port", str(port), "--master-port", str(port)]
-
-
-def auto_processes(chunks_per_s: float, cores: int | None = None) -> int:
-    """Load processes for an expected chunk rate: enough to keep each under :data:`CHUNKS_PER_PROCESS`,
-    never more than the cores (a process beyond the cores only adds scheduling delay)."""
-    cores = cores or os.cpu_count() or 1
-    need = max(1, math.ceil(chunks_per_s / CHUNKS_PER_PROCESS))
-    return max(1, min(cores, need))
 
 
 def add_arguments(parser: Any) -> None:
