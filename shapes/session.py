@@ -40,6 +40,7 @@ from tailgate.load.distributed import DEADLINE_MARGIN_S, WORKER_LOST, ClockSync,
 from tailgate.load.metrics import Snapshot, scrape
 from tailgate.load.options import Settings
 from tailgate.load.plan import Stage, share
+from tailgate.load.processes import processes_for
 from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
 from tailgate.load.workload import mix_of
 from tailgate.records import lost_in_flight, read_records, read_sent
@@ -446,6 +447,12 @@ class RunSession:
         )  # fmt: skip
         summary.update(self._accounting(stage, records))
         summary["workers_lost"] = list(lost or [])
+        span = summary["window_end_s"] - summary["window_start_s"]
+        chunks = sum(int(r.get("chunks") or 0) for r in records)
+        summary["chunks_per_s"] = round(chunks / span, 1) if span > 0 else None
+        summary["load_processes"] = 1 if self._local else len(self.workers)
+        # what the report suggests when this stage fell behind its schedule
+        summary["processes_to_keep_up"] = processes_for(chunks / span) if span > 0 else None
         if delta is not None and delta < 0:
             # the counter went backwards: the server restarted mid-stage; a negative delta is meaningless
             summary["preemptions_delta"] = None

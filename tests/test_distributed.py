@@ -347,3 +347,22 @@ def test_processes_option_takes_auto() -> None:
         parse_processes("0")
     assert cell_processes(Cell("chunked", "continuous", 1.0), 0) == 1
     assert cell_processes(Cell("chunked", "continuous", 1.0), 2) == 2
+
+
+def test_report_says_how_many_processes_would_have_kept_up() -> None:
+    """Run in a fresh interpreter: the analysis must not share this one's imports (gevent)."""
+    code = """
+import pandas as pd
+from tailgate.postprocess.report import _data_notes
+summaries = pd.DataFrame([
+    {"cell": "chunked-cont-r80", "schedule_lag_p99": 40.0, "processes_to_keep_up": 3, "summary_source": "summary",
+     "errors": 0, "errors_by_class": {}, "preemption_counter_reset": False},
+    {"cell": "chunked-cont-r5", "schedule_lag_p99": 0.5, "processes_to_keep_up": 1, "summary_source": "summary",
+     "errors": 0, "errors_by_class": {}, "preemption_counter_reset": False}])
+table = pd.DataFrame({"preemptions_disagree": [False, False], "cell": ["a", "b"], "errors": [0, 0]})
+print("\\n".join(_data_notes([], summaries, pd.DataFrame(), table)))
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "load processes that would have kept up: chunked-cont-r80 3" in done.stdout, done.stdout
+    assert "chunked-cont-r5 1" not in done.stdout

@@ -25,11 +25,15 @@ def master_port_args(port: int | None = None) -> list[str]:
     return ["--master-bind-port", str(port), "--master-port", str(port)]
 
 
+def processes_for(chunks_per_s: float) -> int:
+    """Load processes that keep ``chunks_per_s`` within the bound, whatever the cores of this host."""
+    return max(1, math.ceil(chunks_per_s / CHUNKS_PER_PROCESS))
+
+
 def auto_processes(chunks_per_s: float, cores: int | None = None) -> int:
     """Load processes for an expected chunk rate: enough to keep each under :data:`CHUNKS_PER_PROCESS`,
     never more than the cores (a process beyond the cores only adds scheduling delay)."""
     cores = cores or os.cpu_count() or 1
-    need = max(1, math.ceil(chunks_per_s / CHUNKS_PER_PROCESS))
-    return max(1, min(cores, need))
+    return max(1, min(cores, processes_for(chunks_per_s)))
 
 
