@@ -133,6 +133,8 @@ class RunSession:
         self.lost: dict[str, str] = {}
         self.worker_errors: list[str] = []
         self._connected: set[str] = set()
+        self._orders: dict[str, dict[str, Any]] = {}
+        """The running group's order per process: a stop closes the share of any that is gone."""
         opts = getattr(getattr(runner, "environment", None), "parsed_options", None)
         self.on_worker_loss = getattr(opts, "on_worker_loss", None) or "continue"
 
@@ -161,6 +163,11 @@ class RunSession:
         if self._coordinator is not None:
             self._coordinator.kill(block=True, timeout=10)
         self._cancel_load()
+        if not self._local:
+            for node, order in sorted(self._orders.items()):
+                reason = None if node in self._done or node in self.lost else self._lost_reason(node)
+                if reason:  # its in-flight requests will never be recorded by it: close them now
+                    self._lose(node, order, reason)
         self._wait_recorded()
         stage = self.current
         if stage is not None and stage.index not in self.summaries:
@@ -276,7 +283,17 @@ class RunSession:
     def _stage_nodes(self, stage: Stage) -> list[str]:
         """The processes that take this stage: every ready one not lost; one that joined since the
         last stage starts here, after its clock is measured (never in the middle of a stage)."""
-        nodes = sorted(n for n in self._ready if n not in self.lost and self._lost_reason(n) is None)
+        for node in sorted(self._ready):
+            reason = None if node in self.lost else self._lost_reason(node)
+            if reason:  # went between stages: nothing of it was in flight
+                self.lost[node] = reason
+                if node in self.workers:
+                    self.workers[node]["lost"] = f"before {stage.label}: {reason}"
+                log.error("tailgate: load process %s lost before %s (%s)", self._ready[node], stage.label, reason)
+                if self.on_worker_loss == "stop":
+                    raise WorkersLost(f"load process {self._ready[node]} lost before {stage.label} "
+                                      "(--on-worker-loss stop)")  # fmt: skip
+        nodes = sorted(n for n in self._ready if n not in self.lost)
         if not nodes:
             raise WorkersLost("no load process left")
         if self._local:
@@ -335,6 +352,7 @@ class RunSession:
             self._done_event.clear()
             self._waiting_for = set(nodes)
             orders: dict[str, dict[str, Any]] = {}
+            self._orders = orders
             for index, node in enumerate(nodes):
                 mine = share(group, index, len(nodes))
                 order = {

@@ -311,6 +311,29 @@ def test_kill9_worker_mid_stage_ends_within_deadline(cluster: Cluster, tmp_path:
     assert len(cluster.server_log()["requests"]) == s["sent"]
 
 
+
+@needs_root
+def test_worker_loss_stops_the_run_when_asked(cluster: Cluster, tmp_path: Path) -> None:
+    """``--on-worker-loss stop``: the stage with the loss is summarized, accounted, and the run ends there."""
+    n = 30
+    trace = write_trace(tmp_path / "trace.jsonl", [(8, 20)] * n)
+    cluster.start_server(ttft_ms=20, gap_ms=50)
+    master = cluster.start_master(2, "--rates", "10,5", "--trace-file", str(trace), "--n", str(n),
+                                  "--on-worker-loss", "stop")  # fmt: skip
+    cluster.start_worker("w0", cluster.hosts.worker(0))
+    victim = cluster.start_worker("w1", cluster.hosts.worker(1))
+    cluster.wait_until(lambda: cluster.sent_lines() >= 8, 120, "the stage to be under way")
+    victim.send_signal(signal.SIGKILL)
+    assert master.wait(120) == 0, cluster.output("master")[-4000:]
+    run = json.loads((cluster.results / "run.json").read_text())
+    assert run["status"] == "stopped after cont_r10: load process(es) lost", run["status"]
+    assert run["on_worker_loss"] == "stop" and len(run["workers_lost"]) == 1
+    by_label = summaries(cluster.results)
+    assert set(by_label) == {"cont_r10"}  # the second stage never started
+    s = by_label["cont_r10"]
+    assert s["planned"] == n == s["recorded"] + s["lost_in_flight"] + s["never_sent"] and s["never_sent"] >= 1, s
+    assert "the run stops after this stage" in cluster.output("master")
+
 WORKER_FAILS = """
 import json, sys, gevent
 from types import SimpleNamespace
