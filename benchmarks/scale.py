@@ -17,7 +17,7 @@ needs ``tailgate/selfcheck.py`` and records with ``sent_mono_ns``.
     python benchmarks/scale.py --rates 50,100,150 --processes 1,2        # the same ramp over 1 and 2 processes
 
 With several processes the master and its workers share the host (Locust's ``--processes``, on a free
-port); a step's CPU column is then the master's process only.
+port); a step's CPU column is the whole Locust process tree, master included.
 """
 
 from __future__ import annotations
