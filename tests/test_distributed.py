@@ -334,6 +334,44 @@ def test_worker_loss_stops_the_run_when_asked(cluster: Cluster, tmp_path: Path) 
     assert s["planned"] == n == s["recorded"] + s["lost_in_flight"] + s["never_sent"] and s["never_sent"] >= 1, s
     assert "the run stops after this stage" in cluster.output("master")
 
+
+def test_kill9_of_a_local_worker_process_does_not_hang(tmp_path: Path) -> None:
+    """The same guarantee without namespaces (where the kernel refuses them): ``--processes 2`` on a free
+    port, one forked worker killed with SIGKILL mid-stage; the run ends, accounted, within the deadline."""
+    import psutil
+    from runkit import start_locust
+
+    from tailgate.verify.groundtruth import start_server_process
+
+    n, rate = 40, 10.0
+    trace = write_trace(tmp_path / "trace.jsonl", [(8, 20)] * n)
+    results = tmp_path / "results"
+    with start_server_process(ttft_ms=20, gap_ms=50) as server:
+        locust = start_locust(
+            "continuous.py", server.base_url, results, tmp_path / "logs", "--processes", "2", *master_port_args(),
+            "--rates", f"{rate:g}", "--trace-file", str(trace), "--n", str(n), "--warmup", "0", "--no-metrics",
+            "--settle", "0", "--request-timeout", str(REQUEST_TIMEOUT_S), "--connect-timeout", str(CONNECT_TIMEOUT_S),
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while sum(p.read_bytes().count(b"\n") for p in results.glob("sent-*.log")) < 12:
+                assert locust.proc.poll() is None, locust.stderr[-3000:]
+                assert time.monotonic() < deadline, "the stage never got under way"
+                time.sleep(0.05)
+            victim = psutil.Process(locust.pid).children()[0]
+            victim.send_signal(signal.SIGKILL)
+            bound = poisson_offsets(n, rate, 7)[-1] + REQUEST_TIMEOUT_S + CONNECT_TIMEOUT_S + DEADLINE_MARGIN_S
+            assert locust.wait(bound + 30) == 0, locust.stderr[-3000:]
+        finally:
+            if locust.proc.poll() is None:
+                locust.proc.kill()
+                locust.proc.wait()
+    s = summaries(results)["cont_r10"]
+    assert s["planned"] == n == s["recorded"] + s["lost_in_flight"] + s["never_sent"] and s["never_sent"] >= 1, s
+    assert len(s["workers_lost"]) == 1
+    run = json.loads((results / "run.json").read_text())
+    assert run["status"] == "completed" and len(run["workers_lost"]) == 1
+
 WORKER_FAILS = """
 import json, sys, gevent
 from types import SimpleNamespace
