@@ -133,6 +133,11 @@ def _data_notes(
     behind = summaries.loc[lag > LAG_WARN_MS]
     if len(behind):
         worst = ", ".join(f"{c} {v:g} ms" for c, v in zip(behind["cell"], lag[behind.index], strict=True))
+        if "processes_to_keep_up" in behind:
+            need = pd.to_numeric(behind["processes_to_keep_up"], errors="coerce")
+            worst += "; load processes that would have kept up: " + ", ".join(
+                f"{c} {int(v)}" for c, v in zip(behind["cell"], need, strict=True) if v == v
+            )
         notes.append(
             f"the load generator fell behind its schedule (schedule lag p99 above {LAG_WARN_MS:g} ms: {worst}): "
             "it lacked CPU, so arrivals were late and the client's own timestamps may be late too; the "

@@ -69,6 +69,21 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   command -v chromium >/dev/null 2>&1 || echo "[setup] no chromium: the web UI browser test will be skipped"
 fi
 
+# the distributed tests shift one worker's wall clock with Debian's libfaketime
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && ! command -v faketime >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing faketime from the OS packages"
+    for attempt in 1 2 3 4 5 6 7 8 9 10; do  # another apt may hold the dpkg lock for a while
+      if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null \
+        || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null)
+      then break; fi
+      echo "[setup] apt is busy or failed (attempt $attempt); retrying in 15 s"
+      sleep 15
+    done
+  fi
+  command -v faketime >/dev/null 2>&1 || echo "[setup] no faketime: the shifted-clock test will be skipped"
+fi
+
 echo "[setup] preparing the CPU vLLM and the tiny model (first time: a few minutes)"
 .venv/bin/python - <<'PY'
 from tailgate.servers import ensure_tiny_model, ensure_vllm_venv

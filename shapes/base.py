@@ -77,6 +77,18 @@ class SuiteShape(LoadTestShape):
         if self.session is not None:
             self.session.on_progress(msg.node_id, msg.data)
 
+    def on_sent(self, environment: Any, msg: Any, **_: Any) -> None:
+        if self.session is not None and self.session.sink is not None:
+            self.session.sink.on_sent(msg.node_id, msg.data)
+
+    def on_records(self, environment: Any, msg: Any, **_: Any) -> None:
+        if self.session is not None and self.session.sink is not None:
+            self.session.sink.on_records(msg.node_id, msg.data)
+
+    def on_pong(self, environment: Any, msg: Any, **_: Any) -> None:
+        if self.session is not None:
+            self.session.clock.on_pong(msg.node_id, msg.data)
+
     # -- runs -------------------------------------------------------------------------------
     @property
     def settings(self) -> Settings | None:

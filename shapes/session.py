@@ -35,12 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import tailgate
+from tailgate.load import distributed
+from tailgate.load.distributed import DEADLINE_MARGIN_S, WORKER_LOST, ClockSync, MasterSink
 from tailgate.load.metrics import Snapshot, scrape
 from tailgate.load.options import Settings
 from tailgate.load.plan import Stage, share
+from tailgate.load.processes import processes_for
 from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
 from tailgate.load.workload import mix_of
-from tailgate.records import lost_in_flight, read_records
+from tailgate.records import lost_in_flight, read_records, read_sent
 from tailgate.stats import summarize_stage
 
 log = logging.getLogger("tailgate")
@@ -50,6 +53,16 @@ START_LEAD_S = 0.25
 DRAIN_TIMEOUT_S = 15.0
 """How long a stop waits for load processes to record the streams it cancelled."""
 REPORT_LOG = "report.log"
+READY_TIMEOUT_S = 60.0
+"""How long a run waits for every expected load process to report ready before it goes with those that did."""
+
+
+class StageDeadline(Exception):
+    """A single-process stage outlived its deadline: its streams were cancelled and the run ends."""
+
+
+class WorkersLost(Exception):
+    """No load process is left to take a stage."""
 
 
 def iso(t: float) -> str:
@@ -114,6 +127,18 @@ class RunSession:
         self._counts: dict[str, tuple[int, int]] = {}
         """Load process -> (requests sent, ended) as it last reported them (distributed runs)."""
         self.meta: dict[str, Any] = {}
+        self.clock = ClockSync(runner)
+        self.sink: MasterSink | None = None if local else MasterSink(self.folder, self.clock)
+        """The single writer of a distributed run's records and send journal (None in one process)."""
+        self.workers: dict[str, dict[str, Any]] = {}
+        """Per load process: its name, clock offset and RTT, the stage it joined at, and a loss if any."""
+        self.lost: dict[str, str] = {}
+        self.worker_errors: list[str] = []
+        self._connected: set[str] = set()
+        self._orders: dict[str, dict[str, Any]] = {}
+        """The running group's order per process: a stop closes the share of any that is gone."""
+        opts = getattr(getattr(runner, "environment", None), "parsed_options", None)
+        self.on_worker_loss = getattr(opts, "on_worker_loss", None) or "continue"
 
     # -- life cycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -140,6 +165,11 @@ class RunSession:
         if self._coordinator is not None:
             self._coordinator.kill(block=True, timeout=10)
         self._cancel_load()
+        if not self._local:
+            for node, order in sorted(self._orders.items()):
+                reason = None if node in self._done or node in self.lost else self._lost_reason(node)
+                if reason:  # its in-flight requests will never be recorded by it: close them now
+                    self._lose(node, order, reason)
         self._wait_recorded()
         stage = self.current
         if stage is not None and stage.index not in self.summaries:
@@ -171,7 +201,13 @@ class RunSession:
         if self.ended:
             return
         self._stop_sampler()
+        if self.sink is not None:
+            self.sink.close()
         self.status = status
+        self.meta.update({
+            "workers": self.workers, "workers_lost": self.lost, "worker_errors": self.worker_errors,
+            "on_worker_loss": self.on_worker_loss,
+        })  # fmt: skip
         self.meta.update({
             "ended": iso(time.time()), "status": status, "stop_reason": self.stop_reason,
             "stages": [self.summaries[i]["stage_label"] for i in sorted(self.summaries)],
@@ -191,8 +227,12 @@ class RunSession:
             log.info("tailgate: run %s: %d load process(es) ready; %d stage(s); results in %s",
                      self.run_id, len(nodes), len(self.stages), self.folder)  # fmt: skip
             for stage in self.stages:
-                summary = self._run_stage(stage, nodes)
+                summary = self._run_stage(stage, self._stage_nodes(stage))
                 log.info("tailgate: %s", summary_line(summary))
+                if summary.get("workers_lost") and self.on_worker_loss == "stop":
+                    status = f"stopped after {stage.label}: load process(es) lost"
+                    log.error("tailgate: %s (--on-worker-loss stop)", status)
+                    break
                 if s.stop_on_errors and summary["errors"] >= s.stop_on_errors:
                     status = f"stopped after {stage.label}: {summary['errors']} errors"
                     log.error("tailgate: %s (--stop-on-errors %d)", status, s.stop_on_errors)
@@ -201,6 +241,9 @@ class RunSession:
                     gevent.sleep(s.settle)
         except gevent.GreenletExit:
             raise  # stop() ends the run
+        except (StageDeadline, WorkersLost) as e:
+            status = f"stopped: {e}"
+            log.error("tailgate: %s", status)
         except Exception as e:  # surface a clear line, then let the run end
             self.failed = f"{type(e).__name__}: {e}"
             status = "failed"
@@ -210,19 +253,88 @@ class RunSession:
 
     def _wait_ready(self) -> list[str]:
         expected = self._nodes_expected()
-        while len(self._ready) < expected:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while len(self._ready) < expected and (not self._ready or time.monotonic() < deadline):
             self._ready_event.clear()
             self._ready_event.wait(timeout=1.0)
+        if len(self._ready) < expected:
+            log.warning("tailgate: %d of %d load process(es) ready after %.0f s; going with those",
+                        len(self._ready), expected, READY_TIMEOUT_S)  # fmt: skip
         return sorted(self._ready)
 
     def on_ready(self, node_id: str, worker: str) -> None:
         self._ready[node_id] = worker
+        if not self._local and node_id not in self._connected:
+            # the one message that carries the key; a worker's own TAILGATE_API_KEY takes precedence
+            self._connected.add(node_id)
+            self.runner.send_message(distributed.CONNECT_MESSAGE, {"api_key": self.settings.api_key},
+                                     client_id=node_id)  # fmt: skip
         self._ready_event.set()
+
+    def _lost_reason(self, node: str) -> str | None:
+        """Why a worker can no longer take part (Locust's heartbeat marked it missing, or it left)."""
+        if self._local or node in self.lost:
+            return self.lost.get(node)
+        client = self.runner.clients.get(node)
+        if client is None:
+            return "disconnected from the master"
+        if client.state == "missing":
+            return "stopped sending heartbeats (missing)"
+        return None
+
+    def _stage_nodes(self, stage: Stage) -> list[str]:
+        """The processes that take this stage: every ready one not lost; one that joined since the
+        last stage starts here, after its clock is measured (never in the middle of a stage)."""
+        for node in sorted(self._ready):
+            reason = None if node in self.lost else self._lost_reason(node)
+            if reason:  # went between stages: nothing of it was in flight
+                self.lost[node] = reason
+                if node in self.workers:
+                    self.workers[node]["lost"] = f"before {stage.label}: {reason}"
+                log.error("tailgate: load process %s lost before %s (%s)", self._ready[node], stage.label, reason)
+                if self.on_worker_loss == "stop":
+                    raise WorkersLost(f"load process {self._ready[node]} lost before {stage.label} "
+                                      "(--on-worker-loss stop)")  # fmt: skip
+        nodes = sorted(n for n in self._ready if n not in self.lost)
+        if not nodes:
+            raise WorkersLost("no load process left")
+        if self._local:
+            return nodes
+        changed = False
+        for node in nodes:
+            if node in self.workers:
+                continue
+            measured = self.clock.measure(node)
+            if measured is None:
+                self.lost[node] = "did not answer the clock measurement"
+                log.error("tailgate: load process %s did not answer the clock measurement; left out", node)
+                continue
+            self.workers[node] = {
+                "worker": self._ready[node], "clock_offset_ms": round(measured["offset_s"] * 1000, 3),
+                "clock_rtt_ms": round(measured["rtt_s"] * 1000, 3), "clock_rounds": measured["rounds"],
+                "joined_stage": stage.label, "lost": None,
+            }  # fmt: skip
+            log.info("tailgate: load process %s: clock offset %+.3f ms (RTT %.3f ms)", self._ready[node],
+                     measured["offset_s"] * 1000, measured["rtt_s"] * 1000)  # fmt: skip
+            changed = True
+        if changed:
+            self.meta["workers"] = self.workers
+            write_json(self.folder / "run.json", self.meta)
+        nodes = [n for n in nodes if n not in self.lost]
+        if not nodes:
+            raise WorkersLost("no load process left")
+        return nodes
 
     def on_done(self, node_id: str, data: dict[str, Any]) -> None:
         if data.get("run_id") not in (None, self.run_id):
             return  # a cancelled order of an earlier run
         stage = data.get("stage")
+        if node_id in self.lost:
+            return  # its share was closed already: written as worker_lost or never sent
+        if data.get("error"):
+            line = f"load process {data.get('worker', node_id)} failed: {data['error']}"
+            self.worker_errors.append(line)
+            log.error("tailgate: %s", line)
         if isinstance(stage, int):
             self.dropped[stage] = self.dropped.get(stage, 0) + int(data.get("dropped") or 0)
         self._done[node_id] = data
@@ -251,33 +363,99 @@ class RunSession:
         self.before[stage.index] = scrape(s.metrics_url) if s.metrics_url else None
         self.stage_started[stage.index] = time.time()
         self.current = stage
-        records: list[dict[str, Any]] = []
         baseline = self._sent_ended()
+        lost_here: list[str] = []
         for group in stage.groups:
             t0 = time.time() + (START_LEAD_S if len(nodes) > 1 or group is stage.groups[0] else 0.0)
             self._done = {}
             self._done_event.clear()
             self._waiting_for = set(nodes)
+            orders: dict[str, dict[str, Any]] = {}
+            self._orders = orders
             for index, node in enumerate(nodes):
                 mine = share(group, index, len(nodes))
                 order = {
                     "order_id": f"{stage.index}:{mine[0].batch if mine else 0}:{index}",
                     "run_id": self.run_id, "stage": stage.index, "stage_label": stage.label, "arm": stage.arm,
-                    "rate_or_batch": stage.rate_or_batch, "t0_wall": t0,
+                    "rate_or_batch": stage.rate_or_batch, "t0_wall": t0 + self.clock.offset(node), "t0_master": t0,
                     "max_in_flight": s.max_in_flight if stage.arm == "continuous" else 0,
                     "items": [[a.item.id, a.item.prompt_tokens, a.item.max_tokens, a.offset_s, a.batch] for a in mine],
                     "config": self._order_config(),
                 }  # fmt: skip
+                orders[node] = order
                 self.runner.send_message(ORDER_MESSAGE, order, client_id=None if node == "local" else node)
-            while not self._done_event.wait(timeout=5.0):
-                self._progress(stage, baseline)
-            for result in self._done.values():
-                records.extend(result["records"])
+            last = max((a.offset_s for a in group), default=0.0)
+            deadline = t0 + last + s.timeouts.request_s + s.timeouts.connect_s + DEADLINE_MARGIN_S
+            lost_here += self._wait_group(stage, orders, deadline, baseline)
+            nodes = [n for n in nodes if n not in self.lost]
+            if not nodes and group is not stage.groups[-1]:
+                break  # nobody left for the next batches: they stay never sent
+        records = [r for r in read_records(self.folder).records if r.get("stage") == stage.index]
         after = scrape(s.metrics_url) if s.metrics_url else None
-        return self._summarize(stage, records, after, partial=False)
+        summary = self._summarize(stage, records, after, partial=False, lost=lost_here)
+        if not nodes:
+            raise WorkersLost(f"every load process was lost in {stage.label}")
+        return summary
+
+    def _wait_group(
+        self, stage: Stage, orders: dict[str, dict[str, Any]], deadline: float, baseline: tuple[int, int]
+    ) -> list[str]:
+        """Wait for every order's DONE, but never past the deadline and never for a worker that is gone.
+
+        Returns the lines saying which processes were lost; their share is closed by :meth:`_lose`."""
+        pending = set(orders)
+        lost: list[str] = []
+        next_progress = time.monotonic() + 5.0
+        while True:
+            pending -= set(self._done)
+            for node in sorted(pending):
+                reason = self._lost_reason(node)
+                if reason:
+                    lost.append(self._lose(node, orders[node], reason))
+                    pending.discard(node)
+            if not pending:
+                return lost
+            if time.time() > deadline:
+                if self._local:
+                    order_runner(self.runner.environment).cancel()
+                    self._wait_recorded()
+                    raise StageDeadline(f"{stage.label} passed its deadline; streams in flight were cancelled")
+                for node in sorted(pending):
+                    lost.append(self._lose(node, orders[node], "did not finish its share by the stage deadline"))
+                return lost
+            self._done_event.clear()
+            self._done_event.wait(timeout=0.5)
+            if time.monotonic() > next_progress:
+                self._progress(stage, baseline)
+                next_progress = time.monotonic() + 5.0
+
+    def _lose(self, node: str, order: dict[str, Any], reason: str) -> str:
+        """Close a lost worker's share from what it announced: in flight -> worker_lost, the rest never sent."""
+        assert self.sink is not None
+        in_flight, never = self.sink.lose(node, order, reason)
+        self.lost[node] = reason
+        name = self._ready.get(node, node)
+        if node in self.workers:
+            self.workers[node]["lost"] = f"{order['stage_label']}: {reason}"
+        line = (f"load process {name} lost in {order['stage_label']} ({reason}): {in_flight} request(s) in flight "
+                f"recorded as {WORKER_LOST}, {never} arrival(s) never sent; "
+                + ("the run goes on with the others" if self.on_worker_loss == "continue" else
+                   "the run stops after this stage (--on-worker-loss stop)"))  # fmt: skip
+        log.error("tailgate: %s", line)
+        try:  # alive but late: it must not keep sending what was already accounted for
+            self.runner.send_message(CANCEL_MESSAGE, {"run_id": self.run_id}, client_id=node)
+        except Exception:
+            pass
+        return line
 
     def _summarize(
-        self, stage: Stage, records: list[dict[str, Any]], after: Snapshot | None, *, partial: bool
+        self,
+        stage: Stage,
+        records: list[dict[str, Any]],
+        after: Snapshot | None,
+        *,
+        partial: bool,
+        lost: list[str] | None = None,
     ) -> dict[str, Any]:
         s = self.settings
         stage_start = self.stage_started.get(stage.index, time.time())
@@ -304,6 +482,14 @@ class RunSession:
                 "metrics_url": s.metrics_url, "target_rate": stage.rate_or_batch if stage.arm == "continuous" else None,
             }
         )  # fmt: skip
+        summary.update(self._accounting(stage, records))
+        summary["workers_lost"] = list(lost or [])
+        span = summary["window_end_s"] - summary["window_start_s"]
+        chunks = sum(int(r.get("chunks") or 0) for r in records)
+        summary["chunks_per_s"] = round(chunks / span, 1) if span > 0 else None
+        summary["load_processes"] = 1 if self._local else len(self.workers)
+        # what the report suggests when this stage fell behind its schedule
+        summary["processes_to_keep_up"] = processes_for(chunks / span) if span > 0 else None
         if delta is not None and delta < 0:
             # the counter went backwards: the server restarted mid-stage; a negative delta is meaningless
             summary["preemptions_delta"] = None
@@ -311,6 +497,19 @@ class RunSession:
         self.summaries[stage.index] = summary
         write_json(self.folder / f"summary-{stage.label}.json", summary)
         return summary
+
+    def _accounting(self, stage: Stage, records: list[dict[str, Any]]) -> dict[str, int]:
+        """Where every planned arrival of a stage went: ``planned = recorded + lost_in_flight + never_sent``.
+
+        ``sent`` is the send journal (written before each send; by the master for workers), so a stopped
+        or broken stage says how much of its plan never went out, not only what was recorded."""
+        sent = {key for key in read_sent(self.folder) if key[0] == stage.index}
+        keys = {(r.get("stage"), r.get("trace_id")) for r in records}
+        lost = sum(1 for r in records if r.get("error_class") == WORKER_LOST)
+        return {
+            "planned": stage.size, "sent": len(sent), "recorded": len(records) - lost,
+            "lost_in_flight": lost + len(sent - keys), "never_sent": stage.size - len(sent),
+        }  # fmt: skip
 
     def _progress(self, stage: Stage, baseline: tuple[int, int]) -> None:
         """Requests sent and ended so far in this stage, counted in memory by the load processes."""
@@ -323,7 +522,9 @@ class RunSession:
     def _order_config(self) -> dict[str, Any]:
         s = self.settings
         return {
-            "host": s.host, "model": s.model, "api_key": s.api_key, "ignore_eos": s.ignore_eos,
+            "host": s.host, "model": s.model, "ignore_eos": s.ignore_eos,
+            # orders cross the network to workers: the key goes once at connect (CONNECT_MESSAGE) instead
+            "api_key": s.api_key if self._local else None,
             "prompt_word": s.prompt_word, "record_chunks": s.record_chunks, "results_dir": str(self.folder),
             "connect_timeout": s.timeouts.connect_s, "request_timeout": s.timeouts.request_s,
             "stall_timeout": s.timeouts.stall_s,

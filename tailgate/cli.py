@@ -94,7 +94,8 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=None, help="warm-up requests per cell (default 25)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")
-    p.add_argument("--processes", type=int, default=1, help="load-generator processes per cell")
+    p.add_argument("--processes", default="1",
+                   help="load processes per cell, or auto (from the cores and the cell's chunk rate)")  # fmt: skip
     p.add_argument("--prometheus-url", default="", help="a Prometheus scraping the server (compose: :9090)")
     p.add_argument("--compose-file", action="append", default=[], help="compose file(s) (default docker-compose.yml)")
     p.add_argument("--compose-service", default="vllm")
@@ -122,6 +123,19 @@ def _rates_or_none(text: str, default: tuple[float, ...], option: str) -> tuple[
         raise OptionError(str(e).replace("--rates", option)) from None
 
 
+def parse_processes(text: str) -> int:
+    """``auto`` -> 0 (chosen per cell by :func:`tailgate.suite.cell_processes`), else a count of at least 1."""
+    if str(text).strip().lower() == "auto":
+        return 0
+    try:
+        n = int(text)
+    except ValueError:
+        raise OptionError(f"--processes: a count or auto, got {text!r}") from None
+    if n < 1:
+        raise OptionError(f"--processes: must be at least 1, got {n}")
+    return n
+
+
 def build_plan(args: argparse.Namespace) -> Any:
     from tailgate.suite import SuitePlan
 
@@ -142,8 +156,7 @@ def build_plan(args: argparse.Namespace) -> Any:
         raise OptionError(f"--n: {n} measured requests is fewer than the {warmup} warm-up requests")
     if batch < 1:
         raise OptionError(f"--batch-size: must be at least 1, got {batch}")
-    if args.processes < 1:
-        raise OptionError(f"--processes: must be at least 1, got {args.processes}")
+    processes = parse_processes(args.processes)
     if not args.knee_factor > 1:
         raise OptionError(f"--knee-factor: must be above 1, got {args.knee_factor}")
     nochunk_default = EMBEDDED_NOCHUNK_FLAGS if args.embedded else GPU_NOCHUNK_FLAGS
@@ -154,7 +167,7 @@ def build_plan(args: argparse.Namespace) -> Any:
         rates=rates, until_knee=args.until_knee, knee_factor=args.knee_factor, max_rate=args.max_rate,
         batch_size=batch, gated=not args.no_gated, nochunk_rates=nochunk,
         preempt_rate=preempt[0] if preempt else None, n=n, warmup=warmup, seed=args.seed,
-        ignore_eos=args.ignore_eos or args.embedded, processes=args.processes,
+        ignore_eos=args.ignore_eos or args.embedded, processes=processes,
         realtime=(args.embedded or args.server == "local") and args.placement == "isolated",
         server_flags={
             config: [*(EMBEDDED_BASE_FLAGS if args.embedded else []), *flags]

@@ -28,12 +28,40 @@ import tailgate
 from tailgate import locustfiles
 from tailgate.lifecycle import deferred, stop_process_tree
 from tailgate.load.plan import rate_label
+from tailgate.load.processes import auto_processes, master_port_args
+from tailgate.load.workload import SEED_MIX
 from tailgate.servers import CHUNKED_OFF_FLAG
 from tailgate.servers.base import redact_argv
 
 Log = Callable[[str], None]
 
 CONFIG_ORDER = ("chunked", "nochunk", "preempt")
+
+
+GATED_STREAM_CHUNKS_PER_S = 100.0
+"""Chunks per second one stream of a gated batch is assumed to receive (a fast GPU's decode rate), for
+``--processes auto``."""
+
+
+def mean_output_tokens() -> float:
+    """Expected max_tokens of one request of the seeded mix: the chunks one arrival brings."""
+    mean, low = 0.0, 0.0
+    for cumulative, _, out in SEED_MIX:
+        mean += (cumulative - low) * out
+        low = cumulative
+    return mean
+
+
+def cell_processes(cell: Cell, processes: int) -> int:
+    """Load processes for one cell: as asked, or for ``auto`` (0) from the cores and the cell's expected
+    chunk rate (arrivals per second x chunks per arrival; a gated batch streams all at once)."""
+    if processes > 0:
+        return processes
+    if cell.arm == "gated":
+        chunks = cell.value * GATED_STREAM_CHUNKS_PER_S
+    else:
+        chunks = cell.value * mean_output_tokens()
+    return auto_processes(chunks)
 
 
 @dataclass(frozen=True)
@@ -69,6 +97,7 @@ class SuitePlan:
     seed: int = 7
     ignore_eos: bool = False
     processes: int = 1
+    """Load processes per cell; 0 = auto (:func:`cell_processes`)."""
     server_flags: dict[str, list[str]] = field(
         default_factory=lambda: {"chunked": [], "nochunk": [CHUNKED_OFF_FLAG], "preempt": []}
     )
@@ -214,8 +243,10 @@ class Suite:
             cmd.append("--ignore-eos")
         if self.prometheus_url:
             cmd += ["--prometheus-url", self.prometheus_url]
-        if p.processes > 1:
-            cmd += ["--processes", str(p.processes)]
+        processes = cell_processes(cell, p.processes)
+        if processes > 1:
+            # a free master port: Locust's default (5557) makes two runs on one host cross-connect
+            cmd += ["--processes", str(processes), *master_port_args()]
         if p.realtime:
             cmd.append("--realtime")
         return cmd + list(p.locust_args)

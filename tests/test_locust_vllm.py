@@ -11,6 +11,7 @@ import pytest
 from conftest import load_records, load_summaries, run_locust, write_trace
 
 from tailgate.load.plan import poisson_offsets
+from tailgate.load.processes import master_port_args
 from tailgate.stats import summarize_stage
 
 pytestmark = pytest.mark.vllm
@@ -99,7 +100,7 @@ def test_two_processes_split_one_schedule(vllm_server, tmp_path: Path) -> None:
     single, multi = tmp_path / "one", tmp_path / "two"
     common = ["--rates", "3", "--trace-file", str(trace), "--warmup", "2", "--ignore-eos"]
     assert run_locust("continuous.py", vllm_server.base_url, single, *common).returncode == 0
-    done = run_locust("continuous.py", vllm_server.base_url, multi, "--processes", "2", *common)
+    done = run_locust("continuous.py", vllm_server.base_url, multi, "--processes", "2", *master_port_args(), *common)
     assert done.returncode == 0, done.stderr[-3000:]
     one, two = load_records(single), load_records(multi)
     assert len({r["worker"] for r in two}) == 2

@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from tailgate.load import distributed
 from tailgate.load.options import OptionError, Settings, add_arguments, validate
 from tailgate.load.worker import (
     CANCEL_MESSAGE,
@@ -51,6 +52,7 @@ def fail(message: str) -> None:
 @events.init_command_line_parser.add_listener
 def _add_options(parser: Any) -> None:
     add_arguments(parser)
+    distributed.add_arguments(parser)
 
 
 def resolve_model(settings: Settings) -> str:
@@ -135,6 +137,10 @@ def _on_init(environment: Any, **_: Any) -> None:
         runner.register_message(READY_MESSAGE, shape.on_ready)
         runner.register_message(DONE_MESSAGE, shape.on_done)
         runner.register_message(PROGRESS_MESSAGE, shape.on_progress)
+        if isinstance(runner, MasterRunner):
+            runner.register_message(distributed.SENT_MESSAGE, shape.on_sent)
+            runner.register_message(distributed.RECORDS_MESSAGE, shape.on_records)
+            runner.register_message(distributed.PONG_MESSAGE, shape.on_pong)
         opts = environment.parsed_options
         if environment.web_ui is not None:
             from tailgate.webui import WEB_RESULTS, install
@@ -153,7 +159,29 @@ def _on_init(environment: Any, **_: Any) -> None:
         if opts is not None and getattr(opts, "realtime", False):
             _go_realtime()
     if isinstance(runner, WorkerRunner):
+        _cache_default_args()
         runner.register_message(CANCEL_MESSAGE, _on_cancel)
+        runner.register_message(distributed.PING_MESSAGE, distributed.on_ping)
+        runner.register_message(distributed.CONNECT_MESSAGE, distributed.on_connect)
+
+
+def _cache_default_args() -> None:
+    """A worker answers every ``spawn`` message (a worker joining, Locust rebalancing) by filtering the
+    master's options against ``default_args_dict()``, which builds Locust's whole option parser and is
+    called once per option: about a second of blocked event loop on a busy host, during which no arrival
+    of a running stage goes out and no chunk is stamped. The defaults cannot change within a process, so
+    they are computed once, here, before any stage."""
+    from locust import argument_parser
+
+    if getattr(argument_parser.default_args_dict, "tailgate_cached", False):
+        return
+    defaults = argument_parser.default_args_dict()
+
+    def cached() -> dict[str, Any]:
+        return defaults
+
+    cached.tailgate_cached = True  # type: ignore[attr-defined]
+    argument_parser.default_args_dict = cached  # type: ignore[assignment]
 
 
 def _go_realtime() -> None:

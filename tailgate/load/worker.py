@@ -20,6 +20,7 @@ import time
 from collections import deque
 from typing import Any
 
+from tailgate.load import distributed
 from tailgate.load.batch import BatchGate
 from tailgate.load.client import (
     StreamTiming,
@@ -115,22 +116,62 @@ class OrderRunner:
         """Requests started by this process, all orders together (the progress line reads these counters)."""
         self.ended = 0
         self.stamp = chunk_stamp_mode()
-        self._writers: dict[str, tuple[RecordWriter, SendJournal]] = {}
+        self._writers: dict[str, tuple[Any, Any]] = {}
         self._group = Group()
+        self._loop: gevent.Greenlet | None = None
         self._finished: deque[tuple[Any, ...]] = deque()
         self._wake = Event()
         self._sink: gevent.Greenlet | None = None
 
     def submit(self, order: dict[str, Any]) -> None:
-        self.orders.put(order)
+        """Queue an order for this process's own order loop.
 
-    def _writer(self, results_dir: str) -> tuple[RecordWriter, SendJournal]:
+        The loop is not a Locust user's task: Locust stops and starts users when workers join or leave
+        (rebalancing), and a stage in flight must not be cancelled by that."""
+        self.orders.put(order)
+        if self._loop is None or self._loop.dead:
+            self._loop = gevent.spawn(self._order_loop)
+
+    def _order_loop(self) -> None:
+        send = self.environment.runner.send_message
+        while True:
+            order = self.orders.get()
+            try:
+                result = self.run(order)
+            except Exception as e:  # the master must hear of it, or it waits for this order until its deadline
+                log.exception("tailgate: order %s failed in %s", order.get("order_id"), self.worker)
+                self.cancel()
+                self.cancelled = False
+                result = {
+                    "order_id": order.get("order_id"), "run_id": order.get("run_id"), "stage": order.get("stage"),
+                    "worker": self.worker, "records": [], "dropped": 0, "error": f"{type(e).__name__}: {e}",
+                    "sent": self.sent, "ended": self.ended,
+                }  # fmt: skip
+            self.flush()
+            send(DONE_MESSAGE, result)
+
+    def _writer(self, results_dir: str) -> tuple[Any, Any]:
+        """A record file and send journal here, or, in a Locust worker, the stream to the master (the
+        single writer of a distributed run)."""
         if results_dir not in self._writers:
-            self._writers[results_dir] = (
-                RecordWriter(results_dir, self.worker),
-                SendJournal(results_dir, self.worker),
-            )
+            from locust.runners import WorkerRunner
+
+            if isinstance(self.environment.runner, WorkerRunner):
+                stream = distributed.WorkerStream(self.environment.runner, self.worker, results_dir)
+                self._writers[results_dir] = (stream, stream)
+            else:
+                self._writers[results_dir] = (
+                    RecordWriter(results_dir, self.worker),
+                    SendJournal(results_dir, self.worker),
+                )
         return self._writers[results_dir]
+
+    def flush(self) -> None:
+        """Records still batched go out before the DONE that follows them (one socket keeps the order)."""
+        self.drain()
+        for writer, _ in self._writers.values():
+            if isinstance(writer, distributed.WorkerStream):
+                writer.flush()
 
     def run(self, order: dict[str, Any]) -> dict[str, Any]:
         """Dispatch one order open-loop, wait for all its requests, return its records."""
@@ -154,7 +195,7 @@ class OrderRunner:
                 body = build_payload(cfg["model"], prompt, max_tokens, ignore_eos=cfg["ignore_eos"])
                 bodies[prompt_tokens, max_tokens] = body
             rid = request_id(order["run_id"], stage, trace_id)
-            requests.append(build_request(target, body, cfg.get("api_key"), rid))
+            requests.append(build_request(target, body, cfg.get("api_key") or distributed.api_key(), rid))
         progress = self._start_progress()
         gate = BatchGate(len(items)) if order["arm"] == "gated" else None
         if gate is not None:
@@ -195,6 +236,8 @@ class OrderRunner:
         finally:
             if progress is not None:
                 progress.kill(block=False)
+        if isinstance(writer, distributed.WorkerStream):
+            finished = []  # the master has them already, streamed
         return {
             "order_id": order["order_id"], "run_id": order["run_id"], "stage": order["stage"], "worker": self.worker,
             "records": finished, "dropped": dropped, "sent": self.sent, "ended": self.ended,
@@ -382,12 +425,6 @@ class StreamingUser(User):
         self.environment.runner.send_message(READY_MESSAGE, {"worker": order_runner(self.environment).worker})
 
     @task
-    def run_orders(self) -> None:
-        runner = order_runner(self.environment)
-        order = runner.orders.get()
-        try:
-            result = runner.run(order)
-        except BaseException:
-            runner.cancel()
-            raise
-        self.environment.runner.send_message(DONE_MESSAGE, result)
+    def idle(self) -> None:
+        """Orders run in the process's own loop (:meth:`OrderRunner.submit`), which outlives this user."""
+        gevent.sleep(1.0)

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from tailgate import locustfiles
+from tailgate.load.processes import master_port_args
 from tailgate.records import read_records
 from tailgate.stats import percentile
 
@@ -427,7 +428,7 @@ def locust_command(cfg: SelfCheckConfig, host: str, trace: Path, results: Path, 
         "--sample-metrics", "0", "--settle", "0", "--only-summary", "--loglevel", "WARNING",
     ]  # fmt: skip
     if cfg.processes > 1:
-        cmd += ["--processes", str(cfg.processes)]
+        cmd += ["--processes", str(cfg.processes), *master_port_args()]  # never Locust's shared default port
     return cmd + list(cfg.extra_locust_args)
 
 

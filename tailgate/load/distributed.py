@@ -1,0 +1,289 @@
+"""What a run spread over Locust worker processes (on one host or many) needs beyond one process.
+
+Four things, each kept out of the single-process path:
+
+- **One writer.** Workers keep no files: each send is announced to the master the moment it goes
+  out (the master writes the send journal) and finished records follow in small batches (the master
+  writes the records). A worker that dies loses only what it had in flight, and the master, which
+  knows what it announced, writes those as ``worker_lost`` records itself; a results folder on the
+  master's disk is the whole run, whichever host sent what.
+- **One clock.** When a worker reports ready the master measures its wall-clock offset over several
+  round trips and keeps the one with the smallest round trip (its error is at most half that RTT).
+  Orders carry the stage start converted to the worker's clock, and records come back converted to
+  the master's, so a worker whose clock is seconds off still sends on the master's schedule.
+- **Secrets once.** The API key reaches a worker from its own environment or in one message when it
+  connects, never inside the orders.
+- **Ports.** Locust's default master port (5557) makes two runs on one host cross-connect; tools of
+  this project pick a free port instead.
+"""
+
+from __future__ import annotations
+
+import gevent
+from gevent.event import Event
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TextIO
+
+from tailgate.load.processes import CHUNKS_PER_PROCESS, auto_processes, free_port, master_port_args
+from tailgate.records import RequestRecord
+
+__all__ = ["CHUNKS_PER_PROCESS", "auto_processes", "free_port", "master_port_args"]
+
+log = logging.getLogger("tailgate")
+
+SENT_MESSAGE = "tailgate_sent"
+RECORDS_MESSAGE = "tailgate_records"
+PING_MESSAGE = "tailgate_ping"
+PONG_MESSAGE = "tailgate_pong"
+CONNECT_MESSAGE = "tailgate_connect"
+
+RECORD_BATCH = 32
+"""Records per message at most: small enough that a message never holds the worker's loop for long."""
+RECORD_FLUSH_S = 0.1
+"""A finished record waits at most this long on its worker before it is sent to the master."""
+SYNC_ROUNDS = 8
+"""Round trips per clock measurement; the one with the smallest RTT gives the offset."""
+SYNC_REPLY_TIMEOUT_S = 2.0
+DEADLINE_MARGIN_S = 10.0
+"""A group's deadline is its last arrival + the request timeout + connect timeout + this margin."""
+LOSS_POLICIES = ("continue", "stop")
+WORKER_LOST = "worker_lost"
+API_KEY_ENV = "TAILGATE_API_KEY"
+
+_connect_secret: str | None = None
+
+
+def add_arguments(parser: Any) -> None:
+    g = parser.add_argument_group("tailgate distributed")
+    g.add_argument(
+        "--on-worker-loss",
+        choices=LOSS_POLICIES,
+        default="continue",
+        help="a worker lost mid-run: continue with the others from the next stage, or stop the run",
+    )
+
+
+# -- secrets -----------------------------------------------------------------------------------------
+def set_connect_secret(key: str | None) -> None:
+    global _connect_secret
+    _connect_secret = key or None
+
+
+def api_key() -> str | None:
+    """The worker's own environment wins; else what the master sent once at connect."""
+    return os.environ.get(API_KEY_ENV) or _connect_secret
+
+
+def on_connect(environment: Any, msg: Any, **_: Any) -> None:
+    set_connect_secret(msg.data.get("api_key"))
+
+
+# -- worker side ----------------------------------------------------------------------------------------
+class WorkerStream:
+    """Stands in for the worker's send journal and record file: both go to the master instead.
+
+    A send is announced at once (one small message) so the master knows what was in flight if this
+    process dies; records are batched (:data:`RECORD_BATCH`, :data:`RECORD_FLUSH_S`)."""
+
+    def __init__(self, runner: Any, worker: str, folder: str) -> None:
+        self.runner = runner
+        self.worker = worker
+        self.folder = folder
+        self._batch: list[dict[str, Any]] = []
+        self._timer: gevent.Greenlet | None = None
+        self.written = 0
+
+    def sent(self, stage: int, trace_id: int) -> None:
+        self.runner.send_message(
+            SENT_MESSAGE, {"folder": self.folder, "worker": self.worker, "sent": [stage, trace_id, time.time()]}
+        )
+
+    def sent_many(self, stage: int, trace_ids: Iterable[int]) -> None:
+        """A gated batch, announced before any of it goes out (as the local journal does)."""
+        for trace_id in trace_ids:
+            self.sent(stage, trace_id)
+
+    def dropped(self, stage: int, trace_id: int) -> None:
+        """Take back an announced send that did not go out (in-flight cap, or a stop)."""
+        self.runner.send_message(
+            SENT_MESSAGE, {"folder": self.folder, "worker": self.worker, "dropped": [stage, trace_id]}
+        )
+
+    def write(self, record: RequestRecord) -> None:
+        self._batch.append(record.to_dict())
+        self.written += 1
+        if len(self._batch) >= RECORD_BATCH:
+            self.flush()
+        elif self._timer is None:
+            self._timer = gevent.spawn_later(RECORD_FLUSH_S, self.flush)
+
+    def flush(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None and timer is not gevent.getcurrent():
+            timer.kill(block=False)
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self.runner.send_message(RECORDS_MESSAGE, {"folder": self.folder, "worker": self.worker, "records": batch})
+
+    def close(self) -> None:
+        self.flush()
+
+
+def on_ping(environment: Any, msg: Any, **_: Any) -> None:
+    """Answer at once, with this process's wall clock: the master times the round trip."""
+    from tailgate.load.worker import wall
+
+    environment.runner.send_message(PONG_MESSAGE, {**msg.data, "t_worker": wall(time.perf_counter_ns())})
+
+
+# -- master side --------------------------------------------------------------------------------------
+ABSOLUTE_MIN_S = 1e8
+"""Record fields named ``*_s`` above this are epoch instants (converted between clocks); below, durations."""
+
+
+def to_master_clock(row: dict[str, Any], offset_s: float) -> dict[str, Any]:
+    """A worker's record on the master's clock: every epoch instant minus the worker's offset."""
+    if offset_s:
+        for key, value in row.items():
+            if key.endswith("_s") and isinstance(value, float) and value > ABSOLUTE_MIN_S:
+                row[key] = value - offset_s
+    return row
+
+
+class ClockSync:
+    """Offsets of workers' wall clocks from the master's (worker minus master), by minimum RTT."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.offsets: dict[str, dict[str, float]] = {}
+        self._replies: dict[str, tuple[float, float, float]] = {}
+        self._event = Event()
+
+    def on_pong(self, node: str, data: dict[str, Any]) -> None:
+        self._replies[f"{node}:{data.get('seq')}"] = (float(data["t_master"]), time.time(), float(data["t_worker"]))
+        self._event.set()
+
+    def measure(self, node: str, rounds: int = SYNC_ROUNDS) -> dict[str, float] | None:
+        best: tuple[float, float] | None = None
+        for seq in range(rounds):
+            key = f"{node}:{seq}"
+            self._replies.pop(key, None)
+            self.runner.send_message(PING_MESSAGE, {"seq": seq, "t_master": time.time()}, client_id=node)
+            deadline = time.monotonic() + SYNC_REPLY_TIMEOUT_S
+            while key not in self._replies and time.monotonic() < deadline:
+                self._event.clear()
+                self._event.wait(timeout=0.05)
+            if key not in self._replies:
+                continue
+            t1, t2, tw = self._replies.pop(key)
+            rtt = t2 - t1
+            if best is None or rtt < best[0]:
+                best = (rtt, tw - (t1 + t2) / 2)
+        if best is None:
+            return None
+        result = {"offset_s": best[1], "rtt_s": best[0], "rounds": rounds}
+        self.offsets[node] = result
+        return result
+
+    def offset(self, node: str) -> float:
+        entry = self.offsets.get(node)
+        return 0.0 if entry is None else entry["offset_s"]
+
+
+class MasterSink:
+    """The master's writer for one run: the send journal and records of every worker, on one disk.
+
+    Keeps per worker what was announced sent and what was recorded, so a lost worker's share can be
+    accounted exactly: announced but unrecorded -> a ``worker_lost`` record; never announced -> never sent.
+    """
+
+    def __init__(self, folder: Path, clock: ClockSync) -> None:
+        self.folder = folder
+        self.clock = clock
+        self.sent: dict[str, dict[tuple[int, int], float]] = {}
+        self.recorded: dict[str, set[tuple[int, int]]] = {}
+        self.workers: dict[str, str] = {}
+        self.dead: set[str] = set()
+        self._records: dict[str, TextIO] = {}
+        self._journals: dict[str, TextIO] = {}
+
+    def _file(self, files: dict[str, TextIO], worker: str, pattern: str) -> TextIO:
+        f = files.get(worker)
+        if f is None:
+            f = open(self.folder / pattern.format(worker), "a", encoding="utf-8", buffering=1)
+            files[worker] = f
+        return f
+
+    def _mine(self, node: str, data: dict[str, Any]) -> bool:
+        return data.get("folder") == str(self.folder) and node not in self.dead
+
+    def on_sent(self, node: str, data: dict[str, Any]) -> None:
+        if not self._mine(node, data):
+            return
+        worker = self.workers.setdefault(node, str(data.get("worker") or node))
+        if "dropped" in data:
+            stage, trace_id = data["dropped"]
+            self.sent.get(node, {}).pop((int(stage), int(trace_id)), None)
+            self._file(self._journals, worker, "sent-{}.log").write(f"{int(stage)} {int(trace_id)} dropped\n")
+            return
+        stage, trace_id, t = data["sent"]
+        self.sent.setdefault(node, {})[(int(stage), int(trace_id))] = float(t) - self.clock.offset(node)
+        self._file(self._journals, worker, "sent-{}.log").write(f"{int(stage)} {int(trace_id)}\n")
+
+    def on_records(self, node: str, data: dict[str, Any]) -> None:
+        if not self._mine(node, data):
+            return
+        import json
+
+        worker = self.workers.setdefault(node, str(data.get("worker") or node))
+        offset = self.clock.offset(node)
+        out = self._file(self._records, worker, "records-{}.jsonl")
+        done = self.recorded.setdefault(node, set())
+        lines = []
+        for row in data.get("records") or []:
+            done.add((int(row["stage"]), int(row["trace_id"])))
+            lines.append(json.dumps(to_master_clock(row, offset), separators=(",", ":")))
+        if lines:
+            out.write("\n".join(lines) + "\n")
+
+    def lose(self, node: str, order: dict[str, Any], reason: str) -> tuple[int, int]:
+        """Close a lost worker's order: returns (written as worker_lost, never sent).
+
+        From here on anything that node still sends for this run is ignored, so no request gets two records."""
+        self.dead.add(node)
+        worker = self.workers.get(node, node)
+        sent = self.sent.get(node, {})
+        done = self.recorded.get(node, set())
+        stage = int(order["stage"])
+        lost = never = 0
+        out = self._file(self._records, worker, "records-{}.jsonl")
+        now = time.time()
+        for trace_id, prompt_tokens, max_tokens, offset_s, batch in order["items"]:
+            key = (stage, int(trace_id))
+            if key in done:
+                continue
+            if key not in sent:
+                never += 1
+                continue
+            intended = float(order["t0_master"]) + float(offset_s)
+            record = RequestRecord(
+                run_id=order["run_id"], worker=worker, trace_id=int(trace_id), stage=stage,
+                stage_label=order["stage_label"], arm=order["arm"], rate_or_batch=order["rate_or_batch"], batch=batch,
+                prompt_tokens_planned=prompt_tokens, max_tokens=max_tokens, ignore_eos=order["config"]["ignore_eos"],
+                intended_s=intended, sent_s=sent[key], schedule_lag_ms=round((sent[key] - intended) * 1000, 3),
+                in_flight_at_send=-1, end_s=now, error_class=WORKER_LOST, error=reason,
+            )  # fmt: skip
+            out.write(record.to_json() + "\n")
+            lost += 1
+        return lost, never
+
+    def close(self) -> None:
+        for f in [*self._records.values(), *self._journals.values()]:
+            f.close()
+        self._records.clear()
+        self._journals.clear()

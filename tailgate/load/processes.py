@@ -1,0 +1,39 @@
+"""How many load processes a run needs, and where they meet: free of gevent and Locust, so the suite's
+command line, the self-check and benchmarks can use it without importing the load path."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+
+CHUNKS_PER_PROCESS = 5000.0
+"""Chunks per second one load process times within 1 ms p99 on this project's benchmarks with room to
+spare (``benchmarks/results/scale.md``: about 60 us of CPU per chunk); ``--processes auto`` divides by it."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the OS picks it), for Locust's master."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def master_port_args(port: int | None = None) -> list[str]:
+    """Locust options that move master and ``--processes`` children off the default port together."""
+    port = port or free_port()
+    return ["--master-bind-port", str(port), "--master-port", str(port)]
+
+
+def processes_for(chunks_per_s: float) -> int:
+    """Load processes that keep ``chunks_per_s`` within the bound, whatever the cores of this host."""
+    return max(1, math.ceil(chunks_per_s / CHUNKS_PER_PROCESS))
+
+
+def auto_processes(chunks_per_s: float, cores: int | None = None) -> int:
+    """Load processes for an expected chunk rate: enough to keep each under :data:`CHUNKS_PER_PROCESS`,
+    never more than the cores (a process beyond the cores only adds scheduling delay)."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(cores, processes_for(chunks_per_s)))
+
+
