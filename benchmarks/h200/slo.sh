@@ -52,7 +52,7 @@ fi
 t0=$(date +%s)
 python3 -m tailgate.cli slo "${server[@]}" --host "$HOST" --results "$R" --config "$config: $knobs" \
   --slo "$SLO" --n "$n" --warmup 25 --seed 7 --ignore-eos \
-  --start-rate 5 --max-rate 40 --min-rate 2.5 --resolution 2.5 --max-probes 6 --reruns 1 \
+  --start-rate "${START:-5}" --max-rate 40 --min-rate 2.5 --resolution 2.5 --max-probes 6 --reruns 1 \
   --time-budget "$budget" --max-waiting 400 --no-report 2>&1 | grep -vE "in flight, about|^\s*$"
 rc=${PIPESTATUS[0]}
 echo "slo $config exit $rc after $(( $(date +%s) - t0 )) s"

@@ -198,7 +198,12 @@ class OrderRunner:
             requests.append(build_request(target, body, cfg.get("api_key") or distributed.api_key(), rid))
         progress = self._start_progress()
         gate = BatchGate(len(items)) if order["arm"] == "gated" else None
-        if gate is not None:
+        # A local journal is written ahead of the send time, so the write never delays the send (a kill in
+        # between counts at most one arrival, or one batch, as lost). A worker of a distributed run announces
+        # each send to the master as it goes out instead: the master's count of what a lost worker had in
+        # flight must not include an arrival it never sent.
+        ahead = not isinstance(journal, distributed.WorkerStream)
+        if gate is not None and ahead:
             journal.sent_many(stage, [item[0] for item in items])  # one write, before the batch's send time
         sleep = gevent.sleep
         idle = gevent.idle
@@ -209,24 +214,28 @@ class OrderRunner:
         try:
             for index, (trace_id, prompt_tokens, max_tokens, offset_s, batch) in enumerate(items):
                 intended_ns = t0_ns + int(offset_s * 1e9)
-                if gate is None:
-                    journal.sent(stage, trace_id)  # ahead of the send time, so the write never delays the send
+                if gate is None and ahead:
+                    journal.sent(stage, trace_id)
                 delay = intended_ns - clock()
                 if delay > SPIN_NS:
                     sleep((delay - SPIN_NS) / 1e9)
                 while clock() < intended_ns:
                     idle(spin_priority)
                 if self.cancelled:  # a stop: what was journaled ahead but not sent is taken back
-                    for rest in items[index:] if gate is not None else items[index : index + 1]:
-                        journal.dropped(stage, rest[0])
+                    if ahead:
+                        for rest in items[index:] if gate is not None else items[index : index + 1]:
+                            journal.dropped(stage, rest[0])
                     if gate is not None:
                         for unsent in range(index, len(items)):
                             gate.leave(unsent)
                     break
                 if cap and self.in_flight >= cap:
-                    journal.dropped(stage, trace_id)
+                    if ahead:
+                        journal.dropped(stage, trace_id)
                     dropped += 1
                     continue
+                if not ahead:
+                    journal.sent(stage, trace_id)
                 plan = (trace_id, prompt_tokens, max_tokens, intended_ns, batch)
                 spawn(one, order, plan, requests[index], target, timeouts, cfg, writer, finished, gate, index)
             if gate is not None:
