@@ -542,6 +542,20 @@ def test_installed_names_live_under_the_tailgate_namespace() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tempfile.gettempdir())
 
 
+def test_a_bare_checkout_maps_the_same_names() -> None:
+    """Without the install (no site-packages at all: ``-S``), the checkout on PYTHONPATH still imports
+    the folders under the namespace, as on a GPU box with no build backend."""
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import tailgate.locustfiles, tailgate.shapes, tailgate.postprocess\n"
+        f"assert tailgate.locustfiles.__file__ == {str(root / 'locustfiles' / '__init__.py')!r}\n"
+        "import sys\n"
+        "assert not any('site-packages' in p for p in sys.path)\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}
+    subprocess.run([sys.executable, "-S", "-c", code], check=True, cwd=tempfile.gettempdir(), env=env)
+
+
 def test_an_unreachable_prometheus_is_one_note_in_words(tmp_path: Path) -> None:
     from tailgate.postprocess.report import analyze
     from tailgate.servers import free_port
