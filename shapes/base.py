@@ -150,9 +150,11 @@ __all__ = ["OptionError", "SuiteShape"]
 
 
 # -- how a Locust process ends ------------------------------------------------------------------
-# Locust ends on Ctrl-C and SIGTERM through its quitting path, where the run session finishes the run
-# on disk (cancelled records, partial summary, run.json). SIGHUP (a closed terminal) would kill the
-# process without it, so it is turned into Ctrl-C.
+# Headless, Ctrl-C, SIGTERM and SIGHUP all end through Locust's Ctrl-C path (the quitting event, where the
+# run session finishes the run on disk: cancelled records, partial summary, run.json), and quietly: Python's
+# own SIGINT handler would raise inside gevent's hub, which prints the KeyboardInterrupt before passing it
+# on. With the web UI, Locust's own SIGINT and SIGTERM handling already finishes the run from its quitting
+# path; only SIGHUP (a closed terminal), which would kill the process without it, is mapped.
 
 
 def _interrupt_main() -> None:
@@ -161,10 +163,14 @@ def _interrupt_main() -> None:
     gevent.get_hub().parent.throw(KeyboardInterrupt())
 
 
-def _hangup_as_interrupt(environment: Any, **_: Any) -> None:
+def _signals_as_interrupt(environment: Any, **_: Any) -> None:
     import signal
 
-    gevent.signal_handler(signal.SIGHUP, _interrupt_main)
+    signals = [signal.SIGHUP]
+    if getattr(environment, "web_ui", None) is None:
+        signals += [signal.SIGINT, signal.SIGTERM]
+    for sig in signals:
+        gevent.signal_handler(sig, _interrupt_main)
 
 
-events.init.add_listener(_hangup_as_interrupt)
+events.init.add_listener(_signals_as_interrupt)

@@ -163,6 +163,20 @@ class Page:
 
     def table(self) -> dict[str, dict[str, str]]:
         """The tab's stage table as {stage: {column title: cell}}, read from the page."""
+        return self._fresh(self._table)
+
+    def _fresh(self, read: Any) -> Any:
+        """Read again when the page re-rendered under the read (the tab refreshes every few seconds)."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        for _ in range(10):
+            try:
+                return read()
+            except StaleElementReferenceException:
+                time.sleep(0.2)
+        return read()
+
+    def _table(self) -> dict[str, dict[str, str]]:
         heads = [th for th in self.d.find_elements(self.by.TAG_NAME, "th") if th.text.strip()]
         titles = [th.text.replace("\n", " ").strip() for th in heads]
         if TAB_TITLE not in titles:
@@ -176,8 +190,11 @@ class Page:
         return out
 
     def panel(self) -> str:
-        found = self.d.find_elements(self.by.ID, "tailgate-panel")
-        return found[0].text if found else ""
+        def read() -> str:
+            found = self.d.find_elements(self.by.ID, "tailgate-panel")
+            return found[0].text if found else ""
+
+        return self._fresh(read)
 
 
 def recorded(row: dict[str, str]) -> int:
