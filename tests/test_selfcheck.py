@@ -162,10 +162,8 @@ def test_selfcheck_joins_a_real_locust_run_exactly(tmp_path: Path) -> None:
     assert join["requests"] == join["matched_requests"] == 20
     assert join["client_chunks"] == join["server_chunks"] == join["matched_chunks"] == 20 * 20
     assert result["chunk_error_ms"]["n"] == 400
-    # causality, not speed (a busy machine delays reads; benchmarks/ measure how much): no chunk is
-    # received before the server wrote it, up to the conversion between the kernel's receive clock and
-    # the server's monotonic one (well under a millisecond)
-    assert result["chunk_error_ms"]["min"] >= -1.0
+    # no bound on the error itself: on a busy machine the server can be preempted between handing a chunk
+    # to the kernel and logging it, and the client between receiving and reading it; benchmarks/ measure it
     assert result["ttft_error_ms"]["n"] == 20 and result["worst_gap_error_ms"]["n"] == 20
     # the true TTFT can only exceed the server's schedule, by connect, upload and its own lateness
     assert result["true_ttft_ms"]["min"] >= 20.0

@@ -266,12 +266,27 @@ def _read(
         return data, clock(), None
     data, ancillary, _, _ = sock.recvmsg(RECV_BYTES, _TS_SPACE)
     now = clock()
-    real = time.time_ns()
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
             sec, nsec = _TIMESPEC.unpack_from(payload)
-            return data, now, max(0, real - (sec * 1_000_000_000 + nsec))
+            return data, now, max(0, now - _on_clock(sec * 1_000_000_000 + nsec, clock))
     return data, now, None
+
+
+PAIR_NS = 20_000
+"""Two reads of ``clock`` around a wall-clock read closer than this make a pair to convert with."""
+
+
+def _on_clock(wall_ns: int, clock: Callable[[], int]) -> int:
+    """A wall-clock instant on ``clock``: the two clocks read as a tight pair, so a preemption between
+    the reads cannot shift the conversion (on a busy machine one can last milliseconds)."""
+    for _ in range(5):
+        before = clock()
+        real = time.time_ns()
+        after = clock()
+        if after - before <= PAIR_NS:
+            break
+    return (before + after) // 2 - (real - wall_ns)
 
 
 def _error_message(body: bytes) -> str:
