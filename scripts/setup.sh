@@ -2,7 +2,7 @@
 # Installs what the suite and its tests need on a fresh machine, idempotently:
 #   .venv/                  the project (load generator, analysis) with its dev tools
 #   ~/.cache/tailgate/      the CPU build of vLLM in its own venv, and the tiny dummy-weight model
-#   prometheus, stress-ng   from the OS packages, when this user can install them (root with apt-get)
+#   OS packages             prometheus, stress-ng, chromium + driver, faketime, iproute2 (root with apt-get)
 # An OS package that cannot be installed by a user who can install packages is an error, said
 # loudly with apt's own output: a CI run that silently skipped its Prometheus tests proves nothing.
 set -euo pipefail
@@ -36,15 +36,21 @@ apt_retry() {
   return 1
 }
 
+# OS packages the tests use: Prometheus, load for the stress pass, Chromium and its driver for the web UI
+# test, libfaketime and iproute2 (ip netns) for the distributed tests
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v stress-ng >/dev/null 2>&1 || missing+=(stress-ng)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] installing ${missing[*]} from the OS packages"
     apt_retry update || { echo "[setup] ERROR: cannot update the package lists" >&2; exit 1; }
     apt_retry install "${missing[@]}" || { echo "[setup] ERROR: cannot install ${missing[*]}" >&2; exit 1; }
-    for tool in "${missing[@]}"; do
+    for tool in prometheus stress-ng chromium chromedriver faketime ip; do
       command -v "$tool" >/dev/null 2>&1 || { echo "[setup] ERROR: $tool installed but not on PATH" >&2; exit 1; }
     done
     # the Debian package starts a system service on :9090 that nothing here uses
@@ -53,35 +59,6 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "[setup] ${missing[*]} missing and no way to install them here: tests that need them are skipped," \
          "reports use direct /metrics reads"
   fi
-fi
-
-# the web UI test drives a real headless browser: Debian's chromium and its driver
-if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "[setup] installing chromium and chromium-driver from the OS packages"
-    for attempt in 1 2 3 4 5 6 7 8 9 10; do  # another apt may hold the dpkg lock for a while
-      if apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
-      then break; fi
-      echo "[setup] apt is busy or failed (attempt $attempt); retrying in 15 s"
-      sleep 15
-    done
-  fi
-  command -v chromium >/dev/null 2>&1 || echo "[setup] no chromium: the web UI browser test will be skipped"
-fi
-
-# the distributed tests shift one worker's wall clock with Debian's libfaketime
-if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && ! command -v faketime >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "[setup] installing faketime from the OS packages"
-    for attempt in 1 2 3 4 5 6 7 8 9 10; do  # another apt may hold the dpkg lock for a while
-      if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null \
-        || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null)
-      then break; fi
-      echo "[setup] apt is busy or failed (attempt $attempt); retrying in 15 s"
-      sleep 15
-    done
-  fi
-  command -v faketime >/dev/null 2>&1 || echo "[setup] no faketime: the shifted-clock test will be skipped"
 fi
 
 echo "[setup] preparing the CPU vLLM and the tiny model (first time: a few minutes)"
