@@ -14,10 +14,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -25,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import tailgate
-from tailgate import locustfiles
-from tailgate.lifecycle import deferred, stop_process_tree
 from tailgate.load.plan import rate_label
-from tailgate.load.processes import auto_processes, master_port_args
+from tailgate.load.processes import auto_processes
 from tailgate.load.workload import SEED_MIX
+from tailgate.runner import ChildRunner, LocustRun, prepare_results, prepare_server
 from tailgate.servers import CHUNKED_OFF_FLAG
 from tailgate.servers.base import redact_argv
 
@@ -171,9 +168,8 @@ class Suite:
         self.prometheus_url = prometheus_url
         self.log = log
         self.extra_metadata = extra_metadata or {}
-        self.child_env = dict(child_env or {})
-        """Added to every Locust child's environment: the only way a secret (the API key) reaches it."""
-        self._child: subprocess.Popen[str] | None = None
+        self.child = ChildRunner(log, env=child_env)
+        """The one Locust child at a time, with the API key in its environment only."""
         self._config_running: str | None = None
         self._current_cell: Path | None = None
         self.knee: str | None = None
@@ -197,98 +193,48 @@ class Suite:
     def _ensure_server(self, config: str) -> None:
         if self._config_running == config:
             return
-        flags: list[str] | None = self.plan.server_flags.get(config, [])
-        entry: dict[str, Any] = {}
-        if not getattr(self.controller, "restarts", True):
-            self.log(f"[suite] server configuration '{config}': using the server as it runs (started elsewhere)")
-            declared = list(self.plan.declared_flags.get(config, []))
-            # nobody here applied them: they are the user's statement, kept apart from applied flags
-            entry["declared_flags"] = declared or None
-            flags = None
-        elif getattr(self.controller, "flags_in_files", False):
-            self.log(f"[suite] server configuration '{config}': re-creating the service from its compose files")
-            flags = None  # the command is the compose files' own; describe() reads it from `docker compose config`
-        elif not getattr(self.controller, "applies_flags", True):
-            self.log(f"[suite] server configuration '{config}': asking for a restart")
-            entry["requested_flags"] = flags  # someone else applies them; the suite cannot confirm it
-            flags = None
-        else:
-            self.log(f"[suite] server configuration '{config}': restarting with {' '.join(flags) or 'default flags'}")
-        t0 = time.monotonic()
-        if hasattr(self.controller, "use_config"):
-            self.controller.use_config(config)
-        self.controller.restart(entry.get("requested_flags", flags))
-        self.controller.wait_healthy()
-        self.log(f"[suite] server healthy after {time.monotonic() - t0:.0f} s")
+        entry = prepare_server(
+            self.controller, config, self.plan.server_flags.get(config, []),
+            declared=self.plan.declared_flags.get(config), log=self.log, tag="[suite] ",
+        )  # fmt: skip
         self._config_running = config
-        describe = self.controller.describe()
         meta = json.loads(self._meta_path().read_text()) if self._meta_path().exists() else {}
         servers = meta.get("servers", {})
-        servers[config] = {"flags": flags, **entry, **describe}
+        servers[config] = entry
         self._write_meta(servers=servers)
 
-    def _locust_command(self, cell: Cell, out: Path) -> list[str]:
+    def locust_run(self, cell: Cell, out: Path) -> LocustRun:
         p = self.plan
-        locustfile = Path(locustfiles.__file__).with_name("gated.py" if cell.arm == "gated" else "continuous.py")
-        cmd = [
-            sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--only-summary",
-            "--host", self.controller.base_url, "--results-dir", str(out), "--config-label", cell.config,
-            "--n", str(p.n), "--warmup", str(p.warmup), "--seed", str(p.seed),
-        ]  # fmt: skip
-        if cell.arm == "gated":
-            cmd += ["--batch-size", str(int(cell.value))]
-        else:
-            cmd += ["--rates", f"{cell.value:g}"]
-        if p.ignore_eos:
-            cmd.append("--ignore-eos")
-        if self.prometheus_url:
-            cmd += ["--prometheus-url", self.prometheus_url]
-        processes = cell_processes(cell, p.processes)
-        if processes > 1:
-            # a free master port: Locust's default (5557) makes two runs on one host cross-connect
-            cmd += ["--processes", str(processes), *master_port_args()]
-        if p.realtime:
-            cmd.append("--realtime")
-        return cmd + list(p.locust_args)
+        stage = ("--batch-size", str(int(cell.value))) if cell.arm == "gated" else ("--rates", f"{cell.value:g}")
+        return LocustRun(
+            arm=cell.arm, host=self.controller.base_url, results=out, stage=stage, n=p.n, warmup=p.warmup,
+            seed=p.seed, config_label=cell.config, processes=cell_processes(cell, p.processes),
+            ignore_eos=p.ignore_eos, prometheus_url=self.prometheus_url, realtime=p.realtime,
+            extra=tuple(p.locust_args),
+        )  # fmt: skip
 
     def run_cell(self, cell: Cell, index: int, total: int) -> dict[str, Any]:
         out = self.root / cell.name
-        if out.exists():  # an interrupted attempt: keep it aside, never mix its records in
-            aside = self.root / ".incomplete" / f"{cell.name}-{int(time.time())}"
-            aside.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(out), str(aside))
+        prepare_results(out, self.root)
         self._ensure_server(cell.config)
         self.log(f"[suite] cell {index}/{total}: {cell.name}")
-        cmd = self._locust_command(cell, out)
-        t0 = time.monotonic()
         self._current_cell = out
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.child_env}
-        # its own session: a Ctrl-C in the terminal reaches the suite alone, which stops Locust exactly
-        # once (interrupt()); deferred() makes sure no child exists without self._child naming it
-        with deferred():
-            self._child = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                bufsize=1, env=env, start_new_session=True,
-            )  # fmt: skip
-        tail: list[str] = []
-        assert self._child.stdout is not None
-        for line in self._child.stdout:
-            line = line.rstrip("\n")
-            tail = [*tail[-39:], line]
+
+        def echo(line: str) -> None:
             if "tailgate" in line:
                 self.log("    " + line.split("tailgate: ", 1)[-1])
-        code = self._child.wait()
-        self._child.stdout.close()
-        self._child = None
+
+        done = self.child.run(self.locust_run(cell, out).command(), on_line=echo)
         self._current_cell = None
+        code = done.exit_code
         summary = load_summary(self.root, cell)
         # Locust exits 1 when any request failed; failed requests are data (error records), so the
         # cell counts as done whenever the run completed and wrote its summary
         if code not in (0, 1) or summary is None or not cell_done(self.root, cell):
             mark_run_ended(out / "run.json", f"locust exit {code}", status="failed")
-            detail = "\n".join(tail[-15:])
+            detail = "\n".join(done.tail[-15:])
             raise SuiteError(f"cell {cell.name} failed (locust exit {code}); last output:\n{detail}")
-        self.log(f"[suite] {cell.name} done in {time.monotonic() - t0:.0f} s")
+        self.log(f"[suite] {cell.name} done in {done.seconds:.0f} s")
         return summary
 
     def run(self) -> list[Cell]:
@@ -351,18 +297,11 @@ class Suite:
         Locust had no time to finish still says ``running``; it is rewritten to ``interrupted`` so
         no folder claims a run that is still going.
         """
-        child = self._child
-        if child is None:
+        if self.child.child is None:
             return
-        # keep reading its output while it shuts down: Locust prints its final statistics, and a full
-        # pipe would block it until the SIGKILL
-        drain = threading.Thread(target=_drain, args=(child.stdout,), daemon=True)
-        drain.start()
-        killed = stop_process_tree(child, first=signal.SIGINT, grace_s=20.0)
-        drain.join(timeout=5)
+        killed = self.child.stop(grace_s=20.0)
         if killed:
             self.log(f"[suite] Locust did not stop on SIGINT; killed {len(killed)} process(es)")
-        self._child = None
         cell_dir = self._current_cell
         if cell_dir is not None:
             mark_run_ended(cell_dir / "run.json", why)
@@ -372,22 +311,6 @@ class Suite:
         if not self._meta_path().exists():
             return
         self._write_meta(status=status, exit_code=exit_code, ended=_iso(time.time()), end_detail=detail)
-
-
-def _drain(stream: Any) -> None:
-    """Read a pipe to its end, discarding; closes it."""
-    if stream is None:
-        return
-    try:
-        for _ in stream:
-            pass
-    except (OSError, ValueError):
-        pass
-    finally:
-        try:
-            stream.close()
-        except OSError:
-            pass
 
 
 def mark_run_ended(path: Path, why: str, status: str = "interrupted") -> None:

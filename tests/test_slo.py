@@ -218,6 +218,8 @@ def test_compose_override_really_carries_the_flags(tmp_path: Path) -> None:
 class _Controller:
     base_url = "http://127.0.0.1:9"
     restarts = True
+    applies_flags = True
+    flags_in_files = False
 
     def __init__(self) -> None:
         self.restarted: list[list[str]] = []

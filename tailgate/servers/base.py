@@ -45,7 +45,23 @@ class ServerError(RuntimeError):
 
 @runtime_checkable
 class ServerController(Protocol):
-    """What a benchmark runner needs from a server: restart it with flags, and say how it was run."""
+    """What a benchmark runner needs from a server: restart it with flags, and say how it was run.
+
+    The three capabilities are declared by every controller (class attributes), because they decide
+    what is true to record: flags are *applied* only by a controller that restarts the server and
+    passes them on itself.
+    """
+
+    restarts: bool
+    """False: the server runs as someone else started it; ``restart`` only checks that it is up."""
+    applies_flags: bool
+    """False: a person applies the flags (``restart`` asks for them); nobody here can confirm it."""
+    flags_in_files: bool
+    """True: each configuration's command is in its own files; flags passed to ``restart`` are ignored."""
+
+    def use_config(self, config: str) -> None:
+        """The configuration the next ``restart`` is for (names override files and restart commands)."""
+        ...
 
     @property
     def base_url(self) -> str:

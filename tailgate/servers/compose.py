@@ -38,6 +38,10 @@ class ComposeServer:
     compose file to interpolate into ``command:``; a file that ignores it must set its flags itself.
     """
 
+    restarts = True
+    applies_flags = True
+    flags_in_files = False
+
     def __init__(
         self,
         service: str,
@@ -121,6 +125,9 @@ class ComposeServer:
     def stop(self) -> None:
         """``docker compose stop`` the service(s); stopping a stopped service is harmless."""
         self._check(self.stop_command())
+
+    def use_config(self, config: str) -> None:
+        """One command for every configuration: the name changes nothing."""
 
     def restart(self, extra_args: Sequence[str] | None = None) -> None:
         """Stop, then ``up -d`` with the configuration for the new flags."""
@@ -216,6 +223,8 @@ class ComposeByConfig:
     and :meth:`describe` reports it from ``docker compose config``.
     """
 
+    restarts = True
+    applies_flags = True
     flags_in_files = True
 
     def __init__(self, servers: dict[str, Any]) -> None:

@@ -14,9 +14,17 @@ class FixedServer:
     """A server nobody restarts: the suite only checks that it is up."""
 
     restarts = False
+    applies_flags = False
+    flags_in_files = False
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")
+
+    def use_config(self, config: str) -> None:
+        """One command for every configuration: the name changes nothing."""
+
+    def start(self, extra_args: Sequence[str] | None = None) -> None:
+        pass
 
     def restart(self, extra_args: Sequence[str] | None = None) -> None:
         pass

@@ -109,6 +109,10 @@ class LocalVllmServer:
     whole group and waits until no member is left.
     """
 
+    restarts = True
+    applies_flags = True
+    flags_in_files = False
+
     def __init__(
         self,
         python: Path | str,
@@ -291,6 +295,9 @@ class LocalVllmServer:
             while _group_alive(pgid) and time.monotonic() < kill_deadline:
                 time.sleep(0.1)
         atexit.unregister(self.stop)
+
+    def use_config(self, config: str) -> None:
+        """One command for every configuration: the name changes nothing."""
 
     def restart(self, extra_args: Sequence[str] | None = None) -> None:
         """Stop, then start with new flags (None keeps the current ones); does not wait for health."""

@@ -28,7 +28,9 @@ class ManualServer:
     ``applies_flags`` is False: the suite only asks for the flags; metadata records them as requested.
     """
 
+    restarts = True
     applies_flags = False
+    flags_in_files = False
 
     def __init__(
         self,
@@ -85,6 +87,9 @@ class ManualServer:
 
     def stop(self) -> None:
         """Nothing to do: the suite does not own this server and leaves it running."""
+
+    def use_config(self, config: str) -> None:
+        """One command for every configuration: the name changes nothing."""
 
     def restart(self, extra_args: Sequence[str] | None = None) -> None:
         """Ask for a restart with these flags and wait until a new server process answers."""

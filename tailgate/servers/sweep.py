@@ -34,6 +34,8 @@ class CommandServer:
     """
 
     restarts = True
+    applies_flags = True
+    flags_in_files = False
 
     def __init__(self, base_url: str, template: str, *, stop_command: str = "", timeout: float = 900.0) -> None:
         if "{flags}" not in template:
@@ -102,6 +104,8 @@ class ComposeWithFlags:
     """
 
     restarts = True
+    applies_flags = True
+    flags_in_files = False
 
     def __init__(
         self,

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tailgate.lifecycle import SignalGuard, Stopped, signals_raise
 from tailgate.slo.probe import SloPlan, SloRunError, SloRunner
 from tailgate.slo.search import Resolution
 from tailgate.slo.spec import (
@@ -227,6 +230,17 @@ def make_controller(args: argparse.Namespace, root: Path, log: Log) -> Any:
 
 
 def run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log) -> int:
+    """The search inside one cleanup path: SIGINT, SIGTERM and SIGHUP raise, so the same ``finally``
+    stops the Locust child with its processes and the server this command started."""
+
+    def still_stopping(_signum: int) -> None:
+        os.write(1, b"[slo] still stopping: waiting for every process to end\n")
+
+    with signals_raise(on_repeat=still_stopping) as guard:
+        return _run(args, plan, root, log, guard)
+
+
+def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: SignalGuard) -> int:
     from tailgate import servers
 
     started = time.monotonic()
@@ -256,15 +270,20 @@ def run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log) -> int:
         log(f"[slo] finished in {time.monotonic() - started:.0f} s")
         met = any((c.get("result") or {}).get("best_rate") is not None for c in runner.state.get("configs", []))
         return EXIT_OK if met else EXIT_NOT_MET
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stopped) as e:
+        stop = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
+        guard.disarm()
+        log(f"[slo] {stop.name}: stopping everything this search started")
         if runner is not None:
             runner.interrupt()
         log("[slo] interrupted: finished probes are kept; run the same command again to resume")
-        return 130
+        return stop.exit_code
     except (SloRunError, servers.ServerError, OSError) as e:
+        guard.disarm()
         log(f"[slo] failed: {e}")
         return EXIT_FAILED
     finally:
+        guard.disarm()
         if runner is not None:
             runner.interrupt()
         if controller is not None and (args.embedded or args.server in ("local", "command")):

@@ -9,20 +9,15 @@ import itertools
 import json
 import math
 import re
-import shlex
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tailgate import locustfiles
 from tailgate.load.plan import rate_label
 from tailgate.records import read_records, record_files
+from tailgate.runner import ChildRunner, LocustRun, prepare_results, prepare_server
 from tailgate.slo.search import Resolution, _outcome_so_far, search
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Limit, Log, ServerConfig, slo_text
 from tailgate.slo.verdict import _fmt, binding_limit, check_probe, p99s
@@ -129,7 +124,8 @@ class SloRunner:
         self.prometheus_url = prometheus_url
         self.log = log
         self.extra = extra_metadata or {}
-        self._child: subprocess.Popen[str] | None = None
+        self.child = ChildRunner(log, tag="[slo]   ")
+        """The one Locust child at a time: its own session, stopped with its whole process tree."""
         self._running: str | None = None
         self._interrupted = False
         self.state: dict[str, Any] = {}
@@ -159,42 +155,20 @@ class SloRunner:
             return
         flags = [*self.plan.base_flags, *config.flags]
         cs = self._config_state(config)
-        if hasattr(self.controller, "use_config"):
-            self.controller.use_config(config.name)
-        if getattr(self.controller, "restarts", True):
-            shown = shlex.join(flags) or "default flags"
-            self.log(f"[slo] server configuration '{config.name}': restarting with {shown}")
-            t0 = self.clock()
-            self.controller.restart(flags)
-            self.controller.wait_healthy()
-            self.log(f"[slo] server healthy after {self.clock() - t0:.0f} s")
-            self._config_t0 += self.clock() - t0  # the time budget is for probes, not for starts
-            applied = True
-        else:
-            self.log(f"[slo] server configuration '{config.name}': using the server as it runs; "
-                     f"declared flags {shlex.join(flags) or '(none)'} are recorded, not applied")  # fmt: skip
-            self.controller.wait_healthy()
-            applied = False
+        t0 = self.clock()
+        cs["server"] = prepare_server(self.controller, config.name, flags, declared=flags, log=self.log, tag="[slo] ")
+        self._config_t0 += self.clock() - t0  # the time budget is for probes, not for starts
         self._running = config.name
-        cs["server"] = {"flags": flags, "flags_applied": applied, **self.controller.describe()}
         self._save()
 
     # -- one Locust run ----------------------------------------------------------------------------
     def _command(self, config: ServerConfig, rate: float, seed: int, out: Path) -> list[str]:
         p = self.plan
-        cmd = [
-            sys.executable, "-m", "locust", "-f", str(Path(locustfiles.__file__).with_name("continuous.py")),
-            "--headless", "--only-summary", "--host", self.controller.base_url, "--results-dir", str(out),
-            "--config-label", config.name, "--n", str(p.n), "--warmup", str(p.warmup), "--seed", str(seed),
-            "--rates", f"{rate:g}",
-        ]  # fmt: skip
-        if p.ignore_eos:
-            cmd.append("--ignore-eos")
-        if self.prometheus_url:
-            cmd += ["--prometheus-url", self.prometheus_url]
-        if p.processes > 1:
-            cmd += ["--processes", str(p.processes)]
-        return cmd + list(p.locust_args)
+        return LocustRun(
+            arm="continuous", host=self.controller.base_url, results=out, stage=("--rates", f"{rate:g}"), n=p.n,
+            warmup=p.warmup, seed=seed, config_label=config.name, processes=p.processes, ignore_eos=p.ignore_eos,
+            prometheus_url=self.prometheus_url, extra=tuple(p.locust_args),
+        ).command()  # fmt: skip
 
     def _error_budget(self) -> int | None:
         """Errors beyond which a probe fails whatever happens next (None: no error limit)."""
@@ -205,57 +179,27 @@ class SloRunner:
 
     def _run_child(self, config: ServerConfig, rate: float, seed: int, out: Path) -> dict[str, Any]:
         """Run one Locust child, stopping it early when the queue or the errors already decide the probe."""
-        if out.exists():  # an interrupted attempt: kept aside, never mixed in
-            aside = self.root / ".incomplete" / f"{out.name}-{int(time.time())}"
-            aside.parent.mkdir(parents=True, exist_ok=True)
-            out.rename(aside)
-        cmd = self._command(config, rate, seed, out)
-        t0 = time.monotonic()
-        tail: list[str] = []
-        child = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-        )
-        self._child = child
-
-        def pump() -> None:
-            assert child.stdout is not None
-            for line in child.stdout:
-                tail.append(line.rstrip("\n"))
-                del tail[:-40]
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
+        prepare_results(out, self.root)  # an interrupted attempt: kept aside, never mixed in
         watch = _Watch(out)
         budget = self._error_budget()
-        stopped: str | None = None
-        while child.poll() is None:
-            time.sleep(0.5)
+
+        def decided() -> str | None:
             watch.poll()
-            if stopped:
-                continue
             if self.plan.max_waiting and watch.waiting is not None and watch.waiting >= self.plan.max_waiting:
-                stopped = (f"waiting queue reached {watch.waiting:.0f} (limit {self.plan.max_waiting}): "
-                           "it grows without bound")
-            elif budget is not None and watch.errors > budget:
-                stopped = f"{watch.errors} errors: over the SLO's error budget of {budget} for the probe"
-            if stopped:
-                self.log(f"[slo]   stopping the probe early: {stopped}")
-                child.send_signal(signal.SIGINT)
-                try:
-                    child.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-        code = child.wait()
-        reader.join(timeout=5)
-        self._child = None
-        watch.poll()
+                return (f"waiting queue reached {watch.waiting:.0f} (limit {self.plan.max_waiting}): "
+                        "it grows without bound")  # fmt: skip
+            if budget is not None and watch.errors > budget:
+                return f"{watch.errors} errors: over the SLO's error budget of {budget} for the probe"
+            return None
+
+        done = self.child.run(self._command(config, rate, seed, out), watch=decided)
+        code, stopped = done.exit_code, done.stopped_early
         summaries = sorted(out.glob("summary-*.json"))
-        summary = json.loads(summaries[0].read_text()) if summaries else None
-        if stopped is None and (code not in (0, 1) or summary is None):
-            detail = "\n".join(tail[-15:])
+        if stopped is None and (code not in (0, 1) or not summaries):
+            detail = "\n".join(done.tail[-15:])
             raise SloRunError(f"probe {out.name} failed (locust exit {code}); last output:\n{detail}")
         mark = {
-            "rate": rate, "seed": seed, "exit_code": code, "seconds": round(time.monotonic() - t0, 1),
+            "rate": rate, "seed": seed, "exit_code": code, "seconds": round(done.seconds, 1),
             "stopped_early": stopped, "waiting_max": watch.waiting_max,
         }  # fmt: skip
         (out / PROBE_MARK).write_text(json.dumps(mark, indent=1) + "\n")
@@ -385,15 +329,9 @@ class SloRunner:
         return done
 
     def interrupt(self) -> None:
-        """Stop the Locust child (its in-flight requests are written as cancelled records)."""
+        """Stop the Locust child and every process it started (in-flight requests are written as cancelled)."""
         self._interrupted = True
-        child = self._child
-        if child is not None and child.poll() is None:
-            child.send_signal(signal.SIGINT)
-            try:
-                child.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        self.child.stop(grace_s=20.0)
 
 
 class SloRunError(RuntimeError):

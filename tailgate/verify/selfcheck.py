@@ -34,8 +34,6 @@ import itertools
 import json
 import math
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,9 +43,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tailgate import locustfiles
-from tailgate.load.processes import master_port_args
+from tailgate.lifecycle import Stopped, signals_raise
 from tailgate.records import read_records
+from tailgate.runner import ChildRunner, LocustRun, prepare_results
 from tailgate.stats import percentile
 
 EXIT_OK = 0
@@ -62,7 +60,6 @@ SAMPLE_INTERVAL_S = 0.2
 """How often the CPU of the load processes is read; processes that exit keep their last reading."""
 
 _ROOT = Path(__file__).resolve().parents[2]
-LOCUSTFILE = Path(locustfiles.__file__).with_name("continuous.py")
 _MS = 1e6
 
 
@@ -421,15 +418,12 @@ def locust_command(cfg: SelfCheckConfig, host: str, trace: Path, results: Path, 
     Server sampling is off so that the only extra process is the one being measured; one stage
     needs no settle time.
     """
-    cmd = [
-        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", host,
-        "--rates", f"{cfg.rate:g}", "--n", str(cfg.n), "--warmup", "0", "--trace-file", str(trace),
-        "--seed", str(cfg.seed), "--model", model, "--record-chunks", "--results-dir", str(results),
-        "--sample-metrics", "0", "--settle", "0", "--only-summary", "--loglevel", "WARNING",
-    ]  # fmt: skip
-    if cfg.processes > 1:
-        cmd += ["--processes", str(cfg.processes), *master_port_args()]  # never Locust's shared default port
-    return cmd + list(cfg.extra_locust_args)
+    return LocustRun(
+        arm="continuous", host=host, results=results, stage=("--rates", f"{cfg.rate:g}"), n=cfg.n, warmup=0,
+        seed=cfg.seed, processes=cfg.processes,
+        extra=("--trace-file", str(trace), "--model", model, "--record-chunks", "--sample-metrics", "0",
+               "--settle", "0", "--loglevel", "WARNING", *cfg.extra_locust_args),
+    ).command()  # fmt: skip
 
 
 def _stage_window(records: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
@@ -464,30 +458,31 @@ def run_load(cfg: SelfCheckConfig, server: Any, work: Path, log: Callable[[str],
 
     trace = work / "trace.jsonl"
     results = work / "results"
-    if results.exists():
-        shutil.rmtree(results)
+    prepare_results(results, None)
     write_trace(trace, cfg.n, cfg.prompt_tokens, cfg.tokens)
     cmd = locust_command(cfg, server.base_url, trace, results, DEFAULT_MODEL)
     log(f"[selfcheck] server {server.base_url} (pid {server.pid}); running: {' '.join(cmd)}")
-    env = dict(os.environ, PYTHONPATH=str(_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    started = time.monotonic()
     log_path = work / "locust.log"
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        sampler = CpuSampler(proc.pid, [server.pid])
+    child = ChildRunner(log, env={"PYTHONPATH": str(_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    sampler: CpuSampler | None = None
+
+    def sample(pid: int) -> None:
+        nonlocal sampler
+        sampler = CpuSampler(pid, [server.pid])
         sampler.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                proc.wait()
+
+    try:
+        done = child.run(cmd, output=log_path, on_start=sample)
+    finally:
+        child.stop()
+        if sampler is not None:
             sampler.stop()
+    assert sampler is not None
+    usage = done.rusage
     scan = read_records(results)
     return LoadRun(
-        records=scan.records, partial_lines=scan.partial_lines, exit_code=proc.returncode,
-        wall_s=time.monotonic() - started, cpu_s_total=usage.ru_utime + usage.ru_stime, sampler=sampler,
+        records=scan.records, partial_lines=scan.partial_lines, exit_code=done.exit_code, wall_s=done.seconds,
+        cpu_s_total=usage.ru_utime + usage.ru_stime if usage is not None else math.nan, sampler=sampler,
         log_path=log_path,
     )  # fmt: skip
 
@@ -698,7 +693,13 @@ def run_from_args(args: argparse.Namespace, prog: str = "tailgate selfcheck") ->
     except ValueError as e:
         sys.stderr.write(f"{prog}: error: {e}\n")
         return EXIT_USAGE
-    result = run_selfcheck(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+    # SIGTERM and SIGHUP raise like Ctrl-C, so the finally blocks stop Locust and the ground-truth server
+    with signals_raise():
+        try:
+            result = run_selfcheck(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+        except Stopped as e:
+            sys.stderr.write(f"{prog}: {e.name}: stopped\n")
+            return e.exit_code
     print(render(result), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
