@@ -238,6 +238,10 @@ class ComposeByConfig:
     def use_config(self, config: str) -> None:
         self.current = self.servers[config]
 
+    def start(self, extra_args: Sequence[str] | None = None) -> None:
+        """``up -d`` the current configuration's file set; its command is the files' own."""
+        self.current.start([])
+
     def restart(self, extra_args: Sequence[str] | None = None) -> None:
         # the flags live in the files: `up -d` re-creates the container with this file set's command
         self.current.start([])
