@@ -32,8 +32,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tailgate.load.processes import set_realtime
 from tailgate.servers import LocalVllmServer, ServerError, ensure_tiny_model, ensure_vllm_venv
-from tailgate.servers.local import set_realtime
 
 PROBE = r"""
 import json, os, sys, time

@@ -18,6 +18,9 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+if __name__ != "tailgate.postprocess":  # a checkout with its root on sys.path would also offer "postprocess"
+    raise ImportError(f"import tailgate.postprocess, not {__name__}: one file under two names would load twice")
+
 _EXPORTS: dict[str, str] = {
     "ResultsError": "tailgate.postprocess.load",
     "find_run_dirs": "tailgate.postprocess.load",

@@ -2,14 +2,14 @@
 
 Locust calls ``tick()`` about once a second and only understands user counts, so the shape
 asks for exactly one :class:`~tailgate.load.worker.StreamingUser` per load-generator process and
-drives the experiment from a coordinator greenlet instead (:mod:`tailgate.shapes.session`): it sends
+drives the experiment from a coordinator greenlet instead (:mod:`tailgate.load.session`): it sends
 each process its share of the schedule, waits until every request of a group has ended, reads the
 preemption counter around each stage, and writes the stage summary. ``tick()`` returns ``None``
 when the last stage is summarized, which ends a headless run.
 
 Locust keeps this object for the whole process while the web UI may start many runs, so the
 shape itself holds no run state: the first ``tick()`` after a Start opens a fresh
-:class:`~tailgate.shapes.session.RunSession` from the settings validated for that Start, and the
+:class:`~tailgate.load.session.RunSession` from the settings validated for that Start, and the
 end of the run (natural, Stop, or quitting) closes it.
 """
 
@@ -23,7 +23,7 @@ import logging
 from typing import Any, ClassVar
 
 from tailgate.load.options import OptionError, Settings
-from tailgate.shapes.session import RunSession
+from tailgate.load.session import RunSession
 
 log = logging.getLogger("tailgate")
 

@@ -20,24 +20,11 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, Stopped, signals_raise
+from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, ArgumentParser, Stopped, signals_raise, usage_error
 from tailgate.load.client import Target, TargetError
 from tailgate.load.options import API_KEY_ENV, OptionError, parse_rates
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse that fails with one line (no usage block) and exit 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def usage_error(prog: str, message: str) -> int:
-    sys.stderr.write(f"{prog}: error: {message}\n")
-    return EXIT_USAGE
-
 
 # ---------------------------------------------------------------------------------------- suite
 

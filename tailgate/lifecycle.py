@@ -14,12 +14,15 @@ Exit codes (documented in the README): 0 finished, 1 finished with errors or fai
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import NoReturn
 
 import psutil
 
@@ -115,6 +118,19 @@ def deferred() -> Iterator[None]:
         raise Stopped(_pending.pop())
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that fails with one line (no usage block) and exit 2: bad input never ends in a traceback."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def usage_error(prog: str, message: str) -> int:
+    """Bad input found after parsing: one line on stderr, exit 2."""
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    return EXIT_USAGE
+
+
 def _descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -177,9 +193,11 @@ __all__ = [
     "EXIT_ERRORS",
     "EXIT_OK",
     "EXIT_USAGE",
+    "ArgumentParser",
     "SignalGuard",
     "Stopped",
     "deferred",
     "signals_raise",
     "stop_process_tree",
+    "usage_error",
 ]

@@ -211,7 +211,7 @@ def test_sigterm_of_embedded_slo_mid_probe_leaves_no_process(tmp_path: Path) -> 
             assert proc.poll() is None, logs.read_text()[-3000:]
             assert time.monotonic() < deadline, logs.read_text()[-3000:]
             tree.update(p.pid for p in _descendants(proc.pid))
-            time.sleep(0.1)
+            time.sleep(0.5)
         tree.update(p.pid for p in _descendants(proc.pid))
         names = " ".join(" ".join(psutil.Process(p).cmdline()) for p in _alive(tree))
         assert "vllm" in names and "locust" in names, names

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tailgate.servers.local import LocalVllmServer, server_cpus, set_realtime
+from tailgate.load.processes import set_realtime
+from tailgate.servers.local import LocalVllmServer, server_cpus
 
 REPORT = "import json, os; print(json.dumps({'nice': os.nice(0), 'cpus': sorted(os.sched_getaffinity(0)), " \
     "'autogroup': open('/proc/self/autogroup').read().strip() if os.path.exists('/proc/self/autogroup') else None}))"

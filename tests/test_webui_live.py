@@ -103,7 +103,7 @@ def test_the_web_ui_code_stays_out_of_the_analysis_stack() -> None:
     code = (
         "import sys\n"
         "import tailgate.locustfiles.continuous, tailgate.locustfiles.gated, tailgate.webui, tailgate.webui.live\n"
-        "import tailgate.shapes.session\n"
+        "import tailgate.load.session\n"
         "heavy = {'pandas', 'numpy', 'matplotlib'} & set(sys.modules)\n"
         "assert not heavy, f'the load path imported {heavy}'\n"
     )

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
+from tailgate.load.clock import wall
 from tailgate.load.processes import CHUNKS_PER_PROCESS, auto_processes, free_port, master_port_args
 from tailgate.records import RequestRecord
 
@@ -136,8 +137,6 @@ class WorkerStream:
 
 def on_ping(environment: Any, msg: Any, **_: Any) -> None:
     """Answer at once, with this process's wall clock: the master times the round trip."""
-    from tailgate.load.worker import wall
-
     environment.runner.send_message(PONG_MESSAGE, {**msg.data, "t_worker": wall(time.perf_counter_ns())})
 
 

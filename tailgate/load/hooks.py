@@ -16,17 +16,12 @@ from locust import events
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 import argparse
-import dataclasses
-import json
 import os
-import sys
-import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 from tailgate.load import distributed
-from tailgate.load.options import OptionError, Settings, add_arguments, validate
+from tailgate.load.options import OptionError, add_arguments
+from tailgate.load.preflight import fail, settings_for
 from tailgate.load.worker import (
     CANCEL_MESSAGE,
     DONE_MESSAGE,
@@ -36,57 +31,11 @@ from tailgate.load.worker import (
     order_runner,
 )
 
-EXIT_USAGE = 2
 
-
-def usage_line(message: str) -> str:
-    """The one line every bad input gets, on stderr and in the web UI alike."""
-    return f"tailgate: error: {message}"
-
-
-def fail(message: str) -> None:
-    """One line on stderr and exit code 2: the contract for every bad input."""
-    sys.stderr.write(usage_line(message) + "\n")
-    sys.stderr.flush()
-    raise SystemExit(EXIT_USAGE)
 @events.init_command_line_parser.add_listener
 def _add_options(parser: Any) -> None:
     add_arguments(parser)
     distributed.add_arguments(parser)
-
-
-def resolve_model(settings: Settings) -> str:
-    """The model to request: the option, else the server's first served model.
-
-    Doubles as the start-up reachability check, so an unreachable server is one clear line
-    before anything runs."""
-    url = settings.target.url("/v1/models")
-    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
-            body = json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        raise OptionError(f"--host: {url} answered HTTP {e.code}") from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise OptionError(f"--host: cannot reach {settings.host}: {reason}") from None
-    except ValueError:
-        raise OptionError(f"--host: {url} did not return JSON; is this an OpenAI-compatible server?") from None
-    models = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)]
-    if settings.model:
-        return settings.model
-    if not models:
-        raise OptionError(f"--model: {settings.host} serves no models; name one with --model")
-    return str(models[0])
-
-
-def settings_for(environment: Any, opts: Any, *, contact_server: bool = True) -> Settings:
-    """Validated settings for one run of this locustfile's arm; raises OptionError."""
-    shape = environment.shape_class
-    settings = validate(opts, arm=shape.arm, now=time.strftime("%Y%m%d-%H%M%S"))
-    if contact_server:
-        settings = dataclasses.replace(settings, model=resolve_model(settings))
-    return settings
 
 
 def prepare(environment: Any) -> None:
@@ -111,7 +60,7 @@ def check_command_line(environment: Any) -> None:
     opts = environment.parsed_options
     if opts is None:
         return
-    from tailgate.webui import WEB_RESULTS
+    from tailgate.webui import WEB_RESULTS  # only where there is a web UI: flask stays out of headless runs
 
     probe = argparse.Namespace(**vars(opts))
     probe.host = probe.host or environment.host or "http://127.0.0.1"
@@ -188,7 +137,7 @@ def _go_realtime() -> None:
     """This load process at ``SCHED_FIFO``, or a warning: the run never fails for want of the privilege."""
     import logging
 
-    from tailgate.servers.local import set_realtime
+    from tailgate.load.processes import set_realtime
 
     log = logging.getLogger("tailgate")
     if set_realtime():

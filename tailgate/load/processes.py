@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import os
 import socket
+import subprocess
+import sys
 
 CHUNKS_PER_PROCESS = 5000.0
 """Chunks per second one load process times within 1 ms p99 on this project's benchmarks with room to
@@ -37,3 +39,22 @@ def auto_processes(chunks_per_s: float, cores: int | None = None) -> int:
     return max(1, min(cores, processes_for(chunks_per_s)))
 
 
+def set_realtime(priority: int = 1, probe_only: bool = False) -> bool:
+    """Run the calling process at ``SCHED_FIFO`` (``priority``); False, and nothing changed, when refused.
+
+    A load generator at a real-time priority runs the moment its timer or socket wakes it, ahead of any
+    ordinary task, so a busy server cannot delay its stamps. Refused without ``CAP_SYS_NICE`` or an
+    ``RLIMIT_RTPRIO``; the caller carries on at its ordinary priority. The kernel's real-time throttling
+    (``sched_rt_runtime_us``) still leaves ordinary tasks 5% of each second should the generator spin.
+    ``probe_only`` tries on a throwaway child instead of the caller.
+    """
+    if not hasattr(os, "sched_setscheduler"):
+        return False
+    if probe_only:
+        code = "import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except (OSError, ValueError):
+        return False
+    return True

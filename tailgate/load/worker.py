@@ -31,6 +31,7 @@ from tailgate.load.client import (
     chunk_stamp_mode,
     stream_completion,
 )
+from tailgate.load.clock import mono_ns, wall
 from tailgate.load.workload import build_prompt
 from tailgate.records import RecordWriter, RequestRecord, SendJournal, worker_name
 
@@ -56,19 +57,6 @@ SPIN_PRIORITY = 2
 """libev priority of the spin's idle watcher (the highest): it is served in every loop iteration,
 before socket events, instead of only in iterations with nothing else pending, so a send is late by at
 most one iteration's work and never waits behind records being written."""
-
-#: One wall-clock anchor per process; every instant is anchor + monotonic delta.
-_ANCHOR_NS = time.perf_counter_ns()
-_ANCHOR_WALL = time.time()
-
-
-def wall(ns: int) -> float:
-    return _ANCHOR_WALL + (ns - _ANCHOR_NS) / 1e9
-
-
-def mono_ns(wall_s: float) -> int:
-    return _ANCHOR_NS + int((wall_s - _ANCHOR_WALL) * 1e9)
-
 
 def _offsets_ms(times_ns: list[int], origin_ns: int) -> list[float]:
     """Milliseconds after ``origin_ns`` to the nearest microsecond, in integer arithmetic: ``round(x, 3)``

@@ -9,7 +9,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,7 +34,7 @@ CPUs equally whatever their tasks' nice values. Niceing the server's whole autog
 the machine: on a shared, loaded machine the server then did not start within 240 s
 (benchmarks/results/embedded-stall.md). What keeps the generator's timestamps free is placement
 instead: the server kept off the generator's core (``AUTO_CPUS``) and the generator at ``SCHED_FIFO``
-(:func:`set_realtime`)."""
+(:func:`tailgate.load.processes.set_realtime`)."""
 AUTO_CPUS = "auto"
 """Default core set: every core this process may use except the lowest, which is left to the load
 generator (no restriction on a one-core machine). vLLM's CPU worker pins its OpenMP threads to cores and
@@ -347,27 +346,6 @@ def server_cpus(available: Sequence[int] | None = None) -> list[int] | None:
     """Every usable core but the lowest (see ``AUTO_CPUS``); None when there is only one."""
     cpus = sorted(available if available is not None else os.sched_getaffinity(0))
     return cpus[1:] if len(cpus) >= 2 else None
-
-
-def set_realtime(priority: int = 1, probe_only: bool = False) -> bool:
-    """Run the calling process at ``SCHED_FIFO`` (``priority``); False, and nothing changed, when refused.
-
-    A load generator at a real-time priority runs the moment its timer or socket wakes it, ahead of any
-    ordinary task, so a busy server cannot delay its stamps. Refused without ``CAP_SYS_NICE`` or an
-    ``RLIMIT_RTPRIO``; the caller carries on at its ordinary priority. The kernel's real-time throttling
-    (``sched_rt_runtime_us``) still leaves ordinary tasks 5% of each second should the generator spin.
-    ``probe_only`` tries on a throwaway child instead of the caller.
-    """
-    if not hasattr(os, "sched_setscheduler"):
-        return False
-    if probe_only:
-        code = "import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))"
-        return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
-    except (OSError, ValueError):
-        return False
-    return True
 
 
 def group_members(pgid: int) -> list[int]:

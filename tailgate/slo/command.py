@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tailgate.lifecycle import SignalGuard, Stopped, signals_raise
+from tailgate.lifecycle import ArgumentParser, SignalGuard, Stopped, signals_raise
 from tailgate.slo.probe import SloPlan, SloRunError, SloRunner
 from tailgate.slo.search import Resolution
 from tailgate.slo.spec import (
@@ -168,8 +168,6 @@ def print_table(state: Mapping[str, Any], log: Log) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from tailgate.cli import ArgumentParser
-
     prog = "tailgate slo"
     parser = ArgumentParser(prog=prog, description="highest Poisson rate meeting an SLO, per server configuration")
     add_slo_arguments(parser)

@@ -52,7 +52,7 @@ def _error_verdict(point: float, low: float, limit: float) -> str:
 
 def bootstrap_interval(values: np.ndarray, p: float, level: float, resamples: int, seed: int) -> tuple[float, float]:
     """Percentile-bootstrap interval of the ``p``-th percentile (the report's fast order-statistic bootstrap)."""
-    from tailgate.postprocess.bootstrap import bootstrap_percentile
+    from tailgate.bootstrap import bootstrap_percentile
 
     draws = bootstrap_percentile(values, p, resamples, np.random.default_rng(seed))
     tail = (1.0 - level) / 2.0 * 100.0

@@ -27,6 +27,7 @@ from typing import Any
 from flask import Blueprint, Response, abort, jsonify, request, send_file
 
 from tailgate.load.options import OptionError
+from tailgate.load.preflight import settings_for, usage_line
 from tailgate.webui.live import TABLE_KEY, TABLE_STRUCTURE, LiveViews, table_rows
 
 log = logging.getLogger("tailgate")
@@ -77,8 +78,6 @@ def form_options(parsed: Any, form: Any) -> argparse.Namespace:
 
 def install(environment: Any) -> None:
     """Register the Start check, the tab and its routes on the web UI of this (master) process."""
-    from tailgate.load.hooks import settings_for, usage_line
-
     web_ui = environment.web_ui
     shape = environment.shape_class
     views = LiveViews()

@@ -7,12 +7,36 @@ import asyncio
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from .settings import ChunkLog
 from .wire import _CHUNK_END, _SSE_DONE, _SSE_MALFORMED, _chunk_frame, _monotonic_ns, _raw_frame
 
-if TYPE_CHECKING:
-    from .server import GroundTruthServer, _Connection
+
+class StreamConnection(Protocol):
+    """The connection a stream writes to (the server's ``_Connection``)."""
+
+    transport: asyncio.Transport
+    chunked: bool
+    stream: _Stream | None
+
+    def response_done(self) -> None: ...
+
+    def drop(self, rst: bool) -> None: ...
+
+
+class StreamServer(Protocol):
+    """The server state a stream reads and counts into (the ``GroundTruthServer``)."""
+
+    loop: asyncio.AbstractEventLoop
+    log: ChunkLog
+    timers: _Timers
+    active: set[_Stream]
+    waiting: int
+    running: int
+    prompt_tokens_total: int
+    generation_tokens_done: int
+    requests_total: int
 
 
 
@@ -134,8 +158,8 @@ class _Stream:
 
     def __init__(
         self,
-        server: GroundTruthServer,
-        conn: _Connection,
+        server: StreamServer,
+        conn: StreamConnection,
         seq: int,
         n: int,
         prompt_tokens: int,

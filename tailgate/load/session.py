@@ -27,7 +27,6 @@ import logging
 import os
 import platform
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -41,6 +40,15 @@ from tailgate.load.metrics import Snapshot, scrape
 from tailgate.load.options import Settings
 from tailgate.load.plan import Stage, share
 from tailgate.load.processes import processes_for
+from tailgate.load.sidecars import (
+    launch_report,
+    report_error,
+    report_html,
+    report_state,
+    server_info,
+    start_sampler,
+    stop_helper,
+)
 from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
 from tailgate.load.workload import mix_of
 from tailgate.records import lost_in_flight, read_records, read_sent
@@ -52,7 +60,6 @@ START_LEAD_S = 0.25
 """Orders carry an absolute start time this far ahead, so every process has it before t0."""
 DRAIN_TIMEOUT_S = 15.0
 """How long a stop waits for load processes to record the streams it cancelled."""
-REPORT_LOG = "report.log"
 READY_TIMEOUT_S = 60.0
 """How long a run waits for every expected load process to report ready before it goes with those that did."""
 
@@ -530,69 +537,30 @@ class RunSession:
             "stall_timeout": s.timeouts.stall_s,
         }  # fmt: skip
 
-    # -- the /metrics sampler -----------------------------------------------------------------------
+    # -- helper processes -------------------------------------------------------------------------
     def _start_sampler(self) -> subprocess.Popen[bytes] | None:
-        s = self.settings
-        if not s.metrics_url or not s.sample_metrics:
-            return None
-        if s.prometheus_url and _answers(s.prometheus_url + "/-/ready"):
-            # a Prometheus already scrapes the server; every extra read of /metrics costs the server
-            # a few milliseconds of streaming (measured on vLLM 0.24: results/h200/README.md). A
-            # Prometheus that is down at the start gets the direct samples as its fallback.
-            log.info("tailgate: Prometheus at %s is up: no direct /metrics sampling", s.prometheus_url)
-            return None
-        cmd = [sys.executable, "-m", "tailgate.load.metrics", "--url", s.metrics_url,
-               "--out", str(self.folder / "server-metrics.jsonl"), "--interval", str(s.sample_metrics)]  # fmt: skip
-        return subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=_ordinary_priority,
-        )  # fmt: skip
+        return start_sampler(self.settings, self.folder)
 
     def _stop_sampler(self) -> None:
         sampler, self._sampler = self._sampler, None
-        if sampler is None:
-            return
-        sampler.terminate()
-        try:
-            sampler.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            sampler.kill()
-            sampler.wait()
+        stop_helper(sampler)
 
-    # -- the report ---------------------------------------------------------------------------------
     def launch_report(self) -> None:
         """Build the HTML report in another process: pandas and matplotlib would hold this event loop,
         which stamps the chunks of the next run, for seconds."""
-        if self.report is not None:
-            return
-        with open(self.folder / REPORT_LOG, "wb") as out:
-            self.report = subprocess.Popen(
-                [sys.executable, "-m", "tailgate.postprocess", str(self.folder)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                preexec_fn=lambda: os.nice(10),  # the build yields the CPU to the load path
-            )  # fmt: skip
+        if self.report is None:
+            self.report = launch_report(self.folder)
 
     @property
     def report_html(self) -> Path:
-        return self.folder / "report" / "report.html"
+        return report_html(self.folder)
 
     def report_state(self) -> str:
         """``none`` (not asked for), ``building``, ``ready`` or ``failed``."""
-        if self.report is None:
-            return "ready" if self.report_html.exists() else "none"
-        code = self.report.poll()
-        if code is None:
-            return "building"
-        return "ready" if code == 0 and self.report_html.exists() else "failed"
+        return report_state(self.report, self.folder)
 
     def report_error(self) -> str | None:
-        if self.report_state() != "failed":
-            return None
-        try:
-            lines = (self.folder / REPORT_LOG).read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return "the report process failed"
-        return lines[-1][:300] if lines else "the report process failed"
+        return report_error(self.report, self.folder)
 
     def end_report(self) -> None:
         if self.report is not None and self.report.poll() is None:
@@ -617,25 +585,6 @@ class RunSession:
         }  # fmt: skip
 
 
-def _answers(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
-    except Exception:
-        return False
-
-
-def _ordinary_priority() -> None:
-    """A helper process does not inherit the load generator's ``SCHED_FIFO`` (``--realtime``)."""
-    try:
-        if os.sched_getscheduler(0) != os.SCHED_OTHER:
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    except (OSError, AttributeError):
-        pass
-
-
 def summary_line(s: dict[str, Any]) -> str:
     return (
         f"{s['stage_label']} [{s['config']}]: n={s['n']} errors={s['errors']} "
@@ -643,20 +592,3 @@ def summary_line(s: dict[str, Any]) -> str:
         f"total p99 {s['total_p99']} ms, preemptions {s['preemptions_delta']}, "
         f"schedule lag p99 {s['schedule_lag_p99']} ms"
     )
-
-
-def server_info(s: Settings) -> dict[str, Any]:
-    """What the server says about itself (``/version``, served models); absent fields stay None."""
-    import urllib.request
-
-    info: dict[str, Any] = {"version": None, "models": None}
-    headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
-    for key, path in (("version", "/version"), ("models", "/v1/models")):
-        try:
-            req = urllib.request.Request(s.target.url(path), headers=headers)
-            with urllib.request.urlopen(req, timeout=5) as resp:
-                body = json.loads(resp.read())
-            info[key] = body.get("version") if key == "version" else [m.get("id") for m in body.get("data", [])]
-        except Exception:
-            pass
-    return info

@@ -1,0 +1,104 @@
+"""CPU time of the load processes and of the whole machine while a self-check runs: what the load
+generator cost, so a timing error can be read beside the CPU it had.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+SAMPLE_INTERVAL_S = 0.2
+"""How often the CPU of the load processes is read; processes that exit keep their last reading."""
+
+# ------------------------------------------------------------------------------------------- machine
+
+
+def _proc_stat() -> tuple[float, float]:
+    """(busy, total) CPU seconds over all CPUs since boot."""
+    import psutil
+
+    times = psutil.cpu_times()
+    total = sum(times)
+    return total - times.idle - getattr(times, "iowait", 0.0), total
+
+
+def machine_facts() -> dict[str, Any]:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {"cores": os.cpu_count(), "loadavg_1m": load[0], "loadavg_5m": load[1], "loadavg_15m": load[2]}
+
+
+class CpuSampler(threading.Thread):
+    """Reads the CPU time of a process tree and of the whole machine every ``SAMPLE_INTERVAL_S``.
+
+    Forked load processes exit at the end of a run; the last reading of each pid is kept, so the
+    tree's total only loses what a process spent after its last reading.
+    """
+
+    def __init__(self, root_pid: int, other_pids: Sequence[int] = (), interval_s: float = SAMPLE_INTERVAL_S) -> None:
+        super().__init__(daemon=True, name="tailgate-cpu-sampler")
+        self.root_pid = root_pid
+        self.other_pids = list(other_pids)
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float, float, float, float]] = []
+        """(wall time, tree CPU s, other pids' CPU s, machine busy CPU s, machine total CPU s)."""
+        self._seen: dict[int, float] = {}
+        self._others: dict[int, float] = {}
+        self._halt = threading.Event()
+
+    def _read(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.root_pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            procs = []
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                self._seen[p.pid] = t.user + t.system
+            except psutil.Error:
+                pass
+        for pid in self.other_pids:
+            try:
+                t = psutil.Process(pid).cpu_times()
+                self._others[pid] = t.user + t.system
+            except psutil.Error:
+                pass
+        busy, total = _proc_stat()
+        self.samples.append((time.time(), sum(self._seen.values()), sum(self._others.values()), busy, total))
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self._read()
+            self._halt.wait(self.interval_s)
+        self._read()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=5)
+
+    def window(self, start_s: float, end_s: float) -> dict[str, float] | None:
+        """CPU use between the last reading at or before ``start_s`` and the first at or after ``end_s``."""
+        if len(self.samples) < 2:
+            return None
+        before = [s for s in self.samples if s[0] <= start_s] or self.samples[:1]
+        after = [s for s in self.samples if s[0] >= end_s] or self.samples[-1:]
+        a, b = before[-1], after[0]
+        wall = b[0] - a[0]
+        if wall <= 0:
+            return None
+        cores = os.cpu_count() or 1
+        machine = (b[3] - a[3]) / max(1, b[4] - a[4]) * cores
+        return {
+            "wall_s": wall,
+            "load_cpu_s": b[1] - a[1],
+            "load_cores": (b[1] - a[1]) / wall,
+            "server_cpu_s": b[2] - a[2],
+            "server_cores": (b[2] - a[2]) / wall,
+            "machine_busy_cores": machine,
+            "others_busy_cores": machine - (b[1] - a[1] + b[2] - a[2]) / wall,
+        }
