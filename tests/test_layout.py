@@ -174,3 +174,14 @@ def test_a_bare_checkout_gives_each_file_one_name(folder: str, tmp_path: Path) -
     done = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_every_path_architecture_names_exists() -> None:
+    """The map must match the ground: a moved module is moved in ARCHITECTURE.md too."""
+    import re
+
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    named = set(re.findall(r"`([\w./-]+/[\w./-]*)`", text))
+    paths = {n for n in named if n.endswith((".py", "/")) and not n.startswith(("http", "/"))}
+    assert "tailgate/runner.py" in paths, "the reader found no paths"
+    assert sorted(p for p in paths if not (ROOT / p).exists()) == []
