@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, ArgumentParser, Stopped, signals_raise, usage_error
+from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, ArgumentParser, Stopped, usage_error
 from tailgate.load.client import Target, TargetError
 from tailgate.load.options import API_KEY_ENV, OptionError, parse_rates
 
@@ -286,12 +286,10 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
         plan, _configs, root, api_key = validate_suite_args(args)
     except OptionError as e:
         return usage_error(prog, str(e))
-    log = _printer()
-    # os.write, not print: a handler that prints while the main code prints raises "reentrant call"
-    def still_stopping(_signum: int) -> None:
-        os.write(1, b"[suite] still stopping: waiting for every process to end\n")
+    from tailgate.runner import signal_guard
 
-    with signals_raise(on_repeat=still_stopping) as guard:
+    log = _printer()
+    with signal_guard("[suite]") as guard:
         return _run_suite(args, plan, root, api_key, log, guard)
 
 

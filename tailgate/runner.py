@@ -12,13 +12,16 @@ and metadata claiming flags were applied to a server nobody restarted. This modu
   the tail of its output, polls an early-stop watch, and stops the whole process tree;
 - :func:`prepare_results` keeps an interrupted attempt's folder aside;
 - :func:`prepare_server` is the one server step: it restarts (or asks for, or only checks) the
-  server as the controller's declared capabilities say, and returns what is true to record.
+  server as the controller's declared capabilities say, and returns what is true to record;
+- :func:`signal_guard` makes SIGINT, SIGTERM and SIGHUP of the command raise, so every way out runs
+  the ``finally`` that stops the child and the server.
 
 Standard library and psutil only: no gevent, Locust or pandas is imported here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -27,13 +30,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from tailgate import locustfiles
-from tailgate.lifecycle import deferred, stop_process_tree
+from tailgate.lifecycle import SignalGuard, deferred, signals_raise, stop_process_tree
 from tailgate.load.processes import master_port_args
 from tailgate.servers.base import ServerController
 
@@ -233,6 +236,19 @@ def _pump(
             pass
 
 
+@contextlib.contextmanager
+def signal_guard(tag: str) -> Iterator[SignalGuard]:
+    """:func:`~tailgate.lifecycle.signals_raise` for a command that runs children: the first signal raises
+    :class:`~tailgate.lifecycle.Stopped`; a repeated one only says the cleanup is still going."""
+
+    # os.write, not print: a handler that prints while the main code prints raises "reentrant call"
+    def still_stopping(_signum: int) -> None:
+        os.write(1, f"{tag} still stopping: waiting for every process to end\n".encode())
+
+    with signals_raise(on_repeat=still_stopping) as guard:
+        yield guard
+
+
 # --------------------------------------------------------------------------------------------- the server
 
 
@@ -278,4 +294,6 @@ def prepare_server(
     return {**entry, **controller.describe()}
 
 
-__all__ = ["ChildResult", "ChildRunner", "LocustRun", "prepare_results", "prepare_server"]
+__all__ = [
+    "ChildResult", "ChildRunner", "LocustRun", "prepare_results", "prepare_server", "signal_guard",
+]  # fmt: skip

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import signal
 import sys
 import time
@@ -14,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tailgate.lifecycle import ArgumentParser, SignalGuard, Stopped, signals_raise
+from tailgate.lifecycle import ArgumentParser, SignalGuard, Stopped
+from tailgate.runner import signal_guard
 from tailgate.slo.probe import SloPlan, SloRunError, SloRunner
 from tailgate.slo.search import Resolution
 from tailgate.slo.spec import (
@@ -230,11 +230,7 @@ def make_controller(args: argparse.Namespace, root: Path, log: Log) -> Any:
 def run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log) -> int:
     """The search inside one cleanup path: SIGINT, SIGTERM and SIGHUP raise, so the same ``finally``
     stops the Locust child with its processes and the server this command started."""
-
-    def still_stopping(_signum: int) -> None:
-        os.write(1, b"[slo] still stopping: waiting for every process to end\n")
-
-    with signals_raise(on_repeat=still_stopping) as guard:
+    with signal_guard("[slo]") as guard:
         return _run(args, plan, root, log, guard)
 
 

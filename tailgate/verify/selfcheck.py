@@ -41,9 +41,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tailgate.lifecycle import Stopped, signals_raise
+from tailgate.lifecycle import Stopped
 from tailgate.records import read_records
-from tailgate.runner import ChildRunner, LocustRun, prepare_results
+from tailgate.runner import ChildRunner, LocustRun, prepare_results, signal_guard
 from tailgate.verify.cpu import SAMPLE_INTERVAL_S, CpuSampler, machine_facts
 from tailgate.verify.join import (
     Join,
@@ -389,7 +389,7 @@ def run_from_args(args: argparse.Namespace, prog: str = "tailgate selfcheck") ->
         sys.stderr.write(f"{prog}: error: {e}\n")
         return EXIT_USAGE
     # SIGTERM and SIGHUP raise like Ctrl-C, so the finally blocks stop Locust and the ground-truth server
-    with signals_raise():
+    with signal_guard("[selfcheck]"):
         try:
             result = run_selfcheck(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
         except Stopped as e:
