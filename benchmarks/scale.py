@@ -10,7 +10,7 @@ seconds that say nothing about the generator.
 
 ``--tree DIR`` (repeatable, ``label=DIR``) runs the same ramp from other checkouts of the suite,
 interleaved step by step with this one, so a before/after comparison sees the same machine. A tree
-needs ``tailgate/selfcheck.py`` and records with ``sent_mono_ns``.
+needs ``tailgate/verify/selfcheck.py`` and records with ``sent_mono_ns``.
 
     python benchmarks/scale.py                                  # 20 .. 200 req/s of 100-chunk streams
     python benchmarks/scale.py --rates 20,50,100 --repeat 3 --tree before=/tmp/before-tree
