@@ -215,6 +215,9 @@ def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
     df["cell"] = [
         cell_name(c, a, r) for c, a, r in zip(df["config"], df["arm"], df["rate_or_batch"], strict=True)
     ]
+    if "prompts" in df.columns:  # another prompt source at the same cell: its name says which
+        other = df["prompts"].notna() & (df["prompts"].astype(str) != "seed")
+        df.loc[other, "cell"] = df.loc[other, "cell"] + "+" + df.loc[other, "prompts"].astype(str)
     df = order_cells(df)
     # the same cell measured twice (a repeat run) keeps both rows, told apart by a suffix
     dup = df.groupby("cell").cumcount()

@@ -39,7 +39,7 @@ from tailgate.load import distributed
 from tailgate.load.distributed import DEADLINE_MARGIN_S, WORKER_LOST, ClockSync, MasterSink
 from tailgate.load.metrics import Snapshot, scrape
 from tailgate.load.options import Settings
-from tailgate.load.plan import Stage, share
+from tailgate.load.plan import Arrival, Stage, share
 from tailgate.load.processes import processes_for
 from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
 from tailgate.load.workload import mix_of
@@ -379,7 +379,7 @@ class RunSession:
                     "run_id": self.run_id, "stage": stage.index, "stage_label": stage.label, "arm": stage.arm,
                     "rate_or_batch": stage.rate_or_batch, "t0_wall": t0 + self.clock.offset(node), "t0_master": t0,
                     "max_in_flight": s.max_in_flight if stage.arm == "continuous" else 0,
-                    "items": [[a.item.id, a.item.prompt_tokens, a.item.max_tokens, a.offset_s, a.batch] for a in mine],
+                    "items": [order_item(a) for a in mine], "arrivals": stage_arrivals(s, stage),
                     "config": self._order_config(),
                 }  # fmt: skip
                 orders[node] = order
@@ -483,6 +483,9 @@ class RunSession:
             }
         )  # fmt: skip
         summary.update(self._accounting(stage, records))
+        summary.update(workload_summary(s, stage, records, before, after))
+        if summary.get("prefix_cache_warning"):
+            log.warning("tailgate: %s: %s", stage.label, summary["prefix_cache_warning"])
         summary["workers_lost"] = list(lost or [])
         span = summary["window_end_s"] - summary["window_start_s"]
         chunks = sum(int(r.get("chunks") or 0) for r in records)
@@ -526,6 +529,7 @@ class RunSession:
             # orders cross the network to workers: the key goes once at connect (CONNECT_MESSAGE) instead
             "api_key": s.api_key if self._local else None,
             "prompt_word": s.prompt_word, "record_chunks": s.record_chunks, "results_dir": str(self.folder),
+            "prompts": s.prompts, "endpoint": s.endpoint,
             "connect_timeout": s.timeouts.connect_s, "request_timeout": s.timeouts.request_s,
             "stall_timeout": s.timeouts.stall_s,
         }  # fmt: skip
@@ -609,7 +613,7 @@ class RunSession:
             "trace": {"seed": s.seed, "warmup": s.warmup, "n": s.n, "source": s.trace_source,
                       "mix": mix_of(measured), "mix_with_warmup": mix_of(s.trace)},
             "stages_planned": [x.label for x in self.stages], "ignore_eos": s.ignore_eos,
-            "options": s.public(), "load_processes": self._nodes_expected(),
+            "options": s.public(), "load_processes": self._nodes_expected(), "workload": s.workload(),
             "versions": {"tailgate": tailgate.__version__, "locust": locust_version,
                          "python": platform.python_version()},
             "load_host": platform.node(), "pid": os.getpid(),
@@ -634,6 +638,50 @@ def _ordinary_priority() -> None:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     except (OSError, AttributeError):
         pass
+
+
+def order_item(a: Arrival) -> list[Any]:
+    """One arrival as the order message carries it; a built prompt rides along as a sixth element."""
+    item = [a.item.id, a.item.prompt_tokens, a.item.max_tokens, a.offset_s, a.batch]
+    if a.prompt is not None:
+        item.append(a.prompt.to_order())
+    return item
+
+
+def stage_arrivals(s: Settings, stage: Stage) -> str:
+    """The arrival process of a stage: the option's for the open loop; a gated stage arrives in batches."""
+    return s.arrivals if stage.arm == "continuous" else "batches"
+
+
+SEED_CACHE_WARNING = ("seed prompts (one filler word repeated) against a server with prefix caching on: "
+                      "long prompts are largely served from cache, so the prefill stalls this suite measures "
+                      "shrink; use --prompts unique, or start the server with --no-enable-prefix-caching")
+
+
+def workload_summary(
+    s: Settings, stage: Stage, records: list[dict[str, Any]], before: Snapshot | None, after: Snapshot | None
+) -> dict[str, Any]:
+    """Which workload produced the stage, the prefix cache's share of its prompt tokens, and how far the
+    server's prompt token counts were from the plan."""
+    out: dict[str, Any] = {"prompts": s.prompts, "endpoint": s.endpoint, "arrivals": stage_arrivals(s, stage)}
+    q0, q1 = (None if x is None else x.prefix_cache_queries_total for x in (before, after))
+    h0, h1 = (None if x is None else x.prefix_cache_hits_total for x in (before, after))
+    queries = q1 - q0 if q0 is not None and q1 is not None and q1 >= q0 else None
+    hits = h1 - h0 if h0 is not None and h1 is not None and h1 >= h0 else None
+    out["prefix_cache_queries_delta"] = queries
+    out["prefix_cache_hits_delta"] = hits
+    out["prefix_cache_hit_rate"] = round(hits / queries, 4) if queries and hits is not None else None
+    caching = next((x.prefix_caching for x in (before, after) if x is not None and x.prefix_caching is not None), None)
+    out["prefix_caching"] = caching
+    if s.prompts == "seed" and (caching or (hits or 0) > 0):
+        out["prefix_cache_warning"] = SEED_CACHE_WARNING
+    diffs = [int(r["prompt_tokens"]) - int(r["prompt_tokens_planned"]) for r in records
+             if r.get("prompt_tokens") is not None and r.get("prompt_tokens_planned") is not None]  # fmt: skip
+    out["prompt_tokens_checked"] = len(diffs)
+    out["prompt_tokens_exact"] = sum(1 for d in diffs if d == 0)
+    out["prompt_tokens_diff_max"] = max((abs(d) for d in diffs), default=None)
+    out["prompt_tokens_diff_mean"] = round(sum(diffs) / len(diffs), 3) if diffs else None
+    return out
 
 
 def summary_line(s: dict[str, Any]) -> str:
