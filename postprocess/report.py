@@ -143,6 +143,22 @@ def _data_notes(
             "it lacked CPU, so arrivals were late and the client's own timestamps may be late too; the "
             "*_from_intended figures include the lag. Give the generator its own cores or more --processes."
         )
+    warning = summaries.get("prefix_cache_warning", pd.Series(dtype=object))
+    warned = warning.map(lambda v: isinstance(v, str) and len(v) > 0).astype(bool)
+    cached = summaries.loc[warned.reindex(summaries.index, fill_value=False)]
+    if len(cached):
+        notes.append(f"{', '.join(map(str, cached['cell']))}: {cached['prefix_cache_warning'].iloc[0]}")
+    mismatched = summaries.loc[
+        pd.to_numeric(summaries.get("prompt_tokens_diff_max", pd.Series(dtype=float)), errors="coerce") > 0
+    ]
+    for _, row in mismatched.iterrows():
+        notes.append(
+            f"{row['cell']}: the server counted prompt lengths other than planned in "
+            f"{int(row['prompt_tokens_checked']) - int(row['prompt_tokens_exact'])} of "
+            f"{int(row['prompt_tokens_checked'])} requests (largest difference {row['prompt_tokens_diff_max']:g} "
+            "tokens): the seed's filler is one token per word only for some tokenizers; --prompts unique "
+            "builds exact lengths"
+        )
     for _, row in table.loc[table["preemptions_disagree"].fillna(False).astype(bool)].iterrows():
         notes.append(
             f"{row['cell']}: preemption sources disagree: Prometheus {row['preemptions_prometheus']:g}, "
