@@ -143,14 +143,12 @@ def _data_notes(
             "it lacked CPU, so arrivals were late and the client's own timestamps may be late too; the "
             "*_from_intended figures include the lag. Give the generator its own cores or more --processes."
         )
-    warning = summaries.get("prefix_cache_warning", pd.Series(dtype=object))
-    warned = warning.map(lambda v: isinstance(v, str) and len(v) > 0).astype(bool)
-    cached = summaries.loc[warned.reindex(summaries.index, fill_value=False)]
+    warning = summaries.get("prefix_cache_warning", pd.Series(None, index=summaries.index, dtype=object))
+    cached = summaries.loc[warning.map(lambda v: isinstance(v, str) and len(v) > 0).astype(bool).to_numpy()]
     if len(cached):
         notes.append(f"{', '.join(map(str, cached['cell']))}: {cached['prefix_cache_warning'].iloc[0]}")
-    mismatched = summaries.loc[
-        pd.to_numeric(summaries.get("prompt_tokens_diff_max", pd.Series(dtype=float)), errors="coerce") > 0
-    ]
+    diff_max = summaries.get("prompt_tokens_diff_max", pd.Series(np.nan, index=summaries.index))
+    mismatched = summaries.loc[(pd.to_numeric(diff_max, errors="coerce") > 0).to_numpy()]
     for _, row in mismatched.iterrows():
         notes.append(
             f"{row['cell']}: the server counted prompt lengths other than planned in "

@@ -120,6 +120,11 @@ class RequestRecord:
         """A shallow dict: ``asdict``'s deep copy of the chunk list cost more than the request's parsing,
         inside the event loop that times the other streams."""
         d = {name: getattr(self, name) for name in RECORD_FIELDS}
+        # the workload fields at their defaults are left out: a seed run's records stay byte for byte what
+        # schema 2 wrote, and readers fill the defaults in (``WORKLOAD_DEFAULTS``)
+        for name, default in WORKLOAD_DEFAULTS.items():
+            if d[name] == default:
+                del d[name]
         if d["chunk_offsets_ms"] is None:
             del d["chunk_offsets_ms"]
         if d["chunk_read_delays_ms"] is None:
@@ -131,6 +136,10 @@ class RequestRecord:
 
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+WORKLOAD_DEFAULTS: dict[str, Any] = {
+    "prompt_source": "seed", "endpoint": "completions", "arrivals": "poisson", "prompt_tokens_tokenized": None,
+}  # fmt: skip
+"""Schema 3's fields and the value a record without them (schema 2, or a seed run) means."""
 
 
 def worker_name() -> str:
