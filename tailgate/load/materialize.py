@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 import urllib.request
 from typing import Any
 
@@ -76,21 +77,22 @@ def materialize(settings: Settings) -> Settings:
             words = one_token_words(tok)
             builder = Builder(tok, words, settings.endpoint)
             builder.calibrate()
-            check.update(one_token_words=len(words), template_tokens=builder.overhead)
+            salt = secrets.randbelow(1 << 30)
+            check.update(one_token_words=len(words), template_tokens=builder.overhead, salt=salt)
             targets = [it.prompt_tokens for it in items]
             sets = []
             if settings.prompts == "mooncake":
                 ids = [r.hash_ids or () for r in settings.trace_rows]
-                sets.append(list(block_prompts(builder, targets, ids, settings.seed)))
+                sets.append(list(block_prompts(builder, targets, ids, settings.seed, salt)))
             else:
                 for stage in range(stage_count):
                     offset = stage * len(items)
                     if settings.prompts == "unique":
-                        sets.append(list(unique_prompts(builder, targets, settings.seed, stage, offset)))
+                        sets.append(list(unique_prompts(builder, targets, settings.seed, stage, offset, salt)))
                     else:
                         built, _ = prefix_prompts(
                             builder, targets, settings.seed, stage, offset, length=settings.prefix_tokens,
-                            share=settings.prefix_share, groups=settings.prefix_groups,
+                            share=settings.prefix_share, groups=settings.prefix_groups, salt=salt,
                         )  # fmt: skip
                         sets.append(list(built))
             diffs = [(p.tokens or 0) - t for s in sets for p, t in zip(s, targets, strict=True) if p is not None]

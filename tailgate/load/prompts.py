@@ -225,22 +225,29 @@ class Builder:
         return Prompt(prompt.text, prompt.messages, n)
 
     def unique_key(self, k: int) -> list[str]:
-        """Distinct for every k: the first word alone while k < pool size, then the first two words."""
+        """Distinct for every k: the first word differs between any ``pool`` consecutive keys, the first two
+        words between any ``pool²`` (a run's keys are consecutive from a random salt)."""
         p = len(self.words)
         return [self.words[k % p], self.words[(k // p) % p]] if k >= p else [self.words[k]]
 
 
-def unique_prompts(b: Builder, targets: Sequence[int], seed: int, stage: int, offset: int) -> list[Prompt]:
-    """One prompt per target, distinct from its first token(s) across every stage of the run."""
+def unique_prompts(
+    b: Builder, targets: Sequence[int], seed: int, stage: int, offset: int, salt: int = 0
+) -> list[Prompt]:
+    """One prompt per target, distinct from its first token(s) across every stage of the run.
+
+    ``salt`` (random per run) keeps two runs with one seed from sending the same texts: a second run
+    against the same server would otherwise find the first one's prompts in its prefix cache."""
 
     def one(i: int) -> Prompt:
-        return b.exact(b.unique_key(offset + i), targets[i], _rng("unique", seed, stage, i))
+        return b.exact(b.unique_key(salt + offset + i), targets[i], _rng("unique", seed, salt, stage, i))
 
     return _parallel(one, list(range(len(targets))))
 
 
 def prefix_prompts(
-    b: Builder, targets: Sequence[int], seed: int, stage: int, offset: int, *, length: int, share: float, groups: int
+    b: Builder, targets: Sequence[int], seed: int, stage: int, offset: int, *, length: int, share: float, groups: int,
+    salt: int = 0,
 ) -> tuple[list[Prompt], list[int | None]]:
     """A share of requests start with one of ``groups`` shared prefixes of ``length`` tokens, the rest is unique.
 
@@ -248,33 +255,36 @@ def prefix_prompts(
     first word; a prompt's own part starts with a key distinct across the run."""
     pick = _rng("prefix-groups", seed, stage)
     member = [pick.randrange(groups) if pick.random() < share else None for _ in targets]
-    heads = [[b.words[(g * 7919 + 1) % len(b.words)]] + [_rng("prefix", seed, g).choice(b.words)
+    heads = [[b.words[(salt + g * 7919 + 1) % len(b.words)]] + [_rng("prefix", seed, salt, g).choice(b.words)
              for _ in range(length - 1)] for g in range(groups)]  # fmt: skip
 
     def one(i: int) -> Prompt:
         g = member[i]
-        head = (heads[g] if g is not None else []) + b.unique_key(offset + i)
-        return b.exact(head, targets[i], _rng("prefix-tail", seed, stage, i))
+        head = (heads[g] if g is not None else []) + b.unique_key(salt + offset + i)
+        return b.exact(head, targets[i], _rng("prefix-tail", seed, salt, stage, i))
 
     return _parallel(one, list(range(len(targets)))), member
 
 
-def block_prompts(b: Builder, targets: Sequence[int], hash_ids: Sequence[Sequence[int]], seed: int) -> list[Prompt]:
+def block_prompts(
+    b: Builder, targets: Sequence[int], hash_ids: Sequence[Sequence[int]], seed: int, salt: int = 0
+) -> list[Prompt]:
     """Mooncake prompts: each hash id is one block of words, the same block wherever the id appears, so
     requests that share leading ids share that prefix; the length is then made exact at the tail."""
     blocks: dict[int, list[str]] = {}
 
     def block(h: int) -> list[str]:
         if h not in blocks:
-            r = _rng("block", seed, h)
-            blocks[h] = [b.words[h % len(b.words)]] + [r.choice(b.words) for _ in range(MOONCAKE_BLOCK_TOKENS - 1)]
+            r = _rng("block", seed, salt, h)
+            blocks[h] = [b.words[(salt + h) % len(b.words)]] + [r.choice(b.words)
+                                                                 for _ in range(MOONCAKE_BLOCK_TOKENS - 1)]
         return blocks[h]
 
     heads = [[w for h in ids for w in block(h)] for ids in hash_ids]
 
     def one(i: int) -> Prompt:
-        head = heads[i] or b.unique_key(i)
-        return b.exact(head, targets[i], _rng("block-tail", seed, i))
+        head = heads[i] or b.unique_key(salt + i)
+        return b.exact(head, targets[i], _rng("block-tail", seed, salt, i))
 
     return _parallel(one, list(range(len(targets))))
 
