@@ -201,8 +201,17 @@ def _successes(metrics: str) -> float:
 
 @pytest.fixture(scope="module")
 def vllm_cached(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The CPU vLLM with prefix caching on (vLLM's default) and a chat template; 2048 tokens of context."""
-    from conftest import _start
+    """The CPU vLLM with prefix caching on (vLLM's default) and a chat template; 2048 tokens of context.
+
+    ``TAILGATE_TEST_VLLM_CACHED_URL`` reuses such a server that is already up (handy while developing)."""
+    import os
+
+    from conftest import RunningServer, _start
+
+    url = os.environ.get("TAILGATE_TEST_VLLM_CACHED_URL")
+    if url:
+        yield RunningServer(url.rstrip("/"))
+        return
 
     from tailgate.servers.tinymodel import CHAT_TEMPLATE
 
