@@ -29,8 +29,12 @@ PROMPT_SOURCES = ("seed", "unique", "dataset", "prefix")
 ENDPOINTS = ("completions", "chat")
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` entry of a Mooncake trace."""
-PROBE_IDS = 1024
-"""Token ids probed with ``/detokenize`` when collecting one-token words."""
+PROBE_BATCH = 512
+PROBE_MAX_IDS = 8192
+"""Token ids are probed with ``/detokenize`` in batches from 0 until ``POOL_TARGET`` words are found, the
+vocabulary ends, or this many ids were tried."""
+POOL_TARGET = 1000
+"""One-token words wanted: unique prompts differ in their first word across this many consecutive requests."""
 MIN_POOL = 16
 ADJUST_ROUNDS = 6
 TOKENIZE_THREADS = 8
@@ -38,6 +42,10 @@ TOKENIZE_THREADS = 8
 
 class PromptError(ValueError):
     """A prompt source that cannot be used; ``str()`` is the one line shown to the user."""
+
+
+class _Rejected(PromptError):
+    """The server refused one request (400/422): an id outside the vocabulary, say."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +98,8 @@ class ServerTokenizer:
             if e.code in (404, 405):
                 raise PromptError(f"the server has no {path} endpoint; this prompt source needs the served "
                                   "model's tokenizer (vLLM serves it)") from None  # fmt: skip
-            raise PromptError(f"{path} answered HTTP {e.code}: {e.read()[:200].decode('utf-8', 'replace')}") from None
+            kind = _Rejected if e.code in (400, 422) else PromptError
+            raise kind(f"{path} answered HTTP {e.code}: {e.read()[:200].decode('utf-8', 'replace')}") from None
         except (urllib.error.URLError, OSError) as e:
             raise PromptError(f"{path}: cannot reach {self.root}: {getattr(e, 'reason', e)}") from None
         except ValueError:
@@ -123,8 +132,12 @@ class ServerTokenizer:
             raise PromptError("/tokenize returned no tokens")
         return [int(t) for t in tokens]
 
-    def detokenize(self, token_id: int) -> str:
-        text = self._post("/detokenize", {"tokens": [token_id]}).get("prompt")
+    def detokenize(self, token_id: int) -> str | None:
+        """The text of one token id; None for an id the server refuses (past the end of the vocabulary)."""
+        try:
+            text = self._post("/detokenize", {"tokens": [token_id]}).get("prompt")
+        except _Rejected:
+            return None
         return text if isinstance(text, str) else ""
 
 
@@ -146,16 +159,21 @@ def one_token_words(tok: ServerTokenizer) -> list[str]:
     assumed; the joined text of all of them is then tokenized once to prove the property holds in
     sequence, and words that break it are dropped one by one.
     """
-    texts = _parallel(tok.detokenize, list(range(PROBE_IDS)))
     seen: set[str] = set()
     words: list[str] = []
-    for t in texts:
-        w = t.strip()
-        if _WORD.match(w) and w not in seen:
-            seen.add(w)
-            words.append(w)
+    start = 0
+    while len(words) < POOL_TARGET and start < PROBE_MAX_IDS:
+        texts = _parallel(tok.detokenize, list(range(start, start + PROBE_BATCH)))
+        start += PROBE_BATCH
+        for t in texts:
+            w = (t or "").strip()
+            if _WORD.match(w) and w not in seen:
+                seen.add(w)
+                words.append(w)
+        if all(t is None for t in texts):
+            break  # past the vocabulary's end
     if len(words) < MIN_POOL:
-        raise PromptError(f"the served tokenizer gave only {len(words)} plain words among its first {PROBE_IDS} "
+        raise PromptError(f"the served tokenizer gave only {len(words)} plain words among its first {start} "
                           "ids; unique prompts need at least 16")  # fmt: skip
     ids = tok.ids("".join(" " + w for w in words))
     if len(ids) == len(words) and len(set(ids)) == len(ids):
