@@ -110,7 +110,8 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
                    help="completions or chat completions (streamed, usage in both)")
     p.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson",
-                   help="open-loop arrival process (gamma: --burstiness; a trace: --locust-arg=--arrival-trace=F with --no-gated)")
+                   help="open-loop arrival process (gamma: --burstiness; a trace: "
+                   "--locust-arg=--arrival-trace=F with --no-gated)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma arrivals: shape of the gaps (<1 burstier)")
     p.add_argument("--configs", default="chunked,nochunk,preempt",
                    help="server configurations to run; with --server url, the one the server has now")
