@@ -117,8 +117,16 @@ def _span(lo: pd.Series, hi: pd.Series) -> str:
     return f"{rate_text(lo['rate_or_batch'])}→{rate_text(hi['rate_or_batch'])} req/s"
 
 
-def _continuous(table: pd.DataFrame, config: str | None = None) -> pd.DataFrame:
+def _primary_prompts(table: pd.DataFrame) -> str:
+    """The prompt source the five questions read: the seed's when it was measured, else the commonest."""
+    p = table["prompts"].fillna("seed").astype(str) if "prompts" in table.columns else pd.Series(["seed"])
+    return "seed" if (p == "seed").any() or p.empty else str(p.mode().iloc[0])
+
+
+def _continuous(table: pd.DataFrame, config: str | None = None, prompts: str | None = None) -> pd.DataFrame:
     d = table.loc[(table["arm"] == "continuous") & ~table["cell"].astype(str).str.contains("~")]
+    if "prompts" in d.columns:
+        d = d.loc[d["prompts"].fillna("seed").astype(str) == (prompts or _primary_prompts(table))]
     if config is not None:
         d = d.loc[d["config"] == config]
     return d.sort_values("rate_or_batch")
@@ -664,10 +672,15 @@ def diagnose(
         _q4_preemption(table, cells, series),
         _q5_mix(records, run_meta, cells),
     ]
+    questions = list(QUESTIONS)
+    ab = prompt_ab(table, cells, resamples, seed)
+    if ab is not None:  # only when a run measured another prompt source on the same schedule
+        questions.append(PROMPT_AB_QUESTION)
+        parts.append(ab)
     out = []
-    for i, (q, p) in enumerate(zip(QUESTIONS, parts, strict=True), 1):
+    for i, (q, p) in enumerate(zip(questions, parts, strict=True), 1):
         ev = _jsonable(p["evidence"])
-        if i in (1, 3):
+        if i in (1, 3, 6):
             ev["bootstrap"] = {"resamples": resamples, "seed": seed, "level": 0.95, "percentile": 99}
         if i == 2 and rate is not None:
             ev["decision_rate"] = rate
@@ -698,6 +711,69 @@ def _jsonable(x: Any) -> Any:
     if x is pd.NA or x is pd.NaT:
         return None
     return x
+
+
+PROMPT_AB_QUESTION = "Do realistic prompts change the answer? (the same arrival schedule, seed vs other prompts)"
+
+
+def prompt_ab(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -> dict[str, Any] | None:
+    """Each cell measured with the seed's prompts and with another source at the same config and rate
+    (one seed, so one arrival schedule and one length sequence), compared with the bootstrap intervals
+    question 3 uses for chunked prefill on vs off; None when no such pair exists."""
+    if "prompts" not in table.columns:
+        return None
+    d = table.loc[(table["arm"] == "continuous") & ~table["cell"].astype(str).str.contains("~")]
+    prompts = d["prompts"].fillna("seed").astype(str)
+    pairs = []
+    for (config, rate), g in d.groupby(["config", "rate_or_batch"], sort=True):
+        gp = prompts.loc[g.index]
+        if not (gp == "seed").any():
+            continue
+        a = g.loc[gp == "seed"].iloc[0]
+        for _, b in g.loc[gp != "seed"].iterrows():
+            pairs.append((str(config), float(rate), a, b))
+    if not pairs:
+        return None
+    items, lines = [], []
+    for config, rate, a, b in pairs:
+        boot = _compare(cells, a, b, resamples, seed)
+        ratio = _ratio(b["gap_p99"], a["gap_p99"])
+        item = {
+            "config": config, "rate": rate, "seed": a["cell"], "other": b["cell"], "other_prompts": b["prompts"],
+            "gap_p99": [a["gap_p99"], b["gap_p99"]], "gap_p99_ratio": ratio,
+            "ttft_p99": [a["ttft_p99"], b["ttft_p99"]], "ttft_p99_ratio": _ratio(b["ttft_p99"], a["ttft_p99"]),
+            "prefix_hit_rate": [_f(a.get("prefix_hit_rate")), _f(b.get("prefix_hit_rate"))],
+            "bootstrap": boot, "interval": _resolved(boot["gap_p99"]),
+        }  # fmt: skip
+        items.append(item)
+        hit = item["prefix_hit_rate"]
+        hits = "" if hit[0] is None and hit[1] is None else (
+            " (prefix-cache hit rate " + " vs ".join("n/a" if h is None else f"{100 * h:.0f}%" for h in hit) + ")")
+        lines.append(
+            f"{config} at {rate_text(rate)} req/s: worst-gap p99 {_ms(a['gap_p99'])} seed vs {_ms(b['gap_p99'])} "
+            f"{b['prompts']} ({_x(ratio)}; {_ci_text(boot['gap_p99'])}); TTFT p99 {_x(item['ttft_p99_ratio'])} "
+            f"({_ci_text(boot['ttft_p99'])}){hits}."
+        )
+    resolved = [i for i in items if i["interval"]]
+    if resolved:
+        verdict = "yes: " + "; ".join(
+            f"{i['config']} {rate_text(i['rate'])} req/s worst-gap p99 ×{i['gap_p99_ratio']:.2f} with "
+            f"{i['other_prompts']} prompts" for i in resolved)  # fmt: skip
+    elif any(i["interval"] is None for i in items):
+        verdict = "not enough data: at least one pair has no interval (too few requests per cell)"
+    else:
+        verdict = "no difference resolved: every interval of the worst-gap p99 difference includes 0"
+    # does chunked on/off keep its direction under the other prompts?
+    by = {(i["config"], i["rate"]): i for i in items}
+    flips = []
+    for (config, rate), i in by.items():
+        if config == "chunked" and ("nochunk", rate) in by:
+            j = by["nochunk", rate]
+            seed_r, other_r = _ratio(j["gap_p99"][0], i["gap_p99"][0]), _ratio(j["gap_p99"][1], i["gap_p99"][1])
+            flips.append({"rate": rate, "off_on_seed": seed_r, "off_on_other": other_r})
+            lines.append(f"Chunked off/on worst-gap p99 at {rate_text(rate)} req/s: {_x(seed_r)} with seed prompts, "
+                         f"{_x(other_r)} with {i['other_prompts']} prompts.")  # fmt: skip
+    return {"evidence": {"pairs": items, "chunked_off_on": flips}, "verdict": verdict, "lines": lines}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import orjson
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from tailgate.records import RECORD_FIELDS, record_files
+from tailgate.records import RECORD_FIELDS, WORKLOAD_DEFAULTS, record_files
 
 RUN_META = "run.json"
 SUMMARY_GLOB = "summary-*.json"
@@ -34,7 +34,9 @@ SERVER_METRICS = "server-metrics.jsonl"
 #: ids, the generator's monotonic clock), and leaving them out keeps a million-record frame small.
 SKIPPED_FIELDS: tuple[str, ...] = ("chunk_offsets_ms", "chunk_read_delays_ms", "response_id", "sent_mono_ns")
 RECORD_COLUMNS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f not in SKIPPED_FIELDS)
-CATEGORY_COLUMNS: tuple[str, ...] = ("run_id", "worker", "stage_label", "arm", "finish_reason", "error_class")
+CATEGORY_COLUMNS: tuple[str, ...] = (
+    "run_id", "worker", "stage_label", "arm", "finish_reason", "error_class", "prompt_source", "endpoint", "arrivals",
+)  # fmt: skip
 TEXT_COLUMNS: tuple[str, ...] = ("error",)
 INT_COLUMNS: tuple[str, ...] = (
     "trace_id", "stage", "prompt_tokens_planned", "max_tokens", "in_flight_at_send", "chunks",
@@ -215,6 +217,9 @@ def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
     df["cell"] = [
         cell_name(c, a, r) for c, a, r in zip(df["config"], df["arm"], df["rate_or_batch"], strict=True)
     ]
+    if "prompts" in df.columns:  # another prompt source at the same cell: its name says which
+        other = df["prompts"].notna() & (df["prompts"].astype(str) != "seed")
+        df.loc[other, "cell"] = df.loc[other, "cell"] + "+" + df.loc[other, "prompts"].astype(str)
     df = order_cells(df)
     # the same cell measured twice (a repeat run) keeps both rows, told apart by a suffix
     dup = df.groupby("cell").cumcount()
@@ -297,6 +302,8 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
     n = len(df)
     for c in RECORD_COLUMNS:
         col = df[c] if c in df.columns else pd.Series([None] * n, index=df.index, dtype=object)
+        if WORKLOAD_DEFAULTS.get(c) is not None:  # schema 2 records and seed runs leave these out
+            col = col.astype(object).where(col.notna(), WORKLOAD_DEFAULTS[c])
         if c in CATEGORY_COLUMNS:
             out[c] = col if isinstance(col.dtype, pd.CategoricalDtype) else col.astype("category")
         elif c in TEXT_COLUMNS:

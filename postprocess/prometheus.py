@@ -29,6 +29,8 @@ DIRECT = "direct_scrape"
 NONE = "none"
 
 PREEMPTION_METRIC = "vllm:num_preemptions_total"
+PREFIX_QUERIES_METRIC = "vllm:prefix_cache_queries_total"
+PREFIX_HITS_METRIC = "vllm:prefix_cache_hits_total"
 SERIES_FILE = "prometheus-series.csv"
 
 #: column -> queries tried in order (older vLLM spellings after the current one)
@@ -223,6 +225,15 @@ class PrometheusSource:
         if value is None:
             return None, f"{PREEMPTION_METRIC} has fewer than two samples in the window"
         return value, None
+
+    def prefix_cache_hit_rate(self, start: float, end: float) -> float | None:
+        """Prefix-cache hits over queries (tokens) in the window, None without both counters or queries."""
+        got = []
+        for metric in (PREFIX_QUERIES_METRIC, PREFIX_HITS_METRIC):
+            series = self.raw_counter(metric, start, end)
+            got.append(summed_increase(series, start, end) if series else None)
+        queries, hits = got
+        return hits / queries if queries and hits is not None else None
 
     def range_frame(self, query: str, start: float, end: float, step: float = 1.0) -> pd.DataFrame:
         """One query's series over ``[start, end]`` at ``step``, in pieces under the point limit."""
@@ -479,6 +490,7 @@ def collect_server_data(
         for _, row in stages.iterrows():
             start, end = _finite(row.get("window_start_s")), _finite(row.get("window_end_s"))
             prom_value: float | None = None
+            prom_hit_rate: float | None = None
             prom_note: str | None = None
             if start is None or end is None:
                 prom_note = "stage window unknown"
@@ -490,6 +502,7 @@ def collect_server_data(
                 p_end = after_t + COUNTER_PAD_S if after_t is not None else end
                 try:
                     prom_value, prom_note = prom.preemption_increase(p_start, p_end)
+                    prom_hit_rate = prom.prefix_cache_hit_rate(p_start, p_end)
                 except PrometheusUnavailable as e:
                     prom_note = str(e)
             elif saved_series is not None and len(saved_series):
@@ -525,6 +538,7 @@ def collect_server_data(
                         prom_value, prom_note, direct_value, direct_from, disagree, url
                     ),
                     "preemptions": prom_value if prom_value is not None else direct_value,
+                    "prefix_cache_hit_rate_prometheus": prom_hit_rate,
                 }
             )
     for problem, names in unreachable.items():

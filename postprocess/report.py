@@ -143,6 +143,20 @@ def _data_notes(
             "it lacked CPU, so arrivals were late and the client's own timestamps may be late too; the "
             "*_from_intended figures include the lag. Give the generator its own cores or more --processes."
         )
+    warning = summaries.get("prefix_cache_warning", pd.Series(None, index=summaries.index, dtype=object))
+    cached = summaries.loc[warning.map(lambda v: isinstance(v, str) and len(v) > 0).astype(bool).to_numpy()]
+    if len(cached):
+        notes.append(f"{', '.join(map(str, cached['cell']))}: {cached['prefix_cache_warning'].iloc[0]}")
+    diff_max = summaries.get("prompt_tokens_diff_max", pd.Series(np.nan, index=summaries.index))
+    mismatched = summaries.loc[(pd.to_numeric(diff_max, errors="coerce") > 0).to_numpy()]
+    for _, row in mismatched.iterrows():
+        notes.append(
+            f"{row['cell']}: the server counted prompt lengths other than planned in "
+            f"{int(row['prompt_tokens_checked']) - int(row['prompt_tokens_exact'])} of "
+            f"{int(row['prompt_tokens_checked'])} requests (largest difference {row['prompt_tokens_diff_max']:g} "
+            "tokens): the seed's filler is one token per word only for some tokenizers; --prompts unique "
+            "builds exact lengths"
+        )
     for _, row in table.loc[table["preemptions_disagree"].fillna(False).astype(bool)].iterrows():
         notes.append(
             f"{row['cell']}: preemption sources disagree: Prometheus {row['preemptions_prometheus']:g}, "

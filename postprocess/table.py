@@ -18,7 +18,7 @@ TABLE_COLUMNS: tuple[str, ...] = (
     "cell", "config", "arm", "rate_or_batch", "n",
     "ttft_p50", "ttft_p99", "gap_p50", "gap_p99", "total_p50", "total_p99",
     "preemptions_prometheus", "preemptions_direct", "errors",
-    "ttft_from_intended_p99", "schedule_lag_p99", "client_coalesced_streams",
+    "ttft_from_intended_p99", "schedule_lag_p99", "client_coalesced_streams", "prompts", "prefix_hit_rate",
 )  # fmt: skip
 """The Markdown table; the CSV adds :data:`CSV_EXTRA`."""
 NOT_A_MEASUREMENT = " (not a measurement)"
@@ -26,7 +26,9 @@ NOT_A_MEASUREMENT = " (not a measurement)"
 CSV_EXTRA: tuple[str, ...] = (
     "run_dir", "run_id", "stage", "stage_label", "preemptions_source", "preemptions_disagree",
     "lost_in_flight", "achieved_rate", "sent", "warmup", "warmup_rule", "summary_source",
-    "planned", "recorded", "never_sent",
+    "planned", "recorded", "never_sent", "endpoint", "arrivals", "prefix_cache_hit_rate",
+    "prefix_cache_hit_rate_prometheus", "prefix_cache_queries_delta", "prefix_cache_hits_delta",
+    "prompt_tokens_checked", "prompt_tokens_exact", "prompt_tokens_diff_max",
 )  # fmt: skip
 ACCOUNTING_COLUMNS: tuple[str, ...] = ("cell", "planned", "sent", "recorded", "lost_in_flight", "never_sent")
 """Where each cell's planned requests went (``postprocess/accounting.py``): a second table."""
@@ -43,6 +45,7 @@ HEADERS: dict[str, str] = {
     "ttft_from_intended_p99": "ttft_from_intended_p99 ms",
     "schedule_lag_p99": "schedule_lag_p99 ms",
     "client_coalesced_streams": "coalesced by client",
+    "prefix_hit_rate": "prefix-cache hit rate",
 }
 
 
@@ -55,8 +58,8 @@ def summary_table(summaries: pd.DataFrame, preemptions: pd.DataFrame | None = No
     df = summaries.copy()
     if preemptions is not None and len(preemptions):
         keep = ["run_dir", "stage", "preemptions_prometheus", "preemptions_direct", "preemptions_source",
-                "preemptions_disagree"]  # fmt: skip
-        p = preemptions[keep].copy()
+                "preemptions_disagree", "prefix_cache_hit_rate_prometheus"]  # fmt: skip
+        p = preemptions[[c for c in keep if c in preemptions.columns]].copy()
         df = df.merge(p, on=["run_dir", "stage"], how="left", suffixes=("_summary", ""))
     else:
         df["preemptions_prometheus"] = np.nan
@@ -66,8 +69,14 @@ def summary_table(summaries: pd.DataFrame, preemptions: pd.DataFrame | None = No
     for c in (*TABLE_COLUMNS, *CSV_EXTRA):
         if c not in df.columns:
             df[c] = np.nan
-    for c in ("preemptions_prometheus", "preemptions_direct"):
+    for c in ("preemptions_prometheus", "preemptions_direct", "prefix_cache_hit_rate",
+              "prefix_cache_hit_rate_prometheus"):  # fmt: skip
         df[c] = pd.to_numeric(df[c], errors="coerce")
+    # Prometheus when it saw the stage, else the load path's own before/after reads (as for preemptions)
+    df["prefix_hit_rate"] = df["prefix_cache_hit_rate_prometheus"].where(
+        df["prefix_cache_hit_rate_prometheus"].notna(), df["prefix_cache_hit_rate"]
+    )
+    df["prompts"] = df["prompts"].where(df["prompts"].notna(), "seed")
     return df[[*TABLE_COLUMNS, *CSV_EXTRA]].reset_index(drop=True)
 
 
@@ -77,6 +86,8 @@ def _fmt(column: str, value: Any) -> str:
     if column in ("n", "errors", "sent", "lost_in_flight", "stage", "warmup", "planned", "recorded", "never_sent",
                   "client_coalesced_streams"):
         return str(int(value))
+    if column.startswith("prefix_") and "hit_rate" in column and isinstance(value, (int, float, np.floating)):
+        return f"{100 * float(value):.1f}%"
     if column == "rate_or_batch":
         v = float(value)
         return str(int(v)) if v.is_integer() else f"{v:g}"
@@ -92,7 +103,7 @@ def table_markdown(table: pd.DataFrame) -> str:
     """A GitHub-flavoured Markdown table of :data:`TABLE_COLUMNS` (numeric columns right-aligned)."""
     cols = list(TABLE_COLUMNS)
     head = "| " + " | ".join(HEADERS.get(c, c) for c in cols) + " |"
-    align = "|" + "|".join("---" if c in ("cell", "config", "arm") else "---:" for c in cols) + "|"
+    align = "|" + "|".join("---" if c in ("cell", "config", "arm", "prompts") else "---:" for c in cols) + "|"
     lines = [head, align]
     for row in table[cols].itertuples(index=False):
         cells = [_fmt(c, v) for c, v in zip(cols, row, strict=True)]
@@ -128,7 +139,7 @@ def _rows(table: pd.DataFrame, cols: list[str]) -> list[dict[str, Any]]:
         d = row._asdict()
         cells = [
             {"text": _fmt(c, d.get(c)) + (_measurement_mark(d) if c == "cell" else ""),
-             "numeric": c not in ("cell", "config", "arm")}
+             "numeric": c not in ("cell", "config", "arm", "prompts")}
             for c in cols
         ]  # fmt: skip
         flagged = bool(d.get("lost_in_flight") and d.get("lost_in_flight") == d.get("lost_in_flight"))

@@ -91,6 +91,15 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preempt-compose-file", default="docker-compose.preempt.yml",
                    help="override file whose vllm command has the small KV pool of the preemption cell")
     p.add_argument("--locust-arg", action="append", default=[], help="extra option for every Locust run")
+    p.add_argument("--prompts", default="seed",
+                   help="prompt source(s), comma-separated: seed, unique, dataset, prefix; two or more run every "
+                   "open-loop cell once per source on the same arrival schedule (a paired A/B in the report)")
+    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+                   help="completions or chat completions (streamed, usage in both)")
+    p.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson",
+                   help="open-loop arrival process (gamma: --burstiness; a trace: "
+                   "--locust-arg=--arrival-trace=F with --no-gated)")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma arrivals: shape of the gaps (<1 burstier)")
     p.add_argument("--configs", default="chunked,nochunk,preempt",
                    help="server configurations to run; with --server url, the one the server has now")
     p.add_argument("--no-report", action="store_true", help="skip the report at the end")
@@ -160,8 +169,32 @@ def build_plan(args: argparse.Namespace) -> Any:
             config: [*(EMBEDDED_BASE_FLAGS if args.embedded else []), *flags]
             for config, flags in (("chunked", []), ("nochunk", nochunk_flags), ("preempt", preempt_flags))
         },
-        locust_args=list(args.locust_arg),
+        locust_args=list(args.locust_arg) + workload_locust_args(args),
+        prompts=parse_prompt_sources(args.prompts),
     )  # fmt: skip
+
+
+def parse_prompt_sources(text: str) -> tuple[str, ...]:
+    from tailgate.load.prompts import PROMPT_SOURCES
+
+    sources = tuple(dict.fromkeys(x.strip() for x in str(text).split(",") if x.strip()))
+    bad = [x for x in sources if x not in PROMPT_SOURCES]
+    if bad or not sources:
+        raise OptionError(f"--prompts: unknown source {', '.join(bad) or '(none)'}; choose from "
+                          f"{', '.join(PROMPT_SOURCES)}, comma-separated")  # fmt: skip
+    return sources
+
+
+def workload_locust_args(args: argparse.Namespace) -> list[str]:
+    """The suite's workload options as every Locust run takes them (the prompt source goes per cell)."""
+    out: list[str] = []
+    if not 0 < getattr(args, "burstiness", 1.0) < float("inf"):
+        raise OptionError(f"--burstiness: must be a positive number, got {args.burstiness:g}")
+    if getattr(args, "endpoint", "completions") != "completions":
+        out += ["--endpoint", args.endpoint]
+    if getattr(args, "arrivals", "poisson") != "poisson":
+        out += ["--arrivals", args.arrivals, "--burstiness", f"{args.burstiness:g}"]
+    return out
 
 
 def _locust_args_without_key(args: list[str]) -> tuple[list[str], str | None]:

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
-RECORD_SCHEMA_VERSION = 2
-"""2: the connect and request-written instants, and how much of a record's timing the client could have hidden."""
+RECORD_SCHEMA_VERSION = 3
+"""2: the connect and request-written instants, and how much of a record's timing the client could have hidden.
+3: which prompt source, endpoint and arrival process produced the record, and the prompt's tokenized length."""
 
 
 @dataclass(slots=True)
@@ -90,6 +91,17 @@ class RequestRecord:
     client_coalesced: bool = False
     """True when any read was late and coalesced: the client, not the server, may have merged chunks the
     server sent apart, so this stream's gaps are not a measurement of the server."""
+    # workload (schema 3; older records load with these defaults: the seed's filler on completions, Poisson)
+    prompt_source: str = "seed"
+    """Which prompt source built this request's prompt (``seed``, ``unique``, ``dataset``, ``prefix``,
+    ``mooncake``)."""
+    endpoint: str = "completions"
+    """``completions`` or ``chat``. A chat stream's ``chunks`` include its first, role-only delta."""
+    arrivals: str = "poisson"
+    """The arrival process of its stage (``poisson``, ``gamma``, ``trace``; ``batches`` for the gated arm)."""
+    prompt_tokens_tokenized: int | None = None
+    """The served tokenizer's count of the prompt as built (``/tokenize``), when a source measured it; the
+    usage's ``prompt_tokens`` is what the server actually counted."""
     # outcome
     error_class: str | None = None
     error: str | None = None
@@ -108,6 +120,11 @@ class RequestRecord:
         """A shallow dict: ``asdict``'s deep copy of the chunk list cost more than the request's parsing,
         inside the event loop that times the other streams."""
         d = {name: getattr(self, name) for name in RECORD_FIELDS}
+        # the workload fields at their defaults are left out: a seed run's records stay byte for byte what
+        # schema 2 wrote, and readers fill the defaults in (``WORKLOAD_DEFAULTS``)
+        for name, default in WORKLOAD_DEFAULTS.items():
+            if d[name] == default:
+                del d[name]
         if d["chunk_offsets_ms"] is None:
             del d["chunk_offsets_ms"]
         if d["chunk_read_delays_ms"] is None:
@@ -119,6 +136,10 @@ class RequestRecord:
 
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+WORKLOAD_DEFAULTS: dict[str, Any] = {
+    "prompt_source": "seed", "endpoint": "completions", "arrivals": "poisson", "prompt_tokens_tokenized": None,
+}  # fmt: skip
+"""Schema 3's fields and the value a record without them (schema 2, or a seed run) means."""
 
 
 def worker_name() -> str:

@@ -67,12 +67,15 @@ class Cell:
     arm: str
     value: float
     """Arrival rate (continuous) or batch size (gated)."""
+    prompts: str = "seed"
+    """Prompt source; a cell with another source than the seed's is the B side of a prompt A/B."""
 
     @property
     def name(self) -> str:
+        suffix = "" if self.prompts == "seed" else f"+{self.prompts}"
         if self.arm == "gated":
-            return f"{self.config}_gated_b{int(self.value)}"
-        return f"{self.config}_cont_r{rate_label(self.value)}"
+            return f"{self.config}_gated_b{int(self.value)}{suffix}"
+        return f"{self.config}_cont_r{rate_label(self.value)}{suffix}"
 
     @property
     def stage_label(self) -> str:
@@ -106,15 +109,20 @@ class SuitePlan:
     """Server configurations to run now (a server nobody can restart runs one at a time)."""
     realtime: bool = False
     """Load processes at SCHED_FIFO where allowed: set when the server shares this machine's cores."""
+    prompts: tuple[str, ...] = ("seed",)
+    """Prompt sources; with two or more, every open-loop cell runs once per source on the same arrival
+    schedule (same seed): a paired A/B the report compares with the intervals of chunked on vs off."""
 
     def fixed_cells(self) -> list[Cell]:
-        cells = [Cell("chunked", "continuous", r) for r in self.rates]
+        first, others = self.prompts[0], self.prompts[1:]
+        cells = [Cell("chunked", "continuous", r, first) for r in self.rates]
         if self.gated:
-            cells.append(Cell("chunked", "gated", float(self.batch_size)))
-        cells += [Cell("nochunk", "continuous", r) for r in self.nochunk_rates]
+            cells.append(Cell("chunked", "gated", float(self.batch_size), first))
+        cells += [Cell("nochunk", "continuous", r, first) for r in self.nochunk_rates]
         if self.preempt_rate:
-            cells.append(Cell("preempt", "continuous", self.preempt_rate))
-        return [c for c in cells if c.config in self.configs]
+            cells.append(Cell("preempt", "continuous", self.preempt_rate, first))
+        paired = [Cell(c.config, c.arm, c.value, other) for c in cells if c.arm == "continuous" for other in others]
+        return [c for c in [*cells, *paired] if c.config in self.configs]
 
 
 def cell_done(root: Path, cell: Cell) -> bool:
@@ -210,7 +218,7 @@ class Suite:
             arm=cell.arm, host=self.controller.base_url, results=out, stage=stage, n=p.n, warmup=p.warmup,
             seed=p.seed, config_label=cell.config, processes=cell_processes(cell, p.processes),
             ignore_eos=p.ignore_eos, prometheus_url=self.prometheus_url, realtime=p.realtime,
-            extra=tuple(p.locust_args),
+            extra=(*(("--prompts", cell.prompts) if cell.prompts != "seed" else ()), *p.locust_args),
         )  # fmt: skip
 
     def run_cell(self, cell: Cell, index: int, total: int) -> dict[str, Any]:
@@ -251,7 +259,7 @@ class Suite:
         index = 0
         # the chunked ramp first, deciding as it goes whether to extend it
         previous: dict[str, Any] | None = None
-        ramp = [c for c in cells if c.config == "chunked" and c.arm == "continuous"]
+        ramp = [c for c in cells if c.config == "chunked" and c.arm == "continuous" and c.prompts == p.prompts[0]]
         rate = ramp[-1].value if ramp else 0.0
         while ramp:
             cell = ramp.pop(0)
@@ -271,10 +279,10 @@ class Suite:
                 break
             if not ramp and p.until_knee and rate * 2 <= p.max_rate:
                 rate *= 2
-                ramp.append(Cell("chunked", "continuous", rate))
+                ramp.append(Cell("chunked", "continuous", rate, p.prompts[0]))
                 total += 1
         for cell in cells:
-            if cell.config == "chunked" and cell.arm == "continuous":
+            if cell.config == "chunked" and cell.arm == "continuous" and cell.prompts == p.prompts[0]:
                 continue
             index += 1
             if cell_done(self.root, cell):

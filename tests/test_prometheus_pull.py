@@ -42,6 +42,7 @@ from tailgate.postprocess.prometheus import (
     summed_increase,
 )
 from tailgate.postprocess.report import build_report
+from tailgate.postprocess.table import summary_table
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
 
@@ -365,3 +366,23 @@ def test_unreachable_prometheus_falls_back_and_says_so(results: Path) -> None:
     html = paths.html.read_text()
     assert "did not answer" in html and "direct /metrics scrapes" in html
     assert not (results / "preempt" / SERIES_FILE).exists()
+
+
+def test_prefix_cache_hit_rate_per_stage_from_prometheus(
+    results: Path, fake_prometheus: tuple[FakePrometheus, str]
+) -> None:
+    """The stage's prefix-cache hits over queries from the raw counters, as the preemption delta is read."""
+    fake, url = fake_prometheus
+    start, end = _preempt_window(results)
+    times = np.arange(math.floor(start) - 10 + 0.5, end + 10, 1.0)
+    inside = [t for t in times if start <= t <= end]
+    fake.add("vllm:prefix_cache_queries_total", {"engine": "0"}, [(float(t), 1000.0 * i) for i, t in enumerate(times)])
+    fake.add("vllm:prefix_cache_hits_total", {"engine": "0"}, [(float(t), 250.0 * i) for i, t in enumerate(times)])
+    assert len(inside) >= 2
+    runs = find_run_dirs(results)
+    data = collect_server_data(runs, load_summaries(runs), url)
+    rows = data.preemptions.set_index("cell")
+    assert rows.loc["preempt_r8", "prefix_cache_hit_rate_prometheus"] == pytest.approx(0.25)
+    assert math.isnan(rows.loc["cont_r8", "prefix_cache_hit_rate_prometheus"])  # no samples in its window
+    table = summary_table(load_summaries(runs), data.preemptions).set_index("cell")
+    assert table.loc["preempt_r8", "prefix_hit_rate"] == pytest.approx(0.25)

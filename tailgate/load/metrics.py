@@ -24,7 +24,12 @@ SERIES: dict[str, tuple[str, ...]] = {
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     "prompt_tokens_total": ("vllm:prompt_tokens_total",),
     "generation_tokens_total": ("vllm:generation_tokens_total",),
+    # V1 counts prefix-cache lookups and hits in tokens; before 0.10 they were called gpu_prefix_cache_*
+    "prefix_cache_queries_total": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
 }
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+"""An info gauge whose labels carry the engine's cache configuration, ``enable_prefix_caching`` among them."""
 
 
 @dataclass(slots=True)
@@ -36,6 +41,10 @@ class Snapshot:
     kv_usage: float | None = None
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    prefix_caching: bool | None = None
+    """The server's ``enable_prefix_caching`` as its cache-config info gauge states it; None: not exposed."""
 
 
 def parse_exposition(text: str, t: float | None = None) -> Snapshot:
@@ -45,8 +54,14 @@ def parse_exposition(text: str, t: float | None = None) -> Snapshot:
     """
     wanted = {name: field for field, names in SERIES.items() for name in names}
     sums: dict[str, float] = {}
+    caching: bool | None = None
     for line in text.splitlines():
         if not line.startswith("vllm:"):
+            continue
+        if line.startswith(CACHE_CONFIG_INFO + "{"):
+            found = _label(line, "enable_prefix_caching")
+            if found is not None:
+                caching = found.lower() == "true"
             continue
         brace = line.find("{")
         space = line.find(" ")
@@ -63,13 +78,22 @@ def parse_exposition(text: str, t: float | None = None) -> Snapshot:
         # prefer the current spelling when both are exposed
         key = f"{field}|{SERIES[field].index(name)}"
         sums[key] = sums.get(key, 0.0) + value
-    snap = Snapshot(time.time() if t is None else t)
+    snap = Snapshot(time.time() if t is None else t, prefix_caching=caching)
     for field, names in SERIES.items():
         for i in range(len(names)):
             if f"{field}|{i}" in sums:
                 setattr(snap, field, sums[f"{field}|{i}"])
                 break
     return snap
+
+
+def _label(line: str, name: str) -> str | None:
+    start = line.find(f'{name}="')
+    if start < 0:
+        return None
+    start += len(name) + 2
+    end = line.find('"', start)
+    return line[start:end] if end >= 0 else None
 
 
 def scrape(url: str, timeout: float = 5.0) -> Snapshot | None:

@@ -14,8 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tailgate.load.arrivals import ARRIVALS, ArrivalError, TraceRow, gamma_offsets, load_trace, scaled
 from tailgate.load.client import Target, TargetError, Timeouts, chunk_stamp_mode
-from tailgate.load.plan import DEFAULT_BATCH, DEFAULT_RATES, Stage, continuous_stage, gated_stage
+from tailgate.load.plan import (
+    DEFAULT_BATCH,
+    DEFAULT_RATES,
+    Stage,
+    continuous_stage,
+    gated_stage,
+    rate_label,
+    with_prompts,
+)
+from tailgate.load.prompts import ENDPOINTS, PROMPT_SOURCES, DatasetEntry, Prompt, PromptError, load_dataset
 from tailgate.load.workload import (
     DEFAULT_MEASURED,
     DEFAULT_SEED,
@@ -134,6 +144,32 @@ def add_arguments(parser: Any) -> None:
     )
     g.add_argument("--stop-on-errors", type=int, default=0,
                    help="stop the run after a stage with at least this many failed requests; 0 = never")  # fmt: skip
+    add_workload_arguments(g)
+
+
+def add_workload_arguments(g: Any) -> None:
+    """What each request carries and when it arrives (see tailgate/load/prompts.py and arrivals.py)."""
+    g.add_argument("--prompts", choices=PROMPT_SOURCES, default="seed",
+                   help="prompt source: seed (filler word x planned length, the reference), unique (every request "
+                   "distinct from its first token, exact length for the served tokenizer via /tokenize), dataset "
+                   "(--dataset), prefix (groups sharing a prefix: --prefix-tokens/--prefix-share/--prefix-groups)")
+    g.add_argument("--dataset", default="",
+                   help="prompts: ShareGPT JSON or JSONL with prompt or messages (optional max_tokens)")
+    g.add_argument("--prefix-tokens", type=int, default=512, help="prefix prompts: tokens of each shared prefix")
+    g.add_argument("--prefix-share", type=float, default=0.5,
+                   help="prefix prompts: share of requests (0-1) that start with a shared prefix")
+    g.add_argument("--prefix-groups", type=int, default=4, help="prefix prompts: how many distinct shared prefixes")
+    g.add_argument("--endpoint", choices=ENDPOINTS, default="completions",
+                   help="completions (/v1/completions) or chat (/v1/chat/completions), both streamed with usage")
+    g.add_argument("--arrivals", choices=ARRIVALS, default="poisson",
+                   help="continuous arm: poisson (the reference draws), gamma (--burstiness), trace (--arrival-trace)")
+    g.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma arrivals: shape of the gaps; below 1 burstier than Poisson, above 1 smoother")
+    g.add_argument("--arrival-trace", default="",
+                   help="replay a Mooncake JSONL or BurstGPT CSV trace: its timestamps and lengths (implies "
+                   "--arrivals trace; Mooncake hash_ids become shared prompt blocks)")
+    g.add_argument("--time-scale", type=float, default=1.0,
+                   help="trace arrivals: multiply the trace's time by this (0.5 replays it twice as fast)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -165,11 +201,74 @@ class Settings:
     stop_on_errors: int
     realtime: bool = False
     """Load processes asked for SCHED_FIFO (whether they got it is in their log)."""
+    prompts: str = "seed"
+    """Prompt source (tailgate/load/prompts.py); ``mooncake`` when a Mooncake trace's hash_ids make the prompts."""
+    endpoint: str = "completions"
+    arrivals: str = "poisson"
+    burstiness: float = 1.0
+    time_scale: float = 1.0
+    arrival_trace: str = ""
+    trace_format: str = ""
+    trace_rows: tuple[TraceRow, ...] = ()
+    dataset: str = ""
+    dataset_entries: tuple[DatasetEntry, ...] = field(default=(), repr=False)
+    prefix_tokens: int = 512
+    prefix_share: float = 0.5
+    prefix_groups: int = 4
+    prompt_sets: tuple[tuple[Prompt | None, ...], ...] | None = field(default=None, repr=False)
+    """Built prompts per stage, in arrival order (None: the seed filler, built in the load processes)."""
+    prompt_check: dict[str, Any] = field(default_factory=dict)
+    """How the prompts were built and counted (pool size, template overhead, planned vs tokenized)."""
+
+    @property
+    def needs_tokenizer(self) -> bool:
+        return self.prompts != "seed"
+
+    def trace_rate(self) -> float:
+        """A replayed trace's mean offered rate after the time scale (requests over the span)."""
+        span = (self.trace_rows[-1].offset_s - self.trace_rows[0].offset_s) * self.time_scale
+        return (len(self.trace_rows) - 1) / span if span > 0 else float(len(self.trace_rows))
 
     def stages(self) -> list[Stage]:
         if self.arm == "continuous":
-            return [continuous_stage(i, self.trace, r, self.seed, self.warmup) for i, r in enumerate(self.rates)]
-        return [gated_stage(0, self.trace, self.batch_size, self.warmup)]
+            if self.arrivals == "trace":
+                label = f"trace_x{rate_label(self.time_scale)}"
+                offsets = scaled(list(self.trace_rows), self.time_scale)
+                stages = [continuous_stage(0, self.trace, self.trace_rate(), self.seed, self.warmup,
+                                           offsets=offsets, label=label)]  # fmt: skip
+            elif self.arrivals == "gamma":
+                stages = [
+                    continuous_stage(
+                        i, self.trace, r, self.seed, self.warmup,
+                        offsets=gamma_offsets(len(self.trace), r, self.burstiness, self.seed),
+                        label=f"cont_r{rate_label(r)}_gamma{rate_label(self.burstiness)}",
+                    )
+                    for i, r in enumerate(self.rates)
+                ]
+            else:
+                stages = [continuous_stage(i, self.trace, r, self.seed, self.warmup) for i, r in enumerate(self.rates)]
+        else:
+            stages = [gated_stage(0, self.trace, self.batch_size, self.warmup)]
+        if self.prompt_sets is not None:
+            stages = [with_prompts(st, self.prompt_sets[min(i, len(self.prompt_sets) - 1)])
+                      for i, st in enumerate(stages)]  # fmt: skip
+        return stages
+
+    def workload(self) -> dict[str, Any]:
+        """Which source, endpoint and arrival process produced the records (run.json, summaries, records)."""
+        out: dict[str, Any] = {"prompts": self.prompts, "endpoint": self.endpoint, "arrivals": self.arrivals}
+        if self.arrivals == "gamma":
+            out["burstiness"] = self.burstiness
+        if self.arrivals == "trace":
+            out.update(arrival_trace=self.arrival_trace, trace_format=self.trace_format, time_scale=self.time_scale)
+        if self.prompts == "dataset":
+            out["dataset"] = self.dataset
+        if self.prompts == "prefix":
+            out.update(prefix_tokens=self.prefix_tokens, prefix_share=self.prefix_share,
+                       prefix_groups=self.prefix_groups)  # fmt: skip
+        if self.prompt_check:
+            out["prompt_check"] = self.prompt_check
+        return out
 
     def public(self) -> dict[str, Any]:
         """Every option as used, for run metadata; the API key is reduced to whether one was set."""
@@ -184,7 +283,7 @@ class Settings:
             "record_chunks": self.record_chunks, "metrics_url": self.metrics_url,
             "sample_metrics": self.sample_metrics, "prometheus_url": self.prometheus_url,
             "settle": self.settle, "stop_on_errors": self.stop_on_errors, "realtime": self.realtime,
-            "chunk_stamp": chunk_stamp_mode(),
+            "chunk_stamp": chunk_stamp_mode(), **{k: v for k, v in self.workload().items() if k != "prompt_check"},
         }  # fmt: skip
 
 
@@ -256,7 +355,17 @@ def validate(opts: Any, *, arm: str | None = None, now: str = "") -> Settings:
         raise OptionError(f"--batch-size: must be at least 1, got {opts.batch_size}")
     if opts.warmup < 0:
         raise OptionError(f"--warmup: must be 0 or more, got {opts.warmup}")
-    if opts.trace_file:
+    workload = _validate_workload(opts, arm)
+    rows: tuple[TraceRow, ...] = workload["trace_rows"]
+    if rows:
+        if opts.trace_file:
+            raise OptionError("--arrival-trace: a replayed trace brings its own lengths; drop --trace-file")
+        items = [TraceItem(i, r.prompt_tokens, r.max_tokens) for i, r in enumerate(rows)]
+        if len(items) <= opts.warmup:
+            raise OptionError(f"--arrival-trace: {len(items)} requests leave nothing after --warmup {opts.warmup}")
+        n = len(items) - opts.warmup
+        source = f"{workload['trace_format']} trace {workload['arrival_trace']}"
+    elif opts.trace_file:
         try:
             items = load_jsonl(opts.trace_file)
         except TraceError as e:
@@ -302,5 +411,68 @@ def validate(opts: Any, *, arm: str | None = None, now: str = "") -> Settings:
         timeouts=Timeouts(opts.connect_timeout, opts.request_timeout, opts.stall_timeout or None),
         record_chunks=bool(opts.record_chunks), metrics_url=metrics_url,
         sample_metrics=opts.sample_metrics, prometheus_url=prometheus_url, settle=opts.settle,
-        stop_on_errors=opts.stop_on_errors, realtime=bool(getattr(opts, "realtime", False)),
+        stop_on_errors=opts.stop_on_errors, realtime=bool(getattr(opts, "realtime", False)), **workload,
     )  # fmt: skip
+
+
+def _validate_workload(opts: Any, arm: str) -> dict[str, Any]:
+    """The prompt source, endpoint and arrival options, files parsed now: a bad file stops the run before
+    anything is sent. Options a parser without them (an old locust.conf) lacks take their defaults."""
+    get = lambda name, default: getattr(opts, name, default)  # noqa: E731
+    prompts, endpoint = get("prompts", "seed") or "seed", get("endpoint", "completions") or "completions"
+    arrivals, trace_path = get("arrivals", "poisson") or "poisson", get("arrival_trace", "") or ""
+    if prompts not in PROMPT_SOURCES:
+        raise OptionError(f"--prompts: unknown source {prompts!r}; choose one of {', '.join(PROMPT_SOURCES)}")
+    if endpoint not in ENDPOINTS:
+        raise OptionError(f"--endpoint: unknown endpoint {endpoint!r}; choose one of {', '.join(ENDPOINTS)}")
+    if trace_path:
+        arrivals = "trace"
+    if arrivals not in ARRIVALS:
+        raise OptionError(f"--arrivals: unknown process {arrivals!r}; choose one of {', '.join(ARRIVALS)}")
+    burstiness, time_scale = float(get("burstiness", 1.0)), float(get("time_scale", 1.0))
+    if not 0 < burstiness < float("inf"):
+        raise OptionError(f"--burstiness: must be a positive number, got {burstiness:g}")
+    if not 0 < time_scale < float("inf"):
+        raise OptionError(f"--time-scale: must be a positive number, got {time_scale:g}")
+    rows: tuple[TraceRow, ...] = ()
+    trace_format = ""
+    if arrivals == "trace":
+        if not trace_path:
+            raise OptionError("--arrivals trace: name the trace with --arrival-trace (Mooncake JSONL or BurstGPT CSV)")
+        if arm != "continuous":
+            raise OptionError("--arrival-trace: trace replay is an open-loop (continuous) arrival process")
+        try:
+            trace_format, loaded = load_trace(trace_path)
+        except ArrivalError as e:
+            raise OptionError(f"--arrival-trace: {e}") from None
+        rows = tuple(loaded)
+        if trace_format == "mooncake" and any(r.hash_ids for r in rows):
+            if prompts != "seed":
+                raise OptionError(f"--prompts {prompts}: a Mooncake trace's hash_ids already define its prompts")
+            prompts = "mooncake"
+    entries: tuple[DatasetEntry, ...] = ()
+    dataset = get("dataset", "") or ""
+    if prompts == "dataset":
+        if not dataset:
+            raise OptionError("--prompts dataset: name the file with --dataset (ShareGPT JSON or JSONL)")
+        try:
+            entries = tuple(load_dataset(dataset))
+        except PromptError as e:
+            raise OptionError(f"--dataset: {e}") from None
+    else:
+        dataset = ""  # only the dataset source reads it (a suite A/B passes it to every cell)
+    prefix_tokens, prefix_share = int(get("prefix_tokens", 512)), float(get("prefix_share", 0.5))
+    prefix_groups = int(get("prefix_groups", 4))
+    if prompts == "prefix":
+        if prefix_tokens < 1:
+            raise OptionError(f"--prefix-tokens: must be at least 1, got {prefix_tokens}")
+        if not 0 <= prefix_share <= 1:
+            raise OptionError(f"--prefix-share: must be between 0 and 1, got {prefix_share:g}")
+        if prefix_groups < 1:
+            raise OptionError(f"--prefix-groups: must be at least 1, got {prefix_groups}")
+    return {
+        "prompts": prompts, "endpoint": endpoint, "arrivals": arrivals, "burstiness": burstiness,
+        "time_scale": time_scale, "arrival_trace": trace_path, "trace_format": trace_format, "trace_rows": rows,
+        "dataset": dataset, "dataset_entries": entries, "prefix_tokens": prefix_tokens,
+        "prefix_share": prefix_share, "prefix_groups": prefix_groups,
+    }  # fmt: skip

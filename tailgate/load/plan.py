@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from tailgate.load.prompts import Prompt
 from tailgate.load.workload import TraceItem
 
 DEFAULT_RATES: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0)
@@ -22,6 +23,8 @@ class Arrival:
     offset_s: float
     """Intended send time relative to the start of the stage (continuous) or batch (gated)."""
     batch: int | None = None
+    prompt: Prompt | None = None
+    """The prompt to send; None = the seed filler built from the planned length (the default source)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +67,28 @@ def rate_label(rate: float) -> str:
     return f"{rate:g}".replace(".", "p")
 
 
-def continuous_stage(index: int, items: Sequence[TraceItem], rate: float, seed: int, warmup: int) -> Stage:
-    offsets = poisson_offsets(len(items), rate, seed)
+def continuous_stage(
+    index: int,
+    items: Sequence[TraceItem],
+    rate: float,
+    seed: int,
+    warmup: int,
+    *,
+    offsets: Sequence[float] | None = None,
+    label: str | None = None,
+) -> Stage:
+    """An open-loop stage: Poisson offsets unless ``offsets`` (gamma, a replayed trace) are given."""
+    if offsets is None:
+        offsets = poisson_offsets(len(items), rate, seed)
     arrivals = tuple(Arrival(it, off) for it, off in zip(items, offsets, strict=True))
-    return Stage(index, f"cont_r{rate_label(rate)}", "continuous", rate, warmup, (arrivals,))
+    return Stage(index, label or f"cont_r{rate_label(rate)}", "continuous", rate, warmup, (arrivals,))
+
+
+def with_prompts(stage: Stage, prompts: Sequence[Prompt | None]) -> Stage:
+    """The same schedule carrying these prompts, in arrival order."""
+    it = iter(prompts)
+    groups = tuple(tuple(replace(a, prompt=next(it)) for a in g) for g in stage.groups)
+    return replace(stage, groups=groups)
 
 
 def gated_stage(index: int, items: Sequence[TraceItem], batch_size: int, warmup: int) -> Stage:

@@ -63,4 +63,7 @@ def settings_for(environment: Any, opts: Any, *, contact_server: bool = True) ->
     settings = validate(opts, arm=shape.arm, now=time.strftime("%Y%m%d-%H%M%S"))
     if contact_server:
         settings = dataclasses.replace(settings, model=resolve_model(settings))
+        from tailgate.load.materialize import materialize
+
+        settings = materialize(settings)
     return settings

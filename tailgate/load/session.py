@@ -49,6 +49,7 @@ from tailgate.load.sidecars import (
     start_sampler,
     stop_helper,
 )
+from tailgate.load.stage_workload import order_item, stage_arrivals, workload_summary
 from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
 from tailgate.load.workload import mix_of
 from tailgate.records import lost_in_flight, read_records, read_sent
@@ -386,7 +387,7 @@ class RunSession:
                     "run_id": self.run_id, "stage": stage.index, "stage_label": stage.label, "arm": stage.arm,
                     "rate_or_batch": stage.rate_or_batch, "t0_wall": t0 + self.clock.offset(node), "t0_master": t0,
                     "max_in_flight": s.max_in_flight if stage.arm == "continuous" else 0,
-                    "items": [[a.item.id, a.item.prompt_tokens, a.item.max_tokens, a.offset_s, a.batch] for a in mine],
+                    "items": [order_item(a) for a in mine], "arrivals": stage_arrivals(s, stage),
                     "config": self._order_config(),
                 }  # fmt: skip
                 orders[node] = order
@@ -490,6 +491,9 @@ class RunSession:
             }
         )  # fmt: skip
         summary.update(self._accounting(stage, records))
+        summary.update(workload_summary(s, stage, records, before, after))
+        if summary.get("prefix_cache_warning"):
+            log.warning("tailgate: %s: %s", stage.label, summary["prefix_cache_warning"])
         summary["workers_lost"] = list(lost or [])
         span = summary["window_end_s"] - summary["window_start_s"]
         chunks = sum(int(r.get("chunks") or 0) for r in records)
@@ -533,6 +537,7 @@ class RunSession:
             # orders cross the network to workers: the key goes once at connect (CONNECT_MESSAGE) instead
             "api_key": s.api_key if self._local else None,
             "prompt_word": s.prompt_word, "record_chunks": s.record_chunks, "results_dir": str(self.folder),
+            "prompts": s.prompts, "endpoint": s.endpoint,
             "connect_timeout": s.timeouts.connect_s, "request_timeout": s.timeouts.request_s,
             "stall_timeout": s.timeouts.stall_s,
         }  # fmt: skip
@@ -577,7 +582,7 @@ class RunSession:
             "trace": {"seed": s.seed, "warmup": s.warmup, "n": s.n, "source": s.trace_source,
                       "mix": mix_of(measured), "mix_with_warmup": mix_of(s.trace)},
             "stages_planned": [x.label for x in self.stages], "ignore_eos": s.ignore_eos,
-            "options": s.public(), "load_processes": self._nodes_expected(),
+            "options": s.public(), "load_processes": self._nodes_expected(), "workload": s.workload(),
             "versions": {"tailgate": tailgate.__version__, "locust": locust_version,
                          "python": platform.python_version()},
             "load_host": platform.node(), "pid": os.getpid(),

@@ -26,12 +26,14 @@ from tailgate.load.client import (
     StreamTiming,
     Target,
     Timeouts,
+    build_chat_payload,
     build_payload,
     build_request,
     chunk_stamp_mode,
     stream_completion,
 )
 from tailgate.load.clock import mono_ns, wall
+from tailgate.load.prompts import Prompt
 from tailgate.load.workload import build_prompt
 from tailgate.records import RecordWriter, RequestRecord, SendJournal, worker_name
 
@@ -83,6 +85,14 @@ loop stays busy, and no wait at all stamps those chunks late: this bound measure
 PROGRESS_S = 5.0
 """How often a load process in a distributed run tells the shape how many requests it sent and ended."""
 PROGRESS_MESSAGE = "tailgate_progress"
+
+
+def request_body(cfg: dict[str, Any], prompt: Prompt, max_tokens: int, endpoint: str) -> bytes:
+    """The JSON body for one request on the chosen endpoint (the seed filler goes to chat as one user turn)."""
+    if endpoint == "chat":
+        messages = prompt.wire().get("messages") or [{"role": "user", "content": prompt.text or ""}]
+        return build_chat_payload(cfg["model"], messages, max_tokens, ignore_eos=cfg["ignore_eos"])
+    return build_payload(cfg["model"], prompt.text or "", max_tokens, ignore_eos=cfg["ignore_eos"])
 
 
 def request_id(run_id: str, stage: int, trace_id: int) -> str:
@@ -176,14 +186,21 @@ class OrderRunner:
         # every request's bytes exist before the stage starts: nothing is built between a send time and its send
         bodies: dict[tuple[int, int], bytes] = {}
         requests: list[bytes] = []
-        for trace_id, prompt_tokens, max_tokens, _, _ in items:
-            body = bodies.get((prompt_tokens, max_tokens))
-            if body is None:
-                prompt = build_prompt(prompt_tokens, cfg["prompt_word"])
-                body = build_payload(cfg["model"], prompt, max_tokens, ignore_eos=cfg["ignore_eos"])
-                bodies[prompt_tokens, max_tokens] = body
+        endpoint = cfg.get("endpoint") or "completions"
+        for item in items:
+            trace_id, prompt_tokens, max_tokens = item[0], item[1], item[2]
+            given = item[5] if len(item) > 5 else None
+            if given is not None:  # a built prompt (unique, dataset, prefix, trace blocks): one body per request
+                body = request_body(cfg, Prompt.from_order(given), max_tokens, endpoint)
+            else:
+                body = bodies.get((prompt_tokens, max_tokens))
+                if body is None:
+                    body = request_body(cfg, Prompt(text=build_prompt(prompt_tokens, cfg["prompt_word"])),
+                                        max_tokens, endpoint)  # fmt: skip
+                    bodies[prompt_tokens, max_tokens] = body
             rid = request_id(order["run_id"], stage, trace_id)
-            requests.append(build_request(target, body, cfg.get("api_key") or distributed.api_key(), rid))
+            key = cfg.get("api_key") or distributed.api_key()
+            requests.append(build_request(target, body, key, rid, endpoint))
         progress = self._start_progress()
         gate = BatchGate(len(items)) if order["arm"] == "gated" else None
         # A local journal is written ahead of the send time, so the write never delays the send (a kill in
@@ -200,7 +217,7 @@ class OrderRunner:
         spawn = self._group.spawn
         one = self._one
         try:
-            for index, (trace_id, prompt_tokens, max_tokens, offset_s, batch) in enumerate(items):
+            for index, (trace_id, prompt_tokens, max_tokens, offset_s, batch, *given) in enumerate(items):
                 intended_ns = t0_ns + int(offset_s * 1e9)
                 if gate is None and ahead:
                     journal.sent(stage, trace_id)
@@ -224,7 +241,8 @@ class OrderRunner:
                     continue
                 if not ahead:
                     journal.sent(stage, trace_id)
-                plan = (trace_id, prompt_tokens, max_tokens, intended_ns, batch)
+                tokenized = given[0][2] if given and given[0] is not None else None
+                plan = (trace_id, prompt_tokens, max_tokens, intended_ns, batch, tokenized)
                 spawn(one, order, plan, requests[index], target, timeouts, cfg, writer, finished, gate, index)
             if gate is not None:
                 gate.flush()
@@ -243,7 +261,7 @@ class OrderRunner:
     def _one(
         self,
         order: dict[str, Any],
-        plan: tuple[int, int, int, int, int | None],
+        plan: tuple[int, int, int, int, int | None, int | None],
         request: bytes,
         target: Target,
         timeouts: Timeouts,
@@ -322,12 +340,12 @@ class OrderRunner:
     def _record(
         self,
         order: dict[str, Any],
-        plan: tuple[int, int, int, int, int | None],
+        plan: tuple[int, int, int, int, int | None, int | None],
         t: StreamTiming,
         in_flight: int,
         cfg: dict[str, Any],
     ) -> RequestRecord:
-        trace_id, prompt_tokens, max_tokens, intended_ns, batch = plan
+        trace_id, prompt_tokens, max_tokens, intended_ns, batch, tokenized = plan
         sent = t.sent_ns or intended_ns
         worst_gap = round(t.worst_gap_ns / 1e6, 3) if t.first_chunk_ns is not None else None
         return RequestRecord(
@@ -355,6 +373,8 @@ class OrderRunner:
             error_class=t.error_class, error=t.error,
             chunk_offsets_ms=None if t.chunk_ns is None else _offsets_ms(t.chunk_ns, sent),
             chunk_read_delays_ms=None if t.chunk_delay_ns is None else _delays_ms(t.chunk_delay_ns),
+            prompt_source=cfg.get("prompts") or "seed", endpoint=cfg.get("endpoint") or "completions",
+            arrivals=order.get("arrivals") or "poisson", prompt_tokens_tokenized=tokenized,
         )  # fmt: skip
 
     def _fire(self, r: RequestRecord) -> None:

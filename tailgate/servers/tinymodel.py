@@ -65,6 +65,14 @@ def model_config(max_positions: int = MAX_POSITIONS) -> dict[str, Any]:
     }
 
 
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+"""A chat template for ``/v1/chat/completions``: each marker is one (unknown) word, so a chat prompt is its
+words plus ``2 × messages + 1`` tokens, the same rule the ground-truth server counts by."""
+
+
 def tokenizer_config(max_positions: int = MAX_POSITIONS) -> dict[str, Any]:
     """Settings for ``transformers``: no BOS/EOS added, so a prompt's token count is its word count."""
     return {
@@ -76,6 +84,7 @@ def tokenizer_config(max_positions: int = MAX_POSITIONS) -> dict[str, Any]:
         "add_bos_token": False,
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
     }
 
 

@@ -24,7 +24,12 @@ Endpoints
     target; then the usage chunk (with ``stream_options.include_usage``), ``data: [DONE]`` and the
     terminating HTTP chunk. Prompt tokens are the prompt's whitespace-separated words. Without
     ``stream`` the whole JSON body goes out at the last token's target.
-    ``GET /health``, ``/v1/models``, ``/version``, ``/metrics`` (vLLM's metric names, real counts).
+    ``POST /v1/chat/completions``: the same stream in vLLM's chat format (``delta.content``), led by a
+    role-only delta; the prompt is each message's words plus ``2 × messages + 1`` template tokens.
+    ``POST /tokenize`` (``prompt`` or ``messages``: count, ids, ``max_model_len``) and ``/detokenize``
+    (id n reads ``t<n>``), as vLLM serves them.
+    ``GET /health``, ``/v1/models``, ``/version``, ``/metrics`` (vLLM's metric names, real counts; with
+    ``--prefix-caching`` the prefix-cache counters count hits over whole 16-word blocks seen before).
     ``GET /_chunklog``: ``{"chunks": [[seq, index, written_ns]], "chunk_targets": [...],
     "chunk_write_begin": [...], "requests": [[seq, body_received_ns, first_write_ns]], ...}``; the
     same document is written to ``--chunk-log`` on SIGTERM/SIGINT. Serving it blocks the loop for as

@@ -33,6 +33,7 @@ async def _serve(args: argparse.Namespace) -> None:
         gap_ms=args.gap_ms,
         model=args.model,
         accept_any_model=args.accept_any_model,
+        prefix_caching=args.prefix_caching,
     )
     server = GroundTruthServer(settings, args.host, args.port, args.chunk_log)
     if args.script:
@@ -68,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gap-ms", type=float, default=DEFAULT_GAP_MS)
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--accept-any-model", action="store_true", help="do not answer 404 for other model names")
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="count prefix-cache hits over 16-word blocks, as vLLM with prefix caching on")
     p.add_argument("--script", help='JSON file {"schedules": {"<seq>": [ttft_ms, gap_ms, ...]}}')
     return p
 

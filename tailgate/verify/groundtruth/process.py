@@ -124,6 +124,7 @@ def start_server_process(
     gap_ms: float = DEFAULT_GAP_MS,
     model: str = DEFAULT_MODEL,
     accept_any_model: bool = False,
+    prefix_caching: bool = False,
     script: Mapping[str, Any] | str | Path | None = None,
     chunk_log: str | Path | None = None,
     startup_timeout_s: float = 20.0,
@@ -160,6 +161,8 @@ def start_server_process(
     ]
     if accept_any_model:
         args.append("--accept-any-model")
+    if prefix_caching:
+        args.append("--prefix-caching")
     if script is not None:
         if isinstance(script, Mapping):
             script_path = wd / "script.json"

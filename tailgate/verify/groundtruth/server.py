@@ -67,6 +67,9 @@ class GroundTruthServer:
         self.prompt_tokens_total = 0
         self.generation_tokens_done = 0
         self.requests_total = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.prefix_blocks: set[int] = set()
         self.last_authorization: dict[str, str] = {}
         """Path -> the last ``Authorization`` header a request to it carried (``/_*`` paths excluded)."""
         self.started_wall = time.time()
@@ -200,6 +203,13 @@ class GroundTruthServer:
         counter("prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens_total)
         counter("generation_tokens", "Number of generation tokens processed.", generated)
         counter("request_success", "Count of successfully processed requests.", self.requests_total)
+        counter("prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+                self.prefix_queries)
+        counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", self.prefix_hits)
+        out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
+        out.append("# TYPE vllm:cache_config_info gauge")
+        out.append(f'vllm:cache_config_info{{block_size="{PREFIX_BLOCK_TOKENS}",'
+                   f'enable_prefix_caching="{self.settings.prefix_caching}",engine="0"}} 1.0')  # fmt: skip
         return "\n".join(out) + "\n"
 
     # -- routing
@@ -210,11 +220,22 @@ class GroundTruthServer:
         auth = head.headers.get("authorization")
         if auth is not None and not path.startswith("/_"):
             self.last_authorization[path] = auth
-        if path == "/v1/completions":
+        if path in ("/v1/completions", "/v1/chat/completions"):
             if method != "POST":
                 conn.send(_detail(405, ka))
                 return
-            self.completions(conn, body, recv_ns)
+            self.completions(conn, body, recv_ns, chat=path == "/v1/chat/completions")
+            return
+        if path in ("/tokenize", "/detokenize"):
+            if method != "POST":
+                conn.send(_detail(405, ka))
+                return
+            try:
+                answer = tokenize(body, self.settings) if path == "/tokenize" else detokenize(body)
+            except HttpError as e:
+                conn.send(_full_response(e.status, _error_body(e.status, e.message), "application/json", ka))
+                return
+            conn.send(_full_response(200, _json_bytes(answer), "application/json", ka))
             return
         handlers: dict[str, tuple[str, Callable[[], tuple[int, bytes, str]]]] = {
             "/health": ("GET", self._health),
@@ -259,7 +280,7 @@ class GroundTruthServer:
             "owned_by": "vllm",
             "root": m,
             "parent": None,
-            "max_model_len": 1_000_000,
+            "max_model_len": MODEL_MAX_LEN,
         }
         return 200, _json_bytes({"object": "list", "data": [card]}), "application/json"
 
@@ -268,17 +289,18 @@ class GroundTruthServer:
 
     # -- completions
 
-    def completions(self, conn: _Connection, body: bytes, recv_ns: int) -> None:
+    def completions(self, conn: _Connection, body: bytes, recv_ns: int, *, chat: bool = False) -> None:
         seq = self.next_seq
         self.next_seq += 1
         ka = conn.keep_alive
         s = self.settings
         try:
-            req = _parse_completion(body, s)
+            req = _parse_completion(body, s, chat=chat)
         except HttpError as e:
             conn.send(_full_response(e.status, _error_body(e.status, e.message), "application/json", ka))
             return
-        prompt_tokens, max_tokens, stream, include_usage = req
+        prompt_tokens, max_tokens, stream, include_usage, words = req
+        self.prefix_cache_lookup(words)
         row = [recv_ns, -1]
         self.log.requests[seq] = row
 
@@ -354,10 +376,23 @@ class GroundTruthServer:
             st.start()
             return
 
-        prefix = (
-            f'data: {{"id":"{rid}","object":"text_completion","created":{created},"model":{model_json},'
-            f'"choices":[{{"index":0,"text":{json.dumps(TOKEN_TEXT)},"logprobs":null,"finish_reason":'
-        ).encode()
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        if chat:  # vLLM's chat stream: a delta per token, the first token's event led by a role-only one
+            prefix = (
+                f'data: {{"id":"chat{rid}","object":"{kind}","created":{created},"model":{model_json},'
+                f'"choices":[{{"index":0,"delta":{{"content":{json.dumps(TOKEN_TEXT)}}},"logprobs":null,'
+                f'"finish_reason":'
+            ).encode()
+            st.lead = st.frame((
+                f'data: {{"id":"chat{rid}","object":"{kind}","created":{created},"model":{model_json},'
+                f'"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,'
+                f'"finish_reason":null}}]}}\n\n'
+            ).encode())
+        else:
+            prefix = (
+                f'data: {{"id":"{rid}","object":"{kind}","created":{created},"model":{model_json},'
+                f'"choices":[{{"index":0,"text":{json.dumps(TOKEN_TEXT)},"logprobs":null,"finish_reason":'
+            ).encode()
         st.mid_event = prefix + b'null,"stop_reason":null}]}\n\n'
         st.last_event = prefix + b'"length","stop_reason":null}]}\n\n'
         frame = st.frame
@@ -366,7 +401,7 @@ class GroundTruthServer:
         tail = b""
         if include_usage:
             usage = (
-                f'data: {{"id":"{rid}","object":"text_completion","created":{created},"model":{model_json},'
+                f'data: {{"id":"{rid}","object":"{kind}","created":{created},"model":{model_json},'
                 f'"choices":[],"usage":{{"prompt_tokens":{prompt_tokens},'
                 f'"total_tokens":{prompt_tokens + max_tokens},"completion_tokens":{max_tokens}}}}}\n\n'
             ).encode()
@@ -382,6 +417,21 @@ class GroundTruthServer:
             conn.keep_alive = False
         conn.transport.write(_response_head(200, headers, conn.keep_alive))
         st.start()
+
+    def prefix_cache_lookup(self, words: list[str]) -> None:
+        """vLLM's accounting: every prompt token is queried; leading whole blocks seen before are hits."""
+        self.prefix_queries += len(words)
+        if not self.settings.prefix_caching:
+            return
+        h = 0
+        hit = True
+        for start in range(0, len(words) - PREFIX_BLOCK_TOKENS + 1, PREFIX_BLOCK_TOKENS):
+            h = hash((h, tuple(words[start : start + PREFIX_BLOCK_TOKENS])))
+            if hit and h in self.prefix_blocks:
+                self.prefix_hits += PREFIX_BLOCK_TOKENS
+            else:
+                hit = False
+                self.prefix_blocks.add(h)
 
     def _terminal(self, conn: _Connection, fault: _Fault, recv_ns: int, row: list[int]) -> None:
         p = fault.params
@@ -419,26 +469,81 @@ def _detail(status: int, keep_alive: bool) -> bytes:
     return _full_response(status, _json_bytes({"detail": _REASONS[status]}), "application/json", keep_alive)
 
 
-def _parse_completion(body: bytes, s: Settings) -> tuple[int, int, bool, bool]:
-    """(prompt tokens, max tokens, stream, include usage), or the 4xx vLLM would answer."""
+PREFIX_BLOCK_TOKENS = 16
+"""Tokens per prefix-cache block (vLLM's GPU default block size)."""
+
+
+def chat_tokens(messages: Any) -> list[str]:
+    """The ground truth's chat template: a role marker before each message's words, one marker to end it, and
+    the assistant's generation prompt: ``2 × messages + 1`` tokens beside the words."""
+    if not isinstance(messages, list) or not messages:
+        raise HttpError(400, "messages must be a non-empty list")
+    out: list[str] = []
+    for m in messages:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise HttpError(400, "every message needs a string role and content")
+        out += [f"<|{m['role']}|>", *m["content"].split(), "<|end|>"]
+    return [*out, "<|assistant|>"]
+
+
+def _prompt_words(req: dict[str, Any], chat: bool) -> list[str]:
+    """The prompt as the ground truth's tokenizer splits it: one token per whitespace-separated word."""
+    if chat:
+        return chat_tokens(req.get("messages"))
+    prompt = req.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt.split()
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return [f"t{t}" for t in prompt]
+    raise HttpError(400, "prompt must be a string, a list of one string, or a list of token ids")
+
+
+def token_id(word: str) -> int:
+    """``t<n>`` is id n (what ``/detokenize`` gives back); any other word a stable id above 100000."""
+    if word[:1] == "t" and word[1:].isdigit() and len(word) < 8:
+        return int(word[1:])
+    return 100_000 + int.from_bytes(word.encode()[:6].ljust(6, b"\0"), "big") % 900_000
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
     try:
         req = json.loads(body)
     except ValueError:
         raise HttpError(400, "request body is not valid JSON") from None
     if not isinstance(req, dict):
         raise HttpError(400, "request body must be a JSON object")
+    return req
+
+
+def tokenize(body: bytes, s: Settings) -> dict[str, Any]:
+    """vLLM's ``/tokenize``: ``messages`` through the chat template, or ``prompt``."""
+    req = _json_object(body)
+    words = _prompt_words(req, chat="messages" in req)
+    tokens = [token_id(w) for w in words]
+    return {"count": len(tokens), "max_model_len": MODEL_MAX_LEN, "tokens": tokens, "token_strs": None}
+
+
+def detokenize(body: bytes) -> dict[str, Any]:
+    req = _json_object(body)
+    tokens = req.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise HttpError(400, "tokens must be a list of integers")
+    return {"prompt": " ".join(f"t{t}" for t in tokens)}
+
+
+MODEL_MAX_LEN = 1_000_000
+
+
+def _parse_completion(body: bytes, s: Settings, *, chat: bool = False) -> tuple[int, int, bool, bool, list[str]]:
+    """(prompt tokens, max tokens, stream, include usage, prompt words), or the 4xx vLLM would answer."""
+    req = _json_object(body)
     model = req.get("model")
     if model is not None and model != s.model and not s.accept_any_model:
         raise HttpError(404, f"The model `{model}` does not exist.")
-    prompt = req.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        prompt_tokens = len(prompt.split())
-    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        prompt_tokens = len(prompt)
-    else:
-        raise HttpError(400, "prompt must be a string, a list of one string, or a list of token ids")
+    words = _prompt_words(req, chat)
+    prompt_tokens = len(words)
     max_tokens = req.get("max_tokens", DEFAULT_MAX_TOKENS)
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
@@ -454,7 +559,7 @@ def _parse_completion(body: bytes, s: Settings) -> tuple[int, int, bool, bool]:
         if not isinstance(options, dict):
             raise HttpError(400, "stream_options must be an object")
     include_usage = bool(options and options.get("include_usage"))
-    return prompt_tokens, max_tokens, stream, include_usage
+    return prompt_tokens, max_tokens, stream, include_usage, words
 
 
 def _add_to_plan(plan: _Plan, fault: _Fault, gap_ms: float) -> None:

@@ -26,6 +26,9 @@ class Settings:
     healthy: bool = True
     """False makes ``/health`` answer 503, as vLLM does when its engine died."""
     kv_capacity_tokens: int = KV_CAPACITY_TOKENS
+    prefix_caching: bool = False
+    """Count prefix-cache hits (whole blocks of ``PREFIX_BLOCK_TOKENS`` words seen before), as vLLM's
+    ``vllm:prefix_cache_*`` counters do, and say so in ``vllm:cache_config_info``. Off: queries only."""
     faults: list[_Fault] = field(default_factory=list)
     schedules: dict[int, list[int]] = field(default_factory=dict)
 
@@ -38,6 +41,7 @@ class Settings:
             "preemptions_total": self.preemptions_total,
             "healthy": self.healthy,
             "kv_capacity_tokens": self.kv_capacity_tokens,
+            "prefix_caching": self.prefix_caching,
             "faults": [f.describe() for f in self.faults],
             "scripted_requests": sorted(self.schedules),
         }

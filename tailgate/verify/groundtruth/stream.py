@@ -132,6 +132,7 @@ class _Stream:
         "k",
         "last",
         "last_event",
+        "lead",
         "log",
         "loop",
         "mid",
@@ -203,6 +204,8 @@ class _Stream:
         self.last = b""
         self.tail = b""
         self.body = b""
+        self.lead = b""
+        """Written just before the first content chunk (a chat stream's role-only delta)."""
 
     # -- schedule
 
@@ -256,6 +259,8 @@ class _Stream:
         k = self.k
         last = k == self.n - 1
         tr = self.transport
+        if k == 0 and self.lead:
+            tr.write(self.lead)
         t0 = _monotonic_ns()
         tr.write(self.last if last else self.mid)
         t = _monotonic_ns()
