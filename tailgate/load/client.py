@@ -258,35 +258,70 @@ def _read(
     """``(bytes, when the read returned, how long its newest bytes had waited)``; the wait is None unknown.
 
     The stamp is taken once, as the call returns, for everything the read delivered. With receive
-    timestamps, the wait is the read's return (wall clock) minus the kernel's receive time (wall
-    clock) of the newest bytes read, so it never needs the two clocks to agree on an origin.
+    timestamps, the wait is the read's return minus the kernel's receive time (wall clock) of the newest
+    bytes read, put on ``clock`` with :data:`_WALL` (no clock read beyond ``clock()`` on most reads).
     """
     if not timestamps:
         data = sock.recv(RECV_BYTES)
         return data, clock(), None
     data, ancillary, _, _ = sock.recvmsg(RECV_BYTES, _TS_SPACE)
     now = clock()
-    for level, kind, payload in ancillary:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
+    if ancillary:
+        level, kind, payload = ancillary[0]
+        if kind == SO_TIMESTAMPNS and level == _SOL_SOCKET and len(payload) >= 16:
             sec, nsec = _TIMESPEC.unpack_from(payload)
-            return data, now, max(0, now - _on_clock(sec * 1_000_000_000 + nsec, clock))
+            return data, now, max(0, now - _WALL.to_clock(sec * 1_000_000_000 + nsec, now))
     return data, now, None
 
 
+_SOL_SOCKET = socket.SOL_SOCKET
 PAIR_NS = 20_000
-"""Two reads of ``clock`` around a wall-clock read closer than this make a pair to convert with."""
+"""Two reads of the clock around a wall-clock read closer than this make a pair to convert with."""
+REFRESH_NS = 20_000_000
+"""How long a measured offset between the wall clock and ``perf_counter_ns`` is used before it is
+measured again. Only a slewing wall clock moves it: NTP slews at most 500 ppm, 10 us over this
+interval, and in practice a few ppm (well under 0.1 us)."""
 
 
-def _on_clock(wall_ns: int, clock: Callable[[], int]) -> int:
-    """A wall-clock instant on ``clock``: the two clocks read as a tight pair, so a preemption between
-    the reads cannot shift the conversion (on a busy machine one can last milliseconds)."""
-    for _ in range(5):
-        before = clock()
-        real = time.time_ns()
-        after = clock()
-        if after - before <= PAIR_NS:
-            break
-    return (before + after) // 2 - (real - wall_ns)
+class WallToClock:
+    """Converts the kernel's wall-clock receive stamps to ``perf_counter_ns`` ticks.
+
+    Measuring the offset costs three clock reads and must be a tight pair (a preemption between the
+    reads would shift it by milliseconds on a busy machine), so it is measured at most every
+    ``REFRESH_NS`` and shared by every stream of the process, instead of once per read.
+    """
+
+    __slots__ = ("_clock", "_measured", "_offset")
+
+    def __init__(self, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        self._clock = clock
+        self._offset = 0
+        self._measured = -(1 << 62)
+
+    def to_clock(self, wall_ns: int, now: int) -> int:
+        """``wall_ns`` on the clock, ``now`` being a current reading of it (to know when to re-measure)."""
+        if now - self._measured > REFRESH_NS:
+            self.measure()
+        return wall_ns - self._offset
+
+    def measure(self) -> None:
+        """The tightest of up to five (clock, wall, clock) triples sets the offset (wall minus clock)."""
+        clock, wall = self._clock, time.time_ns
+        best_width = best_offset = 0
+        for attempt in range(5):
+            before = clock()
+            real = wall()
+            after = clock()
+            width = after - before
+            if attempt == 0 or width < best_width:
+                best_width, best_offset = width, real - (before + after) // 2
+            if width <= PAIR_NS:
+                break
+        self._offset = best_offset
+        self._measured = after
+
+
+_WALL = WallToClock()
 
 
 def _error_message(body: bytes) -> str:
@@ -474,6 +509,7 @@ def stream_completion(
         data = rest
         received = 0
         late_ns = LATE_READ_NS
+        read_timeout = -1.0  # what the socket's timeout was last set to in this loop
         while True:
             if data:
                 received += len(data)
@@ -562,7 +598,10 @@ def stream_completion(
             remaining = (deadline - clock()) / 1e9
             if remaining <= 0:
                 raise _Failure("request_timeout", f"stream still open after {timeouts.request_s:g} s")
-            sock.settimeout(min(stall_s, remaining))
+            timeout = stall_s if stall_s < remaining else remaining
+            if timeout != read_timeout:  # far from the deadline it is stall_s every time: set once
+                sock.settimeout(timeout)
+                read_timeout = timeout
             try:
                 data, read_ns, delay = _read(sock, timestamps, clock)
             except TimeoutError:

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from tailgate.load import distributed
+from tailgate.load import distributed, stallwatch
 from tailgate.load.options import OptionError, Settings, add_arguments, validate
 from tailgate.load.worker import (
     CANCEL_MESSAGE,
@@ -155,6 +155,7 @@ def _on_init(environment: Any, **_: Any) -> None:
             prepare(environment)
     if isinstance(runner, (WorkerRunner, LocalRunner)):
         runner.register_message(ORDER_MESSAGE, _on_order)
+        stallwatch.install_from_env()
         opts = environment.parsed_options
         if opts is not None and getattr(opts, "realtime", False):
             _go_realtime()

@@ -31,6 +31,7 @@ from tailgate.load.client import (
     chunk_stamp_mode,
     stream_completion,
 )
+from tailgate.load.stagegc import QuietCollector
 from tailgate.load.workload import build_prompt
 from tailgate.records import RecordWriter, RequestRecord, SendJournal, worker_name
 
@@ -211,6 +212,8 @@ class OrderRunner:
         clock = time.perf_counter_ns
         spawn = self._group.spawn
         one = self._one
+        quiet = QuietCollector()
+        quiet.start()  # from the first send until every stream of the order has ended
         try:
             for index, (trace_id, prompt_tokens, max_tokens, offset_s, batch) in enumerate(items):
                 intended_ns = t0_ns + int(offset_s * 1e9)
@@ -243,6 +246,7 @@ class OrderRunner:
             self._group.join()
             self.drain()
         finally:
+            quiet.end()
             if progress is not None:
                 progress.kill(block=False)
         if isinstance(writer, distributed.WorkerStream):
