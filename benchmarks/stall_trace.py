@@ -24,12 +24,13 @@ from tailgate.records import read_records
 
 
 def stage_events(log_paths: list[str], records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The watch's events inside the stage, on the stage's clock (s after the first send), and the stage's merged streams."""
+    """The watch's events inside the stage, on its clock (s after the first send), and its merged streams."""
     sent = [r["sent_mono_ns"] for r in records if r.get("sent_mono_ns")]
     if not sent:
         return {"error": "no records with sent_mono_ns"}
     t0 = min(sent)
-    end = max(r["sent_mono_ns"] + int(((r.get("end_s") or r["sent_s"]) - r["sent_s"]) * 1e9) for r in records if r.get("sent_mono_ns"))
+    timed = [r for r in records if r.get("sent_mono_ns")]
+    end = max(r["sent_mono_ns"] + int(((r.get("end_s") or r["sent_s"]) - r["sent_s"]) * 1e9) for r in timed)
     events: list[dict[str, Any]] = []
     for path in log_paths:
         for line in Path(path).read_text(encoding="utf-8").splitlines():
@@ -37,7 +38,7 @@ def stage_events(log_paths: list[str], records: list[dict[str, Any]]) -> dict[st
             if t0 <= e["at_ns"] <= end and (e["kind"] == "turn" or e["generation"] > 0):
                 events.append({**e, "at_s": round((e["at_ns"] - t0) / 1e9, 4)})
     events.sort(key=lambda e: e["at_ns"])
-    merged = sorted(round((r["sent_mono_ns"] - t0) / 1e9, 3) for r in records if r.get("client_coalesced") and r.get("sent_mono_ns"))
+    merged = sorted(round((r["sent_mono_ns"] - t0) / 1e9, 3) for r in timed if r.get("client_coalesced"))
     gcs = [e for e in events if e["kind"] == "gc"]
     return {
         "stage_s": round((end - t0) / 1e9, 3),
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log", required=True, help="the watch's files (a glob: one file per load process)")
     p.add_argument("--records", required=True, help="the kept self-check folder (or a results folder)")
     p.add_argument("--json", default=None, help="also write the figures here")
+    p.add_argument("--max-events", type=int, default=40, help="events listed at most (all go to --json)")
     args = p.parse_args(argv)
     paths = sorted(glob.glob(args.log))
     if not paths:
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['full_collections']} {result['full_collection_ms']} ms; generation-1: {result['gen1_collections']} "
           f"(longest {result['gen1_max_ms']} ms); greenlet turns over the threshold: {result['long_turns']}")
     print(f"merged (client_coalesced) streams, sent at s: {result['merged_streams_sent_at_s']}")
-    for e in result["events"]:
+    for e in result["events"][: args.max_events]:
         if e["kind"] == "gc":
             print(f"  {e['at_s']:8.3f} s  gc gen{e['generation']}  {e['ms']:8.3f} ms  tracked {e['tracked']}")
         else:

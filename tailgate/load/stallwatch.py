@@ -6,7 +6,7 @@ streams, so when a run shows such a pause the question is who held the loop. Set
 
 - ``gc``: one per collection, with its generation, duration, objects collected and how many objects
   the collector tracked when it started (a full collection walks all of them);
-- ``turn``: a greenlet that ran longer than ``TAILGATE_STALL_MS`` (default 5) without switching, with
+- ``turn``: a greenlet (not the hub) that ran longer than ``TAILGATE_STALL_MS`` (default 5) without switching, with
   what it was running when it switched out (function, file, line).
 
 Off by default: the switch hook costs a little on every greenlet switch.
@@ -55,9 +55,11 @@ class StallWatch:
         now = time.perf_counter_ns()
         ran = now - self._switched_ns
         self._switched_ns = now
-        if ran < self._turn_ns or what not in ("switch", "throw"):
-            return
         origin = args[0]
+        # the hub's time between switches is mostly its wait for events (idle, not a stall); what it runs
+        # that pauses the loop shows up as a collection here or as the turn of the greenlet it ran
+        if ran < self._turn_ns or what not in ("switch", "throw") or type(origin).__name__ == "Hub":
+            return
         frame = getattr(origin, "gr_frame", None) or sys._getframe(1)
         where = [f"{f.f_code.co_name} {os.path.basename(f.f_code.co_filename)}:{f.f_lineno}" for f in _stack(frame)]
         self._emit({"kind": "turn", "at_ns": now - ran, "ms": round(ran / 1e6, 3), "greenlet": repr(origin)[:120],
