@@ -288,7 +288,9 @@ class Suite:
             mark_run_ended(out / "run.json", f"locust exit {code}", status="failed")
             detail = "\n".join(tail[-15:])
             raise SuiteError(f"cell {cell.name} failed (locust exit {code}); last output:\n{detail}")
-        self.log(f"[suite] {cell.name} done in {time.monotonic() - t0:.0f} s")
+        merged = summary.get("client_coalesced_streams") or 0
+        behind = f"; CLIENT BEHIND: {merged} merged stream(s), gaps show the client" if merged else ""
+        self.log(f"[suite] {cell.name} done in {time.monotonic() - t0:.0f} s{behind}")
         return summary
 
     def run(self) -> list[Cell]:

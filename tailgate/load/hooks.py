@@ -26,6 +26,7 @@ import urllib.request
 from typing import Any
 
 from tailgate.load import distributed, stallwatch
+from tailgate.load.descriptors import reserve_descriptors
 from tailgate.load.options import OptionError, Settings, add_arguments, validate
 from tailgate.load.worker import (
     CANCEL_MESSAGE,
@@ -156,6 +157,7 @@ def _on_init(environment: Any, **_: Any) -> None:
     if isinstance(runner, (WorkerRunner, LocalRunner)):
         runner.register_message(ORDER_MESSAGE, _on_order)
         stallwatch.install_from_env()
+        reserve_descriptors()  # before any stage: a socket() mid-stage must never grow the table
         opts = environment.parsed_options
         if opts is not None and getattr(opts, "realtime", False):
             _go_realtime()
