@@ -274,6 +274,78 @@ def _read(
     return data, now, None
 
 
+class CooperativeReads:
+    """The stream's reads under gevent: wait for the socket first, then one ``recvmsg``; no timer per read.
+
+    gevent's own ``recvmsg`` tries the call first (a failed system call and a raised exception whenever,
+    as is usual between two chunks, nothing is there yet) and arms a fresh ``Timeout`` around every wait.
+    Here one I/O watcher is reused for every wait, and one timer per stream enforces the stall and
+    request limits: it fires at the latest moment the next read may still come, and a read that comes
+    in time only moves that moment (no re-arming per read). The timer throws ``TimeoutError`` only into
+    a wait; if it fires while the stream is parsing, the next read raises it instead.
+    """
+
+    __slots__ = ("_deadline_ns", "_expired", "_glet", "_hub", "_io", "_last_ns", "_limit_ns", "_timer", "_waiting")
+
+    def __init__(self, sock: socket.socket, stall_s: float, deadline_ns: int, now_ns: int) -> None:
+        from gevent import get_hub, getcurrent
+
+        self._hub = get_hub()
+        self._glet = getcurrent()
+        self._io = self._hub.loop.io(sock.fileno(), 1)
+        self._limit_ns = int(stall_s * 1e9)
+        self._deadline_ns = deadline_ns
+        self._last_ns = now_ns
+        self._waiting = False
+        self._expired = False
+        self._timer = None
+        sock.settimeout(None)  # the stream's timer bounds every wait instead
+        self._arm(now_ns)
+
+    @staticmethod
+    def usable(sock: socket.socket) -> bool:
+        """A gevent socket of the running hub (a plain socket under threads keeps ``settimeout``)."""
+        return type(sock).__module__.startswith("gevent") and not isinstance(sock, ssl.SSLSocket)
+
+    def _due_ns(self) -> int:
+        due = self._last_ns + self._limit_ns
+        return due if due < self._deadline_ns else self._deadline_ns
+
+    def _arm(self, now_ns: int) -> None:
+        if self._timer is not None:
+            self._timer.close()
+        self._timer = self._hub.loop.timer(max(0.0, (self._due_ns() - now_ns) / 1e9))
+        self._timer.start(self._on_timer)
+
+    def _on_timer(self) -> None:
+        now = time.perf_counter_ns()
+        if now < self._due_ns():
+            self._arm(now)  # reads came meanwhile: wait for the new latest moment
+            return
+        self._expired = True
+        if self._waiting:
+            self._glet.throw(TimeoutError())
+
+    def read(self, sock: socket.socket, timestamps: bool, clock: Callable[[], int]) -> tuple[bytes, int, int | None]:
+        """As :func:`_read`, after waiting for the socket; ``TimeoutError`` past the stall or request limit."""
+        if self._expired:
+            raise TimeoutError()
+        self._waiting = True
+        try:
+            self._hub.wait(self._io)
+            result = _read(sock, timestamps, clock)
+        finally:
+            self._waiting = False
+        self._last_ns = result[1]
+        return result
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.close()
+            self._timer = None
+        self._io.close()
+
+
 _SOL_SOCKET = socket.SOL_SOCKET
 PAIR_NS = 20_000
 """Two reads of the clock around a wall-clock read closer than this make a pair to convert with."""
@@ -420,6 +492,7 @@ def stream_completion(
         timing.chunk_ns = []
         timing.chunk_delay_ns = []
     sock: socket.socket | None = None
+    cooperative: CooperativeReads | None = None
     kernel_stamp = stamp == "kernel"
     timing.sent_ns = clock()
     deadline = timing.sent_ns + int(timeouts.request_s * 1e9)
@@ -595,17 +668,23 @@ def stream_completion(
                     timing.late_coalesced_reads += 1
                 if (decoder is not None and decoder.done) or (to_read is not None and received >= to_read):
                     break
-            remaining = (deadline - clock()) / 1e9
+            now_ns = clock()
+            remaining = (deadline - now_ns) / 1e9
             if remaining <= 0:
                 raise _Failure("request_timeout", f"stream still open after {timeouts.request_s:g} s")
-            timeout = stall_s if stall_s < remaining else remaining
-            if timeout != read_timeout:  # far from the deadline it is stall_s every time: set once
-                sock.settimeout(timeout)
-                read_timeout = timeout
             try:
-                data, read_ns, delay = _read(sock, timestamps, clock)
+                if cooperative is None and CooperativeReads.usable(sock):
+                    cooperative = CooperativeReads(sock, stall_s, deadline, now_ns)
+                if cooperative is not None:
+                    data, read_ns, delay = cooperative.read(sock, timestamps, clock)
+                else:
+                    timeout = stall_s if stall_s < remaining else remaining
+                    if timeout != read_timeout:  # far from the deadline it is stall_s every time: set once
+                        sock.settimeout(timeout)
+                        read_timeout = timeout
+                    data, read_ns, delay = _read(sock, timestamps, clock)
             except TimeoutError:
-                if remaining <= stall_s:
+                if deadline - clock() <= stall_s * 1e9:
                     message = f"stream still open after {timeouts.request_s:g} s"
                     raise _Failure("request_timeout", message) from None
                 raise _Failure("stall_timeout", f"no bytes for {stall_s:g} s mid-stream") from None
@@ -631,6 +710,8 @@ def stream_completion(
         timing.end_ns = clock()
         raise
     finally:
+        if cooperative is not None:
+            cooperative.close()
         if sock is not None:
             try:
                 sock.close()
