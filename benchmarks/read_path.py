@@ -16,15 +16,15 @@ from gevent import monkey
 
 monkey.patch_all()
 
+import gevent  # noqa: E402
+from gevent.pool import Group  # noqa: E402
+
 import argparse  # noqa: E402
 import cProfile  # noqa: E402
 import pstats  # noqa: E402
 import resource  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-
-import gevent  # noqa: E402
-from gevent.pool import Group  # noqa: E402
 
 from tailgate.load.client import StreamTiming, Target, build_payload, build_request, stream_completion  # noqa: E402
 from tailgate.verify.groundtruth import DEFAULT_MODEL, start_server_process  # noqa: E402

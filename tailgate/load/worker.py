@@ -16,6 +16,7 @@ from locust import User, task
 from locust.runners import WorkerRunner
 
 import logging
+import os
 import time
 from collections import deque
 from typing import Any
@@ -42,7 +43,18 @@ DONE_MESSAGE = "tailgate_done"
 READY_MESSAGE = "tailgate_ready"
 CANCEL_MESSAGE = "tailgate_cancel"
 
-SPIN_NS = 1_500_000
+SPIN_ENV = "TAILGATE_SPIN_US"
+
+
+def _spin_ns(default_ns: int = 1_500_000) -> int:
+    """The spin's length: ``TAILGATE_SPIN_US`` (microseconds) where set, for measuring what it costs."""
+    try:
+        return max(0, int(float(os.environ.get(SPIN_ENV, "")) * 1000))
+    except ValueError:
+        return default_ns
+
+
+SPIN_NS = _spin_ns()
 """The dispatcher sleeps until this close to a send time, then spins on the event loop until it.
 
 gevent's timers overshoot by about a millisecond (the event loop polls with millisecond
