@@ -684,7 +684,7 @@ def stream_completion(
                         read_timeout = timeout
                     data, read_ns, delay = _read(sock, timestamps, clock)
             except TimeoutError:
-                if deadline - clock() <= stall_s * 1e9:
+                if remaining <= stall_s:  # the limit that ends first, from when this read began
                     message = f"stream still open after {timeouts.request_s:g} s"
                     raise _Failure("request_timeout", message) from None
                 raise _Failure("stall_timeout", f"no bytes for {stall_s:g} s mid-stream") from None
