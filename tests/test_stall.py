@@ -155,3 +155,54 @@ def test_the_tab_counts_merged_streams_per_stage() -> None:
     fig0 = stage_figures([{**r, "client_coalesced": False} for r in recs], 0, "completion")
     (row0,) = table_rows({"stages": [{**snap["stages"][0], **fig0}]})
     assert row0["behind"] == "0"
+
+
+COOPERATIVE = r"""
+from gevent import monkey; monkey.patch_all()
+import json, sys, time
+from tailgate.load import client
+from tailgate.load.client import StreamTiming, Target, Timeouts, build_payload, build_request, stream_completion
+from tailgate.verify.groundtruth import DEFAULT_MODEL, start_server_process
+
+made = []
+original = client.CooperativeReads.__init__
+def counting(self, *a, **k):
+    made.append(1)
+    original(self, *a, **k)
+client.CooperativeReads.__init__ = counting
+
+out = {}
+with start_server_process(ttft_ms=20, gap_ms=10) as server:
+    target = Target.parse(server.base_url)
+    request = build_request(target, build_payload(DEFAULT_MODEL, "hi", 6))
+    def run(**limits):
+        t = StreamTiming()
+        started = time.monotonic()
+        stream_completion(target, b"", t, request=request, timeouts=Timeouts(**limits), record_chunks=True)
+        return {"error": t.error_class, "chunks": t.chunks, "done": t.done, "s": time.monotonic() - started,
+                "stamps_rise": t.chunk_ns == sorted(t.chunk_ns)}
+    out["plain"] = run()
+    server.control({"faults": [{"kind": "stall", "match": {"all": True}, "at_chunk": 2, "stall_ms": 3000}]})
+    out["stall"] = run(stall_s=0.3)
+    out["request"] = run(request_s=0.5, stall_s=2.0)
+out["cooperative"] = len(made)
+print(json.dumps(out))
+"""
+
+
+def test_reads_under_gevent_wait_on_one_watcher_and_keep_both_limits() -> None:
+    """The Locust path (gevent): chunks in order, and a stall or an overrun request still ends as classified."""
+    import subprocess
+
+    from conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-c", COOPERATIVE], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["cooperative"] == 3  # every stream read through CooperativeReads
+    assert out["plain"]["done"] and out["plain"]["chunks"] == 6 and out["plain"]["stamps_rise"]
+    assert out["stall"]["error"] == "stall_timeout" and out["stall"]["chunks"] == 2
+    assert 0.3 <= out["stall"]["s"] < 2.5
+    assert out["request"]["error"] == "request_timeout" and out["request"]["chunks"] == 2
+    assert 0.5 <= out["request"]["s"] < 2.5
