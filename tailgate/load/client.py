@@ -304,8 +304,13 @@ class CooperativeReads:
 
     @staticmethod
     def usable(sock: socket.socket) -> bool:
-        """A gevent socket of the running hub (a plain socket under threads keeps ``settimeout``)."""
-        return type(sock).__module__.startswith("gevent") and not isinstance(sock, ssl.SSLSocket)
+        """A gevent socket, not TLS: a plain socket under threads keeps ``settimeout``, and TLS may hold
+        decrypted bytes (``pending``) that no readiness of the descriptor announces."""
+        return (
+            type(sock).__module__.startswith("gevent")
+            and not isinstance(sock, ssl.SSLSocket)
+            and not hasattr(sock, "pending")
+        )
 
     def _due_ns(self) -> int:
         due = self._last_ns + self._limit_ns
