@@ -258,7 +258,9 @@ class Suite:
             aside.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(out), str(aside))
         self._ensure_server(cell.config)
-        self.log(f"[suite] cell {index}/{total}: {cell.name}")
+        processes = cell_processes(cell, self.plan.processes)
+        how = " (auto)" if self.plan.processes == 0 else ""
+        self.log(f"[suite] cell {index}/{total}: {cell.name}, {processes} load process(es){how}")
         cmd = self._locust_command(cell, out)
         t0 = time.monotonic()
         self._current_cell = out
