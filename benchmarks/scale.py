@@ -48,17 +48,24 @@ def run_step(
         "--tokens", str(tokens), "--gap-ms", f"{gap_ms:g}", "--json", str(out),
         *(["--processes", str(processes)] if processes > 1 else []),
     ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=900)
     if not out.exists():
         raise RuntimeError(f"selfcheck in {tree} failed ({done.returncode}): {done.stderr[-1500:]}")
     return json.loads(out.read_text())
 
 
-def row(label: str, rate: float, tokens: int, r: dict[str, Any], runs: int) -> dict[str, Any]:
+def row(label: str, rate: float, tokens: int, r: dict[str, Any], all_runs: list[dict[str, Any]]) -> dict[str, Any]:
     cpu = r.get("cpu") or {}
     chunk = r["chunk_error_ms"]
+    runs = len(all_runs)
     return {
+        "runs_gap_err_p99": [x["worst_gap_error_ms"]["p99"] for x in all_runs],
+        "runs_gap_err_max": [x["worst_gap_error_ms"]["max"] for x in all_runs],
+        "runs_ttft_err_p99": [x["ttft_error_ms"]["p99"] for x in all_runs],
+        "runs_merged": [x.get("client_coalesced_streams") for x in all_runs],
+        "runs_us_per_chunk": [(x.get("cpu") or {}).get("load_us_per_chunk") for x in all_runs],
+        "gap_err_max": r["worst_gap_error_ms"]["max"],
         "tree": label, "rate": rate, "target_chunks_per_s": rate * tokens, "chunks_per_s": r.get("chunks_per_s"),
         "p50": chunk["p50"], "p99": chunk["p99"], "max": chunk["max"], "lag_p99": r["schedule_lag_ms"]["p99"],
         "ttft_err_p99": r["ttft_error_ms"]["p99"], "gap_err_p99": r["worst_gap_error_ms"]["p99"],
@@ -73,6 +80,12 @@ def _f(v: float | None, digits: int = 3) -> str:
     return "–" if v is None else f"{v:.{digits}f}"
 
 
+def _every_run(r: dict[str, Any]) -> str:
+    runs = zip(r["runs_gap_err_p99"], r["runs_gap_err_max"], r["runs_ttft_err_p99"], r["runs_merged"],
+               r["runs_us_per_chunk"], strict=True)  # fmt: skip
+    return "; ".join(f"{_f(g, 2)} / {_f(m, 2)}, {_f(t, 2)}, {n}, {_f(u, 1)}" for g, m, t, n, u in runs)
+
+
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     out = [
         "# Load processes: chunks per second within a 1 ms p99 error",
@@ -82,21 +95,24 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"Each step: `tailgate selfcheck` with the Locust process(es) the tree column names (pN: N processes on "
         f"this host), {meta['tokens']}-chunk streams at "
         f"{meta['gap_ms']:g} ms gaps (chunks/s = req/s x {meta['tokens']}), about {meta['duration_s']:g} s of "
-        f"arrivals; of {meta['repeat']} interleaved run(s) per step the one with the median p99 is shown. Error: "
+        f"arrivals; of {meta['repeat']} interleaved run(s) per step the one with the median worst-gap error p99 is "
+        "shown, and the last column lists every run (worst-gap error p99 / max, TTFT error p99, streams merged "
+        "by late reads, us CPU per chunk). Error: "
         "the client's receive stamp minus the server's write (ms); CPU: the Locust process over the stage; "
-        "others: cores the rest of the machine used meanwhile (of 2).",
+        f"others: cores the rest of the machine used meanwhile (of {meta['cores']}).",
         "",
         "| tree | req/s | chunks/s target | chunks/s achieved | chunk err p50 | p99 | max | sched lag p99 "
-        "| TTFT err p99 | worst-gap err p99 | KS p | Locust cores | us CPU / chunk | server cores | others' cores "
-        "| load avg |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| TTFT err p99 | worst-gap err p99 | worst-gap err max | KS p | Locust cores | us CPU / chunk | server cores "
+        "| others' cores | load avg | every run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
             f"| {r['tree']} | {r['rate']:g} | {r['target_chunks_per_s']:.0f} | {_f(r['chunks_per_s'], 0)} "
             f"| {_f(r['p50'])} | {_f(r['p99'])} | {_f(r['max'])} | {_f(r['lag_p99'])} | {_f(r['ttft_err_p99'])} "
-            f"| {_f(r['gap_err_p99'])} | {_f(r['ks_p'], 2)} | {_f(r['load_cores'], 2)} | {_f(r['us_per_chunk'], 1)} "
-            f"| {_f(r['server_cores'], 2)} | {_f(r['others_cores'], 2)} | {_f(r['loadavg'], 2)} |"
+            f"| {_f(r['gap_err_p99'])} | {_f(r['gap_err_max'])} | {_f(r['ks_p'], 2)} | {_f(r['load_cores'], 2)} "
+            f"| {_f(r['us_per_chunk'], 1)} | {_f(r['server_cores'], 2)} | {_f(r['others_cores'], 2)} "
+            f"| {_f(r['loadavg'], 2)} | {_every_run(r)} |"
         )
     out += ["", "## Highest chunk rate within the bound", ""]
     for tree in dict.fromkeys(r["tree"] for r in rows):
@@ -140,18 +156,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                     out = Path(tmp) / f"{label.replace(' ', '-')}-{rate:g}-{rep}.json"
                     r = run_step(tree, rate, n, args.tokens, args.gap_ms, out, count)
                     runs[label].append(r)
-                    c = r["chunk_error_ms"]
+                    c, g = r["chunk_error_ms"], r["worst_gap_error_ms"]
+                    cpu = r.get("cpu") or {}
                     print(
-                        f"[scale] {label} {rate:g} req/s run {rep + 1}: p99 {_f(c['p99'])} ms, max {_f(c['max'])}, "
-                        f"others {_f((r.get('cpu') or {}).get('others_busy_cores'), 2)} cores",
+                        f"[scale] {label} {rate:g} req/s run {rep + 1}: chunk p99 {_f(c['p99'])} ms, worst-gap p99 "
+                        f"{_f(g['p99'])} max {_f(g['max'])}, TTFT p99 {_f(r['ttft_error_ms']['p99'])}, lag p99 "
+                        f"{_f(r['schedule_lag_ms']['p99'])}, merged {r.get('client_coalesced_streams')}, "
+                        f"{_f(cpu.get('load_us_per_chunk'), 1)} us/chunk, others {_f(cpu.get('others_busy_cores'), 2)} "
+                        f"cores",
                         flush=True,
                     )
             for label, _, _ in trees:
-                ordered = sorted(runs[label], key=lambda r: r["chunk_error_ms"]["p99"] or 0.0)
-                rows.append(row(label, rate, args.tokens, ordered[len(ordered) // 2], len(ordered)))
+                ordered = sorted(runs[label], key=lambda r: r["worst_gap_error_ms"]["p99"] or 0.0)
+                rows.append(row(label, rate, args.tokens, ordered[len(ordered) // 2], runs[label]))
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",
+        "cores": os.cpu_count(),
         "tokens": args.tokens, "gap_ms": args.gap_ms, "duration_s": args.duration_s, "repeat": args.repeat,
         "command": "python benchmarks/scale.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
     }  # fmt: skip

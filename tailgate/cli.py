@@ -81,8 +81,9 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=None, help="warm-up requests per cell (default 25)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")
-    p.add_argument("--processes", default="1",
-                   help="load processes per cell, or auto (from the cores and the cell's chunk rate)")  # fmt: skip
+    p.add_argument("--processes", default="auto",
+                   help="load processes per cell, or auto (the default: from the cores and the cell's expected "
+                        "chunk rate, so each process stays within what it times exactly)")  # fmt: skip
     p.add_argument("--prometheus-url", default="", help="a Prometheus scraping the server (compose: :9090)")
     p.add_argument("--compose-file", action="append", default=[], help="compose file(s) (default docker-compose.yml)")
     p.add_argument("--compose-service", default="vllm")

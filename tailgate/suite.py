@@ -225,7 +225,9 @@ class Suite:
         out = self.root / cell.name
         prepare_results(out, self.root)
         self._ensure_server(cell.config)
-        self.log(f"[suite] cell {index}/{total}: {cell.name}")
+        processes = cell_processes(cell, self.plan.processes)
+        how = " (auto)" if self.plan.processes == 0 else ""
+        self.log(f"[suite] cell {index}/{total}: {cell.name}, {processes} load process(es){how}")
         self._current_cell = out
 
         def echo(line: str) -> None:
@@ -242,7 +244,9 @@ class Suite:
             mark_run_ended(out / "run.json", f"locust exit {code}", status="failed")
             detail = "\n".join(done.tail[-15:])
             raise SuiteError(f"cell {cell.name} failed (locust exit {code}); last output:\n{detail}")
-        self.log(f"[suite] {cell.name} done in {done.seconds:.0f} s")
+        merged = summary.get("client_coalesced_streams") or 0
+        behind = f"; CLIENT BEHIND: {merged} merged stream(s), gaps show the client" if merged else ""
+        self.log(f"[suite] {cell.name} done in {done.seconds:.0f} s{behind}")
         return summary
 
     def run(self) -> list[Cell]:

@@ -22,6 +22,7 @@ from conftest import ROOT, write_trace
 from netns import Hosts, NetnsUnavailable
 
 from tailgate.load.distributed import (
+    CHUNKS_PER_PROCESS,
     DEADLINE_MARGIN_S,
     WORKER_LOST,
     ClockSync,
@@ -58,7 +59,7 @@ CONNECT_TIMEOUT_S = 2.0
 # -- pure parts ----------------------------------------------------------------------------------------
 def test_auto_processes_from_cores_and_chunk_rate() -> None:
     assert auto_processes(100, cores=8) == 1
-    assert auto_processes(12_000, cores=8) == 3
+    assert auto_processes(2.4 * CHUNKS_PER_PROCESS, cores=8) == 3
     assert auto_processes(1e9, cores=4) == 4
 
 

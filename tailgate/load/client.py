@@ -288,35 +288,147 @@ def _read(
     """``(bytes, when the read returned, how long its newest bytes had waited)``; the wait is None unknown.
 
     The stamp is taken once, as the call returns, for everything the read delivered. With receive
-    timestamps, the wait is the read's return (wall clock) minus the kernel's receive time (wall
-    clock) of the newest bytes read, so it never needs the two clocks to agree on an origin.
+    timestamps, the wait is the read's return minus the kernel's receive time (wall clock) of the newest
+    bytes read, put on ``clock`` with :data:`_WALL` (no clock read beyond ``clock()`` on most reads).
     """
     if not timestamps:
         data = sock.recv(RECV_BYTES)
         return data, clock(), None
     data, ancillary, _, _ = sock.recvmsg(RECV_BYTES, _TS_SPACE)
     now = clock()
-    for level, kind, payload in ancillary:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
+    if ancillary:
+        level, kind, payload = ancillary[0]
+        if kind == SO_TIMESTAMPNS and level == _SOL_SOCKET and len(payload) >= 16:
             sec, nsec = _TIMESPEC.unpack_from(payload)
-            return data, now, max(0, now - _on_clock(sec * 1_000_000_000 + nsec, clock))
+            return data, now, max(0, now - _WALL.to_clock(sec * 1_000_000_000 + nsec, now))
     return data, now, None
 
 
+class CooperativeReads:
+    """The stream's reads under gevent: wait for the socket first, then one ``recvmsg``; no timer per read.
+
+    gevent's own ``recvmsg`` tries the call first (a failed system call and a raised exception whenever,
+    as is usual between two chunks, nothing is there yet) and arms a fresh ``Timeout`` around every wait.
+    Here one I/O watcher is reused for every wait, and one timer per stream enforces the stall and
+    request limits: it fires at the latest moment the next read may still come, and a read that comes
+    in time only moves that moment (no re-arming per read). The timer throws ``TimeoutError`` only into
+    a wait; if it fires while the stream is parsing, the next read raises it instead.
+    """
+
+    __slots__ = ("_deadline_ns", "_expired", "_glet", "_hub", "_io", "_last_ns", "_limit_ns", "_timer", "_waiting")
+
+    def __init__(self, sock: socket.socket, stall_s: float, deadline_ns: int, now_ns: int) -> None:
+        from gevent import get_hub, getcurrent
+
+        self._hub = get_hub()
+        self._glet = getcurrent()
+        self._io = self._hub.loop.io(sock.fileno(), 1)
+        self._limit_ns = int(stall_s * 1e9)
+        self._deadline_ns = deadline_ns
+        self._last_ns = now_ns
+        self._waiting = False
+        self._expired = False
+        self._timer = None
+        sock.settimeout(None)  # the stream's timer bounds every wait instead
+        self._arm(now_ns)
+
+    @staticmethod
+    def usable(sock: socket.socket) -> bool:
+        """A gevent socket, not TLS: a plain socket under threads keeps ``settimeout``, and TLS may hold
+        decrypted bytes (``pending``) that no readiness of the descriptor announces."""
+        return (
+            type(sock).__module__.startswith("gevent")
+            and not isinstance(sock, ssl.SSLSocket)
+            and not hasattr(sock, "pending")
+        )
+
+    def _due_ns(self) -> int:
+        due = self._last_ns + self._limit_ns
+        return due if due < self._deadline_ns else self._deadline_ns
+
+    def _arm(self, now_ns: int) -> None:
+        if self._timer is not None:
+            self._timer.close()
+        self._timer = self._hub.loop.timer(max(0.0, (self._due_ns() - now_ns) / 1e9))
+        self._timer.start(self._on_timer)
+
+    def _on_timer(self) -> None:
+        now = time.perf_counter_ns()
+        if now < self._due_ns():
+            self._arm(now)  # reads came meanwhile: wait for the new latest moment
+            return
+        self._expired = True
+        if self._waiting:
+            self._glet.throw(TimeoutError())
+
+    def read(self, sock: socket.socket, timestamps: bool, clock: Callable[[], int]) -> tuple[bytes, int, int | None]:
+        """As :func:`_read`, after waiting for the socket; ``TimeoutError`` past the stall or request limit."""
+        if self._expired:
+            raise TimeoutError()
+        self._waiting = True
+        try:
+            self._hub.wait(self._io)
+            result = _read(sock, timestamps, clock)
+        finally:
+            self._waiting = False
+        self._last_ns = result[1]
+        return result
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.close()
+            self._timer = None
+        self._io.close()
+
+
+_SOL_SOCKET = socket.SOL_SOCKET
 PAIR_NS = 20_000
-"""Two reads of ``clock`` around a wall-clock read closer than this make a pair to convert with."""
+"""Two reads of the clock around a wall-clock read closer than this make a pair to convert with."""
+REFRESH_NS = 20_000_000
+"""How long a measured offset between the wall clock and ``perf_counter_ns`` is used before it is
+measured again. Only a slewing wall clock moves it: NTP slews at most 500 ppm, 10 us over this
+interval, and in practice a few ppm (well under 0.1 us)."""
 
 
-def _on_clock(wall_ns: int, clock: Callable[[], int]) -> int:
-    """A wall-clock instant on ``clock``: the two clocks read as a tight pair, so a preemption between
-    the reads cannot shift the conversion (on a busy machine one can last milliseconds)."""
-    for _ in range(5):
-        before = clock()
-        real = time.time_ns()
-        after = clock()
-        if after - before <= PAIR_NS:
-            break
-    return (before + after) // 2 - (real - wall_ns)
+class WallToClock:
+    """Converts the kernel's wall-clock receive stamps to ``perf_counter_ns`` ticks.
+
+    Measuring the offset costs three clock reads and must be a tight pair (a preemption between the
+    reads would shift it by milliseconds on a busy machine), so it is measured at most every
+    ``REFRESH_NS`` and shared by every stream of the process, instead of once per read.
+    """
+
+    __slots__ = ("_clock", "_measured", "_offset")
+
+    def __init__(self, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        self._clock = clock
+        self._offset = 0
+        self._measured = -(1 << 62)
+
+    def to_clock(self, wall_ns: int, now: int) -> int:
+        """``wall_ns`` on the clock, ``now`` being a current reading of it (to know when to re-measure)."""
+        if now - self._measured > REFRESH_NS:
+            self.measure()
+        return wall_ns - self._offset
+
+    def measure(self) -> None:
+        """The tightest of up to five (clock, wall, clock) triples sets the offset (wall minus clock)."""
+        clock, wall = self._clock, time.time_ns
+        best_width = best_offset = 0
+        for attempt in range(5):
+            before = clock()
+            real = wall()
+            after = clock()
+            width = after - before
+            if attempt == 0 or width < best_width:
+                best_width, best_offset = width, real - (before + after) // 2
+            if width <= PAIR_NS:
+                break
+        self._offset = best_offset
+        self._measured = after
+
+
+_WALL = WallToClock()
 
 
 def _error_message(body: bytes) -> str:
@@ -415,6 +527,7 @@ def stream_completion(
         timing.chunk_ns = []
         timing.chunk_delay_ns = []
     sock: socket.socket | None = None
+    cooperative: CooperativeReads | None = None
     kernel_stamp = stamp == "kernel"
     timing.sent_ns = clock()
     deadline = timing.sent_ns + int(timeouts.request_s * 1e9)
@@ -504,6 +617,7 @@ def stream_completion(
         data = rest
         received = 0
         late_ns = LATE_READ_NS
+        read_timeout = -1.0  # what the socket's timeout was last set to in this loop
         while True:
             if data:
                 received += len(data)
@@ -589,14 +703,23 @@ def stream_completion(
                     timing.late_coalesced_reads += 1
                 if (decoder is not None and decoder.done) or (to_read is not None and received >= to_read):
                     break
-            remaining = (deadline - clock()) / 1e9
+            now_ns = clock()
+            remaining = (deadline - now_ns) / 1e9
             if remaining <= 0:
                 raise _Failure("request_timeout", f"stream still open after {timeouts.request_s:g} s")
-            sock.settimeout(min(stall_s, remaining))
             try:
-                data, read_ns, delay = _read(sock, timestamps, clock)
+                if cooperative is None and CooperativeReads.usable(sock):
+                    cooperative = CooperativeReads(sock, stall_s, deadline, now_ns)
+                if cooperative is not None:
+                    data, read_ns, delay = cooperative.read(sock, timestamps, clock)
+                else:
+                    timeout = stall_s if stall_s < remaining else remaining
+                    if timeout != read_timeout:  # far from the deadline it is stall_s every time: set once
+                        sock.settimeout(timeout)
+                        read_timeout = timeout
+                    data, read_ns, delay = _read(sock, timestamps, clock)
             except TimeoutError:
-                if remaining <= stall_s:
+                if remaining <= stall_s:  # the limit that ends first, from when this read began
                     message = f"stream still open after {timeouts.request_s:g} s"
                     raise _Failure("request_timeout", message) from None
                 raise _Failure("stall_timeout", f"no bytes for {stall_s:g} s mid-stream") from None
@@ -622,6 +745,8 @@ def stream_completion(
         timing.end_ns = clock()
         raise
     finally:
+        if cooperative is not None:
+            cooperative.close()
         if sock is not None:
             try:
                 sock.close()

@@ -19,7 +19,8 @@ import argparse
 import os
 from typing import Any
 
-from tailgate.load import distributed
+from tailgate.load import distributed, stallwatch
+from tailgate.load.descriptors import reserve_descriptors
 from tailgate.load.options import OptionError, add_arguments
 from tailgate.load.preflight import fail, settings_for
 from tailgate.load.worker import (
@@ -104,6 +105,8 @@ def _on_init(environment: Any, **_: Any) -> None:
             prepare(environment)
     if isinstance(runner, (WorkerRunner, LocalRunner)):
         runner.register_message(ORDER_MESSAGE, _on_order)
+        stallwatch.install_from_env()
+        reserve_descriptors()  # before any stage: a socket() mid-stage must never grow the table
         opts = environment.parsed_options
         if opts is not None and getattr(opts, "realtime", False):
             _go_realtime()

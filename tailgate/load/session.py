@@ -35,6 +35,7 @@ from typing import Any
 
 import tailgate
 from tailgate.load import distributed
+from tailgate.load.console import summary_line
 from tailgate.load.distributed import DEADLINE_MARGIN_S, WORKER_LOST, ClockSync, MasterSink
 from tailgate.load.metrics import Snapshot, scrape
 from tailgate.load.options import Settings
@@ -588,12 +589,3 @@ class RunSession:
             "load_host": platform.node(), "pid": os.getpid(),
             "server": server_info(s),
         }  # fmt: skip
-
-
-def summary_line(s: dict[str, Any]) -> str:
-    return (
-        f"{s['stage_label']} [{s['config']}]: n={s['n']} errors={s['errors']} "
-        f"TTFT p50/p99 {s['ttft_p50']}/{s['ttft_p99']} ms, worst gap p50/p99 {s['gap_p50']}/{s['gap_p99']} ms, "
-        f"total p99 {s['total_p99']} ms, preemptions {s['preemptions_delta']}, "
-        f"schedule lag p99 {s['schedule_lag_p99']} ms"
-    )

@@ -16,6 +16,7 @@ from locust import User, task
 from locust.runners import WorkerRunner
 
 import logging
+import os
 import time
 from collections import deque
 from typing import Any
@@ -34,6 +35,7 @@ from tailgate.load.client import (
 )
 from tailgate.load.clock import mono_ns, wall
 from tailgate.load.prompts import Prompt
+from tailgate.load.stagegc import QuietCollector
 from tailgate.load.workload import build_prompt
 from tailgate.records import RecordWriter, RequestRecord, SendJournal, worker_name
 
@@ -44,7 +46,18 @@ DONE_MESSAGE = "tailgate_done"
 READY_MESSAGE = "tailgate_ready"
 CANCEL_MESSAGE = "tailgate_cancel"
 
-SPIN_NS = 1_500_000
+SPIN_ENV = "TAILGATE_SPIN_US"
+
+
+def _spin_ns(default_ns: int = 1_500_000) -> int:
+    """The spin's length: ``TAILGATE_SPIN_US`` (microseconds) where set, for measuring what it costs."""
+    try:
+        return max(0, int(float(os.environ.get(SPIN_ENV, "")) * 1000))
+    except ValueError:
+        return default_ns
+
+
+SPIN_NS = _spin_ns()
 """The dispatcher sleeps until this close to a send time, then spins on the event loop until it.
 
 gevent's timers overshoot by about a millisecond (the event loop polls with millisecond
@@ -216,6 +229,8 @@ class OrderRunner:
         clock = time.perf_counter_ns
         spawn = self._group.spawn
         one = self._one
+        quiet = QuietCollector()
+        quiet.start()  # from the first send until every stream of the order has ended
         try:
             for index, (trace_id, prompt_tokens, max_tokens, offset_s, batch, *given) in enumerate(items):
                 intended_ns = t0_ns + int(offset_s * 1e9)
@@ -249,6 +264,7 @@ class OrderRunner:
             self._group.join()
             self.drain()
         finally:
+            quiet.end()
             if progress is not None:
                 progress.kill(block=False)
         if isinstance(writer, distributed.WorkerStream):

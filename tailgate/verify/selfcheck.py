@@ -263,6 +263,7 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
                 "load_us_per_chunk": 1e6 * cpu["load_cpu_s"] / total_chunks if total_chunks else None,
             },
             "locust": {"exit_code": run.exit_code, "wall_s": run.wall_s, "cpu_s_total": run.cpu_s_total},
+            "client_coalesced_streams": sum(1 for r in run.records if r.get("client_coalesced")),
             "verdict": verdict,
             "ok": j.exact and (p99 is None or p99 <= cfg.warn_p99_ms),
             "work_dir": str(work) if cfg.keep_dir else None,
@@ -340,6 +341,12 @@ def render(result: Mapping[str, Any]) -> str:
             f"load generator CPU: {100 * cpu['load_cores']:.1f}% of one core over the {cpu['wall_s']:.1f} s stage "
             f"({_fmt(per_chunk) if per_chunk is None else f'{per_chunk:.1f}'} us per chunk, "
             f"{result['chunks_per_s']:.0f} chunks/s); server {100 * cpu['server_cores']:.1f}%"
+        )
+    merged = result.get("client_coalesced_streams")
+    if merged:
+        lines.append(
+            f"CLIENT BEHIND: {merged} stream(s) merged chunks in late reads (client_coalesced): "
+            "their gaps describe the load generator"
         )
     lines.append(
         f"locust: exit {result['locust']['exit_code']}, {result['locust']['cpu_s_total']:.2f} s CPU in all "

@@ -30,7 +30,10 @@ MIN_REFRESH_S = 1.0
 """A snapshot younger than this is served again: the UI polls every 2 s, possibly from several tabs."""
 SERIES_POINTS = 600
 """Server samples kept for the chart (10 minutes at the default 1 s)."""
-KEEP = ("stage", "trace_id", "end_s", "error_class", "ttft_ms", "worst_gap_ms", "total_ms", "schedule_lag_ms")
+KEEP = (
+    "stage", "trace_id", "end_s", "error_class", "ttft_ms", "worst_gap_ms", "total_ms", "schedule_lag_ms",
+    "client_coalesced",
+)  # fmt: skip
 METRICS = (("ttft", "ttft_ms"), ("gap", "worst_gap_ms"), ("total", "total_ms"))
 QUANTILES = (50, 90, 99)
 SLICE_LINES = 100
@@ -97,6 +100,7 @@ def stage_figures(records: Sequence[dict[str, Any]], warmup: int, rule: str) -> 
     out["errors"] = sum(errors.values())
     lag = [r["schedule_lag_ms"] for r in records if r.get("schedule_lag_ms") is not None]
     out["lag_p99"] = _r1(percentile(lag, 99))
+    out["client_coalesced"] = sum(1 for r in good if r.get("client_coalesced"))
     return out
 
 
@@ -203,6 +207,7 @@ TABLE_STRUCTURE: list[dict[str, str]] = [
     {"key": "total", "title": "Total p50 / p90 / p99 / max (ms)"},
     {"key": "errors", "title": "Errors"},
     {"key": "lag", "title": "Schedule lag p99 (ms)"},
+    {"key": "behind", "title": "Client behind: merged streams"},
     {"key": "preempt", "title": "Preemptions"},
 ]
 
@@ -216,10 +221,13 @@ def table_rows(snapshot: dict[str, Any] | None) -> list[dict[str, str]]:
         errors = ", ".join(f"{k} {v}" for k, v in st.get("errors_by_class", {}).items()) or "0"
         lag = st.get("lag_p99")
         pre = st.get("preemptions")
+        merged = st.get("client_coalesced")
+        behind = "–" if merged is None else (f"{merged} (gaps show the client)" if merged else "0")
         rows.append({
             "stage": st["label"], "state": st["state"], "counts": f"{st['planned']} / {st['sent']} / {st['recorded']}",
             "ttft": _ms(st.get("ttft")), "gap": _ms(st.get("gap")), "total": _ms(st.get("total")), "errors": errors,
             "lag": "–" if lag is None else f"{lag:.1f}", "preempt": "–" if pre is None else f"{pre:g}",
+            "behind": behind,
         })  # fmt: skip
     return rows
 
