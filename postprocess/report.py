@@ -93,6 +93,24 @@ LAG_WARN_MS = 10.0
 """Above this schedule lag p99 the generator was starved: the numbers describe an overloaded client."""
 
 
+def coordinator_gone(meta: Mapping[str, Any]) -> bool:
+    """A run marked ``running`` whose coordinating process no longer exists (killed, host rebooted): it will
+    never finish. Only knowable on the host that ran it; elsewhere the run is taken as still running."""
+    import os
+    import platform
+
+    pid = meta.get("pid")
+    if meta.get("load_host") != platform.node() or not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def _data_notes(
     runs: Sequence[RunDir], summaries: pd.DataFrame, records: pd.DataFrame, table: pd.DataFrame
 ) -> list[str]:
@@ -105,7 +123,11 @@ def _data_notes(
             notes.append(f"{name}: {lost} request(s) sent but never recorded: lost in flight (send journal)")
     for run in runs:
         status = run.meta.get("status")
-        if status and status != "completed":
+        if status == "running" and coordinator_gone(run.meta):
+            notes.append(f"{run.name}: the coordinator died mid-run (run.json still says running, its process "
+                         f"{run.meta.get('pid')} on {run.meta.get('load_host')} is gone); stages without a summary "
+                         "are computed from the records, workers' unreported files included")
+        elif status and status != "completed":
             notes.append(f"{run.name}: run.json status is {status!r}")
         if not run.meta:
             notes.append(f"{run.name}: no run.json; configuration taken from the summaries")

@@ -155,6 +155,27 @@ class RecordScan:
     partial_lines: int
     """Lines that did not parse: a generator killed mid-write leaves one at the end of a file."""
     files: int
+    superseded: int = 0
+    """Records dropped as second copies of one request: a ``worker_lost`` record written by the master for a
+    worker that later reported the request itself, or a worker's own copy of what the master also wrote."""
+
+
+def _one_per_request(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """Keep one record per (run, stage, request), the worker's own over a ``worker_lost`` written for it."""
+    kept: dict[tuple[Any, Any, Any], int] = {}
+    out: list[dict[str, Any]] = []
+    dropped = 0
+    for row in rows:
+        key = (row.get("run_id"), row.get("stage"), row.get("trace_id"))
+        at = kept.get(key)
+        if at is None:
+            kept[key] = len(out)
+            out.append(row)
+            continue
+        dropped += 1
+        if out[at].get("error_class") == "worker_lost" and row.get("error_class") != "worker_lost":
+            out[at] = row
+    return out, dropped
 
 
 def record_files(directory: str | Path) -> list[Path]:
@@ -188,7 +209,8 @@ def read_records(directory: str | Path) -> RecordScan:
                 bad += 1
             else:
                 out.append(obj)
-    return RecordScan(out, bad, len(files))
+    out, superseded = _one_per_request(out)
+    return RecordScan(out, bad, len(files), superseded)
 
 
 class SendJournal:

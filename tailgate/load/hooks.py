@@ -17,6 +17,7 @@ from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 import argparse
 import dataclasses
+import http.client
 import json
 import os
 import sys
@@ -70,9 +71,16 @@ def resolve_model(settings: Settings) -> str:
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise OptionError(f"--host: cannot reach {settings.host}: {reason}") from None
+    except http.client.HTTPException as e:  # e.g. an SSH or SMTP banner: not HTTP at all
+        raise OptionError(f"--host: {settings.host} does not speak HTTP ({type(e).__name__}: "
+                          f"{str(e)[:80]!r})") from None  # fmt: skip
     except ValueError:
         raise OptionError(f"--host: {url} did not return JSON; is this an OpenAI-compatible server?") from None
-    models = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)]
+    listed = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(listed, list):
+        raise OptionError(f"--host: {url} did not list models ({json.dumps(body)[:60]}); "
+                          "is this an OpenAI-compatible server?")  # fmt: skip
+    models = [m.get("id") for m in listed if isinstance(m, dict)]
     if settings.model:
         return settings.model
     if not models:
@@ -83,9 +91,19 @@ def resolve_model(settings: Settings) -> str:
 def settings_for(environment: Any, opts: Any, *, contact_server: bool = True) -> Settings:
     """Validated settings for one run of this locustfile's arm; raises OptionError."""
     shape = environment.shape_class
+    given = getattr(opts, "results_dir", None)
+    existed = bool(given) and os.path.exists(given)
     settings = validate(opts, arm=shape.arm, now=time.strftime("%Y%m%d-%H%M%S"))
     if contact_server:
-        settings = dataclasses.replace(settings, model=resolve_model(settings))
+        try:
+            settings = dataclasses.replace(settings, model=resolve_model(settings))
+        except OptionError:
+            if not existed:  # a run refused before it started leaves no folder behind
+                try:
+                    settings.results_dir.rmdir()
+                except OSError:
+                    pass
+            raise
     return settings
 
 
@@ -141,6 +159,8 @@ def _on_init(environment: Any, **_: Any) -> None:
             runner.register_message(distributed.SENT_MESSAGE, shape.on_sent)
             runner.register_message(distributed.RECORDS_MESSAGE, shape.on_records)
             runner.register_message(distributed.PONG_MESSAGE, shape.on_pong)
+            runner.register_message(distributed.PROOF_MESSAGE, shape.on_proof)
+            _keep_key_off_the_wire(environment)
         opts = environment.parsed_options
         if environment.web_ui is not None:
             from tailgate.webui import WEB_RESULTS, install
@@ -162,7 +182,41 @@ def _on_init(environment: Any, **_: Any) -> None:
         _cache_default_args()
         runner.register_message(CANCEL_MESSAGE, _on_cancel)
         runner.register_message(distributed.PING_MESSAGE, distributed.on_ping)
-        runner.register_message(distributed.CONNECT_MESSAGE, distributed.on_connect)
+        runner.register_message(distributed.CHALLENGE_MESSAGE, distributed.on_challenge)
+        opts = environment.parsed_options
+        distributed.set_own_key(getattr(opts, "api_key", None) if opts is not None else None)
+        _watch_master(environment)
+
+
+def _keep_key_off_the_wire(environment: Any) -> None:
+    """Locust sends the master's parsed options to every worker that connects, unauthenticated: the key
+    moves from the options into this process's environment, where the settings read it and nothing sends it."""
+    opts = environment.parsed_options
+    key = getattr(opts, "api_key", None) if opts is not None else None
+    if key:
+        os.environ.setdefault(distributed.API_KEY_ENV, key)
+        opts.api_key = None
+
+
+def _watch_master(environment: Any) -> None:
+    """A worker that stops hearing the master stops its load itself (see ``MASTER_SILENCE_S``), instead of
+    sending its share to a server nobody records until Locust gives up on the master a minute later."""
+    import gevent
+
+    heard = [time.monotonic()]
+
+    def on_heartbeat(**_: Any) -> None:
+        heard[0] = time.monotonic()
+
+    environment.events.heartbeat_received.add_listener(on_heartbeat)
+
+    def watch() -> None:
+        while True:
+            gevent.sleep(0.5)
+            if time.monotonic() - heard[0] > distributed.MASTER_SILENCE_S:
+                order_runner(environment).master_lost(time.monotonic() - heard[0])
+
+    gevent.spawn(watch)
 
 
 def _cache_default_args() -> None:
@@ -235,5 +289,7 @@ def _on_quit(environment: Any, **_: Any) -> None:
     if isinstance(runner, (WorkerRunner, LocalRunner)):
         order_runner(environment).cancel()
         order_runner(environment).close()
-    if shape is not None and getattr(shape, "failed", None):
+    if shape is not None and (getattr(shape, "failed", None) or getattr(shape, "cut_short", False)):
+        # the run failed, or ended itself before its last stage (--on-worker-loss stop, --stop-on-errors, every
+        # load process lost); a loss the run went on from (continue) or a Stop/Ctrl-C is not a failure
         environment.process_exit_code = 1

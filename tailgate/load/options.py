@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tailgate.load.client import Target, TargetError, Timeouts, chunk_stamp_mode
-from tailgate.load.plan import DEFAULT_BATCH, DEFAULT_RATES, Stage, continuous_stage, gated_stage
+from tailgate.load.plan import DEFAULT_BATCH, DEFAULT_RATES, Stage, continuous_stage, gated_stage, rate_label
 from tailgate.load.workload import (
     DEFAULT_MEASURED,
     DEFAULT_SEED,
@@ -203,6 +203,14 @@ def parse_rates(text: str) -> tuple[float, ...]:
         rates.append(rate)
     if not rates:
         raise OptionError("--rates: give at least one rate, e.g. --rates 1,5,10,20")
+    seen: dict[str, float] = {}
+    for rate in rates:
+        label = rate_label(rate)
+        if label in seen:
+            # each stage's files are named by its rate: a repeat would overwrite the earlier stage's results
+            raise OptionError(f"--rates: {label.replace('p', '.')} req/s appears twice; each rate is one stage "
+                              "(to repeat a rate, run again into another --results-dir)")  # fmt: skip
+        seen[label] = rate
     return tuple(rates)
 
 
@@ -211,6 +219,8 @@ def _check_url(option: str, url: str) -> str:
         Target.parse(url)
     except TargetError as e:
         raise OptionError(f"{option}: {e}") from None
+    except ValueError as e:  # urlsplit's own complaints, e.g. "Invalid IPv6 URL" for http://[::1
+        raise OptionError(f"{option}: {url!r} is not a valid URL ({e})") from None
     return url.rstrip("/")
 
 
