@@ -53,6 +53,8 @@ START_LEAD_S = 0.25
 DRAIN_TIMEOUT_S = 15.0
 """How long a stop waits for load processes to record the streams it cancelled."""
 REPORT_LOG = "report.log"
+REPORT_INTERRUPTED = "interrupted"
+"""First word of the last line of report.log when the build was cut short by the process quitting."""
 READY_TIMEOUT_S = 60.0
 """How long a run waits for every expected load process to report ready before it goes with those that did."""
 
@@ -652,11 +654,20 @@ class RunSession:
     def report_state(self) -> str:
         """``none`` (not asked for), ``building``, ``ready`` or ``failed``."""
         if self.report is None:
-            return "ready" if self.report_html.exists() else "none"
+            if self.report_html.exists():
+                return "ready"
+            return "interrupted" if self._report_log_tail().startswith(REPORT_INTERRUPTED) else "none"
         code = self.report.poll()
         if code is None:
             return "building"
         return "ready" if code == 0 and self.report_html.exists() else "failed"
+
+    def _report_log_tail(self) -> str:
+        try:
+            lines = (self.folder / REPORT_LOG).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1] if lines else ""
 
     def report_error(self) -> str | None:
         if self.report_state() != "failed":
@@ -668,8 +679,18 @@ class RunSession:
         return lines[-1][:300] if lines else "the report process failed"
 
     def end_report(self) -> None:
+        """The process is quitting while the report builds: end the build and say so where the report would be."""
         if self.report is not None and self.report.poll() is None:
             self.report.terminate()
+            try:
+                self.report.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.report.kill()
+            note = (f"report interrupted while building (the web UI was shut down); build it with: "
+                    f"tailgate report {self.folder}")  # fmt: skip
+            with open(self.folder / REPORT_LOG, "a", encoding="utf-8") as out:
+                out.write(f"\n{REPORT_INTERRUPTED}: {note}\n")
+            log.warning("tailgate: run %s: %s", self.run_id, note)
 
     # -- metadata -----------------------------------------------------------------------------------
     def _metadata(self) -> dict[str, Any]:

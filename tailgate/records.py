@@ -250,14 +250,31 @@ def read_sent(directory: str | Path) -> set[tuple[int, int]]:
     for path in sorted(Path(directory).glob("sent-*.log")):
         text = path.read_text(encoding="utf-8", errors="replace")
         for line in text[: text.rfind("\n") + 1].splitlines():
-            parts = line.split()
-            if len(parts) in (2, 3) and all(p.lstrip("-").isdigit() for p in parts[:2]):
-                key = (int(parts[0]), int(parts[1]))
-                if len(parts) == 2:
-                    out.add(key)
-                elif parts[2] == "dropped":
-                    out.discard(key)
+            entry = journal_entry(line)
+            if entry is None:
+                continue
+            stage, trace_id, dropped = entry
+            if dropped:
+                out.discard((stage, trace_id))
+            else:
+                out.add((stage, trace_id))
     return out
+
+
+def journal_entry(line: str | bytes) -> tuple[int, int, bool] | None:
+    """One send-journal line as ``(stage, trace_id, dropped)``; None for anything else. The one parser of the
+    journal: the analysis (:func:`read_sent`) and the live tab count sends the same way."""
+    parts = line.split()
+    if len(parts) not in (2, 3):
+        return None
+    try:
+        stage, trace_id = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    if len(parts) == 2:
+        return stage, trace_id, False
+    tag = parts[2].decode() if isinstance(parts[2], bytes) else parts[2]
+    return (stage, trace_id, True) if tag == "dropped" else None
 
 
 def lost_in_flight(directory: str | Path, recorded: Iterable[tuple[int, int]] | None = None) -> dict[str, Any]:

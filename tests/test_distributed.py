@@ -582,10 +582,11 @@ me = "stranger-host_0badc0de"
 client = zmqrpc.Client(host, port, me)
 client.send(Message("client_ready", __version__, me))
 got = []
+state = ["ready"]
 
 def beat():
     while True:
-        client.send(Message("heartbeat", {"state": "running", "current_cpu_usage": 1.0,
+        client.send(Message("heartbeat", {"state": state[0], "current_cpu_usage": 1.0,
                                           "current_memory_usage": 1}, me))
         gevent.sleep(1)
 
@@ -598,7 +599,10 @@ while time.monotonic() < deadline:
     if msg is None:
         continue
     got.append([msg.type, repr(msg.data)])
+    if msg.type == "quit":
+        break
     if msg.type == "spawn":
+        state[0] = "running"
         client.send(Message("spawning_complete", {"user_classes_count": msg.data.get("user_classes_count", {}),
                                                   "user_count": 1}, me))
         client.send(Message("tailgate_ready", {"worker": "stranger"}, me))

@@ -11,6 +11,7 @@ of the run still running, and the HTML report built in the background and linked
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+import zipfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -252,7 +254,23 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         page.submit()
         wait_for("the unreachable-host line", lambda: f"tailgate: error: --host: cannot reach {dead}" in
                  browser.find_element(page.by.TAG_NAME, "body").text, 30, locust)  # fmt: skip
-        page.fill({"host": server.base_url})
+        # hosts that are not an OpenAI server, a broken URL, a repeated rate: each its one line, no folder
+        from test_bad_input import _json_reply, _OddServer
+
+        ssh, null = _OddServer(b"SSH-2.0-OpenSSH_9.6\r\n"), _OddServer(_json_reply(b'{"data": null}'))
+        for host, rates, line in (
+            (f"http://127.0.0.1:{ssh.port}", "4,6", "does not speak HTTP"),
+            ("http://[::1", "4,6", "is not a valid URL"),
+            (f"http://127.0.0.1:{null.port}", "4,6", "did not list models"),
+            (server.base_url, "6,6", "--rates: 6 req/s appears twice"),
+        ):
+            page.fill({"host": host, "rates": rates, "resultsDir": str(tmp_path / "ui-a")})
+            page.submit()
+            wait_for(line, lambda line=line: line in browser.find_element(page.by.TAG_NAME, "body").text, 30, locust)
+            assert "unknown error" not in browser.find_element(page.by.TAG_NAME, "body").text.lower()
+        ssh.sock.close()
+        null.sock.close()
+        page.fill({"host": server.base_url, "rates": "4,6"})
         assert not (tmp_path / "ui-a").exists() or not run_folders(tmp_path / "ui-a")
 
         # run 1: form values, no --host; watch the tab update, then Stop mid-stage
@@ -285,6 +303,13 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         s1 = run1["summaries"]["cont_r4"]
         assert s1["partial"] and s1["planned"] == 22 and s1["sent"] < 22
         assert s1["errors_by_class"].get("cancelled", 0) >= 1, "Stop cancelled nothing in flight"
+        # the tab reads the journal as the analysis does: its sent is the summary's, the rest never sent
+        row1 = page.table()["cont_r4"]
+        assert row1[TAB_TITLE] == f"22 / {s1['sent']} / {s1['recorded']}", row1
+        assert row1["Dropped / never sent / merged"].split(" / ")[1] == str(s1["never_sent"]), row1
+        # a stream cancelled by Stop is no Locust failure
+        failures = [s["num_failures"] for s in get_json(url + "/stats/requests")["stats"] if s["name"] == "cont_r4"]
+        assert failures in ([], [0]), failures
         live = get_json(url + "/tailgate/live")["run"]
         assert live["run_id"] == run1["meta"]["run_id"] and not live["coordinator_alive"] and not live["sampler_alive"]
         wait_for("run 1's report", lambda: (folder_1 / "report" / "report.html").exists(), 120, locust)
@@ -316,6 +341,13 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         rows = [s for s in stats["stats"] if s["name"] != "Aggregated"]
         streams = sorted((s["method"], s["name"], s["num_requests"]) for s in rows)
         assert streams == [("STREAM", "cont_r3", 9), ("STREAM", "cont_r5", 9)]
+        # the run's files from the tab, and its requests' TTFT and worst gap over time
+        assert len(browser.find_elements(page.by.CSS_SELECTOR, "#tailgate-latency-chart circle")) == 2 * 2 * 9
+        for what, member in (("records", "records-"), ("summaries", "summary-cont_r3.json"), ("report", "report.html")):
+            got = browser.find_element(page.by.ID, f"tailgate-download-{what}").get_attribute("href")
+            with urllib.request.urlopen(got, timeout=30) as resp:
+                names = zipfile.ZipFile(io.BytesIO(resp.read())).namelist()
+            assert any(member in n for n in names), (what, names)
         href = link[0].get_attribute("href")
         with urllib.request.urlopen(href, timeout=10) as resp:
             assert resp.status == 200 and b"<html" in resp.read(2000).lower()
