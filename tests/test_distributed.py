@@ -660,3 +660,46 @@ def test_a_stranger_on_the_master_port_learns_nothing(tmp_path: Path) -> None:
     assert len(run["workers"]) == 1
     assert summaries(results)["cont_r10"]["recorded"] == n
     assert "given no orders" in (tmp_path / "master.out").read_text()
+
+
+@needs_root
+def test_worker_frozen_in_the_settle_is_left_out_of_the_next_stage(cluster: Cluster, tmp_path: Path) -> None:
+    """A worker frozen (SIGSTOP) in the settle between stages does not answer the fresh round trip the next
+    stage starts with: that stage goes to the others in full instead of a share nobody sends. Thawed, the
+    worker sends nothing more."""
+    n = 20
+    trace = write_trace(tmp_path / "trace.jsonl", [(8, 5)] * n)
+    cluster.start_server(ttft_ms=10, gap_ms=10)
+    master = cluster.start_master(2, "--rates", "10,8", "--trace-file", str(trace), "--n", str(n), "--settle", "4")
+    cluster.start_worker("w0", cluster.hosts.worker(0))
+    frozen = cluster.start_worker("w1", cluster.hosts.worker(1))
+    cluster.wait_until(lambda: (cluster.results / "summary-cont_r10.json").exists(), 120, "the first stage's end")
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        assert master.wait(120) == 0, cluster.output("master")[-4000:]
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    by_label = summaries(cluster.results)
+    second = by_label["cont_r8"]
+    assert (second["sent"], second["recorded"], second["never_sent"], second["ran_short"]) == (n, n, 0, False), second
+    assert len({r["worker"] for r in read_records(cluster.results).records if r["stage"] == 1}) == 1
+    run = json.loads((cluster.results / "run.json").read_text())
+    assert run["status"] == "completed" and len(run["workers_lost"]) == 1, run
+    assert "round trip" in next(iter(run["workers_lost"].values()))
+    time.sleep(1.0)
+    assert len(cluster.server_log()["requests"]) == 2 * n  # the thawed worker sent nothing more
+
+
+def test_auto_processes_size_from_the_trace_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--processes auto`` with ``--trace-file``: chunks per arrival from that trace, not the seeded mix."""
+    from tailgate import suite
+
+    asked: list[float] = []
+    monkeypatch.setattr(suite, "auto_processes", lambda chunks: asked.append(chunks) or 1)
+    long_outputs = write_trace(tmp_path / "long.jsonl", [(8, 4000)] * 10)
+    cell = suite.Cell("chunked", "continuous", 40.0)
+    suite.cell_processes(cell, 0)
+    suite.cell_processes(cell, 0, ["--trace-file", str(long_outputs)])
+    suite.cell_processes(cell, 0, [f"--trace-file={long_outputs}"])
+    assert asked == [40.0 * suite.mean_output_tokens(), 40.0 * 4000, 40.0 * 4000]
+    assert suite.cell_processes(cell, 3, ["--trace-file", str(long_outputs)]) == 3
