@@ -93,6 +93,27 @@ LAG_WARN_MS = 10.0
 """Above this schedule lag p99 the generator was starved: the numbers describe an overloaded client."""
 
 
+def short_stage_notes(summaries: pd.DataFrame) -> list[str]:
+    """One line under the table for each stage that did not run as planned (``ran_short`` in its summary)."""
+    if "ran_short" not in summaries.columns:
+        return []
+    notes = []
+    for _, row in summaries.loc[summaries["ran_short"].map(lambda v: v is True)].iterrows():
+        notes.append(
+            f"{row['cell']}: ran short of its plan: {_count(row.get('never_sent'))} never sent, "
+            f"{_count(row.get('lost_in_flight'))} lost in flight of {_count(row.get('planned'))} planned"
+            + (" (reconciled with a worker that came back)" if row.get("reconciled") is True else "")
+        )
+    return notes
+
+
+def _count(value: Any) -> str:
+    try:
+        return str(int(value))
+    except (TypeError, ValueError):
+        return "?"
+
+
 def coordinator_gone(meta: Mapping[str, Any]) -> bool:
     """A run marked ``running`` whose coordinating process no longer exists (killed, host rebooted): it will
     never finish. Only knowable on the host that ran it; elsewhere the run is taken as still running."""
@@ -136,6 +157,7 @@ def _data_notes(
     ].tolist()
     if derived:
         notes.append("summaries recomputed from records (no summary file): " + ", ".join(derived))
+    notes += short_stage_notes(summaries)
     with_errors = table.loc[pd.to_numeric(table["errors"], errors="coerce").fillna(0) > 0]
     for _, row in with_errors.iterrows():
         by_class = summaries.loc[summaries["cell"] == row["cell"], "errors_by_class"]

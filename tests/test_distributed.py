@@ -703,3 +703,19 @@ def test_auto_processes_size_from_the_trace_file(tmp_path: Path, monkeypatch: py
     suite.cell_processes(cell, 0, [f"--trace-file={long_outputs}"])
     assert asked == [40.0 * suite.mean_output_tokens(), 40.0 * 4000, 40.0 * 4000]
     assert suite.cell_processes(cell, 3, ["--trace-file", str(long_outputs)]) == 3
+
+
+def test_a_stage_that_ran_short_is_named_under_the_table() -> None:
+    import pandas as pd
+
+    from tailgate.postprocess.report import short_stage_notes
+
+    summaries = pd.DataFrame([
+        {"cell": "cont_r10", "ran_short": True, "never_sent": 12, "lost_in_flight": 0, "planned": 80,
+         "reconciled": True, "summary_source": "file", "schedule_lag_p99": 1.0, "preemption_counter_reset": False},
+        {"cell": "cont_r8", "ran_short": False, "never_sent": 0, "lost_in_flight": 0, "planned": 80,
+         "summary_source": "file", "schedule_lag_p99": 1.0, "preemption_counter_reset": False},
+    ])  # fmt: skip
+    notes = short_stage_notes(summaries)
+    assert notes == ["cont_r10: ran short of its plan: 12 never sent, 0 lost in flight of 80 planned "
+                     "(reconciled with a worker that came back)"]  # fmt: skip

@@ -118,13 +118,18 @@
     label(L - 4, H - B + 4, "end", "0");
     label(L, H - 6, "start", fmtS(t0));
     label(W - R, H - 6, "end", fmtS(t1));
+    var drawn = 0;
     [["ttft", "tg-ttft"], ["gap", "tg-gap"]].forEach(function (m) {
-      var values = lat[m[0]] || [];
+      // one path of round dots per metric: a few elements however many requests, cheap to re-render
+      var values = lat[m[0]] || [], d = [];
       for (var i = 0; i < t.length; i++) {
         if (values[i] === null || values[i] === undefined) continue;
-        svg.appendChild(svgEl("circle", { cx: x(t[i]).toFixed(1), cy: y(values[i]).toFixed(1), r: 1.8, class: m[1] }));
+        d.push("M" + x(t[i]).toFixed(1) + " " + y(values[i]).toFixed(1) + "h0");
+        drawn++;
       }
+      if (d.length) svg.appendChild(svgEl("path", { d: d.join(""), class: m[1] + " tg-dots" }));
     });
+    svg.setAttribute("data-points", String(drawn));
     return svg;
   }
 
