@@ -210,12 +210,17 @@ def _watch_master(environment: Any) -> None:
 
     environment.events.heartbeat_received.add_listener(on_heartbeat)
 
+    def silence() -> float:
+        quiet = time.monotonic() - heard[0]
+        return quiet if quiet > distributed.MASTER_SILENCE_S else 0.0
+
     def watch() -> None:
         while True:
             gevent.sleep(0.5)
-            if time.monotonic() - heard[0] > distributed.MASTER_SILENCE_S:
-                order_runner(environment).master_lost(time.monotonic() - heard[0])
+            if silence():
+                order_runner(environment).master_lost(silence())
 
+    order_runner(environment).master_silence = silence
     gevent.spawn(watch)
 
 

@@ -156,6 +156,8 @@ class OrderRunner:
         """This worker lost the master mid-run and stopped its load itself."""
         self.busy = False
         """An order is being run (sent or in flight)."""
+        self.master_silence: Any = None
+        """In a worker: seconds since the master was last heard if over ``MASTER_SILENCE_S``, else 0."""
         self._writers: dict[str, tuple[Any, Any]] = {}
         self._group = Group()
         self._loop: gevent.Greenlet | None = None
@@ -283,6 +285,7 @@ class OrderRunner:
         ahead = not isinstance(journal, distributed.WorkerStream)
         if gate is not None and ahead:
             journal.sent_many(stage, [item[0] for item in items])  # one write, before the batch's send time
+        silent = self.master_silence
         sleep = gevent.sleep
         idle = gevent.idle
         spin_priority = SPIN_PRIORITY
@@ -299,6 +302,10 @@ class OrderRunner:
                     sleep((delay - SPIN_NS) / 1e9)
                 while clock() < intended_ns:
                     idle(spin_priority)
+                if not self.cancelled and silent is not None and silent():
+                    # a thawed freeze: the timers fire before the master watch can run, and every overdue
+                    # arrival would go out at once to a master that has written this share off
+                    self.master_lost(silent())
                 if self.cancelled:  # a stop: what was journaled ahead but not sent is taken back
                     if ahead:
                         for rest in items[index:] if gate is not None else items[index : index + 1]:

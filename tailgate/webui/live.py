@@ -198,8 +198,8 @@ class LiveRun:
                 pre = None if before is None else before.preemptions_total
                 known = running and pre is not None and latest_preempt is not None
                 preemptions = latest_preempt - pre if known else None
-            if summary is not None and summary.get("ran_short"):
-                state += ", ran short"
+            if summary is not None and summary.get("ran_short") and not summary.get("partial"):
+                state += ", ran short"  # a stage that ran to its end without all of its plan (a partial one is cut)
             dropped = max(len(view.dropped_keys), int(s.dropped.get(stage.index, 0)))
             never = summary.get("never_sent") if summary is not None else None
             stages.append({
