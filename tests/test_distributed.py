@@ -719,3 +719,31 @@ def test_a_stage_that_ran_short_is_named_under_the_table() -> None:
     notes = short_stage_notes(summaries)
     assert notes == ["cont_r10: ran short of its plan: 12 never sent, 0 lost in flight of 80 planned "
                      "(reconciled with a worker that came back)"]  # fmt: skip
+
+
+@needs_root
+def test_worker_frozen_mid_stage_is_reconciled_when_it_thaws(cluster: Cluster, tmp_path: Path) -> None:
+    """SIGSTOP of a worker mid-stage for longer than the master waits, then SIGCONT: the thawed worker sends
+    none of its overdue arrivals, cancels its streams, and those records replace the worker_lost ones; the
+    run exits 0 (it went on, as --on-worker-loss continue says) and its counts are the server's."""
+    n = 60
+    trace = write_trace(tmp_path / "trace.jsonl", [(8, 20)] * n)
+    cluster.start_server(ttft_ms=20, gap_ms=50)
+    master = cluster.start_master(2, "--rates", "10,8", "--trace-file", str(trace), "--n", str(n))
+    cluster.start_worker("w0", cluster.hosts.worker(0))
+    frozen = cluster.start_worker("w1", cluster.hosts.worker(1))
+    cluster.wait_until(lambda: cluster.sent_lines() >= 12, 120, "the stage to be under way")
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        cluster.wait_until(lambda: "lost in cont_r10" in cluster.output("master"), 30, "the master to write it off")
+        time.sleep(1.0)
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    assert master.wait(180) == 0, cluster.output("master")[-4000:]
+    first, second = summaries(cluster.results)["cont_r10"], summaries(cluster.results)["cont_r8"]
+    assert first.get("reconciled") and first["lost_in_flight"] == 0 and first["ran_short"], first
+    assert first["planned"] == first["recorded"] + first["never_sent"], first
+    records = read_records(cluster.results).records
+    keys = [(r["stage"], r["trace_id"]) for r in records]
+    assert len(keys) == len(set(keys)) and set(keys) == read_sent(cluster.results)
+    assert len(cluster.server_log()["requests"]) == first["sent"] + second["sent"]

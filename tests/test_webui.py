@@ -322,7 +322,7 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         page.open_tab()
         done = {"cont_r3": "done", "cont_r5": "done"}
         wait_for("run 2 to complete", lambda: {k: v["State"] for k, v in page.table().items()} == done, 180, locust)
-        link = wait_for("the report link", lambda: browser.find_elements(page.by.ID, "tailgate-report-link"), 120,
+        wait_for("the report link", lambda: browser.find_elements(page.by.ID, "tailgate-report-link"), 120,
                         locust)  # fmt: skip
         (folder_2,) = run_folders(second)
         run2 = check_run(folder_2, status="completed", host=server.base_url,
@@ -342,14 +342,16 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         streams = sorted((s["method"], s["name"], s["num_requests"]) for s in rows)
         assert streams == [("STREAM", "cont_r3", 9), ("STREAM", "cont_r5", 9)]
         # the run's files from the tab, and its requests' TTFT and worst gap over time
-        chart = browser.find_element(page.by.ID, "tailgate-latency-chart")
-        assert chart.get_attribute("data-points") == str(2 * 2 * 9)  # TTFT and worst gap of every request
+        href = page._fresh(lambda: browser.find_element(page.by.ID, "tailgate-report-link").get_attribute("href"))
+        points = page._fresh(lambda: browser.find_element(page.by.ID, "tailgate-latency-chart").get_attribute(
+            "data-points"))  # fmt: skip
+        assert points == str(2 * 2 * 9)  # TTFT and worst gap of every request
         for what, member in (("records", "records-"), ("summaries", "summary-cont_r3.json"), ("report", "report.html")):
-            got = browser.find_element(page.by.ID, f"tailgate-download-{what}").get_attribute("href")
+            got = page._fresh(lambda what=what: browser.find_element(page.by.ID, f"tailgate-download-{what}")
+                              .get_attribute("href"))  # fmt: skip
             with urllib.request.urlopen(got, timeout=30) as resp:
                 names = zipfile.ZipFile(io.BytesIO(resp.read())).namelist()
             assert any(member in n for n in names), (what, names)
-        href = link[0].get_attribute("href")
         with urllib.request.urlopen(href, timeout=10) as resp:
             assert resp.status == 200 and b"<html" in resp.read(2000).lower()
         shot = os.environ.get("TAILGATE_WEBUI_SCREENSHOT") or str(tmp_path / "webui-tail-tab.png")
