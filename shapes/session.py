@@ -534,6 +534,12 @@ class RunSession:
         )  # fmt: skip
         summary.update(self._accounting(stage, records))
         summary["workers_lost"] = list(lost or [])
+        negative = sum(1 for r in records for k in ("ttft_ms", "total_ms", "worst_gap_ms") if (r.get(k) or 0) < 0)
+        summary["negative_latencies"] = negative
+        if negative:  # stamps from two clocks that disagree; the load processes guard against it, this says so
+            log.error("tailgate: %s: %d negative latency value(s) in the records: a clock disagreed with another "
+                      "(see run.json chunk_stamp_notes); these percentiles are not to be trusted", stage.label,
+                      negative)  # fmt: skip
         span = summary["window_end_s"] - summary["window_start_s"]
         chunks = sum(int(r.get("chunks") or 0) for r in records)
         summary["chunks_per_s"] = round(chunks / span, 1) if span > 0 else None
