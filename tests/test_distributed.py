@@ -325,6 +325,7 @@ def test_shifted_clock_on_schedule_and_joiner_waits(cluster: Cluster, tmp_path: 
         assert all(r["ttft_ms"] > 0 and r["total_ms"] >= r["ttft_ms"] for r in rows), label  # never negative
         s = summaries(cluster.results)[label]
         assert (s["planned"], s["sent"], s["recorded"], s["lost_in_flight"], s["never_sent"]) == (n, n, n, 0, 0)
+        assert s["negative_latencies"] == 0 and s["ttft_p50"] > 0
     assert len({r["worker"] for r in by_stage["cont_r10"]}) == 2  # the joiner waited for the next stage
     assert len({r["worker"] for r in by_stage["cont_r8"]}) == 3
 
