@@ -245,6 +245,9 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
 
         # a bad value is refused with the command line's one line, shown by the form; nothing starts
         page.fill({"host": server.base_url, "rates": "2,abc"})
+        shown = [f.get_attribute("name") for f in browser.find_elements(page.by.CSS_SELECTOR, "input")
+                 if f.is_displayed()]  # fmt: skip
+        assert "userCount" not in shown and "spawnRate" not in shown and "host" in shown, shown  # the shape drives
         page.submit()
         wait_for("the error line", lambda: "tailgate: error: --rates: 'abc' is not a number" in
                  browser.find_element(page.by.TAG_NAME, "body").text, 30, locust)  # fmt: skip
