@@ -194,7 +194,7 @@ def _keep_key_off_the_wire(environment: Any) -> None:
     opts = environment.parsed_options
     key = getattr(opts, "api_key", None) if opts is not None else None
     if key:
-        os.environ.setdefault(distributed.API_KEY_ENV, key)
+        os.environ[distributed.API_KEY_ENV] = key  # the option wins over the environment, as in validate()
         opts.api_key = None
 
 
