@@ -60,6 +60,7 @@ def test_an_empty_stage_reads_as_dashes() -> None:
                         "preemptions": None, **fig}]}  # fmt: skip
     (row,) = table_rows(snap)
     assert row["ttft"] == "–" and row["counts"] == "10 / 0 / 0" and row["errors"] == "0"
+    assert row["unsent"] == "0 / – / 0"  # never sent is known once the stage is summarized
 
 
 def test_tail_reads_only_complete_lines(tmp_path: Path) -> None:

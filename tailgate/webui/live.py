@@ -256,7 +256,8 @@ def table_rows(snapshot: dict[str, Any] | None) -> list[dict[str, str]]:
         pre = st.get("preemptions")
         rows.append({
             "stage": st["label"], "state": st["state"], "counts": f"{st['planned']} / {st['sent']} / {st['recorded']}",
-            "unsent": f"{st['dropped']} / {'–' if st['never_sent'] is None else st['never_sent']} / {st['merged']}",
+            "unsent": f"{st.get('dropped', 0)} / {'–' if st.get('never_sent') is None else st['never_sent']} / "
+                      f"{st.get('merged', 0)}",
             "ttft": _ms(st.get("ttft")), "gap": _ms(st.get("gap")), "total": _ms(st.get("total")), "errors": errors,
             "lag": "–" if lag is None else f"{lag:.1f}", "preempt": "–" if pre is None else f"{pre:g}",
         })  # fmt: skip
