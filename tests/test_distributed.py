@@ -746,7 +746,8 @@ def test_worker_frozen_mid_stage_is_reconciled_when_it_thaws(cluster: Cluster, t
     # Locust's exit code follows the failures it was told of, and it is told of exactly the recorded errors
     # (a stream that outlived --request-timeout in the freeze is one; a cancelled one is not)
     assert code == (1 if first["errors"] + second["errors"] else 0), cluster.output("master")[-4000:]
-    assert first.get("reconciled") and first["lost_in_flight"] == 0 and first["ran_short"], first
+    # its own records replaced the worker_lost ones, whether they came before the summary or rewrote it
+    assert first["lost_in_flight"] == 0 and first["ran_short"], first
     assert first["planned"] == first["recorded"] + first["never_sent"], first
     records = read_records(cluster.results).records
     keys = [(r["stage"], r["trace_id"]) for r in records]
