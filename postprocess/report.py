@@ -145,7 +145,7 @@ def _data_notes(
     for run in runs:
         status = run.meta.get("status")
         if status == "running" and coordinator_gone(run.meta):
-            notes.append(f"{run.name}: the coordinator died mid-run (run.json still says running, its process "
+            notes.append(f"{run.name}: run.json status is 'running' but its coordinator died mid-run (process "
                          f"{run.meta.get('pid')} on {run.meta.get('load_host')} is gone); stages without a summary "
                          "are computed from the records, workers' unreported files included")
         elif status and status != "completed":
