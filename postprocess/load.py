@@ -410,6 +410,18 @@ def read_records_files(paths: Sequence[Path]) -> list[tuple[pd.DataFrame, int]]:
     return [read_records_file(p) for p in paths]
 
 
+def _one_per_request(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rule of :func:`tailgate.records.read_records`: one record per (run, stage, request), a worker's own
+    over the ``worker_lost`` the master wrote for it (a partition that healed, a worker's unreported copy)."""
+    cols = [c for c in ("run_id", "stage", "trace_id") if c in frame.columns]
+    if len(frame) < 2 or len(cols) < 3 or not frame.duplicated(cols).any():
+        return frame
+    lost = (frame["error_class"] == "worker_lost") if "error_class" in frame.columns else False
+    order = pd.Series(lost, index=frame.index).astype(int)
+    return frame.assign(_lost=order).sort_values("_lost", kind="stable").drop_duplicates(cols).sort_index().drop(
+        columns="_lost")
+
+
 def read_records_frame(run: RunDir, parsed: Sequence[tuple[pd.DataFrame, int]] | None = None) -> RecordsLoad:
     """Every worker file of one run, with a ``run_dir`` column naming where each row came from.
 
@@ -425,7 +437,7 @@ def read_records_frame(run: RunDir, parsed: Sequence[tuple[pd.DataFrame, int]] |
         frame = frames[0] if len(frames) == 1 else _concat(frames)
     else:
         frame = _normalise(pd.DataFrame(columns=list(RECORD_COLUMNS)))
-    frame = frame.reset_index(drop=True)
+    frame = _one_per_request(frame).reset_index(drop=True)
     frame["run_dir"] = pd.Categorical([run.name] * len(frame)) if len(frame) else pd.Categorical([])
     key = run.run_id or run.name
     loss = _journal_lost(run, frame)

@@ -93,6 +93,45 @@ LAG_WARN_MS = 10.0
 """Above this schedule lag p99 the generator was starved: the numbers describe an overloaded client."""
 
 
+def short_stage_notes(summaries: pd.DataFrame) -> list[str]:
+    """One line under the table for each stage that did not run as planned (``ran_short`` in its summary)."""
+    if "ran_short" not in summaries.columns:
+        return []
+    notes = []
+    for _, row in summaries.loc[summaries["ran_short"].map(lambda v: v is True)].iterrows():
+        notes.append(
+            f"{row['cell']}: ran short of its plan: {_count(row.get('never_sent'))} never sent, "
+            f"{_count(row.get('lost_in_flight'))} lost in flight of {_count(row.get('planned'))} planned"
+            + (" (reconciled with a worker that came back)" if row.get("reconciled") is True else "")
+        )
+    return notes
+
+
+def _count(value: Any) -> str:
+    try:
+        return str(int(value))
+    except (TypeError, ValueError):
+        return "?"
+
+
+def coordinator_gone(meta: Mapping[str, Any]) -> bool:
+    """A run marked ``running`` whose coordinating process no longer exists (killed, host rebooted): it will
+    never finish. Only knowable on the host that ran it; elsewhere the run is taken as still running."""
+    import os
+    import platform
+
+    pid = meta.get("pid")
+    if meta.get("load_host") != platform.node() or not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def _data_notes(
     runs: Sequence[RunDir], summaries: pd.DataFrame, records: pd.DataFrame, table: pd.DataFrame
 ) -> list[str]:
@@ -105,7 +144,11 @@ def _data_notes(
             notes.append(f"{name}: {lost} request(s) sent but never recorded: lost in flight (send journal)")
     for run in runs:
         status = run.meta.get("status")
-        if status and status != "completed":
+        if status == "running" and coordinator_gone(run.meta):
+            notes.append(f"{run.name}: run.json status is 'running' but its coordinator died mid-run (process "
+                         f"{run.meta.get('pid')} on {run.meta.get('load_host')} is gone); stages without a summary "
+                         "are computed from the records, workers' unreported files included")
+        elif status and status != "completed":
             notes.append(f"{run.name}: run.json status is {status!r}")
         if not run.meta:
             notes.append(f"{run.name}: no run.json; configuration taken from the summaries")
@@ -114,6 +157,7 @@ def _data_notes(
     ].tolist()
     if derived:
         notes.append("summaries recomputed from records (no summary file): " + ", ".join(derived))
+    notes += short_stage_notes(summaries)
     with_errors = table.loc[pd.to_numeric(table["errors"], errors="coerce").fillna(0) > 0]
     for _, row in with_errors.iterrows():
         by_class = summaries.loc[summaries["cell"] == row["cell"], "errors_by_class"]

@@ -2,7 +2,7 @@
 # Installs what the suite and its tests need on a fresh machine, idempotently:
 #   .venv/                  the project (load generator, analysis) with its dev tools
 #   ~/.cache/tailgate/      the CPU build of vLLM in its own venv, and the tiny dummy-weight model
-#   OS packages             prometheus, stress-ng, chromium + driver, faketime, iproute2 (root with apt-get)
+#   OS packages             prometheus, stress-ng, chromium + driver, faketime, iproute2, iptables (root with apt-get)
 # An OS package that cannot be installed by a user who can install packages is an error, said
 # loudly with apt's own output: a CI run that silently skipped its Prometheus tests proves nothing.
 set -euo pipefail
@@ -37,7 +37,7 @@ apt_retry() {
 }
 
 # OS packages the tests use: Prometheus, load for the stress pass, Chromium and its driver for the web UI
-# test, libfaketime and iproute2 (ip netns) for the distributed tests
+# test, libfaketime, iproute2 (ip netns) and iptables (a partition) for the distributed tests
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v stress-ng >/dev/null 2>&1 || missing+=(stress-ng)
@@ -45,12 +45,13 @@ command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] installing ${missing[*]} from the OS packages"
     apt_retry update || { echo "[setup] ERROR: cannot update the package lists" >&2; exit 1; }
     apt_retry install "${missing[@]}" || { echo "[setup] ERROR: cannot install ${missing[*]}" >&2; exit 1; }
-    for tool in prometheus stress-ng chromium chromedriver faketime ip; do
+    for tool in prometheus stress-ng chromium chromedriver faketime ip iptables; do
       command -v "$tool" >/dev/null 2>&1 || { echo "[setup] ERROR: $tool installed but not on PATH" >&2; exit 1; }
     done
     # the Debian package starts a system service on :9090 that nothing here uses

@@ -85,6 +85,10 @@ class SuiteShape(LoadTestShape):
         if self.session is not None and self.session.sink is not None:
             self.session.sink.on_records(msg.node_id, msg.data)
 
+    def on_proof(self, environment: Any, msg: Any, **_: Any) -> None:
+        if self.session is not None:
+            self.session.on_proof(msg.node_id, msg.data)
+
     def on_pong(self, environment: Any, msg: Any, **_: Any) -> None:
         if self.session is not None:
             self.session.clock.on_pong(msg.node_id, msg.data)
@@ -100,6 +104,12 @@ class SuiteShape(LoadTestShape):
     def failed(self) -> str | None:
         """The newest run's failure, for the process exit code."""
         return self.runs[-1].failed if self.runs else None
+
+    @property
+    def cut_short(self) -> bool:
+        """The newest run ended itself before its last stage (a loss under ``stop``, errors, no worker left)."""
+        run = self.runs[-1] if self.runs else None
+        return bool(run and run.natural_end and str(run.status).startswith("stopped"))
 
     @property
     def latest(self) -> RunSession | None:

@@ -176,6 +176,27 @@ class RecordScan:
     partial_lines: int
     """Lines that did not parse: a generator killed mid-write leaves one at the end of a file."""
     files: int
+    superseded: int = 0
+    """Records dropped as second copies of one request: a ``worker_lost`` record written by the master for a
+    worker that later reported the request itself, or a worker's own copy of what the master also wrote."""
+
+
+def _one_per_request(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """Keep one record per (run, stage, request), the worker's own over a ``worker_lost`` written for it."""
+    kept: dict[tuple[Any, Any, Any], int] = {}
+    out: list[dict[str, Any]] = []
+    dropped = 0
+    for row in rows:
+        key = (row.get("run_id"), row.get("stage"), row.get("trace_id"))
+        at = kept.get(key)
+        if at is None:
+            kept[key] = len(out)
+            out.append(row)
+            continue
+        dropped += 1
+        if out[at].get("error_class") == "worker_lost" and row.get("error_class") != "worker_lost":
+            out[at] = row
+    return out, dropped
 
 
 def record_files(directory: str | Path) -> list[Path]:
@@ -209,7 +230,8 @@ def read_records(directory: str | Path) -> RecordScan:
                 bad += 1
             else:
                 out.append(obj)
-    return RecordScan(out, bad, len(files))
+    out, superseded = _one_per_request(out)
+    return RecordScan(out, bad, len(files), superseded)
 
 
 class SendJournal:
@@ -249,14 +271,31 @@ def read_sent(directory: str | Path) -> set[tuple[int, int]]:
     for path in sorted(Path(directory).glob("sent-*.log")):
         text = path.read_text(encoding="utf-8", errors="replace")
         for line in text[: text.rfind("\n") + 1].splitlines():
-            parts = line.split()
-            if len(parts) in (2, 3) and all(p.lstrip("-").isdigit() for p in parts[:2]):
-                key = (int(parts[0]), int(parts[1]))
-                if len(parts) == 2:
-                    out.add(key)
-                elif parts[2] == "dropped":
-                    out.discard(key)
+            entry = journal_entry(line)
+            if entry is None:
+                continue
+            stage, trace_id, dropped = entry
+            if dropped:
+                out.discard((stage, trace_id))
+            else:
+                out.add((stage, trace_id))
     return out
+
+
+def journal_entry(line: str | bytes) -> tuple[int, int, bool] | None:
+    """One send-journal line as ``(stage, trace_id, dropped)``; None for anything else. The one parser of the
+    journal: the analysis (:func:`read_sent`) and the live tab count sends the same way."""
+    parts = line.split()
+    if len(parts) not in (2, 3):
+        return None
+    try:
+        stage, trace_id = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    if len(parts) == 2:
+        return stage, trace_id, False
+    tag = parts[2].decode() if isinstance(parts[2], bytes) else parts[2]
+    return (stage, trace_id, True) if tag == "dropped" else None
 
 
 def lost_in_flight(directory: str | Path, recorded: Iterable[tuple[int, int]] | None = None) -> dict[str, Any]:

@@ -49,15 +49,39 @@ def mean_output_tokens() -> float:
     return mean
 
 
-def cell_processes(cell: Cell, processes: int) -> int:
+def trace_file_of(locust_args: list[str]) -> str | None:
+    """The ``--trace-file`` passed through to Locust, if any (``--trace-file X`` or ``--trace-file=X``)."""
+    for i, arg in enumerate(locust_args):
+        if arg == "--trace-file" and i + 1 < len(locust_args):
+            return locust_args[i + 1]
+        if arg.startswith("--trace-file="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def mean_trace_output_tokens(path: str) -> float | None:
+    """Mean max_tokens of a user trace: what ``auto`` sizes from when the run sends that trace, not the mix."""
+    from tailgate.load.workload import TraceError, load_jsonl
+
+    try:
+        items = load_jsonl(path)
+    except (TraceError, OSError):
+        return None  # Locust's own validation names the problem in one line
+    return sum(i.max_tokens for i in items) / len(items) if items else None
+
+
+def cell_processes(cell: Cell, processes: int, locust_args: list[str] | None = None) -> int:
     """Load processes for one cell: as asked, or for ``auto`` (0) from the cores and the cell's expected
-    chunk rate (arrivals per second x chunks per arrival; a gated batch streams all at once)."""
+    chunk rate (arrivals per second x chunks per arrival; a gated batch streams all at once). With
+    ``--trace-file`` the chunks per arrival are that trace's mean output length, not the seeded mix's."""
     if processes > 0:
         return processes
+    trace = trace_file_of(locust_args or [])
+    per_arrival = (mean_trace_output_tokens(trace) if trace else None) or mean_output_tokens()
     if cell.arm == "gated":
         chunks = cell.value * GATED_STREAM_CHUNKS_PER_S
     else:
-        chunks = cell.value * mean_output_tokens()
+        chunks = cell.value * per_arrival
     return auto_processes(chunks)
 
 
@@ -216,7 +240,7 @@ class Suite:
         stage = ("--batch-size", str(int(cell.value))) if cell.arm == "gated" else ("--rates", f"{cell.value:g}")
         return LocustRun(
             arm=cell.arm, host=self.controller.base_url, results=out, stage=stage, n=p.n, warmup=p.warmup,
-            seed=p.seed, config_label=cell.config, processes=cell_processes(cell, p.processes),
+            seed=p.seed, config_label=cell.config, processes=cell_processes(cell, p.processes, p.locust_args),
             ignore_eos=p.ignore_eos, prometheus_url=self.prometheus_url, realtime=p.realtime,
             extra=(*(("--prompts", cell.prompts) if cell.prompts != "seed" else ()), *p.locust_args),
         )  # fmt: skip
@@ -225,7 +249,7 @@ class Suite:
         out = self.root / cell.name
         prepare_results(out, self.root)
         self._ensure_server(cell.config)
-        processes = cell_processes(cell, self.plan.processes)
+        processes = cell_processes(cell, self.plan.processes, self.plan.locust_args)
         how = " (auto)" if self.plan.processes == 0 else ""
         self.log(f"[suite] cell {index}/{total}: {cell.name}, {processes} load process(es){how}")
         self._current_cell = out

@@ -79,3 +79,65 @@ def test_unwritable_results_dir(tmp_path: Path) -> None:
     # /proc refuses new folders even to root, unlike a chmod-ed directory
     done = run_locust("continuous.py", "http://127.0.0.1:1", Path("/proc/tailgate-results"), timeout=60)
     assert_one_line_error(done, "--results-dir", "not writable")
+
+
+def test_repeated_rate_is_refused(tmp_path: Path) -> None:
+    """Stages are named by their rate: ``20,20`` would overwrite the first stage's files with the second's."""
+    done = run_locust("continuous.py", f"http://127.0.0.1:{closed_port()}", tmp_path / "r", "--rates", "5,20,20",
+                      timeout=60)  # fmt: skip
+    assert_one_line_error(done, "--rates", "20 req/s appears twice")
+    assert not (tmp_path / "r").exists()
+
+
+class _OddServer:
+    """A port that answers with an SSH banner, or /v1/models with JSON that lists no models."""
+
+    def __init__(self, reply: bytes) -> None:
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.reply = reply
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                if not self.reply.startswith(b"SSH-"):
+                    conn.recv(65536)
+                conn.sendall(self.reply)
+
+
+def _json_reply(body: bytes) -> bytes:
+    head = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n")  # fmt: skip
+    return head.encode() + body
+
+
+@pytest.mark.parametrize(
+    "reply, fragment",
+    [
+        (b"SSH-2.0-OpenSSH_9.6\r\n", "does not speak HTTP"),
+        (_json_reply(b"[]"), "did not list models"),
+        (_json_reply(b'{"data": null}'), "did not list models"),
+    ],
+    ids=["ssh-banner", "list", "data-null"],
+)
+def test_bad_host_is_one_line_and_leaves_no_folder(tmp_path: Path, reply: bytes, fragment: str) -> None:
+    server = _OddServer(reply)
+    done = run_locust("continuous.py", f"http://127.0.0.1:{server.port}", tmp_path / "r", timeout=60)
+    server.sock.close()
+    assert_one_line_error(done, "--host", fragment)
+    assert not (tmp_path / "r").exists()
+
+
+def test_unterminated_ipv6_host(tmp_path: Path) -> None:
+    done = run_locust("continuous.py", "http://[::1", tmp_path / "r", timeout=60)
+    assert_one_line_error(done, "--host", "not a valid URL")
+    assert not (tmp_path / "r").exists()

@@ -30,6 +30,9 @@ from tailgate.load.distributed import (
     auto_processes,
     free_port,
     master_port_args,
+    new_nonce,
+    proof,
+    proof_ok,
     to_master_clock,
 )
 from tailgate.load.plan import poisson_offsets
@@ -54,6 +57,7 @@ locust.main.main()
 2-core machine they would otherwise steal the running workers' CPU, which separate hosts would not."""
 REQUEST_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 2.0
+KEY = "sekrit-of-each-host"
 
 
 # -- pure parts ----------------------------------------------------------------------------------------
@@ -77,7 +81,11 @@ def test_records_return_on_the_masters_clock() -> None:
 
 
 def test_lost_worker_share_is_exactly_accounted(tmp_path: Path) -> None:
+    """Written off with 2 in flight and 2 never announced; then the partition heals: its late send notice and
+    records are written, not dropped; its own record replaces the worker_lost one and the stage is redone."""
     sink = MasterSink(tmp_path, ClockSync(runner=None))
+    late: list[int] = []
+    sink.late = late.append
     folder = str(tmp_path)
     order = {
         "run_id": "r", "stage": 0, "stage_label": "cont_r1", "arm": "continuous", "rate_or_batch": 1.0,
@@ -85,14 +93,68 @@ def test_lost_worker_share_is_exactly_accounted(tmp_path: Path) -> None:
     }  # fmt: skip
     for i in range(3):
         sink.on_sent("n1", {"folder": folder, "worker": "w1", "sent": [0, i, 1.7e9 + i]})
-    row = {"stage": 0, "trace_id": 0, "intended_s": 1.7e9, "error_class": None}
+    row = {"run_id": "r", "stage": 0, "trace_id": 0, "intended_s": 1.7e9, "error_class": None}
     sink.on_records("n1", {"folder": folder, "worker": "w1", "records": [row]})
-    assert sink.lose("n1", order, "gone") == (2, 2)
-    sink.on_records("n1", {"folder": folder, "worker": "w1", "records": [{**row, "trace_id": 1}]})  # too late
+    assert sink.lose("n1", order, "gone") == (2, 2) and late == []
+    sink.on_sent("n1", {"folder": folder, "worker": "w1", "sent": [0, 3, 1.7e9 + 3]})  # sent while cut off
+    sink.on_records("n1", {"folder": folder, "worker": "w1", "records": [{**row, "trace_id": 1},
+                                                                          {**row, "trace_id": 3}]})  # fmt: skip
     sink.close()
-    records = read_records(tmp_path).records
-    assert sorted((r["trace_id"], r["error_class"]) for r in records) == [(0, None), (1, WORKER_LOST), (2, WORKER_LOST)]
-    assert read_sent(tmp_path) == {(0, 0), (0, 1), (0, 2)}
+    assert set(late) == {0}
+    scan = read_records(tmp_path)
+    assert sorted((r["trace_id"], r["error_class"]) for r in scan.records) == [
+        (0, None), (1, None), (2, WORKER_LOST), (3, None)]  # fmt: skip
+    assert scan.superseded == 1
+    assert read_sent(tmp_path) == {(0, 0), (0, 1), (0, 2), (0, 3)}
+    # the report's reader keeps the same one record per request
+    from tailgate.postprocess.load import load_records
+
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "status": "completed"}))
+    frame = load_records(tmp_path)
+    assert sorted(zip(frame["trace_id"], frame["error_class"].astype(object).fillna("ok"), strict=True)) == [
+        (0, "ok"), (1, "ok"), (2, WORKER_LOST), (3, "ok")]  # fmt: skip
+
+
+def test_key_proof_shows_the_key_without_sending_it() -> None:
+    nonce = new_nonce()
+    answer = proof("k3y", nonce)
+    assert answer is not None and "k3y" not in answer and len(answer) == 64
+    assert proof_ok("k3y", nonce, answer)
+    assert not proof_ok("k3y", nonce, proof("other", nonce)) and not proof_ok("k3y", nonce, None)
+    assert not proof_ok("k3y", new_nonce(), answer)  # a replayed answer fails a fresh nonce
+    assert proof_ok(None, nonce, None)  # no key on the master: nothing to prove
+
+
+FAKED_CLOCK = """
+import json, sys, time
+from types import SimpleNamespace
+from tailgate.load.worker import OrderRunner, kernel_clock_disagreement_ms
+time.sleep(float(sys.argv[1]))
+runner = OrderRunner(SimpleNamespace(runner=None))
+before = runner.stamp
+runner.check_stamps()
+print(json.dumps([kernel_clock_disagreement_ms(), before, runner.stamp, runner.stamp_note]))
+"""
+
+
+@pytest.mark.skipif(not FAKETIME_LIB.exists(), reason="libfaketime is not installed (scripts/setup.sh installs it)")
+@pytest.mark.parametrize("faketime, wait_s, low_ms", [(None, 0, None), ("+5s", 0, 4900.0), ("+0 x1.2", 0.5, 60.0)],
+                         ids=["real", "shifted", "drifting"])  # fmt: skip
+def test_stamps_from_a_disagreeing_clock_are_refused(faketime: str | None, wait_s: float, low_ms: float | None) -> None:
+    """libfaketime moves the process's wall clock, not the kernel's receive stamps: shifted, or drifting (20 %
+    fast here; a 500 ppm drift gets there in minutes), the process sees it and stamps chunks when read."""
+    env = {**os.environ, "TAILGATE_CHUNK_STAMP": "kernel"}
+    if faketime:
+        env.update({"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": faketime, "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+    out = subprocess.run([sys.executable, "-c", FAKED_CLOCK, str(wait_s)], env=env, capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    diff, before, after, note = json.loads(out.stdout.strip().splitlines()[-1])
+    assert before == "kernel"
+    if low_ms is None:
+        assert abs(diff) < 5.0 and after == "kernel" and note is None
+    else:
+        assert diff > low_ms and after == "recv" and "off the kernel's" in note, (diff, note)
 
 
 # -- namespaced hosts -------------------------------------------------------------------------------------
@@ -230,12 +292,13 @@ def test_shifted_clock_on_schedule_and_joiner_waits(cluster: Cluster, tmp_path: 
     trace = write_trace(tmp_path / "trace.jsonl", [(8, 10)] * n)
     cluster.start_server(ttft_ms=20, gap_ms=20)
     master = cluster.start_master(2, "--rates", "10,8", "--trace-file", str(trace), "--n", str(n),
-                                  "--api-key", "sekrit-at-connect")  # fmt: skip
-    cluster.start_worker("w0", cluster.hosts.worker(0))
-    shifted = {"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": f"+{SHIFT_S}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+                                  "--api-key", KEY)  # fmt: skip
+    cluster.start_worker("w0", cluster.hosts.worker(0), {"TAILGATE_API_KEY": KEY})
+    shifted = {"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": f"+{SHIFT_S}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+               "TAILGATE_API_KEY": KEY}  # fmt: skip
     cluster.start_worker("w1", cluster.hosts.worker(1), shifted)
     join = tmp_path / "join-now"
-    cluster.start_worker("joiner", cluster.hosts.worker(1), when=join)
+    cluster.start_worker("joiner", cluster.hosts.worker(1), {"TAILGATE_API_KEY": KEY}, when=join)
     cluster.wait_until(lambda: cluster.sent_lines() >= 8, 120, "the first stage to be under way")
     join.touch()
     assert master.wait(180) == 0, cluster.output("master")[-4000:]
@@ -246,6 +309,11 @@ def test_shifted_clock_on_schedule_and_joiner_waits(cluster: Cluster, tmp_path: 
     assert len(offsets) == 3
     assert abs(offsets[-1] - SHIFT_S * 1000) < 200, offsets  # the shifted worker, measured
     assert all(abs(o) < 200 for o in offsets[:-1]), offsets
+    # measured afresh before every stage it took part in
+    assert sorted(len(w["clock_by_stage"]) for w in run["workers"].values()) == [1, 2, 2], run["workers"]
+    # the shifted worker's clock disagrees with the kernel's receive stamps: it says so and stamps on read
+    notes = run["chunk_stamp_notes"]
+    assert len(notes) == 1 and "off the kernel's" in next(iter(notes.values())), notes
     assert all(w["clock_rtt_ms"] >= 0 and w["lost"] is None for w in run["workers"].values())
     joined = sorted(w["joined_stage"] for w in run["workers"].values())
     assert joined == ["cont_r10", "cont_r10", "cont_r8"], joined
@@ -255,8 +323,10 @@ def test_shifted_clock_on_schedule_and_joiner_waits(cluster: Cluster, tmp_path: 
     for label, rows in by_stage.items():
         assert sorted(r["trace_id"] for r in rows) == list(range(n)), label
         assert all(r["error_class"] is None for r in rows), [r for r in rows if r["error_class"]]
+        assert all(r["ttft_ms"] > 0 and r["total_ms"] >= r["ttft_ms"] for r in rows), label  # never negative
         s = summaries(cluster.results)[label]
         assert (s["planned"], s["sent"], s["recorded"], s["lost_in_flight"], s["never_sent"]) == (n, n, n, 0, 0)
+        assert s["negative_latencies"] == 0 and s["ttft_p50"] > 0
     assert len({r["worker"] for r in by_stage["cont_r10"]}) == 2  # the joiner waited for the next stage
     assert len({r["worker"] for r in by_stage["cont_r8"]}) == 3
 
@@ -268,7 +338,7 @@ def test_shifted_clock_on_schedule_and_joiner_waits(cluster: Cluster, tmp_path: 
         assert max(abs(x["sent_s"] - x["intended_s"]) for x in rows) < SCHEDULE_BOUND_MS / 1000
 
     control = cluster.server_control()
-    assert control["last_authorization"].get("/v1/completions") == "Bearer sekrit-at-connect"
+    assert control["last_authorization"].get("/v1/completions") == f"Bearer {KEY}"
     log = cluster.server_log()
     received = sorted(row[1] for row in log["requests"])
     assert len(received) == 2 * n
@@ -325,7 +395,7 @@ def test_worker_loss_stops_the_run_when_asked(cluster: Cluster, tmp_path: Path) 
     victim = cluster.start_worker("w1", cluster.hosts.worker(1))
     cluster.wait_until(lambda: cluster.sent_lines() >= 8, 120, "the stage to be under way")
     victim.send_signal(signal.SIGKILL)
-    assert master.wait(120) == 0, cluster.output("master")[-4000:]
+    assert master.wait(120) == 1, cluster.output("master")[-4000:]  # the run did not do what was planned
     run = json.loads((cluster.results / "run.json").read_text())
     assert run["status"] == "stopped after cont_r10: load process(es) lost", run["status"]
     assert run["on_worker_loss"] == "stop" and len(run["workers_lost"]) == 1
@@ -428,3 +498,259 @@ print("\\n".join(_data_notes([], summaries, pd.DataFrame(), table)))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "load processes that would have kept up: chunked-cont-r80 3" in done.stdout, done.stdout
     assert "chunked-cont-r5 1" not in done.stdout
+
+
+def _cut(ns: str, master_port: int, op: str) -> None:
+    """Drop (op ``-A``) or restore (``-D``) one worker's traffic with the master only; the server stays reachable."""
+    for chain, flag in (("OUTPUT", "--dport"), ("INPUT", "--sport")):
+        subprocess.run(["ip", "netns", "exec", ns, "iptables", op, chain, "-p", "tcp", flag, str(master_port),
+                        "-j", "DROP"], check=True, capture_output=True, timeout=20)  # fmt: skip
+
+
+@needs_root
+@pytest.mark.skipif(shutil.which("iptables") is None, reason="the partition is cut with iptables")
+def test_partition_from_the_master_loses_nothing(cluster: Cluster, tmp_path: Path) -> None:
+    """Worker 1 cut off from the master (not from the server) mid-stage for longer than the master waits: it
+    stops its load itself, the master writes its share off, and when the link returns everything it sent
+    and recorded is reconciled: the summary counts exactly what the server received, one record each."""
+    n = 80
+    trace = write_trace(tmp_path / "trace.jsonl", [(8, 20)] * n)
+    cluster.start_server(ttft_ms=20, gap_ms=50)  # 1 s streams: several in flight at the cut
+    master = cluster.start_master(2, "--rates", "10,8", "--trace-file", str(trace), "--n", str(n))
+    cluster.start_worker("w0", cluster.hosts.worker(0))
+    cluster.start_worker("w1", cluster.hosts.worker(1))
+    cluster.wait_until(lambda: cluster.sent_lines() >= 12, 120, "the stage to be under way")
+    _cut(cluster.hosts.worker(1), cluster.master_port, "-A")
+    try:
+        cluster.wait_until(lambda: "lost in cont_r10" in cluster.output("master"), 30, "the master to write it off")
+        time.sleep(2.0)
+    finally:
+        _cut(cluster.hosts.worker(1), cluster.master_port, "-D")
+    assert master.wait(180) == 0, cluster.output("master")[-4000:]
+    assert "no word from the master" in cluster.output("w1")  # it stopped itself
+    by_label = summaries(cluster.results)
+    first, second = by_label["cont_r10"], by_label["cont_r8"]
+    # reconciled from what arrived when the link returned, or from the files the worker left itself
+    assert first["ran_short"] and not second["ran_short"], first
+    for s in (first, second):
+        assert s["planned"] == n == s["recorded"] + s["lost_in_flight"] + s["never_sent"], s
+    assert first["lost_in_flight"] == 0 and first["never_sent"] >= 1, first  # everything it sent came back
+    records = read_records(cluster.results).records
+    keys = [(r["stage"], r["trace_id"]) for r in records]
+    assert len(keys) == len(set(keys)) and set(keys) == read_sent(cluster.results)
+    assert len(cluster.server_log()["requests"]) == first["sent"] + second["sent"]  # the server agrees
+
+
+@needs_root
+def test_workers_stop_on_their_own_when_the_master_dies(cluster: Cluster, tmp_path: Path) -> None:
+    """kill -9 of the master mid-stage: within seconds each worker stops sending, cancels its streams and
+    leaves its journal and records in the folder; every request the server received has one record, and
+    the run reads as one whose coordinator died."""
+    from tailgate.postprocess.report import coordinator_gone
+
+    n = 80
+    trace = write_trace(tmp_path / "trace.jsonl", [(8, 20)] * n)
+    cluster.start_server(ttft_ms=20, gap_ms=50)
+    master = cluster.start_master(2, "--rates", "10", "--trace-file", str(trace), "--n", str(n))
+    workers = [cluster.start_worker(f"w{i}", cluster.hosts.worker(i)) for i in range(2)]
+    cluster.wait_until(lambda: cluster.sent_lines() >= 12, 120, "the stage to be under way")
+    master.send_signal(signal.SIGKILL)
+    killed_ns = time.monotonic_ns()
+    master.wait(10)
+    deadline = time.monotonic() + 20
+    while len(list(cluster.results.glob("records-*-unreported.jsonl"))) < 2:
+        assert time.monotonic() < deadline, [cluster.output(f"w{i}")[-1500:] for i in range(2)]
+        time.sleep(0.1)
+    time.sleep(1.0)
+    log = cluster.server_log()
+    last_arrival_s = (max(row[1] for row in log["requests"]) - killed_ns) / 1e9
+    assert last_arrival_s < 6.0, last_arrival_s  # nothing sent after they gave up on the master
+    records = read_records(cluster.results).records
+    keys = {(r["stage"], r["trace_id"]) for r in records}
+    assert len(keys) == len(records) == len(log["requests"]) < n  # one record for each request received
+    assert keys == read_sent(cluster.results)
+    assert any(r["error_class"] == "cancelled" for r in records)
+    run = json.loads((cluster.results / "run.json").read_text())
+    assert run["status"] == "running" and coordinator_gone(run)
+    for w in workers:
+        assert w.poll() is None or w.returncode is not None
+
+
+STRANGER = """
+import json, sys, time, gevent
+from locust import __version__
+from locust.rpc import Message, zmqrpc
+host, port, out, seconds = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+me = "stranger-host_0badc0de"
+client = zmqrpc.Client(host, port, me)
+client.send(Message("client_ready", __version__, me))
+got = []
+state = ["ready"]
+
+def beat():
+    while True:
+        client.send(Message("heartbeat", {"state": state[0], "current_cpu_usage": 1.0,
+                                          "current_memory_usage": 1}, me))
+        gevent.sleep(1)
+
+gevent.spawn(beat)
+deadline = time.monotonic() + seconds
+while time.monotonic() < deadline:
+    msg = None
+    with gevent.Timeout(0.5, False):
+        msg = client.recv()
+    if msg is None:
+        continue
+    got.append([msg.type, repr(msg.data)])
+    if msg.type == "quit":
+        break
+    if msg.type == "spawn":
+        state[0] = "running"
+        client.send(Message("spawning_complete", {"user_classes_count": msg.data.get("user_classes_count", {}),
+                                                  "user_count": 1}, me))
+        client.send(Message("tailgate_ready", {"worker": "stranger"}, me))
+    elif msg.type == "tailgate_challenge":  # a guess: it has no key
+        client.send(Message("tailgate_proof", {"nonce": msg.data["nonce"], "proof": "0" * 64}, me))
+open(out, "w").write(json.dumps(got))
+"""
+
+
+def test_a_stranger_on_the_master_port_learns_nothing(tmp_path: Path) -> None:
+    """A peer that speaks Locust's protocol joins the master port: it is challenged, cannot show the key, is
+    named and given no order; nothing it receives holds the key; the run goes on with the real worker, whose
+    key comes from its own environment."""
+    from tailgate.verify.groundtruth import start_server_process
+
+    key = "only-the-hosts-know-this"
+    n = 12
+    trace = write_trace(tmp_path / "trace.jsonl", [(8, 5)] * n)
+    port = free_port()
+    results = tmp_path / "results"
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        with open(tmp_path / f"{name}.out", "wb") as out:
+            p = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env={**os.environ, **(env or {})})  # fmt: skip
+        procs.append(p)
+        return p
+
+    locustfile = str(ROOT / "locustfiles" / "continuous.py")
+    with start_server_process(ttft_ms=5, gap_ms=5) as server:
+        try:
+            master = spawn("master", [sys.executable, "-m", "locust", "-f", locustfile, "--master", "--headless",
+                                      "--only-summary", "--expect-workers", "2", "--master-bind-host", "127.0.0.1",
+                                      "--master-bind-port", str(port), "--host", server.base_url, "--results-dir",
+                                      str(results), "--no-metrics", "--warmup", "0", "--rates", "10", "--trace-file",
+                                      str(trace), "--n", str(n), "--api-key", key])  # fmt: skip
+            spawn("worker", [sys.executable, "-m", "locust", "-f", locustfile, "--worker", "--master-host",
+                             "127.0.0.1", "--master-port", str(port)], {"TAILGATE_API_KEY": key})  # fmt: skip
+            heard = tmp_path / "stranger.json"
+            stranger = spawn("stranger", [sys.executable, "-c", STRANGER, "127.0.0.1", str(port), str(heard), "25"])
+            assert master.wait(120) == 0, (tmp_path / "master.out").read_text()[-3000:]
+            stranger.wait(60)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+    got = json.loads(heard.read_text())
+    kinds = {kind for kind, _ in got}
+    assert "tailgate_challenge" in kinds and "tailgate_order" not in kinds, kinds
+    assert key not in heard.read_text()
+    run = json.loads((results / "run.json").read_text())
+    assert run["status"] == "completed" and list(run["workers_refused"].values()) == ["stranger holds another key"]
+    assert len(run["workers"]) == 1
+    assert summaries(results)["cont_r10"]["recorded"] == n
+    assert "given no orders" in (tmp_path / "master.out").read_text()
+
+
+@needs_root
+def test_worker_frozen_in_the_settle_is_left_out_of_the_next_stage(cluster: Cluster, tmp_path: Path) -> None:
+    """A worker frozen (SIGSTOP) in the settle between stages does not answer the fresh round trip the next
+    stage starts with: that stage goes to the others in full instead of a share nobody sends. Thawed, the
+    worker sends nothing more."""
+    n = 20
+    trace = write_trace(tmp_path / "trace.jsonl", [(8, 5)] * n)
+    cluster.start_server(ttft_ms=10, gap_ms=10)
+    master = cluster.start_master(2, "--rates", "10,8", "--trace-file", str(trace), "--n", str(n), "--settle", "4")
+    cluster.start_worker("w0", cluster.hosts.worker(0))
+    frozen = cluster.start_worker("w1", cluster.hosts.worker(1))
+    cluster.wait_until(lambda: (cluster.results / "summary-cont_r10.json").exists(), 120, "the first stage's end")
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        assert master.wait(120) == 0, cluster.output("master")[-4000:]
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    by_label = summaries(cluster.results)
+    second = by_label["cont_r8"]
+    assert (second["sent"], second["recorded"], second["never_sent"], second["ran_short"]) == (n, n, 0, False), second
+    assert len({r["worker"] for r in read_records(cluster.results).records if r["stage"] == 1}) == 1
+    run = json.loads((cluster.results / "run.json").read_text())
+    assert run["status"] == "completed" and len(run["workers_lost"]) == 1, run
+    assert "round trip" in next(iter(run["workers_lost"].values()))
+    time.sleep(1.0)
+    assert len(cluster.server_log()["requests"]) == 2 * n  # the thawed worker sent nothing more
+
+
+def test_auto_processes_size_from_the_trace_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--processes auto`` with ``--trace-file``: chunks per arrival from that trace, not the seeded mix."""
+    from tailgate import suite
+
+    asked: list[float] = []
+    monkeypatch.setattr(suite, "auto_processes", lambda chunks: asked.append(chunks) or 1)
+    long_outputs = write_trace(tmp_path / "long.jsonl", [(8, 4000)] * 10)
+    cell = suite.Cell("chunked", "continuous", 40.0)
+    suite.cell_processes(cell, 0)
+    suite.cell_processes(cell, 0, ["--trace-file", str(long_outputs)])
+    suite.cell_processes(cell, 0, [f"--trace-file={long_outputs}"])
+    assert asked == [40.0 * suite.mean_output_tokens(), 40.0 * 4000, 40.0 * 4000]
+    assert suite.cell_processes(cell, 3, ["--trace-file", str(long_outputs)]) == 3
+
+
+def test_a_stage_that_ran_short_is_named_under_the_table() -> None:
+    import pandas as pd
+
+    from tailgate.postprocess.report import short_stage_notes
+
+    summaries = pd.DataFrame([
+        {"cell": "cont_r10", "ran_short": True, "never_sent": 12, "lost_in_flight": 0, "planned": 80,
+         "reconciled": True, "summary_source": "file", "schedule_lag_p99": 1.0, "preemption_counter_reset": False},
+        {"cell": "cont_r8", "ran_short": False, "never_sent": 0, "lost_in_flight": 0, "planned": 80,
+         "summary_source": "file", "schedule_lag_p99": 1.0, "preemption_counter_reset": False},
+    ])  # fmt: skip
+    notes = short_stage_notes(summaries)
+    assert notes == ["cont_r10: ran short of its plan: 12 never sent, 0 lost in flight of 80 planned "
+                     "(reconciled with a worker that came back)"]  # fmt: skip
+
+
+@needs_root
+def test_worker_frozen_mid_stage_is_reconciled_when_it_thaws(cluster: Cluster, tmp_path: Path) -> None:
+    """SIGSTOP of a worker mid-stage for longer than the master waits, then SIGCONT: the thawed worker sends
+    none of its overdue arrivals, cancels its streams, and those records replace the worker_lost ones; the
+    run exits 0 (it went on, as --on-worker-loss continue says) and its counts are the server's."""
+    n = 60
+    trace = write_trace(tmp_path / "trace.jsonl", [(8, 20)] * n)
+    cluster.start_server(ttft_ms=20, gap_ms=50)
+    master = cluster.start_master(2, "--rates", "10,8", "--trace-file", str(trace), "--n", str(n))
+    cluster.start_worker("w0", cluster.hosts.worker(0))
+    frozen = cluster.start_worker("w1", cluster.hosts.worker(1))
+    cluster.wait_until(lambda: cluster.sent_lines() >= 12, 120, "the stage to be under way")
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        cluster.wait_until(lambda: "lost in cont_r10" in cluster.output("master"), 30, "the master to write it off")
+        time.sleep(1.0)
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    code = master.wait(180)
+    first, second = summaries(cluster.results)["cont_r10"], summaries(cluster.results)["cont_r8"]
+    # Locust's exit code follows the failures it was told of, and it is told of exactly the recorded errors
+    # (a stream that outlived --request-timeout in the freeze is one; a cancelled one is not)
+    assert code == (1 if first["errors"] + second["errors"] else 0), cluster.output("master")[-4000:]
+    # its own records replaced the worker_lost ones, whether they came before the summary or rewrote it
+    assert first["lost_in_flight"] == 0 and first["ran_short"], first
+    assert first["planned"] == first["recorded"] + first["never_sent"], first
+    records = read_records(cluster.results).records
+    keys = [(r["stage"], r["trace_id"]) for r in records]
+    assert len(keys) == len(set(keys)) and set(keys) == read_sent(cluster.results)
+    assert len(cluster.server_log()["requests"]) == first["sent"] + second["sent"]

@@ -126,7 +126,7 @@ def test_killed_generator_leaves_valid_records_and_a_count_of_what_was_lost(
     assert load_records(out).attrs["lost_in_flight_by_run"] == {".": loss["lost"]}
     notes = build_report(out).notes
     assert any(f"{loss['lost']} request(s) sent but never recorded" in n for n in notes), notes
-    assert any("status is 'running'" in n for n in notes), notes
+    assert any("status is 'running'" in n and "coordinator died" in n for n in notes), notes  # it was killed
 
 
 # ----------------------------------------------------------------------------------- the files alone

@@ -11,6 +11,7 @@ of the run still running, and the HTML report built in the background and linked
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+import zipfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -243,6 +245,9 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
 
         # a bad value is refused with the command line's one line, shown by the form; nothing starts
         page.fill({"host": server.base_url, "rates": "2,abc"})
+        shown = [f.get_attribute("name") for f in browser.find_elements(page.by.CSS_SELECTOR, "input")
+                 if f.is_displayed()]  # fmt: skip
+        assert "userCount" not in shown and "spawnRate" not in shown and "host" in shown, shown  # the shape drives
         page.submit()
         wait_for("the error line", lambda: "tailgate: error: --rates: 'abc' is not a number" in
                  browser.find_element(page.by.TAG_NAME, "body").text, 30, locust)  # fmt: skip
@@ -252,7 +257,23 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         page.submit()
         wait_for("the unreachable-host line", lambda: f"tailgate: error: --host: cannot reach {dead}" in
                  browser.find_element(page.by.TAG_NAME, "body").text, 30, locust)  # fmt: skip
-        page.fill({"host": server.base_url})
+        # hosts that are not an OpenAI server, a broken URL, a repeated rate: each its one line, no folder
+        from test_bad_input import _json_reply, _OddServer
+
+        ssh, null = _OddServer(b"SSH-2.0-OpenSSH_9.6\r\n"), _OddServer(_json_reply(b'{"data": null}'))
+        for host, rates, line in (
+            (f"http://127.0.0.1:{ssh.port}", "4,6", "does not speak HTTP"),
+            ("http://[::1", "4,6", "is not a valid URL"),
+            (f"http://127.0.0.1:{null.port}", "4,6", "did not list models"),
+            (server.base_url, "6,6", "--rates: 6 req/s appears twice"),
+        ):
+            page.fill({"host": host, "rates": rates, "resultsDir": str(tmp_path / "ui-a")})
+            page.submit()
+            wait_for(line, lambda line=line: line in browser.find_element(page.by.TAG_NAME, "body").text, 30, locust)
+            assert "unknown error" not in browser.find_element(page.by.TAG_NAME, "body").text.lower()
+        ssh.sock.close()
+        null.sock.close()
+        page.fill({"host": server.base_url, "rates": "2,6"})
         assert not (tmp_path / "ui-a").exists() or not run_folders(tmp_path / "ui-a")
 
         # run 1: form values, no --host; watch the tab update, then Stop mid-stage
@@ -260,10 +281,10 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         page.fill({"n": "20", "warmup": "2", "settle": "0.5", "resultsDir": str(first)})
         page.submit()
         page.open_tab()
-        seen = wait_for("a first record in the tab", lambda: recorded(page.table().get("cont_r4", {TAB_TITLE: "0/0/0"}))
+        seen = wait_for("a first record in the tab", lambda: recorded(page.table().get("cont_r2", {TAB_TITLE: "0/0/0"}))
                         or None, 60, locust)  # fmt: skip
-        later = wait_for("the tab to update", lambda: (n := recorded(page.table()["cont_r4"])) > seen and n, 60, locust)
-        assert "running cont_r4" in page.panel()
+        later = wait_for("the tab to update", lambda: (n := recorded(page.table()["cont_r2"])) > seen and n, 60, locust)
+        assert "running cont_r2" in page.panel()
         assert browser.find_elements(page.by.CSS_SELECTOR, "#tailgate-panel svg"), "no server chart"
 
         def in_flight() -> dict[str, Any] | None:
@@ -275,16 +296,23 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         live = wait_for("requests in flight", in_flight, 60, locust)
         assert live["stages"][0]["state"] == "running" and later >= 2
         page.click("Stop")
-        states = {"cont_r4": "partial", "cont_r6": "not run"}
+        states = {"cont_r2": "partial", "cont_r6": "not run"}
         wait_for("the stopped run in the tab", lambda: {k: v["State"] for k, v in page.table().items()} == states, 60,
                  locust)  # fmt: skip
         (folder_1,) = run_folders(first)
         run1 = check_run(folder_1, status="stopped", host=server.base_url,
-                         options={"rates": [4.0, 6.0], "n": 20, "warmup": 2, "settle": 0.5})  # fmt: skip
-        assert run1["meta"]["stages"] == ["cont_r4"] and run1["meta"]["partial_stages"] == ["cont_r4"]
-        s1 = run1["summaries"]["cont_r4"]
+                         options={"rates": [2.0, 6.0], "n": 20, "warmup": 2, "settle": 0.5})  # fmt: skip
+        assert run1["meta"]["stages"] == ["cont_r2"] and run1["meta"]["partial_stages"] == ["cont_r2"]
+        s1 = run1["summaries"]["cont_r2"]
         assert s1["partial"] and s1["planned"] == 22 and s1["sent"] < 22
         assert s1["errors_by_class"].get("cancelled", 0) >= 1, "Stop cancelled nothing in flight"
+        # the tab reads the journal as the analysis does: its sent is the summary's, the rest never sent
+        row1 = page.table()["cont_r2"]
+        assert row1[TAB_TITLE] == f"22 / {s1['sent']} / {s1['recorded']}", row1
+        assert row1["Dropped / never sent / merged"].split(" / ")[1] == str(s1["never_sent"]), row1
+        # a stream cancelled by Stop is no Locust failure
+        failures = [s["num_failures"] for s in get_json(url + "/stats/requests")["stats"] if s["name"] == "cont_r2"]
+        assert failures in ([], [0]), failures
         live = get_json(url + "/tailgate/live")["run"]
         assert live["run_id"] == run1["meta"]["run_id"] and not live["coordinator_alive"] and not live["sampler_alive"]
         wait_for("run 1's report", lambda: (folder_1 / "report" / "report.html").exists(), 120, locust)
@@ -297,7 +325,7 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         page.open_tab()
         done = {"cont_r3": "done", "cont_r5": "done"}
         wait_for("run 2 to complete", lambda: {k: v["State"] for k, v in page.table().items()} == done, 180, locust)
-        link = wait_for("the report link", lambda: browser.find_elements(page.by.ID, "tailgate-report-link"), 120,
+        wait_for("the report link", lambda: browser.find_elements(page.by.ID, "tailgate-report-link"), 120,
                         locust)  # fmt: skip
         (folder_2,) = run_folders(second)
         run2 = check_run(folder_2, status="completed", host=server.base_url,
@@ -316,7 +344,17 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         rows = [s for s in stats["stats"] if s["name"] != "Aggregated"]
         streams = sorted((s["method"], s["name"], s["num_requests"]) for s in rows)
         assert streams == [("STREAM", "cont_r3", 9), ("STREAM", "cont_r5", 9)]
-        href = link[0].get_attribute("href")
+        # the run's files from the tab, and its requests' TTFT and worst gap over time
+        href = page._fresh(lambda: browser.find_element(page.by.ID, "tailgate-report-link").get_attribute("href"))
+        points = page._fresh(lambda: browser.find_element(page.by.ID, "tailgate-latency-chart").get_attribute(
+            "data-points"))  # fmt: skip
+        assert points == str(2 * 2 * 9)  # TTFT and worst gap of every request
+        for what, member in (("records", "records-"), ("summaries", "summary-cont_r3.json"), ("report", "report.html")):
+            got = page._fresh(lambda what=what: browser.find_element(page.by.ID, f"tailgate-download-{what}")
+                              .get_attribute("href"))  # fmt: skip
+            with urllib.request.urlopen(got, timeout=30) as resp:
+                names = zipfile.ZipFile(io.BytesIO(resp.read())).namelist()
+            assert any(member in n for n in names), (what, names)
         with urllib.request.urlopen(href, timeout=10) as resp:
             assert resp.status == 200 and b"<html" in resp.read(2000).lower()
         shot = os.environ.get("TAILGATE_WEBUI_SCREENSHOT") or str(tmp_path / "webui-tail-tab.png")
@@ -368,7 +406,8 @@ def test_quitting_mid_stage_leaves_a_stopped_run(server: ServerProcess, tmp_path
 
     wait_for("requests in flight", in_flight, 60, locust)
     locust.proc.send_signal(sig)
-    locust.wait(60)
+    code = locust.wait(60)
+    assert code == 0, locust.stderr[-2000:]  # streams it cancelled are records, not Locust failures
     run = check_run(folder, status="stopped", host=server.base_url, options={"rates": [3.0]})
     # a headless shape run meets Ctrl-C in Locust's own wait for the shape, which stops the test before quitting
     assert run["meta"]["stop_reason"] == ("quit" if sig == signal.SIGTERM else "stop")

@@ -60,6 +60,7 @@ def test_an_empty_stage_reads_as_dashes() -> None:
                         "preemptions": None, **fig}]}  # fmt: skip
     (row,) = table_rows(snap)
     assert row["ttft"] == "–" and row["counts"] == "10 / 0 / 0" and row["errors"] == "0"
+    assert row["unsent"] == "0 / – / 0"  # never sent is known once the stage is summarized
 
 
 def test_tail_reads_only_complete_lines(tmp_path: Path) -> None:
@@ -108,3 +109,50 @@ def test_the_web_ui_code_stays_out_of_the_analysis_stack() -> None:
         "assert not heavy, f'the load path imported {heavy}'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_a_report_cut_short_by_quitting_says_so(tmp_path: Path) -> None:
+    """Quitting the web UI while a report builds ends the build and leaves a line saying so, and how to build it."""
+    from tailgate.shapes.session import REPORT_LOG, RunSession
+
+    run = RunSession.__new__(RunSession)
+    run.folder, run.run_id = tmp_path, "r1"
+    run.report = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert run.report_state() == "building"
+    run.end_report()
+    assert run.report.returncode is not None
+    assert run.report_state() == "failed"
+    assert "report interrupted while building" in (run.report_error() or "")
+    assert f"tailgate report {tmp_path}" in (tmp_path / REPORT_LOG).read_text()
+    run.report = None  # as a later look at the folder sees it
+    assert run.report_state() == "interrupted"
+
+
+def test_the_tab_counts_sends_as_the_analysis_does(tmp_path: Path) -> None:
+    """The journal's ``dropped`` lines take a send back in the tab as in the summaries (one reader for both),
+    and a worker's own record replaces the ``worker_lost`` one."""
+    import json
+    from types import SimpleNamespace
+
+    from tailgate.load.plan import continuous_stage
+    from tailgate.load.workload import make_trace
+    from tailgate.records import read_sent
+    from tailgate.webui.live import LiveRun
+
+    stage = continuous_stage(0, make_trace(6), 5.0, 7, 0)
+    (tmp_path / "sent-w.log").write_text("0 0\n0 1\n0 2\n0 2 dropped\n0 3\n0 3 dropped\n0 4\n")
+    rows = [{"run_id": "r", "stage": 0, "trace_id": i, "end_s": 10.0 + i, "ttft_ms": 5.0, "worst_gap_ms": 2.0,
+             "error_class": None} for i in (0, 1)]  # fmt: skip
+    rows.append({"run_id": "r", "stage": 0, "trace_id": 4, "end_s": 12.0, "error_class": "worker_lost"})
+    rows.append({"run_id": "r", "stage": 0, "trace_id": 4, "end_s": 12.5, "ttft_ms": 6.0, "error_class": None})
+    (tmp_path / "records-w.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    settings = SimpleNamespace(warmup_rule="trace", arm="continuous", host="h", model="m", warmup=0)
+    session = SimpleNamespace(
+        folder=tmp_path, stages=[stage], settings=settings, current=stage, summaries={}, ended=False,
+        stopping=False, before={}, dropped={}, run_id="r", status="running", stop_reason=None, started=0.0,
+        ended_at=None, coordinator_alive=True, sampler_alive=False, report_state=lambda: "none",
+        report_error=lambda: None,
+    )  # fmt: skip
+    snap = LiveRun(session).snapshot()["stages"][0]
+    assert snap["sent"] == len(read_sent(tmp_path)) == 3 and snap["dropped"] == 2 and snap["recorded"] == 3
+    assert snap["errors"] == 0  # the worker_lost record was superseded

@@ -11,8 +11,17 @@ Four things, each kept out of the single-process path:
   round trips and keeps the one with the smallest round trip (its error is at most half that RTT).
   Orders carry the stage start converted to the worker's clock, and records come back converted to
   the master's, so a worker whose clock is seconds off still sends on the master's schedule.
-- **Secrets once.** The API key reaches a worker from its own environment or in one message when it
-  connects, never inside the orders.
+- **No secret on the wire.** The API key never leaves the master: a worker reads it from its own
+  environment (``TAILGATE_API_KEY``) or command line. When the master has a key, a worker must prove it
+  holds the same one (an HMAC of a fresh nonce) before it is counted ready; a peer that cannot (a stranger
+  on the master port) gets no order, so it learns neither the key nor the server.
+- **Fresh before every stage.** Every worker a stage is split over answers a clock round trip just before
+  the stage; one that does not is left out (nothing of it in flight), and each measured offset is kept, so a
+  drifting clock shows up in ``run.json`` instead of in the arrivals.
+- **Nothing discarded.** A worker declared lost that comes back (a partition heals) still has its send
+  notices and records written; a record supersedes the ``worker_lost`` written for it, and the stage's
+  summary is written again. A worker that hears nothing from the master for :data:`MASTER_SILENCE_S`
+  stops sending, cancels its streams and leaves the stage's journal and records in the results folder.
 - **Ports.** Locust's default master port (5557) makes two runs on one host cross-connect; tools of
   this project pick a free port instead.
 """
@@ -22,8 +31,12 @@ from __future__ import annotations
 import gevent
 from gevent.event import Event
 
+import hashlib
+import hmac
+import json
 import logging
 import os
+import secrets
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,7 +54,14 @@ SENT_MESSAGE = "tailgate_sent"
 RECORDS_MESSAGE = "tailgate_records"
 PING_MESSAGE = "tailgate_ping"
 PONG_MESSAGE = "tailgate_pong"
-CONNECT_MESSAGE = "tailgate_connect"
+CHALLENGE_MESSAGE = "tailgate_challenge"
+PROOF_MESSAGE = "tailgate_proof"
+MASTER_SILENCE_S = 3.0
+"""A worker that heard no heartbeat from the master for this long stops its load on its own. Locust's master
+sends one every second and marks a silent worker missing after about four, so a worker cut off stops close to
+when the master writes off its share; whatever it sent meanwhile is reconciled when the link returns."""
+UNREPORTED = "unreported"
+"""Suffix of the journal and record files a worker writes itself when it lost the master."""
 
 RECORD_BATCH = 32
 """Records per message at most: small enough that a message never holds the worker's loop for long."""
@@ -56,7 +76,7 @@ LOSS_POLICIES = ("continue", "stop")
 WORKER_LOST = "worker_lost"
 API_KEY_ENV = "TAILGATE_API_KEY"
 
-_connect_secret: str | None = None
+_own_key: str | None = None
 
 
 def add_arguments(parser: Any) -> None:
@@ -70,18 +90,36 @@ def add_arguments(parser: Any) -> None:
 
 
 # -- secrets -----------------------------------------------------------------------------------------
-def set_connect_secret(key: str | None) -> None:
-    global _connect_secret
-    _connect_secret = key or None
+def set_own_key(key: str | None) -> None:
+    """The key of this worker's own command line (``--processes`` children inherit the master's)."""
+    global _own_key
+    _own_key = key or None
 
 
 def api_key() -> str | None:
-    """The worker's own environment wins; else what the master sent once at connect."""
-    return os.environ.get(API_KEY_ENV) or _connect_secret
+    """The worker's own environment, else its own command line: never anything received."""
+    return os.environ.get(API_KEY_ENV) or _own_key
 
 
-def on_connect(environment: Any, msg: Any, **_: Any) -> None:
-    set_connect_secret(msg.data.get("api_key"))
+def proof(key: str | None, nonce: str) -> str | None:
+    """What a worker answers a challenge with: shows it holds the key without sending it."""
+    if not key:
+        return None
+    return hmac.new(key.encode(), nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def proof_ok(key: str | None, nonce: str, answer: Any) -> bool:
+    expected = proof(key, nonce)
+    return expected is None or (isinstance(answer, str) and hmac.compare_digest(expected, answer))
+
+
+def on_challenge(environment: Any, msg: Any, **_: Any) -> None:
+    nonce = str(msg.data.get("nonce") or "")
+    environment.runner.send_message(PROOF_MESSAGE, {"nonce": nonce, "proof": proof(api_key(), nonce)})
 
 
 # -- worker side ----------------------------------------------------------------------------------------
@@ -89,7 +127,9 @@ class WorkerStream:
     """Stands in for the worker's send journal and record file: both go to the master instead.
 
     A send is announced at once (one small message) so the master knows what was in flight if this
-    process dies; records are batched (:data:`RECORD_BATCH`, :data:`RECORD_FLUSH_S`)."""
+    process dies; records are batched (:data:`RECORD_BATCH`, :data:`RECORD_FLUSH_S`). The current order's
+    sends and records are also kept here until its DONE, so a worker that loses the master can leave them
+    on disk itself (:meth:`spool`)."""
 
     def __init__(self, runner: Any, worker: str, folder: str) -> None:
         self.runner = runner
@@ -98,8 +138,19 @@ class WorkerStream:
         self._batch: list[dict[str, Any]] = []
         self._timer: gevent.Greenlet | None = None
         self.written = 0
+        self.offset_s = 0.0
+        """This worker's clock minus the master's, as the current order says (for :meth:`spool`)."""
+        self._sends: list[tuple[int, int]] = []
+        self._rows: list[dict[str, Any]] = []
+
+    def begin_order(self, order: dict[str, Any]) -> None:
+        """A new order: what the master has of the last one is complete (its DONE followed it)."""
+        self.offset_s = float(order.get("t0_wall", 0.0)) - float(order.get("t0_master", order.get("t0_wall", 0.0)))
+        self._sends.clear()
+        self._rows.clear()
 
     def sent(self, stage: int, trace_id: int) -> None:
+        self._sends.append((stage, trace_id))
         self.runner.send_message(
             SENT_MESSAGE, {"folder": self.folder, "worker": self.worker, "sent": [stage, trace_id, time.time()]}
         )
@@ -116,7 +167,9 @@ class WorkerStream:
         )
 
     def write(self, record: RequestRecord) -> None:
-        self._batch.append(record.to_dict())
+        row = record.to_dict()
+        self._rows.append(row)
+        self._batch.append(row)
         self.written += 1
         if len(self._batch) >= RECORD_BATCH:
             self.flush()
@@ -130,6 +183,20 @@ class WorkerStream:
         if self._batch:
             batch, self._batch = self._batch, []
             self.runner.send_message(RECORDS_MESSAGE, {"folder": self.folder, "worker": self.worker, "records": batch})
+
+    def spool(self) -> Path | None:
+        """The current order's journal and records, written here (on the master's clock): the master may
+        never have received them. Readers keep one record per request, so what did arrive counts once."""
+        if not self._sends and not self._rows:
+            return None
+        folder = Path(self.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"sent-{self.worker}-{UNREPORTED}.log", "a", encoding="utf-8") as f:
+            f.write("".join(f"{stage} {trace_id}\n" for stage, trace_id in self._sends))
+        with open(folder / f"records-{self.worker}-{UNREPORTED}.jsonl", "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(to_master_clock(dict(row), self.offset_s), separators=(",", ":")) + "\n"
+                            for row in self._rows))  # fmt: skip
+        return folder
 
     def close(self) -> None:
         self.flush()
@@ -168,6 +235,7 @@ class ClockSync:
         self._event.set()
 
     def measure(self, node: str, rounds: int = SYNC_ROUNDS) -> dict[str, float] | None:
+        """None when any round goes unanswered: a node that cannot answer now must not take a stage."""
         best: tuple[float, float] | None = None
         for seq in range(rounds):
             key = f"{node}:{seq}"
@@ -178,7 +246,7 @@ class ClockSync:
                 self._event.clear()
                 self._event.wait(timeout=0.05)
             if key not in self._replies:
-                continue
+                return None
             t1, t2, tw = self._replies.pop(key)
             rtt = t2 - t1
             if best is None or rtt < best[0]:
@@ -210,6 +278,9 @@ class MasterSink:
         self.dead: set[str] = set()
         self._records: dict[str, TextIO] = {}
         self._journals: dict[str, TextIO] = {}
+        self.late: Any = None
+        """Called with a stage index when a node already written off sends for it (a healed partition)."""
+        self.late_rows = 0
 
     def _file(self, files: dict[str, TextIO], worker: str, pattern: str) -> TextIO:
         f = files.get(worker)
@@ -219,7 +290,14 @@ class MasterSink:
         return f
 
     def _mine(self, node: str, data: dict[str, Any]) -> bool:
-        return data.get("folder") == str(self.folder) and node not in self.dead
+        return data.get("folder") == str(self.folder)
+
+    def _late(self, node: str, stage: int) -> None:
+        """A lost node's data still counts: it was sent or recorded. Its stage's accounting is redone."""
+        if node in self.dead:
+            self.late_rows += 1
+            if self.late is not None:
+                self.late(stage)
 
     def on_sent(self, node: str, data: dict[str, Any]) -> None:
         if not self._mine(node, data):
@@ -229,16 +307,16 @@ class MasterSink:
             stage, trace_id = data["dropped"]
             self.sent.get(node, {}).pop((int(stage), int(trace_id)), None)
             self._file(self._journals, worker, "sent-{}.log").write(f"{int(stage)} {int(trace_id)} dropped\n")
+            self._late(node, int(stage))
             return
         stage, trace_id, t = data["sent"]
         self.sent.setdefault(node, {})[(int(stage), int(trace_id))] = float(t) - self.clock.offset(node)
         self._file(self._journals, worker, "sent-{}.log").write(f"{int(stage)} {int(trace_id)}\n")
+        self._late(node, int(stage))
 
     def on_records(self, node: str, data: dict[str, Any]) -> None:
         if not self._mine(node, data):
             return
-        import json
-
         worker = self.workers.setdefault(node, str(data.get("worker") or node))
         offset = self.clock.offset(node)
         out = self._file(self._records, worker, "records-{}.jsonl")
@@ -249,11 +327,14 @@ class MasterSink:
             lines.append(json.dumps(to_master_clock(row, offset), separators=(",", ":")))
         if lines:
             out.write("\n".join(lines) + "\n")
+            for stage in {int(row["stage"]) for row in data.get("records") or []}:
+                self._late(node, stage)
 
     def lose(self, node: str, order: dict[str, Any], reason: str) -> tuple[int, int]:
         """Close a lost worker's order: returns (written as worker_lost, never sent).
 
-        From here on anything that node still sends for this run is ignored, so no request gets two records."""
+        Anything that node still sends afterwards is written too (see :meth:`_late`): a real record supersedes
+        the ``worker_lost`` one written here (:func:`tailgate.records.read_records` keeps one per request)."""
         self.dead.add(node)
         worker = self.workers.get(node, node)
         sent = self.sent.get(node, {})

@@ -17,6 +17,7 @@ from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 import argparse
 import os
+import time
 from typing import Any
 
 from tailgate.load import distributed, stallwatch
@@ -91,6 +92,8 @@ def _on_init(environment: Any, **_: Any) -> None:
             runner.register_message(distributed.SENT_MESSAGE, shape.on_sent)
             runner.register_message(distributed.RECORDS_MESSAGE, shape.on_records)
             runner.register_message(distributed.PONG_MESSAGE, shape.on_pong)
+            runner.register_message(distributed.PROOF_MESSAGE, shape.on_proof)
+            _keep_key_off_the_wire(environment)
         opts = environment.parsed_options
         if environment.web_ui is not None:
             from tailgate.webui import WEB_RESULTS, install
@@ -114,7 +117,46 @@ def _on_init(environment: Any, **_: Any) -> None:
         _cache_default_args()
         runner.register_message(CANCEL_MESSAGE, _on_cancel)
         runner.register_message(distributed.PING_MESSAGE, distributed.on_ping)
-        runner.register_message(distributed.CONNECT_MESSAGE, distributed.on_connect)
+        runner.register_message(distributed.CHALLENGE_MESSAGE, distributed.on_challenge)
+        opts = environment.parsed_options
+        distributed.set_own_key(getattr(opts, "api_key", None) if opts is not None else None)
+        _watch_master(environment)
+
+
+def _keep_key_off_the_wire(environment: Any) -> None:
+    """Locust sends the master's parsed options to every worker that connects, unauthenticated: the key
+    moves from the options into this process's environment, where the settings read it and nothing sends it."""
+    opts = environment.parsed_options
+    key = getattr(opts, "api_key", None) if opts is not None else None
+    if key:
+        os.environ[distributed.API_KEY_ENV] = key  # the option wins over the environment, as in validate()
+        opts.api_key = None
+
+
+def _watch_master(environment: Any) -> None:
+    """A worker that stops hearing the master stops its load itself (see ``MASTER_SILENCE_S``), instead of
+    sending its share to a server nobody records until Locust gives up on the master a minute later."""
+    import gevent
+
+    heard = [time.monotonic()]
+
+    def on_heartbeat(**_: Any) -> None:
+        heard[0] = time.monotonic()
+
+    environment.events.heartbeat_received.add_listener(on_heartbeat)
+
+    def silence() -> float:
+        quiet = time.monotonic() - heard[0]
+        return quiet if quiet > distributed.MASTER_SILENCE_S else 0.0
+
+    def watch() -> None:
+        while True:
+            gevent.sleep(0.5)
+            if silence():
+                order_runner(environment).master_lost(silence())
+
+    order_runner(environment).master_silence = silence
+    gevent.spawn(watch)
 
 
 def _cache_default_args() -> None:
@@ -187,5 +229,7 @@ def _on_quit(environment: Any, **_: Any) -> None:
     if isinstance(runner, (WorkerRunner, LocalRunner)):
         order_runner(environment).cancel()
         order_runner(environment).close()
-    if shape is not None and getattr(shape, "failed", None):
+    if shape is not None and (getattr(shape, "failed", None) or getattr(shape, "cut_short", False)):
+        # the run failed, or ended itself before its last stage (--on-worker-loss stop, --stop-on-errors, every
+        # load process lost); a loss the run went on from (continue) or a Stop/Ctrl-C is not a failure
         environment.process_exit_code = 1

@@ -302,6 +302,14 @@ def parse_rates(text: str) -> tuple[float, ...]:
         rates.append(rate)
     if not rates:
         raise OptionError("--rates: give at least one rate, e.g. --rates 1,5,10,20")
+    seen: dict[str, float] = {}
+    for rate in rates:
+        label = rate_label(rate)
+        if label in seen:
+            # each stage's files are named by its rate: a repeat would overwrite the earlier stage's results
+            raise OptionError(f"--rates: {label.replace('p', '.')} req/s appears twice; each rate is one stage "
+                              "(to repeat a rate, run again into another --results-dir)")  # fmt: skip
+        seen[label] = rate
     return tuple(rates)
 
 
@@ -310,6 +318,8 @@ def _check_url(option: str, url: str) -> str:
         Target.parse(url)
     except TargetError as e:
         raise OptionError(f"{option}: {e}") from None
+    except ValueError as e:  # urlsplit's own complaints, e.g. "Invalid IPv6 URL" for http://[::1
+        raise OptionError(f"{option}: {url!r} is not a valid URL ({e})") from None
     return url.rstrip("/")
 
 

@@ -8,7 +8,9 @@ without importing each other.
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -47,9 +49,16 @@ def resolve_model(settings: Settings) -> str:
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise OptionError(f"--host: cannot reach {settings.host}: {reason}") from None
+    except http.client.HTTPException as e:  # e.g. an SSH or SMTP banner: not HTTP at all
+        raise OptionError(f"--host: {settings.host} does not speak HTTP ({type(e).__name__}: "
+                          f"{str(e)[:80]!r})") from None  # fmt: skip
     except ValueError:
         raise OptionError(f"--host: {url} did not return JSON; is this an OpenAI-compatible server?") from None
-    models = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)]
+    listed = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(listed, list):
+        raise OptionError(f"--host: {url} did not list models ({json.dumps(body)[:60]}); "
+                          "is this an OpenAI-compatible server?")  # fmt: skip
+    models = [m.get("id") for m in listed if isinstance(m, dict)]
     if settings.model:
         return settings.model
     if not models:
@@ -60,10 +69,20 @@ def resolve_model(settings: Settings) -> str:
 def settings_for(environment: Any, opts: Any, *, contact_server: bool = True) -> Settings:
     """Validated settings for one run of this locustfile's arm; raises OptionError."""
     shape = environment.shape_class
+    given = getattr(opts, "results_dir", None)
+    existed = bool(given) and os.path.exists(given)
     settings = validate(opts, arm=shape.arm, now=time.strftime("%Y%m%d-%H%M%S"))
     if contact_server:
-        settings = dataclasses.replace(settings, model=resolve_model(settings))
         from tailgate.load.materialize import materialize
 
-        settings = materialize(settings)
+        try:
+            settings = dataclasses.replace(settings, model=resolve_model(settings))
+            settings = materialize(settings)
+        except OptionError:
+            if not existed:  # a run refused before it started leaves no folder behind
+                try:
+                    settings.results_dir.rmdir()
+                except OSError:
+                    pass
+            raise
     return settings

@@ -42,6 +42,8 @@ from tailgate.load.options import Settings
 from tailgate.load.plan import Stage, share
 from tailgate.load.processes import processes_for
 from tailgate.load.sidecars import (
+    REPORT_INTERRUPTED,
+    REPORT_LOG,
     launch_report,
     report_error,
     report_html,
@@ -139,11 +141,20 @@ class RunSession:
         self.clock = ClockSync(runner)
         self.sink: MasterSink | None = None if local else MasterSink(self.folder, self.clock)
         """The single writer of a distributed run's records and send journal (None in one process)."""
+        if self.sink is not None:
+            self.sink.late = self._on_late
+        self._after: dict[int, Snapshot | None] = {}
+        self._late_pending: set[int] = set()
+        self.stamp_notes: dict[str, str] = {}
+        """Load process -> why it stamps chunks when read instead of with kernel stamps (clocks disagree)."""
         self.workers: dict[str, dict[str, Any]] = {}
         """Per load process: its name, clock offset and RTT, the stage it joined at, and a loss if any."""
         self.lost: dict[str, str] = {}
         self.worker_errors: list[str] = []
-        self._connected: set[str] = set()
+        self._nonces: dict[str, tuple[str, str]] = {}
+        """Load processes challenged for the key and not yet answered: node -> (nonce, name)."""
+        self.refused: dict[str, str] = {}
+        """Load processes that could not show they hold the key: never given an order."""
         self._orders: dict[str, dict[str, Any]] = {}
         """The running group's order per process: a stop closes the share of any that is gone."""
         opts = getattr(getattr(runner, "environment", None), "parsed_options", None)
@@ -215,7 +226,8 @@ class RunSession:
         self.status = status
         self.meta.update({
             "workers": self.workers, "workers_lost": self.lost, "worker_errors": self.worker_errors,
-            "on_worker_loss": self.on_worker_loss,
+            "on_worker_loss": self.on_worker_loss, "workers_refused": self.refused,
+            "chunk_stamp_notes": self.stamp_notes,
         })  # fmt: skip
         self.meta.update({
             "ended": iso(time.time()), "status": status, "stop_reason": self.stop_reason,
@@ -263,7 +275,7 @@ class RunSession:
     def _wait_ready(self) -> list[str]:
         expected = self._nodes_expected()
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while len(self._ready) < expected and (not self._ready or time.monotonic() < deadline):
+        while len(self._ready) + len(self.refused) < expected and (not self._ready or time.monotonic() < deadline):
             self._ready_event.clear()
             self._ready_event.wait(timeout=1.0)
         if len(self._ready) < expected:
@@ -272,12 +284,29 @@ class RunSession:
         return sorted(self._ready)
 
     def on_ready(self, node_id: str, worker: str) -> None:
-        self._ready[node_id] = worker
-        if not self._local and node_id not in self._connected:
-            # the one message that carries the key; a worker's own TAILGATE_API_KEY takes precedence
-            self._connected.add(node_id)
-            self.runner.send_message(distributed.CONNECT_MESSAGE, {"api_key": self.settings.api_key},
-                                     client_id=node_id)  # fmt: skip
+        if self._local or not self.settings.api_key:
+            self._ready[node_id] = worker
+            self._ready_event.set()
+            return
+        if node_id in self._ready or node_id in self._nonces:
+            return
+        # the key never goes to a worker: one that holds it proves so before it is given any order
+        self._nonces[node_id] = (distributed.new_nonce(), worker)
+        self.runner.send_message(distributed.CHALLENGE_MESSAGE, {"nonce": self._nonces[node_id][0]},
+                                 client_id=node_id)  # fmt: skip
+
+    def on_proof(self, node_id: str, data: dict[str, Any]) -> None:
+        pending = self._nonces.pop(node_id, None)
+        if pending is None or node_id in self._ready:
+            return
+        nonce, worker = pending
+        if data.get("nonce") == nonce and distributed.proof_ok(self.settings.api_key, nonce, data.get("proof")):
+            self._ready[node_id] = worker
+        else:
+            why = "has no key" if data.get("proof") is None else "holds another key"
+            self.refused[node_id] = f"{worker} {why}"
+            log.error("tailgate: load process %s %s: given no orders (set %s in its environment)",
+                      worker, why, distributed.API_KEY_ENV)  # fmt: skip
         self._ready_event.set()
 
     def _lost_reason(self, node: str) -> str | None:
@@ -309,26 +338,41 @@ class RunSession:
             raise WorkersLost("no load process left")
         if self._local:
             return nodes
-        changed = False
         for node in nodes:
-            if node in self.workers:
-                continue
+            # a fresh round trip from every process this stage is split over, just before it: one lost in the
+            # settle (Locust notices after seconds) is left out instead of given a share it never sends, and the
+            # offset follows a drifting clock
+            joined = node not in self.workers
             measured = self.clock.measure(node)
             if measured is None:
-                self.lost[node] = "did not answer the clock measurement"
-                log.error("tailgate: load process %s did not answer the clock measurement; left out", node)
+                reason = "did not answer a clock round trip before the stage"
+                self.lost[node] = reason
+                if not joined:
+                    self.workers[node]["lost"] = f"before {stage.label}: {reason}"
+                log.error("tailgate: load process %s %s %s; left out", self._ready[node], reason, stage.label)
+                if self.on_worker_loss == "stop" and not joined:
+                    raise WorkersLost(f"load process {self._ready[node]} lost before {stage.label} "
+                                      "(--on-worker-loss stop)")  # fmt: skip
                 continue
-            self.workers[node] = {
-                "worker": self._ready[node], "clock_offset_ms": round(measured["offset_s"] * 1000, 3),
-                "clock_rtt_ms": round(measured["rtt_s"] * 1000, 3), "clock_rounds": measured["rounds"],
-                "joined_stage": stage.label, "lost": None,
-            }  # fmt: skip
-            log.info("tailgate: load process %s: clock offset %+.3f ms (RTT %.3f ms)", self._ready[node],
-                     measured["offset_s"] * 1000, measured["rtt_s"] * 1000)  # fmt: skip
-            changed = True
-        if changed:
-            self.meta["workers"] = self.workers
-            write_json(self.folder / "run.json", self.meta)
+            offset_ms, rtt_ms = round(measured["offset_s"] * 1000, 3), round(measured["rtt_s"] * 1000, 3)
+            if joined:
+                self.workers[node] = {
+                    "worker": self._ready[node], "clock_offset_ms": offset_ms, "clock_rtt_ms": rtt_ms,
+                    "clock_rounds": measured["rounds"], "joined_stage": stage.label, "lost": None,
+                    "clock_by_stage": [], "clock_drift_ppm": None,
+                }  # fmt: skip
+                log.info("tailgate: load process %s: clock offset %+.3f ms (RTT %.3f ms)", self._ready[node],
+                         offset_ms, rtt_ms)  # fmt: skip
+            w = self.workers[node]
+            w["clock_offset_ms"], w["clock_rtt_ms"] = offset_ms, rtt_ms
+            history = w.setdefault("clock_by_stage", [])
+            history.append({"stage": stage.label, "t": round(time.time(), 3), "offset_ms": offset_ms, "rtt_ms": rtt_ms})
+            if len(history) > 1 and history[-1]["t"] > history[0]["t"]:
+                span = history[-1]["t"] - history[0]["t"]
+                moved_s = (history[-1]["offset_ms"] - history[0]["offset_ms"]) / 1000
+                w["clock_drift_ppm"] = round(moved_s / span * 1e6, 1)
+        self.meta["workers"] = self.workers
+        write_json(self.folder / "run.json", self.meta)
         nodes = [n for n in nodes if n not in self.lost]
         if not nodes:
             raise WorkersLost("no load process left")
@@ -346,6 +390,11 @@ class RunSession:
             log.error("tailgate: %s", line)
         if isinstance(stage, int):
             self.dropped[stage] = self.dropped.get(stage, 0) + int(data.get("dropped") or 0)
+        if data.get("stamp_note"):
+            self.stamp_notes[str(data.get("worker", node_id))] = str(data["stamp_note"])
+        if data.get("stamp_note") and node_id in self.workers:
+            self.workers[node_id]["chunk_stamp"] = data.get("stamp")
+            self.workers[node_id]["chunk_stamp_note"] = data["stamp_note"]
         self._done[node_id] = data
         if "sent" in data:  # exact counters at the end of each order, so a stage's baseline is never stale
             self._counts[node_id] = (int(data["sent"]), int(data["ended"]))
@@ -472,6 +521,7 @@ class RunSession:
         pre = None if before is None else before.preemptions_total
         post = None if after is None else after.preemptions_total
         delta = (post - pre) if pre is not None and post is not None else None
+        self._after[stage.index] = after
         summary = summarize_stage(
             records, arm=stage.arm, rate_or_batch=stage.rate_or_batch, started=iso(stage_start),
             warmup=stage.warmup, warmup_rule=s.warmup_rule, preemptions_delta=delta,
@@ -496,6 +546,12 @@ class RunSession:
         if summary.get("prefix_cache_warning"):
             log.warning("tailgate: %s: %s", stage.label, summary["prefix_cache_warning"])
         summary["workers_lost"] = list(lost or [])
+        negative = sum(1 for r in records for k in ("ttft_ms", "total_ms", "worst_gap_ms") if (r.get(k) or 0) < 0)
+        summary["negative_latencies"] = negative
+        if negative:  # stamps from two clocks that disagree; the load processes guard against it, this says so
+            log.error("tailgate: %s: %d negative latency value(s) in the records: a clock disagreed with another "
+                      "(see run.json chunk_stamp_notes); these percentiles are not to be trusted", stage.label,
+                      negative)  # fmt: skip
         span = summary["window_end_s"] - summary["window_start_s"]
         chunks = sum(int(r.get("chunks") or 0) for r in records)
         summary["chunks_per_s"] = round(chunks / span, 1) if span > 0 else None
@@ -510,7 +566,30 @@ class RunSession:
         write_json(self.folder / f"summary-{stage.label}.json", summary)
         return summary
 
-    def _accounting(self, stage: Stage, records: list[dict[str, Any]]) -> dict[str, int]:
+    def _on_late(self, stage_index: int) -> None:
+        """A worker written off sent or recorded more for a stage (a partition healed): once the burst is in,
+        that stage's summary is written again from the files, so its accounting matches what was sent."""
+        if stage_index in self._late_pending:
+            return
+        self._late_pending.add(stage_index)
+        gevent.spawn_later(0.5, self._resummarize, stage_index)
+
+    def _resummarize(self, stage_index: int) -> None:
+        self._late_pending.discard(stage_index)
+        old = self.summaries.get(stage_index)
+        stage = next((x for x in self.stages if x.index == stage_index), None)
+        if old is None or stage is None:
+            return  # not summarized yet: its summary reads the files when it is
+        records = [r for r in read_records(self.folder).records if r.get("stage") == stage_index]
+        summary = self._summarize(stage, records, self._after.get(stage_index), partial=bool(old.get("partial")),
+                                  lost=old.get("workers_lost"))  # fmt: skip
+        summary["reconciled"] = True
+        write_json(self.folder / f"summary-{stage.label}.json", summary)
+        log.warning("tailgate: %s: a load process written off sent more; summary reconciled: %d sent, %d recorded, "
+                    "%d lost in flight, %d never sent", stage.label, summary["sent"], summary["recorded"],
+                    summary["lost_in_flight"], summary["never_sent"])  # fmt: skip
+
+    def _accounting(self, stage: Stage, records: list[dict[str, Any]]) -> dict[str, Any]:
         """Where every planned arrival of a stage went: ``planned = recorded + lost_in_flight + never_sent``.
 
         ``sent`` is the send journal (written before each send; by the master for workers), so a stopped
@@ -521,6 +600,8 @@ class RunSession:
         return {
             "planned": stage.size, "sent": len(sent), "recorded": len(records) - lost,
             "lost_in_flight": lost + len(sent - keys), "never_sent": stage.size - len(sent),
+            # the stage did not run as planned: part of it never went out or never came back
+            "ran_short": len(sent) < stage.size or lost + len(sent - keys) > 0,
         }  # fmt: skip
 
     def _progress(self, stage: Stage, baseline: tuple[int, int]) -> None:
@@ -562,15 +643,25 @@ class RunSession:
         return report_html(self.folder)
 
     def report_state(self) -> str:
-        """``none`` (not asked for), ``building``, ``ready`` or ``failed``."""
+        """``none``, ``building``, ``ready``, ``failed`` or ``interrupted``."""
         return report_state(self.report, self.folder)
 
     def report_error(self) -> str | None:
         return report_error(self.report, self.folder)
 
     def end_report(self) -> None:
+        """The process is quitting while the report builds: end the build and say so where the report would be."""
         if self.report is not None and self.report.poll() is None:
             self.report.terminate()
+            try:
+                self.report.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.report.kill()
+            note = (f"report interrupted while building (the web UI was shut down); build it with: "
+                    f"tailgate report {self.folder}")  # fmt: skip
+            with open(self.folder / REPORT_LOG, "a", encoding="utf-8") as out:
+                out.write(f"\n{REPORT_INTERRUPTED}: {note}\n")
+            log.warning("tailgate: run %s: %s", self.run_id, note)
 
     # -- metadata -----------------------------------------------------------------------------------
     def _metadata(self) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from tailgate.load.options import Settings
 log = logging.getLogger("tailgate")
 
 REPORT_LOG = "report.log"
+REPORT_INTERRUPTED = "interrupted"
+"""First word of the last line of report.log when the build was cut short by the process quitting."""
 
 
 def start_sampler(s: Settings, folder: Path) -> subprocess.Popen[bytes] | None:
@@ -67,10 +69,21 @@ def report_html(folder: Path) -> Path:
     return folder / "report" / "report.html"
 
 
+def report_log_tail(folder: Path) -> str:
+    try:
+        lines = (folder / REPORT_LOG).read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
 def report_state(report: subprocess.Popen[bytes] | None, folder: Path) -> str:
-    """``none`` (not asked for), ``building``, ``ready`` or ``failed``."""
+    """``none`` (not asked for), ``building``, ``ready``, ``failed`` or ``interrupted`` (the process quit while
+    it built)."""
     if report is None:
-        return "ready" if report_html(folder).exists() else "none"
+        if report_html(folder).exists():
+            return "ready"
+        return "interrupted" if report_log_tail(folder).startswith(REPORT_INTERRUPTED) else "none"
     code = report.poll()
     if code is None:
         return "building"

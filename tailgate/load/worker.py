@@ -17,6 +17,8 @@ from locust.runners import WorkerRunner
 
 import logging
 import os
+import socket
+import struct
 import time
 from collections import deque
 from typing import Any
@@ -98,6 +100,38 @@ loop stays busy, and no wait at all stamps those chunks late: this bound measure
 PROGRESS_S = 5.0
 """How often a load process in a distributed run tells the shape how many requests it sent and ended."""
 PROGRESS_MESSAGE = "tailgate_progress"
+STAMP_AGREE_MS = 5.0
+"""Kernel receive stamps are used only while the kernel's wall clock and this process's agree to within this.
+They disagree under libfaketime (it shifts or speeds the process's clock, not the kernel's), and every chunk
+stamped with the kernel's clock would then be off by the difference: TTFTs of -5 s under ``+5s``."""
+
+
+def kernel_clock_disagreement_ms() -> float | None:
+    """This process's wall clock minus the kernel's, from a datagram sent to itself (the smallest of three
+    tries: a preemption between the receive and the read only adds). None where there are no receive stamps."""
+    from tailgate.load.client import SO_TIMESTAMPNS
+
+    if SO_TIMESTAMPNS is None:
+        return None
+    best: float | None = None
+    try:
+        udp = (socket.AF_INET, socket.SOCK_DGRAM)
+        with socket.socket(*udp) as rx, socket.socket(*udp) as tx:
+            rx.bind(("127.0.0.1", 0))
+            rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            rx.settimeout(1.0)
+            for _ in range(3):
+                tx.sendto(b"t", rx.getsockname())
+                _, ancillary, _, _ = rx.recvmsg(16, socket.CMSG_SPACE(16))
+                now = time.time_ns()
+                for level, kind, payload in ancillary:
+                    if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
+                        sec, nsec = struct.unpack_from("qq", payload)
+                        diff = (now - (sec * 1_000_000_000 + nsec)) / 1e6
+                        best = diff if best is None or abs(diff) < abs(best) else best
+    except OSError:
+        return None
+    return best
 
 
 def request_body(cfg: dict[str, Any], prompt: Prompt, max_tokens: int, endpoint: str) -> bytes:
@@ -127,6 +161,14 @@ class OrderRunner:
         """Requests started by this process, all orders together (the progress line reads these counters)."""
         self.ended = 0
         self.stamp = chunk_stamp_mode()
+        self.stamp_note: str | None = None
+        """Why kernel stamps were given up in this process (its clock disagrees with the kernel's), if so."""
+        self.orphaned = False
+        """This worker lost the master mid-run and stopped its load itself."""
+        self.busy = False
+        """An order is being run (sent or in flight)."""
+        self.master_silence: Any = None
+        """In a worker: seconds since the master was last heard if over ``MASTER_SILENCE_S``, else 0."""
         self._writers: dict[str, tuple[Any, Any]] = {}
         self._group = Group()
         self._loop: gevent.Greenlet | None = None
@@ -139,6 +181,9 @@ class OrderRunner:
 
         The loop is not a Locust user's task: Locust stops and starts users when workers join or leave
         (rebalancing), and a stage in flight must not be cancelled by that."""
+        if self.orphaned:  # the master is back and counts on this process again
+            self.orphaned = False
+            self.cancelled = False
         self.orders.put(order)
         if self._loop is None or self._loop.dead:
             self._loop = gevent.spawn(self._order_loop)
@@ -148,6 +193,7 @@ class OrderRunner:
         while True:
             order = self.orders.get()
             try:
+                self.busy = True
                 result = self.run(order)
             except Exception as e:  # the master must hear of it, or it waits for this order until its deadline
                 log.exception("tailgate: order %s failed in %s", order.get("order_id"), self.worker)
@@ -158,6 +204,8 @@ class OrderRunner:
                     "worker": self.worker, "records": [], "dropped": 0, "error": f"{type(e).__name__}: {e}",
                     "sent": self.sent, "ended": self.ended,
                 }  # fmt: skip
+            finally:
+                self.busy = False
             self.flush()
             send(DONE_MESSAGE, result)
 
@@ -177,6 +225,35 @@ class OrderRunner:
                 )
         return self._writers[results_dir]
 
+    def check_stamps(self) -> None:
+        """Before each order: kernel stamps only while the kernel's clock agrees with this process's (it drifts
+        apart under a sped-up libfaketime, so once at start would not do). A disagreement switches this process
+        to ``recv`` stamps for good, with one line; a latency is then never computed across the two clocks."""
+        if self.stamp != "kernel":
+            return
+        diff = kernel_clock_disagreement_ms()
+        if diff is not None and abs(diff) > STAMP_AGREE_MS:
+            self.stamp = "recv"
+            self.stamp_note = (f"this process's wall clock is {diff:+.1f} ms off the kernel's (faked or stepped?): "
+                               "chunks stamped when read (recv), not with kernel receive stamps")  # fmt: skip
+            log.warning("tailgate: %s: %s", self.worker, self.stamp_note)
+
+    def master_lost(self, silent_s: float) -> None:
+        """No heartbeat from the master: send nothing more, cancel the streams (each ends as a ``cancelled``
+        record) and leave this order's journal and records in the results folder, once."""
+        if self.orphaned or not self.busy:
+            return
+        self.orphaned = True
+        log.error("tailgate: %s: no word from the master for %.1f s: load stopped, streams cancelled",
+                  self.worker, silent_s)  # fmt: skip
+        self.cancel()
+        for writer, _ in self._writers.values():
+            if isinstance(writer, distributed.WorkerStream):
+                folder = writer.spool()
+                if folder is not None:
+                    log.error("tailgate: %s: this stage's journal and records left in %s (%s files)",
+                              self.worker, folder, distributed.UNREPORTED)  # fmt: skip
+
     def flush(self) -> None:
         """Records still batched go out before the DONE that follows them (one socket keeps the order)."""
         self.drain()
@@ -190,6 +267,9 @@ class OrderRunner:
         target = Target.parse(cfg["host"])
         timeouts = Timeouts(cfg["connect_timeout"], cfg["request_timeout"], cfg["stall_timeout"])
         writer, journal = self._writer(cfg["results_dir"])
+        if isinstance(writer, distributed.WorkerStream):
+            writer.begin_order(order)
+        self.check_stamps()
         cap = int(order.get("max_in_flight") or 0)
         t0_ns = mono_ns(order["t0_wall"])
         stage = order["stage"]
@@ -223,6 +303,7 @@ class OrderRunner:
         ahead = not isinstance(journal, distributed.WorkerStream)
         if gate is not None and ahead:
             journal.sent_many(stage, [item[0] for item in items])  # one write, before the batch's send time
+        silent = self.master_silence
         sleep = gevent.sleep
         idle = gevent.idle
         spin_priority = SPIN_PRIORITY
@@ -241,6 +322,10 @@ class OrderRunner:
                     sleep((delay - SPIN_NS) / 1e9)
                 while clock() < intended_ns:
                     idle(spin_priority)
+                if not self.cancelled and silent is not None and silent():
+                    # a thawed freeze: the timers fire before the master watch can run, and every overdue
+                    # arrival would go out at once to a master that has written this share off
+                    self.master_lost(silent())
                 if self.cancelled:  # a stop: what was journaled ahead but not sent is taken back
                     if ahead:
                         for rest in items[index:] if gate is not None else items[index : index + 1]:
@@ -272,6 +357,7 @@ class OrderRunner:
         return {
             "order_id": order["order_id"], "run_id": order["run_id"], "stage": order["stage"], "worker": self.worker,
             "records": finished, "dropped": dropped, "sent": self.sent, "ended": self.ended,
+            "stamp": self.stamp, "stamp_note": self.stamp_note,
         }  # fmt: skip
 
     def _one(
@@ -394,11 +480,14 @@ class OrderRunner:
         )  # fmt: skip
 
     def _fire(self, r: RequestRecord) -> None:
-        """One request event per stream, so Locust's RPS is the real request rate.
+        """One request event per stream that ran its course, so Locust's RPS is the real request rate; a
+        ``cancelled`` stream fires none (it is in the records, never a Locust failure).
 
         Its response time is the whole stream (send to last chunk, or to the failure); Locust rounds it
         into histogram buckets, so the tail figures are the exact ones of the Tail latency tab and the
         stage summaries, computed from the records."""
+        if r.error_class == "cancelled":
+            return  # a stream ended by a stop (or a lost master) is no failure of the server: no request event
         if r.error_class is None:
             elapsed, exception = r.total_ms or 0.0, None
         else:
@@ -421,6 +510,7 @@ class OrderRunner:
             self.orders.get_nowait()
         self._group.kill(block=True, timeout=10)
         self.cancelled = False
+        self.orphaned = False
         self.close()
 
     def close(self) -> None:

@@ -18,9 +18,11 @@ from __future__ import annotations
 import gevent
 
 import argparse
+import io
 import json
 import logging
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,14 @@ def form_options(parsed: Any, form: Any) -> argparse.Namespace:
     return opts
 
 
+DOWNLOADS: dict[str, tuple[str, ...]] = {
+    "records": ("records-*.jsonl", "sent-*.log", "records/records-*.jsonl"),
+    "summaries": ("summary-*.json", "run.json"),
+    "report": ("report/**/*",),
+}
+"""What each of the tab's download links holds, by glob in the run's folder."""
+
+
 def install(environment: Any) -> None:
     """Register the Start check, the tab and its routes on the web UI of this (master) process."""
     web_ui = environment.web_ui
@@ -111,6 +121,27 @@ def install(environment: Any) -> None:
         if run is None or not run.report_html.is_file():
             abort(404)
         return send_file(run.report_html.resolve(), mimetype="text/html", max_age=0)
+
+    @bp.route("/tailgate/download/<run_id>/<what>")
+    @auth
+    def download(run_id: str, what: str) -> Response:
+        """The run's records and journals, its summaries and run.json, or its report, as one zip (stored, not
+        compressed: building it must not hold the event loop that stamps a running stage's chunks)."""
+        run = next((r for r in shape.runs if r.run_id == run_id), None)
+        if run is None or what not in DOWNLOADS:
+            abort(404)
+        files = [f for pattern in DOWNLOADS[what] for f in sorted(run.folder.glob(pattern)) if f.is_file()]
+        if not files:
+            abort(404)
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+            for i, f in enumerate(files):
+                z.write(f, f"{run.folder.name}/{f.relative_to(run.folder)}")
+                if i % 20 == 19:
+                    gevent.idle()
+        buf.seek(0)
+        return send_file(buf, mimetype="application/zip", as_attachment=True,
+                         download_name=f"{run.folder.name}-{what}.zip", max_age=0)  # fmt: skip
 
     web_ui.app.register_blueprint(bp)
 

@@ -24,16 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tailgate.records import journal_entry
 from tailgate.stats import measured_records, percentile
 
 MIN_REFRESH_S = 1.0
 """A snapshot younger than this is served again: the UI polls every 2 s, possibly from several tabs."""
 SERIES_POINTS = 600
 """Server samples kept for the chart (10 minutes at the default 1 s)."""
-KEEP = (
-    "stage", "trace_id", "end_s", "error_class", "ttft_ms", "worst_gap_ms", "total_ms", "schedule_lag_ms",
-    "client_coalesced",
-)  # fmt: skip
+KEEP = ("stage", "trace_id", "end_s", "error_class", "ttft_ms", "worst_gap_ms", "total_ms", "schedule_lag_ms",
+        "client_coalesced", "run_id")
+LATENCY_POINTS = 500
+"""Newest requests drawn in the TTFT / worst-gap over time chart."""
 METRICS = (("ttft", "ttft_ms"), ("gap", "worst_gap_ms"), ("total", "total_ms"))
 QUANTILES = (50, 90, 99)
 SLICE_LINES = 100
@@ -73,7 +74,11 @@ class Tail:
 @dataclass
 class StageView:
     records: list[dict[str, Any]] = field(default_factory=list)
-    sent: int = 0
+    sent_keys: set[int] = field(default_factory=set)
+    dropped_keys: set[int] = field(default_factory=set)
+    """Journaled, then taken back (in-flight cap, or a stop between journal and send)."""
+    seen: dict[Any, int] = field(default_factory=dict)
+    """(run, request) -> index in ``records``: one record per request, as the analysis reads them."""
     figures: dict[str, Any] = field(default_factory=dict)
     computed_at: int = -1
     """Record count the figures were computed for."""
@@ -128,13 +133,25 @@ class LiveRun:
                 continue
             view = self.stages.get(obj.get("stage"))
             if view is not None:
-                view.records.append({k: obj.get(k) for k in KEEP})
+                row = {k: obj.get(k) for k in KEEP}
+                key = (row["run_id"], row["trace_id"])
+                at = view.seen.get(key)
+                if at is None:
+                    view.seen[key] = len(view.records)
+                    view.records.append(row)
+                elif view.records[at].get("error_class") == "worker_lost" and row["error_class"] != "worker_lost":
+                    view.records[at] = row  # the rule of tailgate.records.read_records
         for line in self._sent.new_lines():
-            parts = line.split()
-            if len(parts) == 2 and parts[0].isdigit():
-                view = self.stages.get(int(parts[0]))
-                if view is not None:
-                    view.sent += 1
+            entry = journal_entry(line)
+            view = None if entry is None else self.stages.get(entry[0])
+            if view is None or entry is None:
+                continue
+            if entry[2]:
+                view.sent_keys.discard(entry[1])
+                view.dropped_keys.add(entry[1])
+            else:
+                view.sent_keys.add(entry[1])
+                view.dropped_keys.discard(entry[1])
         for i, line in enumerate(self._metrics.new_lines(), 1):
             if i % SLICE_LINES == 0:
                 pause()
@@ -143,6 +160,17 @@ class LiveRun:
             except ValueError:
                 continue
         del self.series[:-SERIES_POINTS]
+
+    def _latency(self, started: float) -> dict[str, list[Any]]:
+        """TTFT and worst gap of the newest requests against when each ended (s since the run started)."""
+        rows = [r for v in self.stages.values() for r in v.records[-LATENCY_POINTS:] if r.get("end_s")]
+        rows.sort(key=lambda r: r["end_s"])
+        rows = rows[-LATENCY_POINTS:]
+        return {
+            "t": [round(r["end_s"] - started, 2) for r in rows],
+            "ttft": [r.get("ttft_ms") for r in rows],
+            "gap": [r.get("worst_gap_ms") for r in rows],
+        }
 
     def snapshot(self) -> dict[str, Any]:
         self._read()
@@ -171,9 +199,15 @@ class LiveRun:
                 pre = None if before is None else before.preemptions_total
                 known = running and pre is not None and latest_preempt is not None
                 preemptions = latest_preempt - pre if known else None
+            if summary is not None and summary.get("ran_short") and not summary.get("partial"):
+                state += ", ran short"  # a stage that ran to its end without all of its plan (a partial one is cut)
+            dropped = max(len(view.dropped_keys), int(s.dropped.get(stage.index, 0)))
+            never = summary.get("never_sent") if summary is not None else None
             stages.append({
                 "index": stage.index, "label": stage.label, "state": state, "planned": stage.size,
-                "sent": view.sent, "recorded": len(view.records), "preemptions": preemptions, **view.figures,
+                "sent": len(view.sent_keys), "recorded": len(view.records), "preemptions": preemptions,
+                "dropped": dropped, "never_sent": never,
+                "merged": sum(1 for r in view.records if r.get("client_coalesced")), **view.figures,
             })  # fmt: skip
         return {
             "run_id": s.run_id, "arm": settings.arm, "host": settings.host, "model": settings.model,
@@ -183,7 +217,7 @@ class LiveRun:
             "warmup": settings.warmup, "warmup_rule": settings.warmup_rule,
             "coordinator_alive": s.coordinator_alive, "sampler_alive": s.sampler_alive,
             "report": {"state": s.report_state(), "error": s.report_error()},
-            "stages": stages, "unreadable_lines": self.unreadable,
+            "stages": stages, "unreadable_lines": self.unreadable, "latency": self._latency(s.started),
             "series": {
                 "t": [round(p["t"] - s.started, 2) for p in self.series],
                 **{k: [p.get(k) for p in self.series] for k in ("running", "waiting", "kv_usage", "preemptions_total")},
@@ -202,6 +236,7 @@ TABLE_STRUCTURE: list[dict[str, str]] = [
     {"key": "stage", "title": "Stage"},
     {"key": "state", "title": "State"},
     {"key": "counts", "title": "Planned / sent / recorded"},
+    {"key": "unsent", "title": "Dropped / never sent / merged"},
     {"key": "ttft", "title": "TTFT p50 / p90 / p99 / max (ms)"},
     {"key": "gap", "title": "Worst gap p50 / p90 / p99 / max (ms)"},
     {"key": "total", "title": "Total p50 / p90 / p99 / max (ms)"},
@@ -225,6 +260,8 @@ def table_rows(snapshot: dict[str, Any] | None) -> list[dict[str, str]]:
         behind = "–" if merged is None else (f"{merged} (gaps show the client)" if merged else "0")
         rows.append({
             "stage": st["label"], "state": st["state"], "counts": f"{st['planned']} / {st['sent']} / {st['recorded']}",
+            "unsent": f"{st.get('dropped', 0)} / {'–' if st.get('never_sent') is None else st['never_sent']} / "
+                      f"{st.get('merged', 0)}",
             "ttft": _ms(st.get("ttft")), "gap": _ms(st.get("gap")), "total": _ms(st.get("total")), "errors": errors,
             "lag": "–" if lag is None else f"{lag:.1f}", "preempt": "–" if pre is None else f"{pre:g}",
             "behind": behind,

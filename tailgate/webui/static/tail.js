@@ -91,6 +91,71 @@
     return svg;
   }
 
+  function latencyChart(lat) {
+    // each finished request: its TTFT and worst gap at the moment it ended (newest requests only)
+    var W = 720, H = 150, L = 48, R = 12, T = 10, B = 22;
+    var svg = svgEl("svg", { viewBox: "0 0 " + W + " " + H, class: "tg-chart", id: "tailgate-latency-chart",
+      role: "img", "aria-label": "TTFT and worst gap of each request over time" });
+    var t = (lat && lat.t) || [];
+    if (!t.length) {
+      var msg = svgEl("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "tg-axis" });
+      msg.textContent = "no finished request yet";
+      svg.appendChild(msg);
+      return svg;
+    }
+    var vals = lat.ttft.concat(lat.gap).filter(function (v) { return v !== null && v !== undefined; });
+    var ymax = Math.max(1, Math.max.apply(null, vals.length ? vals : [1]));
+    var t0 = t[0], t1 = Math.max(t[t.length - 1], t0 + 1e-6);
+    var x = function (v) { return L + (W - L - R) * (v - t0) / (t1 - t0); };
+    var y = function (v) { return H - B - (H - B - T) * v / ymax; };
+    svg.appendChild(svgEl("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "tg-grid" }));
+    function label(xp, yp, anchorPos, text) {
+      var e = svgEl("text", { x: xp, y: yp, "text-anchor": anchorPos, class: "tg-axis" });
+      e.textContent = text;
+      svg.appendChild(e);
+    }
+    label(L - 4, T + 4, "end", ymax.toFixed(0) + " ms");
+    label(L - 4, H - B + 4, "end", "0");
+    label(L, H - 6, "start", fmtS(t0));
+    label(W - R, H - 6, "end", fmtS(t1));
+    var drawn = 0;
+    [["ttft", "tg-ttft"], ["gap", "tg-gap"]].forEach(function (m) {
+      // one path of round dots per metric: a few elements however many requests, cheap to re-render
+      var values = lat[m[0]] || [], d = [];
+      for (var i = 0; i < t.length; i++) {
+        if (values[i] === null || values[i] === undefined) continue;
+        d.push("M" + x(t[i]).toFixed(1) + " " + y(values[i]).toFixed(1) + "h0");
+        drawn++;
+      }
+      if (d.length) svg.appendChild(svgEl("path", { d: d.join(""), class: m[1] + " tg-dots" }));
+    });
+    svg.setAttribute("data-points", String(drawn));
+    return svg;
+  }
+
+  function latencyLegend() {
+    var box = el("div", { class: "tg-legend" });
+    [["tg-ttft", "TTFT"], ["tg-gap", "worst gap between chunks"]].forEach(function (p) {
+      var item = el("span", { class: "tg-key" });
+      item.appendChild(el("span", { class: "tg-swatch " + p[0] }));
+      item.appendChild(document.createTextNode(p[1]));
+      box.appendChild(item);
+    });
+    return box;
+  }
+
+  function downloads(run) {
+    var box = el("div", { class: "tg-downloads", id: "tailgate-downloads" }, "Download: ");
+    [["records", "records and send journals"], ["summaries", "summaries and run.json"], ["report", "report"]]
+      .forEach(function (d, i) {
+        if (d[0] === "report" && run.report.state !== "ready") return;
+        if (i) box.appendChild(document.createTextNode(" · "));
+        box.appendChild(el("a", { href: "./tailgate/download/" + run.run_id + "/" + d[0],
+          id: "tailgate-download-" + d[0] }, d[1]));
+      });
+    return box;
+  }
+
   function legend(series) {
     var pre = (series.preemptions_total || []).filter(function (v) { return v !== null; });
     var since = pre.length ? pre[pre.length - 1] - pre[0] : null;
@@ -136,6 +201,10 @@
       rep.textContent = run.ended ? "" : "Report: built when the run ends.";
     }
     panel.appendChild(rep);
+    panel.appendChild(downloads(run));
+    panel.appendChild(el("div", { class: "tg-title" }, "Requests: TTFT and worst gap as each ended"));
+    panel.appendChild(latencyChart(run.latency));
+    panel.appendChild(latencyLegend());
     var series = run.series || {};
     panel.appendChild(el("div", { class: "tg-title" }, "Server (direct /metrics samples)"));
     panel.appendChild(chart(series));
