@@ -24,11 +24,9 @@ import orjson
 import pandas as pd
 from pandas.api.types import union_categoricals
 
+from tailgate.jsonl import parse_lines
 from tailgate.records import RECORD_FIELDS, record_files
-
-RUN_META = "run.json"
-SUMMARY_GLOB = "summary-*.json"
-SERVER_METRICS = "server-metrics.jsonl"
+from tailgate.resultfiles import RUN_META, SENT_GLOB, SERVER_METRICS, SUMMARY_GLOB
 
 #: Record fields left out of the analysis frame: never analysed here (per-chunk offsets, response
 #: ids, the generator's monotonic clock), and leaving them out keeps a million-record frame small.
@@ -256,39 +254,10 @@ PARALLEL_BYTES = 64 << 20
 MAX_WORKERS = 8
 
 
-def _json_object(raw: bytes) -> dict[str, Any] | None:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:  # also nesting deeper than the parser allows: no record either
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
 def _parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
-    """Every record line of ``data``, and the count of lines that are not a JSON object.
-
-    A clean file (the usual case) is parsed in one call as a JSON array of its lines; only a damaged
-    one is walked line by line to skip what does not parse.
-    """
-    body = data.rstrip(b"\n")
-    if not body:
-        return [], 0
-    try:
-        rows = orjson.loads(b"[" + body.replace(b"\n", b",") + b"]")
-    except orjson.JSONDecodeError:
-        rows = None
-    if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
-        return rows, 0
-    good, bad = [], 0
-    for raw in data.splitlines():
-        if not raw or raw.isspace():
-            continue
-        obj = _json_object(raw)
-        if obj is None:
-            bad += 1
-        else:
-            good.append(obj)
-    return good, bad
+    """Every record line of ``data``, and the count of lines that are not a JSON object (the load path's
+    reader, with orjson for files of millions of lines)."""
+    return parse_lines(data, orjson.loads)
 
 
 def _normalise(df: pd.DataFrame) -> pd.DataFrame:
@@ -367,7 +336,7 @@ def _journal_lost(run: RunDir, frame: pd.DataFrame) -> dict[str, Any] | None:
     The journal is written before each request goes out, so it also counts requests whose
     record was never started, which no partial line reveals.
     """
-    if not any(run.path.glob("sent-*.log")):
+    if not any(run.path.glob(SENT_GLOB)):
         return None
     try:
         from tailgate.records import lost_in_flight

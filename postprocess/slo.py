@@ -31,8 +31,9 @@ from tailgate.postprocess.diagnosis import (
     prefill_attribution,
 )
 from tailgate.postprocess.html import render
+from tailgate.resultfiles import SLO_ANALYSIS
+from tailgate.resultfiles import SLO_META as SLO_FILE
 
-SLO_FILE = "slo.json"
 LAG_WARN_MS = 10.0
 """Schedule lag p99 above which the report already says the generator lacked CPU (``report.LAG_WARN_MS``)."""
 METRICS = ("ttft", "gap", "total")
@@ -388,7 +389,7 @@ def slo_section(results_dir: str | Path, records: pd.DataFrame | None, out_dir: 
     rec = recommendation(rows, slo)
     md.write_text(table_markdown(rows, slo) + "\n" + rec + "\n", encoding="utf-8")
     paths = {"slo_rate": chart_feasible(rows, out), "slo_p99": chart_p99(state, out)}
-    js = out / "slo-analysis.json"
+    js = out / SLO_ANALYSIS
     js.write_text(json.dumps({"slo": slo, "recommendation": rec, "rows": rows}, indent=1, default=str) + "\n")
     import base64
 

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tailgate.resultfiles import TABLE_CSV, TABLE_MD
+
 TABLE_COLUMNS: tuple[str, ...] = (
     "cell", "config", "arm", "rate_or_batch", "n",
     "ttft_p50", "ttft_p99", "gap_p50", "gap_p99", "total_p50", "total_p99",
@@ -169,13 +171,13 @@ def write_table(table: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
     """``table.md`` and ``table.csv`` (the CSV keeps full precision and the extra columns)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    md = out / "table.md"
+    md = out / TABLE_MD
     text = table_markdown(table)
     if all(c in table.columns for c in ACCOUNTING_COLUMNS):
         text += "\nRequests per cell (sent: the send journal; lost in flight: sent, never recorded):\n\n"
         text += accounting_markdown(table)
     md.write_text(text, encoding="utf-8")
-    path_csv = out / "table.csv"
+    path_csv = out / TABLE_CSV
     table.to_csv(path_csv, index=False)
     return md, path_csv
 

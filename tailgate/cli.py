@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, Stopped, signals_raise
 from tailgate.load.client import Target, TargetError
 from tailgate.load.options import API_KEY_ENV, OptionError, parse_rates
+from tailgate.resultfiles import SUITE_META
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -199,7 +200,7 @@ def check_results_folder(root: Path, resume: bool) -> None:
     Two suites in one folder would mix their cells under one suite.json; analysis would then
     compare runs that were never meant to be compared.
     """
-    meta = root / "suite.json"
+    meta = root / SUITE_META
     if root.exists() and not root.is_dir():
         raise OptionError(f"--results: {root} exists and is not a folder")
     if meta.exists():
@@ -225,7 +226,7 @@ def _check_same_plan(root: Path, plan: Any) -> None:
     from dataclasses import asdict
 
     try:
-        before = json.loads((root / "suite.json").read_text()).get("plan") or {}
+        before = json.loads((root / SUITE_META).read_text()).get("plan") or {}
     except (OSError, ValueError):
         return
     now = asdict(plan)

@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 from tailgate.load.processes import CHUNKS_PER_PROCESS, auto_processes, free_port, master_port_args
 from tailgate.records import RequestRecord
+from tailgate.resultfiles import records_file, sent_file
 
 __all__ = ["CHUNKS_PER_PROCESS", "auto_processes", "free_port", "master_port_args"]
 
@@ -212,10 +213,10 @@ class MasterSink:
         self._records: dict[str, TextIO] = {}
         self._journals: dict[str, TextIO] = {}
 
-    def _file(self, files: dict[str, TextIO], worker: str, pattern: str) -> TextIO:
+    def _file(self, files: dict[str, TextIO], worker: str, name: str) -> TextIO:
         f = files.get(worker)
         if f is None:
-            f = open(self.folder / pattern.format(worker), "a", encoding="utf-8", buffering=1)
+            f = open(self.folder / name, "a", encoding="utf-8", buffering=1)
             files[worker] = f
         return f
 
@@ -229,11 +230,11 @@ class MasterSink:
         if "dropped" in data:
             stage, trace_id = data["dropped"]
             self.sent.get(node, {}).pop((int(stage), int(trace_id)), None)
-            self._file(self._journals, worker, "sent-{}.log").write(f"{int(stage)} {int(trace_id)} dropped\n")
+            self._file(self._journals, worker, sent_file(worker)).write(f"{int(stage)} {int(trace_id)} dropped\n")
             return
         stage, trace_id, t = data["sent"]
         self.sent.setdefault(node, {})[(int(stage), int(trace_id))] = float(t) - self.clock.offset(node)
-        self._file(self._journals, worker, "sent-{}.log").write(f"{int(stage)} {int(trace_id)}\n")
+        self._file(self._journals, worker, sent_file(worker)).write(f"{int(stage)} {int(trace_id)}\n")
 
     def on_records(self, node: str, data: dict[str, Any]) -> None:
         if not self._mine(node, data):
@@ -242,7 +243,7 @@ class MasterSink:
 
         worker = self.workers.setdefault(node, str(data.get("worker") or node))
         offset = self.clock.offset(node)
-        out = self._file(self._records, worker, "records-{}.jsonl")
+        out = self._file(self._records, worker, records_file(worker))
         done = self.recorded.setdefault(node, set())
         lines = []
         for row in data.get("records") or []:
@@ -261,7 +262,7 @@ class MasterSink:
         done = self.recorded.get(node, set())
         stage = int(order["stage"])
         lost = never = 0
-        out = self._file(self._records, worker, "records-{}.jsonl")
+        out = self._file(self._records, worker, records_file(worker))
         now = time.time()
         for trace_id, prompt_tokens, max_tokens, offset_s, batch in order["items"]:
             key = (stage, int(trace_id))
