@@ -24,6 +24,7 @@ import orjson
 import pandas as pd
 from pandas.api.types import union_categoricals
 
+from tailgate.contracts import C, ContractError, RunMeta, StageSummary
 from tailgate.jsonl import parse_lines
 from tailgate.records import RECORD_FIELDS, record_files
 from tailgate.resultfiles import RUN_META, SENT_GLOB, SERVER_METRICS, SUMMARY_GLOB
@@ -96,6 +97,18 @@ def _read_json(path: Path) -> Any:
         raise ResultsError(f"{path} is not readable JSON: {e}") from None
 
 
+def _read_contract(kind: type[C], path: Path) -> C | None:
+    """A results file checked against its contract: None when absent, one :class:`ResultsError` line when
+    damaged or wrong-typed (the report names the file rather than failing on a key deep in pandas)."""
+    obj = _read_json(path)
+    if obj is None:
+        return None
+    try:
+        return kind.from_dict(obj, source=str(path))
+    except ContractError as e:
+        raise ResultsError(str(e)) from None
+
+
 def find_run_dirs(results_dir: str | Path) -> list[RunDir]:
     """The run dirs of a results folder, in name order, or a :class:`ResultsError` saying why none."""
     root = Path(results_dir)
@@ -118,8 +131,8 @@ def find_run_dirs(results_dir: str | Path) -> list[RunDir]:
         )
     runs = []
     for path, name in candidates:
-        meta = _read_json(path / RUN_META)
-        runs.append(RunDir(path, name, meta if isinstance(meta, dict) else {}))
+        meta = _read_contract(RunMeta, path / RUN_META)
+        runs.append(RunDir(path, name, meta.to_dict() if meta is not None else {}))
     return runs
 
 
@@ -171,10 +184,9 @@ def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
         paths = sorted(run.path.glob(SUMMARY_GLOB))
         got = []
         for p in paths:
-            obj = _read_json(p)
-            if not isinstance(obj, dict):
-                raise ResultsError(f"{p} does not hold a JSON object")
-            got.append(obj)
+            summary = _read_contract(StageSummary, p)
+            if summary is not None:
+                got.append(summary.to_dict())
         status = str(run.meta.get("status") or "")
         # every stage that ran was summarized (a stopped run's last one as partial)
         ended = status in ("completed", "stopped") or status.startswith("stopped after")

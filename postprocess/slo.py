@@ -22,6 +22,7 @@ import pandas as pd
 from markupsafe import Markup
 from matplotlib.figure import Figure
 
+from tailgate.contracts import ContractError, SloMeta
 from tailgate.postprocess import charts
 from tailgate.postprocess.diagnosis import (
     FLAT_GAP_RATIO,
@@ -31,6 +32,7 @@ from tailgate.postprocess.diagnosis import (
     prefill_attribution,
 )
 from tailgate.postprocess.html import render
+from tailgate.postprocess.load import ResultsError
 from tailgate.resultfiles import SLO_ANALYSIS
 from tailgate.resultfiles import SLO_META as SLO_FILE
 
@@ -60,11 +62,13 @@ class SloSection:
 def load_slo(results_dir: str | Path) -> dict[str, Any] | None:
     """``slo.json`` of a results folder; None when the folder is not an SLO search."""
     path = Path(results_dir) / SLO_FILE
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    if not path.is_file():
         return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("configs"), list) else None
+    try:
+        doc = SloMeta.read(path).to_dict()
+    except ContractError as e:
+        raise ResultsError(str(e)) from None
+    return doc if isinstance(doc.get("configs"), list) else None
 
 
 def _num(x: Any) -> float | None:

@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import tailgate
+from tailgate.arms import arm as arm_of
+from tailgate.contracts import Order, OrderItem, StageSummary
 from tailgate.load import distributed
 from tailgate.load.distributed import DEADLINE_MARGIN_S, WORKER_LOST, ClockSync, MasterSink
 from tailgate.load.metrics import Snapshot, scrape
@@ -44,6 +46,7 @@ from tailgate.load.processes import processes_for
 from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
 from tailgate.load.workload import mix_of
 from tailgate.records import lost_in_flight, read_records, read_sent
+from tailgate.resultfiles import REPORT_LOG, RUN_META, SERVER_METRICS, report_html, summary_file
 from tailgate.stats import summarize_stage
 
 log = logging.getLogger("tailgate")
@@ -52,7 +55,6 @@ START_LEAD_S = 0.25
 """Orders carry an absolute start time this far ahead, so every process has it before t0."""
 DRAIN_TIMEOUT_S = 15.0
 """How long a stop waits for load processes to record the streams it cancelled."""
-REPORT_LOG = "report.log"
 READY_TIMEOUT_S = 60.0
 """How long a run waits for every expected load process to report ready before it goes with those that did."""
 
@@ -143,7 +145,7 @@ class RunSession:
     # -- life cycle -----------------------------------------------------------------------------
     def start(self) -> None:
         self.meta = self._metadata()
-        write_json(self.folder / "run.json", self.meta)
+        write_json(self.folder / RUN_META, self.meta)
         self._sampler = self._start_sampler()
         self._coordinator = gevent.spawn(self._coordinate)
 
@@ -214,7 +216,7 @@ class RunSession:
             "partial_stages": [s["stage_label"] for _, s in sorted(self.summaries.items()) if s.get("partial")],
             "error": self.failed,
         })  # fmt: skip
-        write_json(self.folder / "run.json", self.meta)
+        write_json(self.folder / RUN_META, self.meta)
         self.ended_at = time.time()
         self.ended = True
 
@@ -319,7 +321,7 @@ class RunSession:
             changed = True
         if changed:
             self.meta["workers"] = self.workers
-            write_json(self.folder / "run.json", self.meta)
+            write_json(self.folder / RUN_META, self.meta)
         nodes = [n for n in nodes if n not in self.lost]
         if not nodes:
             raise WorkersLost("no load process left")
@@ -374,14 +376,15 @@ class RunSession:
             self._orders = orders
             for index, node in enumerate(nodes):
                 mine = share(group, index, len(nodes))
-                order = {
-                    "order_id": f"{stage.index}:{mine[0].batch if mine else 0}:{index}",
-                    "run_id": self.run_id, "stage": stage.index, "stage_label": stage.label, "arm": stage.arm,
-                    "rate_or_batch": stage.rate_or_batch, "t0_wall": t0 + self.clock.offset(node), "t0_master": t0,
-                    "max_in_flight": s.max_in_flight if stage.arm == "continuous" else 0,
-                    "items": [[a.item.id, a.item.prompt_tokens, a.item.max_tokens, a.offset_s, a.batch] for a in mine],
-                    "config": self._order_config(),
-                }  # fmt: skip
+                order = Order(
+                    order_id=f"{stage.index}:{mine[0].batch if mine else 0}:{index}",
+                    run_id=self.run_id, stage=stage.index, stage_label=stage.label, arm=stage.arm,
+                    rate_or_batch=stage.rate_or_batch, t0_wall=t0 + self.clock.offset(node), t0_master=t0,
+                    max_in_flight=s.max_in_flight if arm_of(stage.arm).open_loop else 0,
+                    items=[OrderItem(a.item.id, a.item.prompt_tokens, a.item.max_tokens, a.offset_s, a.batch)
+                           for a in mine],
+                    config=self._order_config(),
+                ).to_dict()  # fmt: skip
                 orders[node] = order
                 self.runner.send_message(ORDER_MESSAGE, order, client_id=None if node == "local" else node)
             last = max((a.offset_s for a in group), default=0.0)
@@ -479,7 +482,7 @@ class RunSession:
                 "preemptions_after_t": None if after is None else after.t,
                 "preemptions_source": "direct_scrape" if delta is not None else None,
                 "preemption_counter_reset": bool(delta is not None and delta < 0),
-                "metrics_url": s.metrics_url, "target_rate": stage.rate_or_batch if stage.arm == "continuous" else None,
+                "metrics_url": s.metrics_url, "target_rate": stage.rate_or_batch if arm_of(stage.arm).open_loop else None,
             }
         )  # fmt: skip
         summary.update(self._accounting(stage, records))
@@ -495,7 +498,7 @@ class RunSession:
             summary["preemptions_delta"] = None
             log.warning("tailgate: %s: preemption counter fell %s -> %s (server restarted?)", stage.label, pre, post)
         self.summaries[stage.index] = summary
-        write_json(self.folder / f"summary-{stage.label}.json", summary)
+        write_json(self.folder / summary_file(stage.label), StageSummary.from_dict(summary).to_dict())
         return summary
 
     def _accounting(self, stage: Stage, records: list[dict[str, Any]]) -> dict[str, int]:
@@ -542,7 +545,7 @@ class RunSession:
             log.info("tailgate: Prometheus at %s is up: no direct /metrics sampling", s.prometheus_url)
             return None
         cmd = [sys.executable, "-m", "tailgate.load.metrics", "--url", s.metrics_url,
-               "--out", str(self.folder / "server-metrics.jsonl"), "--interval", str(s.sample_metrics)]  # fmt: skip
+               "--out", str(self.folder / SERVER_METRICS), "--interval", str(s.sample_metrics)]  # fmt: skip
         return subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             preexec_fn=_ordinary_priority,
@@ -574,7 +577,7 @@ class RunSession:
 
     @property
     def report_html(self) -> Path:
-        return self.folder / "report" / "report.html"
+        return report_html(self.folder)
 
     def report_state(self) -> str:
         """``none`` (not asked for), ``building``, ``ready`` or ``failed``."""

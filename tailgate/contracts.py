@@ -167,7 +167,10 @@ class Contract:
                 known[key] = value
             else:
                 extra[key] = value
-        return replace(self, **known, extra=extra)
+        order = self.key_order
+        if order:  # a key written after the file was read goes after the others, as dict.update puts it
+            order = order + tuple(k for k in changes if k not in order)
+        return replace(self, **known, extra=extra, key_order=order)
 
     @classmethod
     def read(cls: type[C], path: str | Path) -> C:
@@ -260,20 +263,23 @@ class Order(Contract):
     def from_dict(cls, data: Any, *, source: str = "") -> Order:
         order = super().from_dict(data, source=source)
         where = f"{source}: " if source else ""
+        # checked field by field without the generic machinery: a stage's order can hold thousands of items,
+        # and it is read between the master's send and the stage's start
         items: list[OrderItem] = []
-        hints = typing.get_type_hints(OrderItem)
         for i, raw in enumerate(order.items):
-            if not isinstance(raw, (list, tuple)) or len(raw) != len(OrderItem._fields):
-                raise ContractError(
-                    f"{where}order item {i} should be [{', '.join(OrderItem._fields)}], got {_show(raw)}"
-                )
-            item = OrderItem(*raw)
-            for name, value in zip(OrderItem._fields, item, strict=True):
-                if not _matches(value, hints[name]):
-                    raise ContractError(
-                        f"{where}order item {i} {name} should be {_type_name(hints[name])}, got {_show(value)}"
-                    )
-            items.append(item)
+            if (
+                isinstance(raw, (list, tuple))
+                and len(raw) == 5
+                and type(raw[0]) is int
+                and type(raw[1]) is int
+                and type(raw[2]) is int
+                and type(raw[3]) in (float, int)
+                and (raw[4] is None or type(raw[4]) is int)
+            ):
+                items.append(OrderItem(*raw))
+                continue
+            expected = "[trace_id int, prompt_tokens int, max_tokens int, offset_s float, batch int or null]"
+            raise ContractError(f"{where}order item {i} should be {expected}, got {_show(raw)}")
         OrderConfig.from_dict(order.config, source=f"{source or 'order'} config")
         return replace(order, items=items)
 

@@ -40,9 +40,13 @@ from typing import Any
 import numpy as np
 
 from tailgate import locustfiles
+from tailgate.contracts import SloMeta, StageSummary
+from tailgate.jsonl import Follower
 from tailgate.load.plan import rate_label
-from tailgate.records import read_records, record_files
-from tailgate.stats import measured_records, percentile
+from tailgate.records import read_records
+from tailgate.resultfiles import RECORDS_GLOB, SERVER_METRICS, SUMMARY_GLOB
+from tailgate.resultfiles import SLO_META as SLO_FILE
+from tailgate.stats import measured_records, percentile, tail
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -50,7 +54,6 @@ EXIT_USAGE = 2
 EXIT_NOT_MET = 3
 """The search finished and no configuration met the SLO at any probed rate."""
 
-SLO_FILE = "slo.json"
 PROBE_MARK = "slo-probe.json"
 
 Log = Callable[[str], None]
@@ -422,9 +425,7 @@ def p99s(measured: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     """TTFT, worst-gap and total p99 from the intended send, whatever the SLO limits: the table shows all three."""
     out: dict[str, float | None] = {}
     for metric, fld in METRIC_FIELDS.items():
-        vals = [float(r[fld]) for r in measured if isinstance(r.get(fld), (int, float)) and math.isfinite(r[fld])]
-        v = percentile(vals, 99)
-        out[metric] = None if v is None else round(v, 1)
+        out[metric] = tail(measured, fld, 99)
     return out
 
 
@@ -603,35 +604,22 @@ class _Watch:
 
     def __init__(self, out: Path) -> None:
         self.out = out
-        self.offsets: dict[Path, int] = {}
+        self._metrics = Follower(out, SERVER_METRICS)
+        self._records = Follower(out, RECORDS_GLOB)
         self.errors = 0
         self.waiting: float | None = None
         self.waiting_max = 0.0
 
-    def _new_lines(self, path: Path) -> list[bytes]:
-        try:
-            with open(path, "rb") as f:
-                f.seek(self.offsets.get(path, 0))
-                data = f.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1
-        self.offsets[path] = self.offsets.get(path, 0) + end
-        return data[:end].splitlines()
-
     def poll(self) -> None:
-        for line in self._new_lines(self.out / "server-metrics.jsonl"):
-            try:
-                w = json.loads(line).get("waiting")
-            except ValueError:
-                continue
+        samples, _ = self._metrics.new_objects()
+        for sample in samples:
+            w = sample.get("waiting")
             if isinstance(w, (int, float)):
                 self.waiting = float(w)
                 self.waiting_max = max(self.waiting_max, float(w))
-        for path in record_files(self.out):
-            for line in self._new_lines(path):
-                if b'"error_class"' in line and not _NULL_CLASS.search(line):
-                    self.errors += 1
+        for line in self._records.new_lines():  # a byte search, not a parse: probes can be large
+            if b'"error_class"' in line and not _NULL_CLASS.search(line):
+                self.errors += 1
 
 
 class SloRunner:
@@ -773,8 +761,8 @@ class SloRunner:
         reader.join(timeout=5)
         self._child = None
         watch.poll()
-        summaries = sorted(out.glob("summary-*.json"))
-        summary = json.loads(summaries[0].read_text()) if summaries else None
+        summaries = sorted(out.glob(SUMMARY_GLOB))
+        summary = StageSummary.read(summaries[0]) if summaries else None
         if stopped is None and (code not in (0, 1) or summary is None):
             detail = "\n".join(tail[-15:])
             raise SloRunError(f"probe {out.name} failed (locust exit {code}); last output:\n{detail}")
@@ -789,9 +777,9 @@ class SloRunner:
         """What a verdict needs from one attempt's folder."""
         scan = read_records(out)
         recs = [r for r in scan.records if r.get("error_class") != "cancelled" or not mark.get("stopped_early")]
-        summaries = sorted(out.glob("summary-*.json"))
-        summary = json.loads(summaries[0].read_text()) if summaries else {}
-        dropped = int(summary.get("dropped_arrivals") or 0)
+        summaries = sorted(out.glob(SUMMARY_GLOB))
+        summary = StageSummary.read(summaries[0]) if summaries else StageSummary()
+        dropped = int(summary.dropped_arrivals or 0)
         errors = sum(1 for r in scan.records if r.get("error_class") is not None) + dropped
         return {
             "measured": measured_records(recs, self.plan.warmup),
@@ -893,10 +881,8 @@ class SloRunner:
 
     def run(self) -> list[dict[str, Any]]:
         self.root.mkdir(parents=True, exist_ok=True)
-        try:
-            self.state = json.loads((self.root / SLO_FILE).read_text())
-        except (OSError, ValueError):
-            self.state = {"created": _iso(time.time())}
+        found = SloMeta.read_or_none(self.root / SLO_FILE)
+        self.state = found.to_dict() if found is not None else {"created": _iso(time.time())}
         self.state.update({"started": _iso(time.time()), "plan": self.plan.describe(), **self.extra})
         # configurations searched by earlier invocations (one per device call) stay in the file
         self.state.setdefault("configs", [])

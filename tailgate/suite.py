@@ -11,7 +11,6 @@ Standard library only: Locust runs as a child process, exactly as a user would s
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -25,11 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import tailgate
-from tailgate import locustfiles
+from tailgate import arms, locustfiles
+from tailgate.arms import CONTINUOUS, GATED, cell_folder, stage_label
+from tailgate.contracts import RunMeta, StageSummary, SuiteMeta
 from tailgate.lifecycle import deferred, stop_process_tree
-from tailgate.load.plan import rate_label
 from tailgate.load.processes import auto_processes, master_port_args
 from tailgate.load.workload import SEED_MIX
+from tailgate.optiontable import DEFAULTS
+from tailgate.resultfiles import RUN_META, SUITE_META, summary_file
 from tailgate.servers import CHUNKED_OFF_FLAG
 from tailgate.servers.base import redact_argv
 
@@ -57,10 +59,10 @@ def cell_processes(cell: Cell, processes: int) -> int:
     chunk rate (arrivals per second x chunks per arrival; a gated batch streams all at once)."""
     if processes > 0:
         return processes
-    if cell.arm == "gated":
-        chunks = cell.value * GATED_STREAM_CHUNKS_PER_S
-    else:
+    if arms.arm(cell.arm).open_loop:
         chunks = cell.value * mean_output_tokens()
+    else:
+        chunks = cell.value * GATED_STREAM_CHUNKS_PER_S
     return auto_processes(chunks)
 
 
@@ -73,28 +75,26 @@ class Cell:
 
     @property
     def name(self) -> str:
-        if self.arm == "gated":
-            return f"{self.config}_gated_b{int(self.value)}"
-        return f"{self.config}_cont_r{rate_label(self.value)}"
+        return cell_folder(self.config, self.arm, self.value)
 
     @property
     def stage_label(self) -> str:
-        return f"gated_b{int(self.value)}" if self.arm == "gated" else f"cont_r{rate_label(self.value)}"
+        return stage_label(self.arm, self.value)
 
 
 @dataclass
 class SuitePlan:
-    rates: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0)
+    rates: tuple[float, ...] = DEFAULTS["rates"]
     until_knee: bool = False
     knee_factor: float = 2.0
     max_rate: float = 320.0
-    batch_size: int = 16
+    batch_size: int = DEFAULTS["batch_size"]
     gated: bool = True
-    nochunk_rates: tuple[float, ...] = (5.0, 10.0)
-    preempt_rate: float | None = 10.0
-    n: int = 500
-    warmup: int = 25
-    seed: int = 7
+    nochunk_rates: tuple[float, ...] = DEFAULTS["nochunk_rates"]
+    preempt_rate: float | None = DEFAULTS["preempt_rate"]
+    n: int = DEFAULTS["n"]
+    warmup: int = DEFAULTS["warmup"]
+    seed: int = DEFAULTS["seed"]
     ignore_eos: bool = False
     processes: int = 1
     """Load processes per cell; 0 = auto (:func:`cell_processes`)."""
@@ -111,31 +111,23 @@ class SuitePlan:
     """Load processes at SCHED_FIFO where allowed: set when the server shares this machine's cores."""
 
     def fixed_cells(self) -> list[Cell]:
-        cells = [Cell("chunked", "continuous", r) for r in self.rates]
+        cells = [Cell("chunked", CONTINUOUS.name, r) for r in self.rates]
         if self.gated:
-            cells.append(Cell("chunked", "gated", float(self.batch_size)))
-        cells += [Cell("nochunk", "continuous", r) for r in self.nochunk_rates]
+            cells.append(Cell("chunked", GATED.name, float(self.batch_size)))
+        cells += [Cell("nochunk", CONTINUOUS.name, r) for r in self.nochunk_rates]
         if self.preempt_rate:
-            cells.append(Cell("preempt", "continuous", self.preempt_rate))
+            cells.append(Cell("preempt", CONTINUOUS.name, self.preempt_rate))
         return [c for c in cells if c.config in self.configs]
 
 
 def cell_done(root: Path, cell: Cell) -> bool:
-    meta = root / cell.name / "run.json"
-    try:
-        return (
-            json.loads(meta.read_text()).get("status") == "completed"
-            and (root / cell.name / f"summary-{cell.stage_label}.json").exists()
-        )
-    except (OSError, ValueError):
-        return False
+    meta = RunMeta.read_or_none(root / cell.name / RUN_META)
+    return meta is not None and meta.completed and (root / cell.name / summary_file(cell.stage_label)).exists()
 
 
 def load_summary(root: Path, cell: Cell) -> dict[str, Any] | None:
-    try:
-        return json.loads((root / cell.name / f"summary-{cell.stage_label}.json").read_text())
-    except (OSError, ValueError):
-        return None
+    summary = StageSummary.read_or_none(root / cell.name / summary_file(cell.stage_label))
+    return None if summary is None else summary.to_dict()
 
 
 def kneed(previous: dict[str, Any] | None, current: dict[str, Any], factor: float) -> str | None:
@@ -180,18 +172,12 @@ class Suite:
 
     # -- metadata ---------------------------------------------------------------------------
     def _meta_path(self) -> Path:
-        return self.root / "suite.json"
+        return self.root / SUITE_META
 
     def _write_meta(self, **updates: Any) -> None:
         path = self._meta_path()
-        try:
-            meta = json.loads(path.read_text())
-        except (OSError, ValueError):
-            meta = {"created": _iso(time.time()), "servers": {}}
-        meta.update(updates)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta, indent=1) + "\n")
-        tmp.replace(path)
+        meta = SuiteMeta.read_or_none(path) or SuiteMeta.from_dict({"created": _iso(time.time()), "servers": {}})
+        meta.with_(**updates).write(path)
 
     # -- running ----------------------------------------------------------------------------
     def _ensure_server(self, config: str) -> None:
@@ -222,23 +208,21 @@ class Suite:
         self.log(f"[suite] server healthy after {time.monotonic() - t0:.0f} s")
         self._config_running = config
         describe = self.controller.describe()
-        meta = json.loads(self._meta_path().read_text()) if self._meta_path().exists() else {}
-        servers = meta.get("servers", {})
+        meta = SuiteMeta.read_or_none(self._meta_path())
+        servers = dict(meta.servers) if meta is not None else {}
         servers[config] = {"flags": flags, **entry, **describe}
         self._write_meta(servers=servers)
 
     def _locust_command(self, cell: Cell, out: Path) -> list[str]:
         p = self.plan
-        locustfile = Path(locustfiles.__file__).with_name("gated.py" if cell.arm == "gated" else "continuous.py")
+        arm = arms.arm(cell.arm)
+        locustfile = Path(locustfiles.__file__).with_name(arm.locustfile)
         cmd = [
             sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--only-summary",
             "--host", self.controller.base_url, "--results-dir", str(out), "--config-label", cell.config,
             "--n", str(p.n), "--warmup", str(p.warmup), "--seed", str(p.seed),
         ]  # fmt: skip
-        if cell.arm == "gated":
-            cmd += ["--batch-size", str(int(cell.value))]
-        else:
-            cmd += ["--rates", f"{cell.value:g}"]
+        cmd += arm.value_args(cell.value)
         if p.ignore_eos:
             cmd.append("--ignore-eos")
         if self.prometheus_url:
@@ -285,7 +269,7 @@ class Suite:
         # Locust exits 1 when any request failed; failed requests are data (error records), so the
         # cell counts as done whenever the run completed and wrote its summary
         if code not in (0, 1) or summary is None or not cell_done(self.root, cell):
-            mark_run_ended(out / "run.json", f"locust exit {code}", status="failed")
+            mark_run_ended(out / RUN_META, f"locust exit {code}", status="failed")
             detail = "\n".join(tail[-15:])
             raise SuiteError(f"cell {cell.name} failed (locust exit {code}); last output:\n{detail}")
         self.log(f"[suite] {cell.name} done in {time.monotonic() - t0:.0f} s")
@@ -305,7 +289,7 @@ class Suite:
         index = 0
         # the chunked ramp first, deciding as it goes whether to extend it
         previous: dict[str, Any] | None = None
-        ramp = [c for c in cells if c.config == "chunked" and c.arm == "continuous"]
+        ramp = [c for c in cells if c.config == "chunked" and c.arm == CONTINUOUS.name]
         rate = ramp[-1].value if ramp else 0.0
         while ramp:
             cell = ramp.pop(0)
@@ -325,10 +309,10 @@ class Suite:
                 break
             if not ramp and p.until_knee and rate * 2 <= p.max_rate:
                 rate *= 2
-                ramp.append(Cell("chunked", "continuous", rate))
+                ramp.append(Cell("chunked", CONTINUOUS.name, rate))
                 total += 1
         for cell in cells:
-            if cell.config == "chunked" and cell.arm == "continuous":
+            if cell.config == "chunked" and cell.arm == CONTINUOUS.name:
                 continue
             index += 1
             if cell_done(self.root, cell):
@@ -336,10 +320,8 @@ class Suite:
             else:
                 self.run_cell(cell, index, total)
             done_cells.append(cell)
-        try:
-            earlier = json.loads(self._meta_path().read_text()).get("cells", [])
-        except (OSError, ValueError):
-            earlier = []
+        meta = SuiteMeta.read_or_none(self._meta_path())
+        earlier = list(meta.cells or []) if meta is not None else []
         names = [*earlier, *(c.name for c in done_cells if c.name not in earlier)]
         self._write_meta(cells=names, knee=self.knee)
         return done_cells
@@ -365,7 +347,7 @@ class Suite:
         self._child = None
         cell_dir = self._current_cell
         if cell_dir is not None:
-            mark_run_ended(cell_dir / "run.json", why)
+            mark_run_ended(cell_dir / RUN_META, why)
 
     def finish(self, status: str, exit_code: int, detail: str | None = None) -> None:
         """Record in suite.json how the suite ended (completed, interrupted, failed) and its exit code."""
@@ -392,16 +374,10 @@ def _drain(stream: Any) -> None:
 
 def mark_run_ended(path: Path, why: str, status: str = "interrupted") -> None:
     """Rewrite a run.json left at ``running`` (its Locust was stopped before it could) to ``status``."""
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError):
+    meta = RunMeta.read_or_none(path)
+    if meta is None or meta.status != "running":
         return
-    if meta.get("status") != "running":
-        return
-    meta.update({"status": status, "ended": meta.get("ended") or _iso(time.time()), "ended_by": why})
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    tmp.replace(path)
+    meta.with_(status=status, ended=meta.ended or _iso(time.time()), ended_by=why).write(path)
 
 
 class SuiteError(RuntimeError):

@@ -8,13 +8,13 @@ entry points can print one line and exit 2.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tailgate import arms
+from tailgate.contracts import RunMeta
 from tailgate.load.client import Target, TargetError, Timeouts, chunk_stamp_mode
 from tailgate.load.plan import Stage
 from tailgate.load.workload import PROMPT_WORD, TraceError, TraceItem, load_jsonl, make_trace
@@ -208,11 +208,8 @@ def _refuse_used_folder(results: Path) -> None:
     meta = results / RUN_META
     if not meta.exists():
         return
-    try:
-        found = json.loads(meta.read_text(encoding="utf-8"))
-        what = f"run {found.get('run_id')} ({found.get('status')})"
-    except (OSError, ValueError, AttributeError):
-        what = "a run"
+    found = RunMeta.read_or_none(meta)
+    what = "a run" if found is None else f"run {found.run_id} ({found.status})"
     raise OptionError(f"--results-dir: {results} already holds {what}; choose a new folder for this run")
 
 
