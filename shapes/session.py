@@ -482,7 +482,8 @@ class RunSession:
                 "preemptions_after_t": None if after is None else after.t,
                 "preemptions_source": "direct_scrape" if delta is not None else None,
                 "preemption_counter_reset": bool(delta is not None and delta < 0),
-                "metrics_url": s.metrics_url, "target_rate": stage.rate_or_batch if arm_of(stage.arm).open_loop else None,
+                "metrics_url": s.metrics_url,
+                "target_rate": stage.rate_or_batch if arm_of(stage.arm).open_loop else None,
             }
         )  # fmt: skip
         summary.update(self._accounting(stage, records))
