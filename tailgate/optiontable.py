@@ -86,11 +86,12 @@ def parse_rates(text: str, option: str = "--rates", *, allow_none: bool = False)
     return tuple(rates)
 
 
-def check_counts(n: int, warmup: int, *, what: str = "measured requests") -> None:
-    """The measured count and the warm-up: at least one measured request, and no fewer than the warm-up."""
+def check_counts(n: int, warmup: int, *, what: str = "measured requests", ordered: bool = True) -> None:
+    """The measured count and the warm-up: at least one measured request, and (``ordered``) no fewer than the
+    warm-up, so a percentile is never taken over fewer requests than were thrown away."""
     if warmup < 0:
         raise OptionError(f"--warmup: must be 0 or more, got {warmup}")
     if n < 1:
         raise OptionError(f"--n: must be at least 1 {what[:-1] if what.endswith('s') else what}, got {n}")
-    if n < warmup:
+    if ordered and n < warmup:
         raise OptionError(f"--n: {n} {what} is fewer than the {warmup} warm-up requests")

@@ -43,6 +43,7 @@ from tailgate import locustfiles
 from tailgate.contracts import SloMeta, StageSummary
 from tailgate.jsonl import Follower
 from tailgate.load.plan import rate_label
+from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate
 from tailgate.records import read_records
 from tailgate.resultfiles import RECORDS_GLOB, SERVER_METRICS, SUMMARY_GLOB
 from tailgate.resultfiles import SLO_META as SLO_FILE
@@ -942,7 +943,7 @@ def _iso(t: float) -> str:
 #: Eager mode on the CPU server: it starts in ~40 s instead of minutes of torch.compile on 2 cores.
 EMBEDDED_BASE_FLAGS = ("--enforce-eager",)
 EMBEDDED = {"start_rate": 1.0, "max_rate": 8.0, "n": 20, "warmup": 3, "max_waiting": 64}
-GPU = {"start_rate": 5.0, "max_rate": 64.0, "n": 200, "warmup": 25, "max_waiting": 400}
+GPU = {"start_rate": 5.0, "max_rate": 64.0, "n": 200, "warmup": DEFAULTS["warmup"], "max_waiting": 400}
 
 
 def add_slo_arguments(p: argparse.ArgumentParser) -> None:
@@ -974,8 +975,8 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", type=float, default=0.95, help="level of the bootstrap / Wilson intervals")
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples per percentile")
     p.add_argument("--n", type=int, default=None, help="measured requests per probe (default 200)")
-    p.add_argument("--warmup", type=int, default=None, help="warm-up requests per probe (default 25)")
-    p.add_argument("--seed", type=int, default=7, help="trace seed; a re-run uses seed + 100")
+    p.add_argument("--warmup", type=int, default=None, help=f"warm-up requests per probe (default {GPU['warmup']})")
+    p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="trace seed; a re-run uses seed + 100")
     p.add_argument("--trace-file", default="", help="JSONL of {prompt_tokens, max_tokens} instead of the seeded mix")
     p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")
     p.add_argument("--processes", type=int, default=1, help="load-generator processes per probe")
@@ -1002,20 +1003,20 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
     n = args.n if args.n is not None else scaled["n"]
     warmup = args.warmup if args.warmup is not None else scaled["warmup"]
     max_waiting = args.max_waiting if args.max_waiting is not None else scaled["max_waiting"]
-    for option, value in (("--start-rate", start), ("--max-rate", max_rate)):
-        if not (math.isfinite(value) and value > 0):
-            raise SloError(f"{option}: must be a rate above 0, got {value:g}")
+    try:
+        for option, value in (("--start-rate", start), ("--max-rate", max_rate)):
+            check_rate(value, option)
+    except OptionError as e:
+        raise SloError(str(e)) from None
     if max_rate < start:
         raise SloError(f"--max-rate: {max_rate:g} is below --start-rate {start:g}")
     min_rate = args.min_rate if args.min_rate is not None else start / 8
     if not (math.isfinite(min_rate) and 0 < min_rate <= start):
         raise SloError(f"--min-rate: must be above 0 and at most --start-rate, got {min_rate:g}")
-    if n < 1:
-        raise SloError(f"--n: must be at least 1, got {n}")
-    if warmup < 0:
-        raise SloError(f"--warmup: must be 0 or more, got {warmup}")
-    if not args.trace_file and n < warmup:
-        raise SloError(f"--n: {n} measured requests is fewer than the {warmup} warm-up requests")
+    try:
+        check_counts(n, warmup, ordered=not args.trace_file)
+    except OptionError as e:
+        raise SloError(str(e)) from None
     if args.max_probes < 1:
         raise SloError(f"--max-probes: must be at least 1, got {args.max_probes}")
     if args.reruns < 0:
