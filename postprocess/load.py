@@ -9,7 +9,6 @@ generator leaves behind: a trailing partial JSONL line, a missing ``server-metri
 from __future__ import annotations
 
 import json
-import math
 import multiprocessing as mp
 import os
 import threading
@@ -24,6 +23,7 @@ import orjson
 import pandas as pd
 from pandas.api.types import union_categoricals
 
+from tailgate.arms import OPEN_LOOP, cell_name, value_text
 from tailgate.contracts import C, ContractError, RunMeta, StageSummary
 from tailgate.jsonl import parse_lines
 from tailgate.records import RECORD_FIELDS, record_files
@@ -146,25 +146,8 @@ def _as_runs(source: str | Path | Sequence[RunDir]) -> list[RunDir]:
 # summaries
 
 
-def rate_text(value: float) -> str:
-    """``5.0`` → ``5``, ``2.5`` → ``2.5``: how the seed names its cells."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "?"
-    v = float(value)
-    return str(int(v)) if v.is_integer() else f"{v:g}"
-
-
-def cell_name(config: str, arm: str, rate_or_batch: float) -> str:
-    """The seed's reference names: ``cont_r5``, ``gated_b16``, ``nochunk_r10``, ``preempt_r10``.
-
-    The engine default (chunked prefill on) carries no prefix for the continuous arm, as in the
-    seed; any other configuration prefixes its label.
-    """
-    if arm == "gated":
-        base = f"gated_b{rate_text(rate_or_batch)}"
-        return base if config == "chunked" else f"{config}_{base}"
-    base = f"r{rate_text(rate_or_batch)}"
-    return f"cont_{base}" if config == "chunked" else f"{config}_{base}"
+rate_text = value_text
+"""``5.0`` → ``5``, ``2.5`` → ``2.5``: how the seed names its cells (one rule, in ``tailgate.arms``)."""
 
 
 def _config_of(summary: Mapping[str, Any], run: RunDir) -> str:
@@ -242,7 +225,7 @@ def order_cells(df: pd.DataFrame) -> pd.DataFrame:
         {
             "c": df["config"].map(lambda c: rank.get(c, len(rank))),
             "cname": df["config"],
-            "a": (df["arm"] != "continuous").astype(int),
+            "a": (~df["arm"].isin(OPEN_LOOP)).astype(int),
             "r": df["rate_or_batch"],
             "w": df.get("window_start_s", 0.0),
         }

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tailgate.arms import OPEN_LOOP
 from tailgate.postprocess import charts
 from tailgate.postprocess.accounting import COLUMNS as ACCOUNTING
 from tailgate.postprocess.accounting import account
@@ -154,7 +155,7 @@ def _data_notes(
 def _chart3_cells(table: pd.DataFrame, rate: float | None) -> list[tuple[str, pd.Series]]:
     """The default-config cell at the decision rate, and the preemption cell when there is one."""
     plain = table.loc[~table["cell"].astype(str).str.contains("~")]
-    cont = plain.loc[plain["arm"] == "continuous"]
+    cont = plain.loc[plain["arm"].isin(OPEN_LOOP)]
 
     def nearest(d: pd.DataFrame) -> pd.Series | None:
         if d.empty:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tailgate.arms import OPEN_LOOP
 from tailgate.resultfiles import TABLE_CSV, TABLE_MD
 
 TABLE_COLUMNS: tuple[str, ...] = (
@@ -183,7 +184,7 @@ def write_table(table: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
 
 
 def _continuous_rates(table: pd.DataFrame, config: str | None = None) -> set[float]:
-    d = table.loc[table["arm"] == "continuous"]
+    d = table.loc[table["arm"].isin(OPEN_LOOP)]
     if config is not None:
         d = d.loc[d["config"] == config]
     return {float(r) for r in d["rate_or_batch"].dropna()}

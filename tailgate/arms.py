@@ -21,8 +21,11 @@ from tailgate.load.workload import TraceItem
 from tailgate.optiontable import OptionError
 
 
-def value_text(value: float) -> str:
-    """A rate or batch size as the seed's table writes it: ``5.0`` -> ``5``, ``2.5`` -> ``2.5``."""
+def value_text(value: float | None) -> str:
+    """A rate or batch size as the seed's table writes it: ``5.0`` -> ``5``, ``2.5`` -> ``2.5``; ``?`` when
+    a damaged summary lacks it."""
+    if value is None or value != value:  # NaN from a frame column
+        return "?"
     v = float(value)
     return str(int(v)) if v.is_integer() else f"{v:g}"
 

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from tailgate import locustfiles
+from tailgate.arms import CONTINUOUS
 from tailgate.contracts import SloMeta, StageSummary
 from tailgate.jsonl import Follower
 from tailgate.load.plan import rate_label
@@ -696,7 +697,7 @@ class SloRunner:
     def _command(self, config: ServerConfig, rate: float, seed: int, out: Path) -> list[str]:
         p = self.plan
         cmd = [
-            sys.executable, "-m", "locust", "-f", str(Path(locustfiles.__file__).with_name("continuous.py")),
+            sys.executable, "-m", "locust", "-f", str(Path(locustfiles.__file__).with_name(CONTINUOUS.locustfile)),
             "--headless", "--only-summary", "--host", self.controller.base_url, "--results-dir", str(out),
             "--config-label", config.name, "--n", str(p.n), "--warmup", str(p.warmup), "--seed", str(seed),
             "--rates", f"{rate:g}",

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from tailgate import locustfiles
+from tailgate.arms import CONTINUOUS
 from tailgate.load.processes import master_port_args
 from tailgate.records import read_records
 from tailgate.stats import percentile
@@ -62,7 +63,7 @@ SAMPLE_INTERVAL_S = 0.2
 """How often the CPU of the load processes is read; processes that exit keep their last reading."""
 
 _ROOT = Path(__file__).resolve().parents[2]
-LOCUSTFILE = Path(locustfiles.__file__).with_name("continuous.py")
+LOCUSTFILE = Path(locustfiles.__file__).with_name(CONTINUOUS.locustfile)
 _MS = 1e6
 
 
