@@ -419,8 +419,6 @@ class SuiteMeta(Contract):
     host: str | None = None
     cells: list[Any] | None = None
     knee: str | None = None
-    gpu: dict[str, Any] | None = None
-    model: str | None = None
 
 
 @dataclass(frozen=True)
