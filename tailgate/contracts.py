@@ -371,9 +371,8 @@ class RunMeta(Contract):
     """``run.json``: one run's identity, options, trace, server and how it ended (``status``)."""
 
     KIND: ClassVar[str] = "run metadata"
-    REQUIRED: ClassVar[tuple[str, ...]] = ("run_id",)
 
-    run_id: str = ""
+    run_id: str | None = None
     arm: str | None = None
     config: str | None = None
     host: str | None = None

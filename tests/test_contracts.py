@@ -135,7 +135,7 @@ def test_an_order_types_its_items_and_travels_as_lists() -> None:
         (StageSummary, {**_summary(), "ttft_p99": "slow"}, "stage summary key 'ttft_p99' should be float or null"),
         (StageSummary, {**_summary(), "n": True}, "stage summary key 'n' should be int"),
         (StageSummary, {k: v for k, v in _summary().items() if k != "errors"}, "stage summary lacks 'errors'"),
-        (RunMeta, {"run_id": 5}, "run metadata key 'run_id' should be str"),
+        (RunMeta, {"run_id": 5}, "run metadata key 'run_id' should be str or null"),
         (RunMeta, ["run_id"], "run metadata must be a JSON object, got list"),
         (SuiteMeta, {"servers": []}, "suite metadata key 'servers' should be dict"),
         (SloMeta, {"configs": {}}, "slo metadata key 'configs' should be list"),
