@@ -205,8 +205,10 @@ def _name_literals(path: Path) -> list[str]:
             for part in parts[:-1]:
                 if isinstance(part, ast.Constant) and str(part.value).endswith(_PREFIXES):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: f-string {part.value!r}...")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and (
-            node.value in _NAMES or _PATTERNED.match(node.value)
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and (node.value in _NAMES or _PATTERNED.match(node.value))
         ):
             found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
     return found
@@ -363,7 +365,7 @@ def test_one_reader_counts_damaged_lines_and_follows_only_complete_ones(tmp_path
     path.write_bytes(b'{"a": 1}\n{"b": ')
     assert follow.new_objects() == ([{"a": 1}], 0)
     with open(path, "ab") as f:
-        f.write(b'2}\nxx\n')
+        f.write(b"2}\nxx\n")
     assert follow.new_objects() == ([{"b": 2}], 1)
     assert follow.new_objects() == ([], 0)
 
