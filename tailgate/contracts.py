@@ -158,12 +158,16 @@ class Contract:
         return self.extra.get(key, default)
 
     def with_(self: C, **changes: Any) -> C:
-        """A copy with some keys changed; keys not declared go to ``extra``."""
+        """A copy with some keys changed (checked as a read checks them); keys not declared go to ``extra``."""
         declared = self.declared()
         extra = dict(self.extra)
         known = {}
         for key, value in changes.items():
             if key in declared:
+                if not _matches(value, declared[key]):
+                    raise ContractError(
+                        f"{self.KIND} key {key!r} should be {_type_name(declared[key])}, got {_show(value)}"
+                    )
                 known[key] = value
             else:
                 extra[key] = value

@@ -117,6 +117,8 @@ def test_unknown_keys_survive_and_absent_known_keys_stay_absent(tmp_path: Path) 
         "run_id": "x", "from_a_newer_branch": {"k": [1, 2]}, "status": "completed", "ended_by": "test", "ended": None,
     }  # fmt: skip
     assert list(json.loads(path.read_text())) == ["run_id", "from_a_newer_branch", "status", "ended_by", "ended"]
+    with pytest.raises(ContractError, match="run metadata key 'status' should be str or null, got 3"):
+        meta.with_(status=3)
 
 
 def test_an_order_types_its_items_and_travels_as_lists() -> None:
