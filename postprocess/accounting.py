@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from tailgate.arms import is_open_loop
 from tailgate.postprocess.load import RunDir
 from tailgate.records import read_sent
 
@@ -35,7 +36,7 @@ def _planned(row: pd.Series, run: RunDir | None) -> float:
         return float(value)
     trace = run.meta.get("trace") if run is not None and isinstance(run.meta.get("trace"), dict) else {}
     n, warmup = trace.get("n"), trace.get("warmup")
-    if isinstance(n, int) and isinstance(warmup, int) and str(row.get("arm")) == "continuous":
+    if isinstance(n, int) and isinstance(warmup, int) and is_open_loop(str(row.get("arm"))):
         return float(n + warmup)
     return np.nan
 

@@ -20,6 +20,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
+from tailgate.arms import GATED, OPEN_LOOP, is_open_loop
 from tailgate.postprocess.load import rate_text
 from tailgate.postprocess.prompts import long_prompt_threshold
 
@@ -103,7 +104,7 @@ def chart1(table: pd.DataFrame, out_dir: str | Path, name: str = "chart1") -> li
     and the table show it. Left is "time to start talking", right is "stutter while talking".
     """
     cont = _plain(table)
-    cont = cont.loc[(cont["arm"] == "continuous") & (cont["config"] != "preempt")]
+    cont = cont.loc[cont["arm"].isin(OPEN_LOOP) & (cont["config"] != "preempt")]
     fig = Figure(figsize=(11, 4.8), layout="constrained")
     axes = fig.subplots(1, 2)
     configs = list(dict.fromkeys(cont["config"]))
@@ -173,7 +174,7 @@ def chart1(table: pd.DataFrame, out_dir: str | Path, name: str = "chart1") -> li
 def chart2_cells(table: pd.DataFrame, decision_rate: float) -> list[tuple[str, pd.Series | None]]:
     """The three contenders: continuous default, continuous chunked-off, gated (B=16 if present)."""
     plain = _plain(table)
-    cont = plain["arm"] == "continuous"
+    cont = plain["arm"].isin(OPEN_LOOP)
     at_rate = np.isclose(plain["rate_or_batch"].astype(float), float(decision_rate))
     rate = rate_text(decision_rate)
 
@@ -185,7 +186,7 @@ def chart2_cells(table: pd.DataFrame, decision_rate: float) -> list[tuple[str, p
         (f"continuous, chunked on\n{rate} req/s", pick(cont & at_rate & (plain["config"] == "chunked"))),
         (f"continuous, chunked off\n{rate} req/s", pick(cont & at_rate & (plain["config"] == "nochunk"))),
     ]
-    gated = plain.loc[plain["arm"] == "gated"]
+    gated = plain.loc[plain["arm"] == GATED.name]
     if len(gated):
         pref = gated.loc[gated["config"] == "chunked"] if (gated["config"] == "chunked").any() else gated
         b16 = pref.loc[np.isclose(pref["rate_or_batch"].astype(float), 16.0)]
@@ -464,7 +465,7 @@ def chart3(
     ax.legend(handles=handles, loc="upper right", fontsize=8, ncol=2, framealpha=0.9)
     ax.grid(True, alpha=0.3)
     value = rate_text(stage["rate_or_batch"])
-    load = f"{value} req/s" if stage["arm"] == "continuous" else f"gated, B={value}"
+    load = f"{value} req/s" if is_open_loop(stage["arm"]) else f"{stage['arm']}, B={value}"
     warm = stage.get("warmup")
     warm_text = f", incl. {int(warm)} warm-up" if warm is not None and pd.notna(warm) else ""
     what = f"{config_label(str(stage.get('config', '')))}, {load}"

@@ -20,6 +20,7 @@ from tailgate.postprocess.load import rate_text
 from tailgate.postprocess.prompts import long_prompt_threshold
 from tailgate.postprocess.summarize import measured_mask, stage_warmups
 from tailgate.postprocess.table import choose_decision_rate, summary_table
+from tailgate.resultfiles import RUN_META
 
 QUESTIONS: tuple[str, ...] = (
     "Did TTFT explode while the gaps stayed flat? (admission: gated, or overloaded before the first token)",
@@ -610,9 +611,9 @@ def _q5_mix(
         trace = meta.get("trace") if isinstance(meta, Mapping) else None
         mix = trace.get("mix") if isinstance(trace, Mapping) else None
         if isinstance(mix, Mapping) and mix:
-            ev["runs"][name] = {"mix": dict(mix), "from": "run.json", "seed": trace.get("seed")}
+            ev["runs"][name] = {"mix": dict(mix), "from": RUN_META, "seed": trace.get("seed")}
             mixes.append({str(k): int(v) for k, v in mix.items()})
-    source = "run.json"
+    source = RUN_META
     if not mixes and not cells.measured.empty:
         counts = cells.measured.groupby(["prompt_tokens_planned", "max_tokens"]).size()
         mix = {f"{int(p)}→{int(o)}": int(n) for (p, o), n in counts.items()}

@@ -9,7 +9,6 @@ generator leaves behind: a trailing partial JSONL line, a missing ``server-metri
 from __future__ import annotations
 
 import json
-import math
 import multiprocessing as mp
 import os
 import threading
@@ -24,11 +23,11 @@ import orjson
 import pandas as pd
 from pandas.api.types import union_categoricals
 
+from tailgate.arms import OPEN_LOOP, cell_name, value_text
+from tailgate.contracts import C, ContractError, RunMeta, StageSummary
+from tailgate.jsonl import parse_lines
 from tailgate.records import RECORD_FIELDS, WORKLOAD_DEFAULTS, record_files
-
-RUN_META = "run.json"
-SUMMARY_GLOB = "summary-*.json"
-SERVER_METRICS = "server-metrics.jsonl"
+from tailgate.resultfiles import RUN_META, SENT_GLOB, SERVER_METRICS, SUMMARY_GLOB
 
 #: Record fields left out of the analysis frame: never analysed here (per-chunk offsets, response
 #: ids, the generator's monotonic clock), and leaving them out keeps a million-record frame small.
@@ -100,6 +99,18 @@ def _read_json(path: Path) -> Any:
         raise ResultsError(f"{path} is not readable JSON: {e}") from None
 
 
+def _read_contract(kind: type[C], path: Path) -> C | None:
+    """A results file checked against its contract: None when absent, one :class:`ResultsError` line when
+    damaged or wrong-typed (the report names the file rather than failing on a key deep in pandas)."""
+    obj = _read_json(path)
+    if obj is None:
+        return None
+    try:
+        return kind.from_dict(obj, source=str(path))
+    except ContractError as e:
+        raise ResultsError(str(e)) from None
+
+
 def find_run_dirs(results_dir: str | Path) -> list[RunDir]:
     """The run dirs of a results folder, in name order, or a :class:`ResultsError` saying why none."""
     root = Path(results_dir)
@@ -122,8 +133,8 @@ def find_run_dirs(results_dir: str | Path) -> list[RunDir]:
         )
     runs = []
     for path, name in candidates:
-        meta = _read_json(path / RUN_META)
-        runs.append(RunDir(path, name, meta if isinstance(meta, dict) else {}))
+        meta = _read_contract(RunMeta, path / RUN_META)
+        runs.append(RunDir(path, name, meta.to_dict() if meta is not None else {}))
     return runs
 
 
@@ -137,25 +148,8 @@ def _as_runs(source: str | Path | Sequence[RunDir]) -> list[RunDir]:
 # summaries
 
 
-def rate_text(value: float) -> str:
-    """``5.0`` → ``5``, ``2.5`` → ``2.5``: how the seed names its cells."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "?"
-    v = float(value)
-    return str(int(v)) if v.is_integer() else f"{v:g}"
-
-
-def cell_name(config: str, arm: str, rate_or_batch: float) -> str:
-    """The seed's reference names: ``cont_r5``, ``gated_b16``, ``nochunk_r10``, ``preempt_r10``.
-
-    The engine default (chunked prefill on) carries no prefix for the continuous arm, as in the
-    seed; any other configuration prefixes its label.
-    """
-    if arm == "gated":
-        base = f"gated_b{rate_text(rate_or_batch)}"
-        return base if config == "chunked" else f"{config}_{base}"
-    base = f"r{rate_text(rate_or_batch)}"
-    return f"cont_{base}" if config == "chunked" else f"{config}_{base}"
+rate_text = value_text
+"""``5.0`` → ``5``, ``2.5`` → ``2.5``: how the seed names its cells (one rule, in ``tailgate.arms``)."""
 
 
 def _config_of(summary: Mapping[str, Any], run: RunDir) -> str:
@@ -175,10 +169,9 @@ def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
         paths = sorted(run.path.glob(SUMMARY_GLOB))
         got = []
         for p in paths:
-            obj = _read_json(p)
-            if not isinstance(obj, dict):
-                raise ResultsError(f"{p} does not hold a JSON object")
-            got.append(obj)
+            summary = _read_contract(StageSummary, p)
+            if summary is not None:
+                got.append(summary.to_dict())
         status = str(run.meta.get("status") or "")
         # every stage that ran was summarized (a stopped run's last one as partial)
         ended = status in ("completed", "stopped") or status.startswith("stopped after")
@@ -237,7 +230,7 @@ def order_cells(df: pd.DataFrame) -> pd.DataFrame:
         {
             "c": df["config"].map(lambda c: rank.get(c, len(rank))),
             "cname": df["config"],
-            "a": (df["arm"] != "continuous").astype(int),
+            "a": (~df["arm"].isin(OPEN_LOOP)).astype(int),
             "r": df["rate_or_batch"],
             "w": df.get("window_start_s", 0.0),
         }
@@ -261,39 +254,10 @@ PARALLEL_BYTES = 64 << 20
 MAX_WORKERS = 8
 
 
-def _json_object(raw: bytes) -> dict[str, Any] | None:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:  # also nesting deeper than the parser allows: no record either
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
 def _parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
-    """Every record line of ``data``, and the count of lines that are not a JSON object.
-
-    A clean file (the usual case) is parsed in one call as a JSON array of its lines; only a damaged
-    one is walked line by line to skip what does not parse.
-    """
-    body = data.rstrip(b"\n")
-    if not body:
-        return [], 0
-    try:
-        rows = orjson.loads(b"[" + body.replace(b"\n", b",") + b"]")
-    except orjson.JSONDecodeError:
-        rows = None
-    if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
-        return rows, 0
-    good, bad = [], 0
-    for raw in data.splitlines():
-        if not raw or raw.isspace():
-            continue
-        obj = _json_object(raw)
-        if obj is None:
-            bad += 1
-        else:
-            good.append(obj)
-    return good, bad
+    """Every record line of ``data``, and the count of lines that are not a JSON object (the load path's
+    reader, with orjson for files of millions of lines)."""
+    return parse_lines(data, orjson.loads)
 
 
 def _normalise(df: pd.DataFrame) -> pd.DataFrame:
@@ -374,7 +338,7 @@ def _journal_lost(run: RunDir, frame: pd.DataFrame) -> dict[str, Any] | None:
     The journal is written before each request goes out, so it also counts requests whose
     record was never started, which no partial line reveals.
     """
-    if not any(run.path.glob("sent-*.log")):
+    if not any(run.path.glob(SENT_GLOB)):
         return None
     try:
         from tailgate.records import lost_in_flight

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from tailgate.postprocess.load import RunDir, read_server_metrics
+from tailgate.resultfiles import SERVER_METRICS
 
 PROMETHEUS = "prometheus"
 DIRECT = "direct_scrape"
@@ -395,7 +396,7 @@ def _direct_delta(row: pd.Series, server: pd.DataFrame) -> tuple[float | None, s
     if not server.empty and start is not None and end is not None:
         value = counter_increase(server["t"], server["preemptions_total"], start, end)
         if value is not None:
-            return value, "server-metrics.jsonl"
+            return value, SERVER_METRICS
     return None, None
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tailgate.arms import OPEN_LOOP
 from tailgate.postprocess import charts
 from tailgate.postprocess.accounting import COLUMNS as ACCOUNTING
 from tailgate.postprocess.accounting import account
@@ -30,8 +31,8 @@ from tailgate.postprocess.html import render
 from tailgate.postprocess.load import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus
 from tailgate.postprocess.prometheus import NONE, ServerData, collect_server_data
 from tailgate.postprocess.table import choose_decision_rate, summary_table, table_context, write_table
+from tailgate.resultfiles import DIAGNOSIS, REPORT_DIR, REPORT_HTML
 
-REPORT_DIR = "report"
 PARALLEL_CHART_RECORDS = 200_000
 """From this many records, charts are drawn in parallel processes."""
 
@@ -212,7 +213,7 @@ def _data_notes(
 def _chart3_cells(table: pd.DataFrame, rate: float | None) -> list[tuple[str, pd.Series]]:
     """The default-config cell at the decision rate, and the preemption cell when there is one."""
     plain = table.loc[~table["cell"].astype(str).str.contains("~")]
-    cont = plain.loc[plain["arm"] == "continuous"]
+    cont = plain.loc[plain["arm"].isin(OPEN_LOOP)]
 
     def nearest(d: pd.DataFrame) -> pd.Series | None:
         if d.empty:
@@ -414,7 +415,7 @@ def build_report(
         run_meta={r.name: r.meta for r in analysis.runs},
         decision_rate=analysis.decision_rate,
     )
-    diag = out / "diagnosis.json"
+    diag = out / DIAGNOSIS
     diag.write_text(
         json.dumps(
             {
@@ -435,7 +436,7 @@ def build_report(
     slo = slo_section(analysis.results_dir, analysis.records, out)  # None unless `tailgate slo` wrote slo.json
     if slo is not None:
         chart_paths = {**chart_paths, **slo.charts}
-    html_path = out / "report.html"
+    html_path = out / REPORT_HTML
     sections = [slo.html] if slo is not None else []
     html_path.write_text(render_report_html(analysis, chart_paths, findings, sections), encoding="utf-8")
     return ReportPaths(

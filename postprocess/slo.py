@@ -22,6 +22,7 @@ import pandas as pd
 from markupsafe import Markup
 from matplotlib.figure import Figure
 
+from tailgate.contracts import ContractError, SloMeta
 from tailgate.postprocess import charts
 from tailgate.postprocess.diagnosis import (
     FLAT_GAP_RATIO,
@@ -31,8 +32,10 @@ from tailgate.postprocess.diagnosis import (
     prefill_attribution,
 )
 from tailgate.postprocess.html import render
+from tailgate.postprocess.load import ResultsError
+from tailgate.resultfiles import SLO_ANALYSIS
+from tailgate.resultfiles import SLO_META as SLO_FILE
 
-SLO_FILE = "slo.json"
 LAG_WARN_MS = 10.0
 """Schedule lag p99 above which the report already says the generator lacked CPU (``report.LAG_WARN_MS``)."""
 METRICS = ("ttft", "gap", "total")
@@ -59,11 +62,13 @@ class SloSection:
 def load_slo(results_dir: str | Path) -> dict[str, Any] | None:
     """``slo.json`` of a results folder; None when the folder is not an SLO search."""
     path = Path(results_dir) / SLO_FILE
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    if not path.is_file():
         return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("configs"), list) else None
+    try:
+        doc = SloMeta.read(path).to_dict()
+    except ContractError as e:
+        raise ResultsError(str(e)) from None
+    return doc if isinstance(doc.get("configs"), list) else None
 
 
 def _num(x: Any) -> float | None:
@@ -388,7 +393,7 @@ def slo_section(results_dir: str | Path, records: pd.DataFrame | None, out_dir: 
     rec = recommendation(rows, slo)
     md.write_text(table_markdown(rows, slo) + "\n" + rec + "\n", encoding="utf-8")
     paths = {"slo_rate": chart_feasible(rows, out), "slo_p99": chart_p99(state, out)}
-    js = out / "slo-analysis.json"
+    js = out / SLO_ANALYSIS
     js.write_text(json.dumps({"slo": slo, "recommendation": rec, "rows": rows}, indent=1, default=str) + "\n")
     import base64
 

@@ -14,6 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tailgate.arms import OPEN_LOOP
+from tailgate.resultfiles import TABLE_CSV, TABLE_MD
+
 TABLE_COLUMNS: tuple[str, ...] = (
     "cell", "config", "arm", "rate_or_batch", "n",
     "ttft_p50", "ttft_p99", "gap_p50", "gap_p99", "total_p50", "total_p99",
@@ -180,19 +183,19 @@ def write_table(table: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
     """``table.md`` and ``table.csv`` (the CSV keeps full precision and the extra columns)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    md = out / "table.md"
+    md = out / TABLE_MD
     text = table_markdown(table)
     if all(c in table.columns for c in ACCOUNTING_COLUMNS):
         text += "\nRequests per cell (sent: the send journal; lost in flight: sent, never recorded):\n\n"
         text += accounting_markdown(table)
     md.write_text(text, encoding="utf-8")
-    path_csv = out / "table.csv"
+    path_csv = out / TABLE_CSV
     table.to_csv(path_csv, index=False)
     return md, path_csv
 
 
 def _continuous_rates(table: pd.DataFrame, config: str | None = None) -> set[float]:
-    d = table.loc[table["arm"] == "continuous"]
+    d = table.loc[table["arm"].isin(OPEN_LOOP)]
     if config is not None:
         d = d.loc[d["config"] == config]
     return {float(r) for r in d["rate_or_batch"].dropna()}

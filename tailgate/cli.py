@@ -24,7 +24,9 @@ from typing import Any
 
 from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, ArgumentParser, Stopped, usage_error
 from tailgate.load.client import Target, TargetError
-from tailgate.load.options import API_KEY_ENV, OptionError, parse_rates
+from tailgate.load.options import API_KEY_ENV
+from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate, parse_rates, rates_text
+from tailgate.resultfiles import SUITE_META
 
 # ---------------------------------------------------------------------------------------- suite
 
@@ -63,23 +65,28 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default="",
                    help=f"Bearer token for the server (default ${API_KEY_ENV}); handed to Locust only "
                         "through its environment, never written anywhere")  # fmt: skip
-    p.add_argument("--rates", default="", help="continuous ramp, req/s (default 1,5,10,20)")
+    p.add_argument("--rates", default="", help=f"continuous ramp, req/s (default {rates_text(DEFAULTS['rates'])})")
     p.add_argument("--until-knee", action="store_true", help="keep doubling the rate until the tail knees")
     p.add_argument("--knee-factor", type=float, default=2.0, help="a p99 growing past this factor is the knee")
     p.add_argument("--max-rate", type=float, default=320.0, help="highest rate --until-knee may reach")
-    p.add_argument("--batch-size", type=int, default=None, help="gated arm batch size (default 16)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"gated arm batch size (default {DEFAULTS['batch_size']})")  # fmt: skip
     p.add_argument("--no-gated", action="store_true", help="skip the gated arm")
-    p.add_argument("--nochunk-rates", default="", help="chunked-prefill-off arm rates (default 5,10; 'none' skips)")
-    p.add_argument("--preempt-rate", default="", help="rate of the small-KV-pool cell (default 10; 'none' skips)")
+    p.add_argument("--nochunk-rates", default="",
+                   help=f"chunked-prefill-off arm rates (default {rates_text(DEFAULTS['nochunk_rates'])}; "
+                        "'none' skips)")  # fmt: skip
+    p.add_argument("--preempt-rate", default="",
+                   help=f"rate of the small-KV-pool cell (default {DEFAULTS['preempt_rate']:g}; 'none' skips)")
     p.add_argument(
         "--preempt-flags",
         default="",
         help="server flags of the preemption cell (default: a small --num-gpu-blocks-override)",
     )
     p.add_argument("--nochunk-flags", default="", help="server flags of the chunked-off arm")
-    p.add_argument("--n", type=int, default=None, help="measured requests per cell (default 500)")
-    p.add_argument("--warmup", type=int, default=None, help="warm-up requests per cell (default 25)")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--n", type=int, default=None, help=f"measured requests per cell (default {DEFAULTS['n']})")
+    p.add_argument("--warmup", type=int, default=None,
+                   help=f"warm-up requests per cell (default {DEFAULTS['warmup']})")  # fmt: skip
+    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
     p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")
     p.add_argument("--processes", default="auto",
                    help="load processes per cell, or auto (the default: from the cores and the cell's expected "
@@ -110,14 +117,7 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _rates_or_none(text: str, default: tuple[float, ...], option: str) -> tuple[float, ...]:
-    if not text:
-        return default
-    if text.strip().lower() == "none":
-        return ()
-    try:
-        return parse_rates(text)
-    except OptionError as e:
-        raise OptionError(str(e).replace("--rates", option)) from None
+    return parse_rates(text, option, allow_none=True) if text else default
 
 
 def parse_processes(text: str) -> int:
@@ -137,20 +137,17 @@ def build_plan(args: argparse.Namespace) -> Any:
     from tailgate.suite import SuitePlan
 
     scaled = EMBEDDED if args.embedded else {}
-    rates = _rates_or_none(args.rates, scaled.get("rates", (1.0, 5.0, 10.0, 20.0)), "--rates")
+    defaults = {**DEFAULTS, **scaled}
+    rates = _rates_or_none(args.rates, defaults["rates"], "--rates")
     if not rates:
         raise OptionError("--rates: the ramp needs at least one rate")
-    nochunk = _rates_or_none(args.nochunk_rates, scaled.get("nochunk_rates", (5.0, 10.0)), "--nochunk-rates")
-    preempt = _rates_or_none(args.preempt_rate, (scaled.get("preempt_rate", 10.0),), "--preempt-rate")
-    n = args.n if args.n is not None else scaled.get("n", 500)
-    warmup = args.warmup if args.warmup is not None else scaled.get("warmup", 25)
-    batch = args.batch_size if args.batch_size is not None else 16
-    if n < 1:
-        raise OptionError(f"--n: must be at least 1, got {n}")
-    if warmup < 0:
-        raise OptionError(f"--warmup: must be 0 or more, got {warmup}")
-    if n < warmup:
-        raise OptionError(f"--n: {n} measured requests is fewer than the {warmup} warm-up requests")
+    nochunk = _rates_or_none(args.nochunk_rates, defaults["nochunk_rates"], "--nochunk-rates")
+    preempt = _rates_or_none(args.preempt_rate, (defaults["preempt_rate"],), "--preempt-rate")
+    n = args.n if args.n is not None else defaults["n"]
+    warmup = args.warmup if args.warmup is not None else defaults["warmup"]
+    batch = args.batch_size if args.batch_size is not None else defaults["batch_size"]
+    check_counts(n, warmup)
+    check_rate(args.max_rate, "--max-rate")
     if batch < 1:
         raise OptionError(f"--batch-size: must be at least 1, got {batch}")
     processes = parse_processes(args.processes)
@@ -220,7 +217,7 @@ def check_results_folder(root: Path, resume: bool) -> None:
     Two suites in one folder would mix their cells under one suite.json; analysis would then
     compare runs that were never meant to be compared.
     """
-    meta = root / "suite.json"
+    meta = root / SUITE_META
     if root.exists() and not root.is_dir():
         raise OptionError(f"--results: {root} exists and is not a folder")
     if meta.exists():
@@ -246,7 +243,7 @@ def _check_same_plan(root: Path, plan: Any) -> None:
     from dataclasses import asdict
 
     try:
-        before = json.loads((root / "suite.json").read_text()).get("plan") or {}
+        before = json.loads((root / SUITE_META).read_text()).get("plan") or {}
     except (OSError, ValueError):
         return
     now = asdict(plan)
@@ -441,8 +438,10 @@ def _printer() -> Any:
 def run_trace(args: argparse.Namespace, prog: str) -> int:
     from tailgate.load.workload import make_trace, mix_of, save_jsonl
 
-    if args.n < 1 or args.warmup < 0:
-        return usage_error(prog, "--n must be at least 1 and --warmup 0 or more")
+    try:
+        check_counts(args.n, args.warmup, ordered=False)
+    except OptionError as e:
+        return usage_error(prog, str(e))
     items = make_trace(args.n + args.warmup, args.seed)
     try:
         save_jsonl(items, args.out)
@@ -488,9 +487,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("selfcheck", help="measure the load generator's own timing error against a ground-truth server")
     p_trace = sub.add_parser("trace", help="write the seeded trace as JSONL")
     p_trace.add_argument("--out", required=True)
-    p_trace.add_argument("--n", type=int, default=500)
-    p_trace.add_argument("--warmup", type=int, default=25)
-    p_trace.add_argument("--seed", type=int, default=7)
+    p_trace.add_argument("--n", type=int, default=DEFAULTS["n"])
+    p_trace.add_argument("--warmup", type=int, default=DEFAULTS["warmup"])
+    p_trace.add_argument("--seed", type=int, default=DEFAULTS["seed"])
     p_model = sub.add_parser("make-model", help="build the tiny dummy-weight model folder")
     p_model.add_argument("directory")
     args = parser.parse_args(argv)

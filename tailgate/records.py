@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
+from tailgate import jsonl, resultfiles
+
 RECORD_SCHEMA_VERSION = 3
 """2: the connect and request-written instants, and how much of a record's timing the client could have hidden.
 3: which prompt source, endpoint and arrival process produced the record, and the prompt's tokenized length."""
@@ -157,7 +159,7 @@ class RecordWriter:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.worker = worker or worker_name()
-        self.path = self.directory / f"records-{self.worker}.jsonl"
+        self.path = self.directory / resultfiles.records_file(self.worker)
         self._file: TextIO = open(self.path, "a", encoding="utf-8", buffering=1)
         self.written = 0
 
@@ -199,24 +201,12 @@ def _one_per_request(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
     return out, dropped
 
 
-def record_files(directory: str | Path) -> list[Path]:
-    d = Path(directory)
-    paths = sorted(d.glob("records-*.jsonl"))
-    sub = d / "records"
-    if sub.is_dir():
-        paths += sorted(sub.glob("records-*.jsonl"))
-    return paths
+record_files = resultfiles.record_files
 
 
 def iter_record_lines(path: Path) -> Iterator[dict[str, Any] | None]:
-    with open(path, "rb") as f:
-        for raw in f:
-            try:
-                obj = json.loads(raw)
-            except ValueError:
-                yield None
-                continue
-            yield obj if isinstance(obj, dict) else None
+    """Each record line, None for one that does not parse (counted by the callers)."""
+    return jsonl.iter_objects(path)
 
 
 def read_records(directory: str | Path) -> RecordScan:
@@ -243,7 +233,7 @@ class SendJournal:
     """
 
     def __init__(self, directory: str | Path, worker: str) -> None:
-        self.path = Path(directory) / f"sent-{worker}.log"
+        self.path = Path(directory) / resultfiles.sent_file(worker)
         self._file: TextIO = open(self.path, "a", encoding="utf-8", buffering=1)
 
     def sent(self, stage: int, trace_id: int) -> None:
@@ -268,7 +258,7 @@ def read_sent(directory: str | Path) -> set[tuple[int, int]]:
     (``0 12`` cut to ``0 1``).
     """
     out: set[tuple[int, int]] = set()
-    for path in sorted(Path(directory).glob("sent-*.log")):
+    for path in sorted(Path(directory).glob(resultfiles.SENT_GLOB)):
         text = path.read_text(encoding="utf-8", errors="replace")
         for line in text[: text.rfind("\n") + 1].splitlines():
             entry = journal_entry(line)

@@ -7,6 +7,7 @@ once (:data:`PERCENTILE_RULES`, :data:`WARMUP_RULES`, :data:`COMPLETION_ORDER`, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -75,6 +76,22 @@ def percentile(values: Sequence[float], p: float) -> float | None:
     return xs[lo] + (xs[lo + 1] - xs[lo]) * (k - lo)
 
 
+def field_values(records: Sequence[Mapping[str, Any]], name: str) -> list[float]:
+    """A record field's measured values: None (never reached) and non-finite values are left out, as the
+    analysis's vectorised quantile leaves out NaN. Every tail in the suite is computed over this list."""
+    out: list[float] = []
+    for r in records:
+        v = r.get(name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out.append(v)
+    return out
+
+
+def tail(records: Sequence[Mapping[str, Any]], name: str, p: float) -> float | None:
+    """One field's percentile over records, rounded as every summary rounds it (p=100: the maximum)."""
+    return round_ms(percentile(field_values(records, name), p))
+
+
 def round_ms(x: float | None) -> float | None:
     """The summaries' rounding; None stays None."""
     return None if x is None else round(x, ROUND_DIGITS)
@@ -114,10 +131,7 @@ def summarize_stage(
     """The seed's keys with the seed's meanings, then extra keys that the seed lacks."""
     good = measured_records(records, warmup, warmup_rule)
     population = {"measured": good, "sent": records}
-    pct = {
-        rule.key: round_ms(percentile([r[rule.field] for r in population[rule.over]], rule.p))
-        for rule in PERCENTILE_RULES
-    }
+    pct = {rule.key: tail(population[rule.over], rule.field, rule.p) for rule in PERCENTILE_RULES}
     errors_by_class: dict[str, int] = {}
     for r in records:
         if r.get("error_class") is not None:
@@ -155,7 +169,7 @@ def client_quality(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     client, so a cell with any is not a measurement of the server. Records written before these fields
     existed count as unflagged, and ``read_delay_measured`` says how many records could be checked.
     """
-    delays = [r["max_read_delay_ms"] for r in records if r.get("max_read_delay_ms") is not None]
+    delays = field_values(records, "max_read_delay_ms")
     return {
         "client_coalesced_streams": sum(1 for r in records if r.get("client_coalesced")),
         "read_delay_measured": len(delays),

@@ -11,7 +11,6 @@ Standard library only: Locust runs as a child process, exactly as a user would s
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -23,9 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import tailgate
-from tailgate.load.plan import rate_label
+from tailgate import arms
+from tailgate.arms import CONTINUOUS, GATED, cell_folder, stage_label
+from tailgate.contracts import RunMeta, StageSummary, SuiteMeta
 from tailgate.load.processes import auto_processes
 from tailgate.load.workload import SEED_MIX
+from tailgate.optiontable import DEFAULTS
+from tailgate.resultfiles import RUN_META, SUITE_META, summary_file
 from tailgate.runner import ChildRunner, LocustRun, prepare_results, prepare_server
 from tailgate.servers import CHUNKED_OFF_FLAG
 from tailgate.servers.base import redact_argv
@@ -78,10 +81,10 @@ def cell_processes(cell: Cell, processes: int, locust_args: list[str] | None = N
         return processes
     trace = trace_file_of(locust_args or [])
     per_arrival = (mean_trace_output_tokens(trace) if trace else None) or mean_output_tokens()
-    if cell.arm == "gated":
-        chunks = cell.value * GATED_STREAM_CHUNKS_PER_S
-    else:
+    if arms.arm(cell.arm).open_loop:
         chunks = cell.value * per_arrival
+    else:
+        chunks = cell.value * GATED_STREAM_CHUNKS_PER_S
     return auto_processes(chunks)
 
 
@@ -97,28 +100,26 @@ class Cell:
     @property
     def name(self) -> str:
         suffix = "" if self.prompts == "seed" else f"+{self.prompts}"
-        if self.arm == "gated":
-            return f"{self.config}_gated_b{int(self.value)}{suffix}"
-        return f"{self.config}_cont_r{rate_label(self.value)}{suffix}"
+        return cell_folder(self.config, self.arm, self.value) + suffix
 
     @property
     def stage_label(self) -> str:
-        return f"gated_b{int(self.value)}" if self.arm == "gated" else f"cont_r{rate_label(self.value)}"
+        return stage_label(self.arm, self.value)
 
 
 @dataclass
 class SuitePlan:
-    rates: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0)
+    rates: tuple[float, ...] = DEFAULTS["rates"]
     until_knee: bool = False
     knee_factor: float = 2.0
     max_rate: float = 320.0
-    batch_size: int = 16
+    batch_size: int = DEFAULTS["batch_size"]
     gated: bool = True
-    nochunk_rates: tuple[float, ...] = (5.0, 10.0)
-    preempt_rate: float | None = 10.0
-    n: int = 500
-    warmup: int = 25
-    seed: int = 7
+    nochunk_rates: tuple[float, ...] = DEFAULTS["nochunk_rates"]
+    preempt_rate: float | None = DEFAULTS["preempt_rate"]
+    n: int = DEFAULTS["n"]
+    warmup: int = DEFAULTS["warmup"]
+    seed: int = DEFAULTS["seed"]
     ignore_eos: bool = False
     processes: int = 1
     """Load processes per cell; 0 = auto (:func:`cell_processes`)."""
@@ -139,32 +140,24 @@ class SuitePlan:
 
     def fixed_cells(self) -> list[Cell]:
         first, others = self.prompts[0], self.prompts[1:]
-        cells = [Cell("chunked", "continuous", r, first) for r in self.rates]
+        cells = [Cell("chunked", CONTINUOUS.name, r, first) for r in self.rates]
         if self.gated:
-            cells.append(Cell("chunked", "gated", float(self.batch_size), first))
-        cells += [Cell("nochunk", "continuous", r, first) for r in self.nochunk_rates]
+            cells.append(Cell("chunked", GATED.name, float(self.batch_size), first))
+        cells += [Cell("nochunk", CONTINUOUS.name, r, first) for r in self.nochunk_rates]
         if self.preempt_rate:
-            cells.append(Cell("preempt", "continuous", self.preempt_rate, first))
-        paired = [Cell(c.config, c.arm, c.value, other) for c in cells if c.arm == "continuous" for other in others]
+            cells.append(Cell("preempt", CONTINUOUS.name, self.preempt_rate, first))
+        paired = [Cell(c.config, c.arm, c.value, other) for c in cells if arms.arm(c.arm).open_loop for other in others]
         return [c for c in [*cells, *paired] if c.config in self.configs]
 
 
 def cell_done(root: Path, cell: Cell) -> bool:
-    meta = root / cell.name / "run.json"
-    try:
-        return (
-            json.loads(meta.read_text()).get("status") == "completed"
-            and (root / cell.name / f"summary-{cell.stage_label}.json").exists()
-        )
-    except (OSError, ValueError):
-        return False
+    meta = RunMeta.read_or_none(root / cell.name / RUN_META)
+    return meta is not None and meta.completed and (root / cell.name / summary_file(cell.stage_label)).exists()
 
 
 def load_summary(root: Path, cell: Cell) -> dict[str, Any] | None:
-    try:
-        return json.loads((root / cell.name / f"summary-{cell.stage_label}.json").read_text())
-    except (OSError, ValueError):
-        return None
+    summary = StageSummary.read_or_none(root / cell.name / summary_file(cell.stage_label))
+    return None if summary is None else summary.to_dict()
 
 
 def kneed(previous: dict[str, Any] | None, current: dict[str, Any], factor: float) -> str | None:
@@ -208,18 +201,12 @@ class Suite:
 
     # -- metadata ---------------------------------------------------------------------------
     def _meta_path(self) -> Path:
-        return self.root / "suite.json"
+        return self.root / SUITE_META
 
     def _write_meta(self, **updates: Any) -> None:
         path = self._meta_path()
-        try:
-            meta = json.loads(path.read_text())
-        except (OSError, ValueError):
-            meta = {"created": _iso(time.time()), "servers": {}}
-        meta.update(updates)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta, indent=1) + "\n")
-        tmp.replace(path)
+        meta = SuiteMeta.read_or_none(path) or SuiteMeta.from_dict({"created": _iso(time.time()), "servers": {}})
+        meta.with_(**updates).write(path)
 
     # -- running ----------------------------------------------------------------------------
     def _ensure_server(self, config: str) -> None:
@@ -230,14 +217,14 @@ class Suite:
             declared=self.plan.declared_flags.get(config), log=self.log, tag="[suite] ",
         )  # fmt: skip
         self._config_running = config
-        meta = json.loads(self._meta_path().read_text()) if self._meta_path().exists() else {}
-        servers = meta.get("servers", {})
+        meta = SuiteMeta.read_or_none(self._meta_path())
+        servers = dict(meta.servers) if meta is not None else {}
         servers[config] = entry
         self._write_meta(servers=servers)
 
     def locust_run(self, cell: Cell, out: Path) -> LocustRun:
         p = self.plan
-        stage = ("--batch-size", str(int(cell.value))) if cell.arm == "gated" else ("--rates", f"{cell.value:g}")
+        stage = tuple(arms.arm(cell.arm).value_args(cell.value))
         return LocustRun(
             arm=cell.arm, host=self.controller.base_url, results=out, stage=stage, n=p.n, warmup=p.warmup,
             seed=p.seed, config_label=cell.config, processes=cell_processes(cell, p.processes, p.locust_args),
@@ -265,7 +252,7 @@ class Suite:
         # Locust exits 1 when any request failed; failed requests are data (error records), so the
         # cell counts as done whenever the run completed and wrote its summary
         if code not in (0, 1) or summary is None or not cell_done(self.root, cell):
-            mark_run_ended(out / "run.json", f"locust exit {code}", status="failed")
+            mark_run_ended(out / RUN_META, f"locust exit {code}", status="failed")
             detail = "\n".join(done.tail[-15:])
             raise SuiteError(f"cell {cell.name} failed (locust exit {code}); last output:\n{detail}")
         merged = summary.get("client_coalesced_streams") or 0
@@ -287,7 +274,7 @@ class Suite:
         index = 0
         # the chunked ramp first, deciding as it goes whether to extend it
         previous: dict[str, Any] | None = None
-        ramp = [c for c in cells if c.config == "chunked" and c.arm == "continuous" and c.prompts == p.prompts[0]]
+        ramp = [c for c in cells if c.config == "chunked" and c.arm == CONTINUOUS.name and c.prompts == p.prompts[0]]
         rate = ramp[-1].value if ramp else 0.0
         while ramp:
             cell = ramp.pop(0)
@@ -307,10 +294,10 @@ class Suite:
                 break
             if not ramp and p.until_knee and rate * 2 <= p.max_rate:
                 rate *= 2
-                ramp.append(Cell("chunked", "continuous", rate, p.prompts[0]))
+                ramp.append(Cell("chunked", CONTINUOUS.name, rate, p.prompts[0]))
                 total += 1
         for cell in cells:
-            if cell.config == "chunked" and cell.arm == "continuous" and cell.prompts == p.prompts[0]:
+            if cell.config == "chunked" and cell.arm == CONTINUOUS.name and cell.prompts == p.prompts[0]:
                 continue
             index += 1
             if cell_done(self.root, cell):
@@ -318,10 +305,8 @@ class Suite:
             else:
                 self.run_cell(cell, index, total)
             done_cells.append(cell)
-        try:
-            earlier = json.loads(self._meta_path().read_text()).get("cells", [])
-        except (OSError, ValueError):
-            earlier = []
+        meta = SuiteMeta.read_or_none(self._meta_path())
+        earlier = list(meta.cells or []) if meta is not None else []
         names = [*earlier, *(c.name for c in done_cells if c.name not in earlier)]
         self._write_meta(cells=names, knee=self.knee)
         return done_cells
@@ -340,7 +325,7 @@ class Suite:
             self.log(f"[suite] Locust did not stop on SIGINT; killed {len(killed)} process(es)")
         cell_dir = self._current_cell
         if cell_dir is not None:
-            mark_run_ended(cell_dir / "run.json", why)
+            mark_run_ended(cell_dir / RUN_META, why)
 
     def finish(self, status: str, exit_code: int, detail: str | None = None) -> None:
         """Record in suite.json how the suite ended (completed, interrupted, failed) and its exit code."""
@@ -351,16 +336,10 @@ class Suite:
 
 def mark_run_ended(path: Path, why: str, status: str = "interrupted") -> None:
     """Rewrite a run.json left at ``running`` (its Locust was stopped before it could) to ``status``."""
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError):
+    meta = RunMeta.read_or_none(path)
+    if meta is None or meta.status != "running":
         return
-    if meta.get("status") != "running":
-        return
-    meta.update({"status": status, "ended": meta.get("ended") or _iso(time.time()), "ended_by": why})
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    tmp.replace(path)
+    meta.with_(status=status, ended=meta.ended or _iso(time.time()), ended_by=why).write(path)
 
 
 class SuiteError(RuntimeError):

@@ -466,7 +466,8 @@ def test_an_order_that_fails_in_a_worker_still_reports_done_with_the_error() -> 
     assert done.returncode == 0, done.stderr[-3000:]
     sent = json.loads(done.stdout.strip().splitlines()[-1])
     assert [(kind, stage) for kind, stage, _ in sent] == [("tailgate_done", 0), ("tailgate_done", 1)]
-    assert all(error and error.startswith("KeyError") for _, _, error in sent), sent
+    # an order missing its keys fails its contract on arrival, naming what it lacks
+    assert all(error and error.startswith("ContractError: order lacks 'stage_label'") for _, _, error in sent), sent
 
 
 def test_processes_option_takes_auto() -> None:

@@ -42,9 +42,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
+from tailgate.contracts import Order
 from tailgate.load.clock import wall
 from tailgate.load.processes import CHUNKS_PER_PROCESS, auto_processes, free_port, master_port_args
 from tailgate.records import RequestRecord
+from tailgate.resultfiles import records_file, sent_file
 
 __all__ = ["CHUNKS_PER_PROCESS", "auto_processes", "free_port", "master_port_args"]
 
@@ -143,9 +145,9 @@ class WorkerStream:
         self._sends: list[tuple[int, int]] = []
         self._rows: list[dict[str, Any]] = []
 
-    def begin_order(self, order: dict[str, Any]) -> None:
+    def begin_order(self, order: Order) -> None:
         """A new order: what the master has of the last one is complete (its DONE followed it)."""
-        self.offset_s = float(order.get("t0_wall", 0.0)) - float(order.get("t0_master", order.get("t0_wall", 0.0)))
+        self.offset_s = order.t0_wall - (order.t0_master or order.t0_wall)
         self._sends.clear()
         self._rows.clear()
 
@@ -282,10 +284,10 @@ class MasterSink:
         """Called with a stage index when a node already written off sends for it (a healed partition)."""
         self.late_rows = 0
 
-    def _file(self, files: dict[str, TextIO], worker: str, pattern: str) -> TextIO:
+    def _file(self, files: dict[str, TextIO], worker: str, name: str) -> TextIO:
         f = files.get(worker)
         if f is None:
-            f = open(self.folder / pattern.format(worker), "a", encoding="utf-8", buffering=1)
+            f = open(self.folder / name, "a", encoding="utf-8", buffering=1)
             files[worker] = f
         return f
 
@@ -306,12 +308,12 @@ class MasterSink:
         if "dropped" in data:
             stage, trace_id = data["dropped"]
             self.sent.get(node, {}).pop((int(stage), int(trace_id)), None)
-            self._file(self._journals, worker, "sent-{}.log").write(f"{int(stage)} {int(trace_id)} dropped\n")
+            self._file(self._journals, worker, sent_file(worker)).write(f"{int(stage)} {int(trace_id)} dropped\n")
             self._late(node, int(stage))
             return
         stage, trace_id, t = data["sent"]
         self.sent.setdefault(node, {})[(int(stage), int(trace_id))] = float(t) - self.clock.offset(node)
-        self._file(self._journals, worker, "sent-{}.log").write(f"{int(stage)} {int(trace_id)}\n")
+        self._file(self._journals, worker, sent_file(worker)).write(f"{int(stage)} {int(trace_id)}\n")
         self._late(node, int(stage))
 
     def on_records(self, node: str, data: dict[str, Any]) -> None:
@@ -319,7 +321,7 @@ class MasterSink:
             return
         worker = self.workers.setdefault(node, str(data.get("worker") or node))
         offset = self.clock.offset(node)
-        out = self._file(self._records, worker, "records-{}.jsonl")
+        out = self._file(self._records, worker, records_file(worker))
         done = self.recorded.setdefault(node, set())
         lines = []
         for row in data.get("records") or []:
@@ -341,9 +343,9 @@ class MasterSink:
         done = self.recorded.get(node, set())
         stage = int(order["stage"])
         lost = never = 0
-        out = self._file(self._records, worker, "records-{}.jsonl")
+        out = self._file(self._records, worker, records_file(worker))
         now = time.time()
-        for trace_id, prompt_tokens, max_tokens, offset_s, batch in order["items"]:
+        for trace_id, prompt_tokens, max_tokens, offset_s, batch, *_ in order["items"]:
             key = (stage, int(trace_id))
             if key in done:
                 continue

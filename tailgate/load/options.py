@@ -8,42 +8,29 @@ entry points can print one line and exit 2.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tailgate import arms
+from tailgate.contracts import RunMeta
 from tailgate.load.arrivals import ARRIVALS, ArrivalError, TraceRow, gamma_offsets, load_trace, scaled
 from tailgate.load.client import Target, TargetError, Timeouts, chunk_stamp_mode
 from tailgate.load.plan import (
-    DEFAULT_BATCH,
-    DEFAULT_RATES,
     Stage,
     continuous_stage,
-    gated_stage,
     rate_label,
     with_prompts,
 )
 from tailgate.load.prompts import ENDPOINTS, PROMPT_SOURCES, DatasetEntry, Prompt, PromptError, load_dataset
-from tailgate.load.workload import (
-    DEFAULT_MEASURED,
-    DEFAULT_SEED,
-    DEFAULT_WARMUP,
-    PROMPT_WORD,
-    TraceError,
-    TraceItem,
-    load_jsonl,
-    make_trace,
-)
+from tailgate.load.workload import PROMPT_WORD, TraceError, TraceItem, load_jsonl, make_trace
+from tailgate.optiontable import DEFAULTS, OptionError, check_counts, parse_rates, rates_text
+from tailgate.resultfiles import RUN_META
 from tailgate.stats import WARMUP_RULES
 
-ARMS = ("continuous", "gated")
+ARMS = tuple(arms.ARMS)
 API_KEY_ENV = "TAILGATE_API_KEY"
-
-
-class OptionError(ValueError):
-    """A bad option value; ``str()`` is the one line shown to the user."""
 
 
 class _EnvNamed:
@@ -68,20 +55,20 @@ def add_arguments(parser: Any) -> None:
     g = _EnvNamed(parser)  # Locust's own add_argument knows is_secret and include_in_web_ui; groups do not
     g.add_argument(
         "--rates",
-        default=",".join(f"{r:g}" for r in DEFAULT_RATES),
+        default=rates_text(DEFAULTS["rates"]),
         help="continuous arm: comma-separated arrival rates in req/s, one stage each",
     )
-    g.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="gated arm: requests per batch (B)")
-    g.add_argument("--n", type=int, default=DEFAULT_MEASURED, help="measured requests per stage")
-    g.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="warm-up requests per stage")
+    g.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"], help="gated arm: requests per batch (B)")
+    g.add_argument("--n", type=int, default=DEFAULTS["n"], help="measured requests per stage")
+    g.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="warm-up requests per stage")
     g.add_argument(
         "--warmup-rule",
         choices=WARMUP_RULES,
-        default="completion",
+        default=DEFAULTS["warmup_rule"],
         help="completion: drop the first WARMUP successes to finish (the reference harness); "
         "trace: drop the first WARMUP trace items",
     )
-    g.add_argument("--seed", type=int, default=DEFAULT_SEED, help="trace seed; arrival gaps use seed+1")
+    g.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="trace seed; arrival gaps use seed+1")
     g.add_argument("--trace-file", default="", help="JSONL trace (prompt_tokens, max_tokens) instead of the seeded mix")
     g.add_argument("--prompt-word", default=PROMPT_WORD, help="filler word repeated prompt_tokens times")
     g.add_argument("--model", default="", help="model name to request (default: the server's first model)")
@@ -106,17 +93,21 @@ def add_arguments(parser: Any) -> None:
     g.add_argument(
         "--max-in-flight",
         type=int,
-        default=0,
+        default=DEFAULTS["max_in_flight"],
         help="continuous arm: drop (and count) arrivals above this many in flight; 0 = no cap",
     )
-    g.add_argument("--request-timeout", type=float, default=600.0, help="seconds a whole request may take")
+    g.add_argument(
+        "--request-timeout", type=float, default=DEFAULTS["request_timeout"], help="seconds a whole request may take"
+    )
     g.add_argument(
         "--stall-timeout",
         type=float,
-        default=0.0,
+        default=DEFAULTS["stall_timeout"],
         help="seconds of silence tolerated mid-stream; 0 = the request timeout",
     )
-    g.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to open a connection")
+    g.add_argument(
+        "--connect-timeout", type=float, default=DEFAULTS["connect_timeout"], help="seconds to open a connection"
+    )
     g.add_argument(
         "--record-chunks", action="store_true", default=False, help="keep every chunk's arrival time in the records"
     )
@@ -132,14 +123,14 @@ def add_arguments(parser: Any) -> None:
     g.add_argument(
         "--sample-metrics",
         type=float,
-        default=1.0,
+        default=DEFAULTS["sample_metrics"],
         help="seconds between direct /metrics samples kept for the report; 0 = off",
     )
     g.add_argument("--prometheus-url", default="", help="Prometheus that scrapes the server (recorded for the report)")
     g.add_argument(
         "--settle",
         type=float,
-        default=2.0,
+        default=DEFAULTS["settle"],
         help="idle seconds between stages, so 1 s scrapes bracket each stage cleanly",
     )
     g.add_argument("--stop-on-errors", type=int, default=0,
@@ -230,7 +221,8 @@ class Settings:
         return (len(self.trace_rows) - 1) / span if span > 0 else float(len(self.trace_rows))
 
     def stages(self) -> list[Stage]:
-        if self.arm == "continuous":
+        the_arm = arms.arm(self.arm)
+        if the_arm.open_loop:
             if self.arrivals == "trace":
                 label = f"trace_x{rate_label(self.time_scale)}"
                 offsets = scaled(list(self.trace_rows), self.time_scale)
@@ -246,9 +238,9 @@ class Settings:
                     for i, r in enumerate(self.rates)
                 ]
             else:
-                stages = [continuous_stage(i, self.trace, r, self.seed, self.warmup) for i, r in enumerate(self.rates)]
+                stages = the_arm.build(self.trace, self.rates, self.seed, self.warmup)
         else:
-            stages = [gated_stage(0, self.trace, self.batch_size, self.warmup)]
+            stages = the_arm.build(self.trace, (self.batch_size,), self.seed, self.warmup)
         if self.prompt_sets is not None:
             stages = [with_prompts(st, self.prompt_sets[min(i, len(self.prompt_sets) - 1)])
                       for i, st in enumerate(stages)]  # fmt: skip
@@ -287,32 +279,6 @@ class Settings:
         }  # fmt: skip
 
 
-def parse_rates(text: str) -> tuple[float, ...]:
-    rates = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            rate = float(part)
-        except ValueError:
-            raise OptionError(f"--rates: {part!r} is not a number") from None
-        if not rate > 0 or rate == float("inf"):
-            raise OptionError(f"--rates: every rate must be a positive number of req/s, got {part}")
-        rates.append(rate)
-    if not rates:
-        raise OptionError("--rates: give at least one rate, e.g. --rates 1,5,10,20")
-    seen: dict[str, float] = {}
-    for rate in rates:
-        label = rate_label(rate)
-        if label in seen:
-            # each stage's files are named by its rate: a repeat would overwrite the earlier stage's results
-            raise OptionError(f"--rates: {label.replace('p', '.')} req/s appears twice; each rate is one stage "
-                              "(to repeat a rate, run again into another --results-dir)")  # fmt: skip
-        seen[label] = rate
-    return tuple(rates)
-
-
 def _check_url(option: str, url: str) -> str:
     try:
         Target.parse(url)
@@ -339,32 +305,28 @@ def _writable_dir(path: Path) -> Path:
 
 def _refuse_used_folder(results: Path) -> None:
     """One folder, one run: records of two runs in one folder would be summarized together."""
-    meta = results / "run.json"
+    meta = results / RUN_META
     if not meta.exists():
         return
-    try:
-        found = json.loads(meta.read_text(encoding="utf-8"))
-        what = f"run {found.get('run_id')} ({found.get('status')})"
-    except (OSError, ValueError, AttributeError):
-        what = "a run"
+    found = RunMeta.read_or_none(meta)
+    what = "a run" if found is None else f"run {found.run_id} ({found.status})"
     raise OptionError(f"--results-dir: {results} already holds {what}; choose a new folder for this run")
 
 
 def validate(opts: Any, *, arm: str | None = None, now: str = "") -> Settings:
     """Check every value; raise OptionError naming the first bad option."""
     arm = arm or getattr(opts, "arm", None) or ""
-    if arm not in ARMS:
-        raise OptionError(f"--arm: unknown arm {arm!r}; choose one of {', '.join(ARMS)}")
+    the_arm = arms.arm(arm)
     host = getattr(opts, "host", None) or ""
     if not host:
         raise OptionError("--host: give the server URL, e.g. --host http://127.0.0.1:8000")
     host = _check_url("--host", host)
     target = Target.parse(host)
-    rates = parse_rates(opts.rates) if arm == "continuous" else ()
+    rates = parse_rates(opts.rates) if the_arm.open_loop else ()
     if opts.batch_size < 1:
         raise OptionError(f"--batch-size: must be at least 1, got {opts.batch_size}")
     if opts.warmup < 0:
-        raise OptionError(f"--warmup: must be 0 or more, got {opts.warmup}")
+        check_counts(1, opts.warmup)
     workload = _validate_workload(opts, arm)
     rows: tuple[TraceRow, ...] = workload["trace_rows"]
     if rows:
@@ -385,10 +347,7 @@ def validate(opts: Any, *, arm: str | None = None, now: str = "") -> Settings:
         n = len(items) - opts.warmup
         source = str(opts.trace_file)
     else:
-        if opts.n < 1:
-            raise OptionError(f"--n: must be at least 1 measured request, got {opts.n}")
-        if opts.n < opts.warmup:
-            raise OptionError(f"--n: {opts.n} measured requests is fewer than the {opts.warmup} warm-up requests")
+        check_counts(opts.n, opts.warmup)
         n = opts.n
         items = make_trace(n + opts.warmup, opts.seed)
         source = f"seeded mix, seed {opts.seed}"

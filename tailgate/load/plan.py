@@ -12,9 +12,7 @@ from dataclasses import dataclass, replace
 
 from tailgate.load.prompts import Prompt
 from tailgate.load.workload import TraceItem
-
-DEFAULT_RATES: tuple[float, ...] = (1.0, 5.0, 10.0, 20.0)
-DEFAULT_BATCH = 16
+from tailgate.optiontable import DEFAULT_BATCH, DEFAULT_RATES  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +62,7 @@ def poisson_offsets(count: int, rate: float, seed: int) -> list[float]:
 
 
 def rate_label(rate: float) -> str:
+    """A rate or batch size inside a stage label or folder name: ``2.5`` -> ``2p5`` (no dot in file names)."""
     return f"{rate:g}".replace(".", "p")
 
 

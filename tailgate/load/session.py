@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import tailgate
+from tailgate.arms import arm as arm_of
+from tailgate.contracts import Order, StageSummary
 from tailgate.load import distributed
 from tailgate.load.console import summary_line
 from tailgate.load.distributed import DEADLINE_MARGIN_S, WORKER_LOST, ClockSync, MasterSink
@@ -43,10 +45,8 @@ from tailgate.load.plan import Stage, share
 from tailgate.load.processes import processes_for
 from tailgate.load.sidecars import (
     REPORT_INTERRUPTED,
-    REPORT_LOG,
     launch_report,
     report_error,
-    report_html,
     report_state,
     server_info,
     start_sampler,
@@ -56,6 +56,7 @@ from tailgate.load.stage_workload import order_item, stage_arrivals, workload_su
 from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
 from tailgate.load.workload import mix_of
 from tailgate.records import lost_in_flight, read_records, read_sent
+from tailgate.resultfiles import REPORT_LOG, RUN_META, report_html, summary_file
 from tailgate.stats import summarize_stage
 
 log = logging.getLogger("tailgate")
@@ -163,7 +164,7 @@ class RunSession:
     # -- life cycle -----------------------------------------------------------------------------
     def start(self) -> None:
         self.meta = self._metadata()
-        write_json(self.folder / "run.json", self.meta)
+        write_json(self.folder / RUN_META, self.meta)
         self._sampler = self._start_sampler()
         self._coordinator = gevent.spawn(self._coordinate)
 
@@ -235,7 +236,7 @@ class RunSession:
             "partial_stages": [s["stage_label"] for _, s in sorted(self.summaries.items()) if s.get("partial")],
             "error": self.failed,
         })  # fmt: skip
-        write_json(self.folder / "run.json", self.meta)
+        write_json(self.folder / RUN_META, self.meta)
         self.ended_at = time.time()
         self.ended = True
 
@@ -372,7 +373,7 @@ class RunSession:
                 moved_s = (history[-1]["offset_ms"] - history[0]["offset_ms"]) / 1000
                 w["clock_drift_ppm"] = round(moved_s / span * 1e6, 1)
         self.meta["workers"] = self.workers
-        write_json(self.folder / "run.json", self.meta)
+        write_json(self.folder / RUN_META, self.meta)
         nodes = [n for n in nodes if n not in self.lost]
         if not nodes:
             raise WorkersLost("no load process left")
@@ -432,14 +433,14 @@ class RunSession:
             self._orders = orders
             for index, node in enumerate(nodes):
                 mine = share(group, index, len(nodes))
-                order = {
-                    "order_id": f"{stage.index}:{mine[0].batch if mine else 0}:{index}",
-                    "run_id": self.run_id, "stage": stage.index, "stage_label": stage.label, "arm": stage.arm,
-                    "rate_or_batch": stage.rate_or_batch, "t0_wall": t0 + self.clock.offset(node), "t0_master": t0,
-                    "max_in_flight": s.max_in_flight if stage.arm == "continuous" else 0,
-                    "items": [order_item(a) for a in mine], "arrivals": stage_arrivals(s, stage),
-                    "config": self._order_config(),
-                }  # fmt: skip
+                order = Order(
+                    order_id=f"{stage.index}:{mine[0].batch if mine else 0}:{index}",
+                    run_id=self.run_id, stage=stage.index, stage_label=stage.label, arm=stage.arm,
+                    rate_or_batch=stage.rate_or_batch, t0_wall=t0 + self.clock.offset(node), t0_master=t0,
+                    max_in_flight=s.max_in_flight if arm_of(stage.arm).open_loop else 0,
+                    items=[order_item(a) for a in mine],
+                    config=self._order_config(), extra={"arrivals": stage_arrivals(s, stage)},
+                ).to_dict()  # fmt: skip
                 orders[node] = order
                 self.runner.send_message(ORDER_MESSAGE, order, client_id=None if node == "local" else node)
             last = max((a.offset_s for a in group), default=0.0)
@@ -538,7 +539,8 @@ class RunSession:
                 "preemptions_after_t": None if after is None else after.t,
                 "preemptions_source": "direct_scrape" if delta is not None else None,
                 "preemption_counter_reset": bool(delta is not None and delta < 0),
-                "metrics_url": s.metrics_url, "target_rate": stage.rate_or_batch if stage.arm == "continuous" else None,
+                "metrics_url": s.metrics_url,
+                "target_rate": stage.rate_or_batch if arm_of(stage.arm).open_loop else None,
             }
         )  # fmt: skip
         summary.update(self._accounting(stage, records))
@@ -563,7 +565,7 @@ class RunSession:
             summary["preemptions_delta"] = None
             log.warning("tailgate: %s: preemption counter fell %s -> %s (server restarted?)", stage.label, pre, post)
         self.summaries[stage.index] = summary
-        write_json(self.folder / f"summary-{stage.label}.json", summary)
+        write_json(self.folder / summary_file(stage.label), StageSummary.from_dict(summary).to_dict())
         return summary
 
     def _on_late(self, stage_index: int) -> None:
@@ -584,7 +586,7 @@ class RunSession:
         summary = self._summarize(stage, records, self._after.get(stage_index), partial=bool(old.get("partial")),
                                   lost=old.get("workers_lost"))  # fmt: skip
         summary["reconciled"] = True
-        write_json(self.folder / f"summary-{stage.label}.json", summary)
+        write_json(self.folder / summary_file(stage.label), StageSummary.from_dict(summary).to_dict())
         log.warning("tailgate: %s: a load process written off sent more; summary reconciled: %d sent, %d recorded, "
                     "%d lost in flight, %d never sent", stage.label, summary["sent"], summary["recorded"],
                     summary["lost_in_flight"], summary["never_sent"])  # fmt: skip

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from tailgate.load.options import Settings
+from tailgate.resultfiles import REPORT_LOG, SERVER_METRICS, report_html
 
 log = logging.getLogger("tailgate")
 
-REPORT_LOG = "report.log"
 REPORT_INTERRUPTED = "interrupted"
 """First word of the last line of report.log when the build was cut short by the process quitting."""
 
@@ -36,7 +36,7 @@ def start_sampler(s: Settings, folder: Path) -> subprocess.Popen[bytes] | None:
         log.info("tailgate: Prometheus at %s is up: no direct /metrics sampling", s.prometheus_url)
         return None
     cmd = [sys.executable, "-m", "tailgate.load.metrics", "--url", s.metrics_url,
-           "--out", str(folder / "server-metrics.jsonl"), "--interval", str(s.sample_metrics)]  # fmt: skip
+           "--out", str(folder / SERVER_METRICS), "--interval", str(s.sample_metrics)]  # fmt: skip
     return subprocess.Popen(
         cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         preexec_fn=_ordinary_priority,
@@ -63,10 +63,6 @@ def launch_report(folder: Path) -> subprocess.Popen[bytes]:
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             preexec_fn=lambda: os.nice(10),  # the build yields the CPU to the load path
         )  # fmt: skip
-
-
-def report_html(folder: Path) -> Path:
-    return folder / "report" / "report.html"
 
 
 def report_log_tail(folder: Path) -> str:

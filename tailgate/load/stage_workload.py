@@ -8,17 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from tailgate.contracts import OrderItem
 from tailgate.load.metrics import Snapshot
 from tailgate.load.options import Settings
 from tailgate.load.plan import Arrival, Stage
 
 
-def order_item(a: Arrival) -> list[Any]:
-    """One arrival as the order message carries it; a built prompt rides along as a sixth element."""
-    item = [a.item.id, a.item.prompt_tokens, a.item.max_tokens, a.offset_s, a.batch]
-    if a.prompt is not None:
-        item.append(a.prompt.to_order())
-    return item
+def order_item(a: Arrival) -> OrderItem:
+    """One arrival as the order carries it; a built prompt rides along as a sixth element."""
+    prompt = None if a.prompt is None else a.prompt.to_order()
+    return OrderItem(a.item.id, a.item.prompt_tokens, a.item.max_tokens, a.offset_s, a.batch, prompt)
 
 
 def stage_arrivals(s: Settings, stage: Stage) -> str:

@@ -23,6 +23,8 @@ import time
 from collections import deque
 from typing import Any
 
+from tailgate import arms
+from tailgate.contracts import Order
 from tailgate.load import distributed
 from tailgate.load.batch import BatchGate
 from tailgate.load.client import (
@@ -261,28 +263,28 @@ class OrderRunner:
             if isinstance(writer, distributed.WorkerStream):
                 writer.flush()
 
-    def run(self, order: dict[str, Any]) -> dict[str, Any]:
+    def run(self, message: dict[str, Any]) -> dict[str, Any]:
         """Dispatch one order open-loop, wait for all its requests, return its records."""
-        cfg = order["config"]
+        order = Order.from_dict(message)
+        cfg = order.config
         target = Target.parse(cfg["host"])
         timeouts = Timeouts(cfg["connect_timeout"], cfg["request_timeout"], cfg["stall_timeout"])
         writer, journal = self._writer(cfg["results_dir"])
         if isinstance(writer, distributed.WorkerStream):
             writer.begin_order(order)
         self.check_stamps()
-        cap = int(order.get("max_in_flight") or 0)
-        t0_ns = mono_ns(order["t0_wall"])
-        stage = order["stage"]
+        cap = order.max_in_flight
+        t0_ns = mono_ns(order.t0_wall)
+        stage = order.stage
         finished: list[dict[str, Any]] = []
         dropped = 0
-        items = order["items"]
+        items = order.items
         # every request's bytes exist before the stage starts: nothing is built between a send time and its send
         bodies: dict[tuple[int, int], bytes] = {}
         requests: list[bytes] = []
         endpoint = cfg.get("endpoint") or "completions"
         for item in items:
-            trace_id, prompt_tokens, max_tokens = item[0], item[1], item[2]
-            given = item[5] if len(item) > 5 else None
+            trace_id, prompt_tokens, max_tokens, given = item.trace_id, item.prompt_tokens, item.max_tokens, item.prompt
             if given is not None:  # a built prompt (unique, dataset, prefix, trace blocks): one body per request
                 body = request_body(cfg, Prompt.from_order(given), max_tokens, endpoint)
             else:
@@ -291,11 +293,11 @@ class OrderRunner:
                     body = request_body(cfg, Prompt(text=build_prompt(prompt_tokens, cfg["prompt_word"])),
                                         max_tokens, endpoint)  # fmt: skip
                     bodies[prompt_tokens, max_tokens] = body
-            rid = request_id(order["run_id"], stage, trace_id)
+            rid = request_id(order.run_id, stage, trace_id)
             key = cfg.get("api_key") or distributed.api_key()
             requests.append(build_request(target, body, key, rid, endpoint))
         progress = self._start_progress()
-        gate = BatchGate(len(items)) if order["arm"] == "gated" else None
+        gate = BatchGate(len(items)) if arms.arm(order.arm).starts_together else None
         # A local journal is written ahead of the send time, so the write never delays the send (a kill in
         # between counts at most one arrival, or one batch, as lost). A worker of a distributed run announces
         # each send to the master as it goes out instead: the master's count of what a lost worker had in
@@ -355,14 +357,14 @@ class OrderRunner:
         if isinstance(writer, distributed.WorkerStream):
             finished = []  # the master has them already, streamed
         return {
-            "order_id": order["order_id"], "run_id": order["run_id"], "stage": order["stage"], "worker": self.worker,
+            "order_id": order.order_id, "run_id": order.run_id, "stage": order.stage, "worker": self.worker,
             "records": finished, "dropped": dropped, "sent": self.sent, "ended": self.ended,
             "stamp": self.stamp, "stamp_note": self.stamp_note,
         }  # fmt: skip
 
     def _one(
         self,
-        order: dict[str, Any],
+        order: Order,
         plan: tuple[int, int, int, int, int | None, int | None],
         request: bytes,
         target: Target,
@@ -441,7 +443,7 @@ class OrderRunner:
 
     def _record(
         self,
-        order: dict[str, Any],
+        order: Order,
         plan: tuple[int, int, int, int, int | None, int | None],
         t: StreamTiming,
         in_flight: int,
@@ -451,8 +453,8 @@ class OrderRunner:
         sent = t.sent_ns or intended_ns
         worst_gap = round(t.worst_gap_ns / 1e6, 3) if t.first_chunk_ns is not None else None
         return RequestRecord(
-            run_id=order["run_id"], worker=self.worker, trace_id=trace_id, stage=order["stage"],
-            stage_label=order["stage_label"], arm=order["arm"], rate_or_batch=order["rate_or_batch"],
+            run_id=order.run_id, worker=self.worker, trace_id=trace_id, stage=order.stage,
+            stage_label=order.stage_label, arm=order.arm, rate_or_batch=order.rate_or_batch,
             batch=batch, prompt_tokens_planned=prompt_tokens, max_tokens=max_tokens,
             ignore_eos=cfg["ignore_eos"], intended_s=wall(intended_ns), sent_s=wall(sent),
             schedule_lag_ms=round((sent - intended_ns) / 1e6, 3), in_flight_at_send=in_flight,

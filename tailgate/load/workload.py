@@ -13,9 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-DEFAULT_SEED = 7
-DEFAULT_WARMUP = 25
-DEFAULT_MEASURED = 500
+from tailgate.optiontable import DEFAULT_MEASURED, DEFAULT_SEED, DEFAULT_WARMUP  # noqa: F401  (re-exported)
+
 PROMPT_WORD = "ocean "
 
 #: (cumulative probability, prompt tokens, max tokens), in the reference harness's order.

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tailgate.jsonl import Follower as Tail
 from tailgate.records import journal_entry
-from tailgate.stats import measured_records, percentile
+from tailgate.resultfiles import RECORDS_GLOB, SENT_GLOB, SERVER_METRICS
+from tailgate.stats import field_values, measured_records, percentile, round_ms, tail
 
 MIN_REFRESH_S = 1.0
 """A snapshot younger than this is served again: the UI polls every 2 s, possibly from several tabs."""
@@ -46,31 +48,6 @@ def pause() -> None:
     gevent.idle()
 
 
-class Tail:
-    """Complete lines appended to a set of files since the last call (a cut last line waits for its end)."""
-
-    def __init__(self, folder: Path, pattern: str) -> None:
-        self.folder = folder
-        self.pattern = pattern
-        self._offsets: dict[Path, int] = {}
-
-    def new_lines(self) -> list[bytes]:
-        lines: list[bytes] = []
-        for path in sorted(self.folder.glob(self.pattern)):
-            start = self._offsets.get(path, 0)
-            try:
-                with open(path, "rb") as f:
-                    f.seek(start)
-                    data = f.read()
-            except OSError:
-                continue
-            cut = data.rfind(b"\n") + 1
-            if cut:
-                lines.extend(data[:cut].splitlines())
-                self._offsets[path] = start + cut
-        return lines
-
-
 @dataclass
 class StageView:
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -84,18 +61,14 @@ class StageView:
     """Record count the figures were computed for."""
 
 
-def _r1(x: float | None) -> float | None:
-    return None if x is None else round(x, 1)
-
-
 def stage_figures(records: Sequence[dict[str, Any]], warmup: int, rule: str) -> dict[str, Any]:
     """Exact p50/p90/p99/max of TTFT, worst gap and total over the measured records, errors by class, lag p99."""
     good = measured_records(records, warmup, rule)
     out: dict[str, Any] = {"measured": len(good)}
     for name, key in METRICS:
-        values = [r[key] for r in good if r.get(key) is not None]
-        fig = {f"p{q}": _r1(percentile(values, q)) for q in QUANTILES}
-        fig["max"] = _r1(max(values)) if values else None
+        values = field_values(good, key)
+        fig = {f"p{q}": round_ms(percentile(values, q)) for q in QUANTILES}
+        fig["max"] = round_ms(max(values)) if values else None
         out[name] = fig
     errors: dict[str, int] = {}
     for r in records:
@@ -103,8 +76,7 @@ def stage_figures(records: Sequence[dict[str, Any]], warmup: int, rule: str) -> 
             errors[r["error_class"]] = errors.get(r["error_class"], 0) + 1
     out["errors_by_class"] = dict(sorted(errors.items()))
     out["errors"] = sum(errors.values())
-    lag = [r["schedule_lag_ms"] for r in records if r.get("schedule_lag_ms") is not None]
-    out["lag_p99"] = _r1(percentile(lag, 99))
+    out["lag_p99"] = tail(records, "schedule_lag_ms", 99)
     out["client_coalesced"] = sum(1 for r in good if r.get("client_coalesced"))
     return out
 
@@ -115,9 +87,9 @@ class LiveRun:
     def __init__(self, session: Any) -> None:
         self.session = session
         folder: Path = session.folder
-        self._records = Tail(folder, "records-*.jsonl")
-        self._sent = Tail(folder, "sent-*.log")
-        self._metrics = Tail(folder, "server-metrics.jsonl")
+        self._records = Tail(folder, RECORDS_GLOB)
+        self._sent = Tail(folder, SENT_GLOB)
+        self._metrics = Tail(folder, SERVER_METRICS)
         self.stages: dict[int, StageView] = {s.index: StageView() for s in session.stages}
         self.series: list[dict[str, Any]] = []
         self.unreadable = 0

@@ -1,0 +1,105 @@
+"""The suite's option defaults and their validation, in one table.
+
+The Locust options (command line, ``locust.conf``, the web UI's Start form), ``tailgate suite`` and
+``tailgate slo`` all take a measured count, a warm-up, a seed and arrival rates. They used to write the
+defaults down each and to check a rate three different ways, so a value refused by one was accepted by
+another. Each reads its defaults and checks from here; ``tests/test_contracts.py`` compares every parser's
+defaults with this table. Pure Python: the load path, the command line and the analysis import it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+class OptionError(ValueError):
+    """A bad option value; ``str()`` is the one line shown to the user."""
+
+
+@dataclass(frozen=True)
+class OptionDefault:
+    name: str
+    """The option's dest (``--batch-size`` is ``batch_size``)."""
+    default: Any
+    help: str
+
+
+OPTIONS: tuple[OptionDefault, ...] = (
+    OptionDefault("n", 500, "measured requests per stage"),
+    OptionDefault("warmup", 25, "warm-up requests per stage"),
+    OptionDefault("seed", 7, "trace seed; arrival gaps use seed+1"),
+    OptionDefault("rates", (1.0, 5.0, 10.0, 20.0), "continuous arm: arrival rates in req/s, one stage each"),
+    OptionDefault("batch_size", 16, "gated arm: requests per batch (B)"),
+    OptionDefault("nochunk_rates", (5.0, 10.0), "chunked-prefill-off arm rates"),
+    OptionDefault("preempt_rate", 10.0, "rate of the small-KV-pool cell"),
+    OptionDefault("warmup_rule", "completion", "which requests the warm-up drops"),
+    OptionDefault("settle", 2.0, "idle seconds between stages, so 1 s scrapes bracket each stage cleanly"),
+    OptionDefault("request_timeout", 600.0, "seconds a whole request may take"),
+    OptionDefault("connect_timeout", 10.0, "seconds to open a connection"),
+    OptionDefault("stall_timeout", 0.0, "seconds of silence tolerated mid-stream; 0 = the request timeout"),
+    OptionDefault("max_in_flight", 0, "continuous arm: drop (and count) arrivals above this many in flight"),
+    OptionDefault("sample_metrics", 1.0, "seconds between direct /metrics samples kept for the report; 0 = off"),
+)
+DEFAULTS: dict[str, Any] = {o.name: o.default for o in OPTIONS}
+
+DEFAULT_MEASURED: int = DEFAULTS["n"]
+DEFAULT_WARMUP: int = DEFAULTS["warmup"]
+DEFAULT_SEED: int = DEFAULTS["seed"]
+DEFAULT_RATES: tuple[float, ...] = DEFAULTS["rates"]
+DEFAULT_BATCH: int = DEFAULTS["batch_size"]
+
+
+def rates_text(rates: Iterable[float]) -> str:
+    """``(1.0, 2.5)`` -> ``1,2.5``: how a rate list is written on a command line and in a form."""
+    return ",".join(f"{r:g}" for r in rates)
+
+
+def check_rate(value: float, option: str) -> float:
+    """A rate is a finite number of requests per second above 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise OptionError(f"{option}: every rate must be a positive number of req/s, got {value:g}"
+                          if isinstance(value, (int, float)) else f"{option}: {value!r} is not a number")  # fmt: skip
+    return float(value)
+
+
+def parse_rates(text: str, option: str = "--rates", *, allow_none: bool = False) -> tuple[float, ...]:
+    """Comma-separated rates; ``none`` (when allowed) is an empty tuple: a cell the user turned off."""
+    if allow_none and str(text).strip().lower() == "none":
+        return ()
+    rates = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            rate = float(part)
+        except ValueError:
+            raise OptionError(f"{option}: {part!r} is not a number") from None
+        if not (math.isfinite(rate) and rate > 0):
+            raise OptionError(f"{option}: every rate must be a positive number of req/s, got {part}")
+        rates.append(rate)
+    if not rates:
+        raise OptionError(f"{option}: give at least one rate, e.g. {option} 1,5,10,20")
+    seen: set[str] = set()
+    for rate in rates:
+        label = f"{rate:g}"
+        if label in seen:
+            # each stage's files are named by its rate: a repeat would overwrite the earlier stage's results
+            raise OptionError(f"{option}: {label} req/s appears twice; each rate is one stage "
+                              "(to repeat a rate, run again into another --results-dir)")  # fmt: skip
+        seen.add(label)
+    return tuple(rates)
+
+
+def check_counts(n: int, warmup: int, *, what: str = "measured requests", ordered: bool = True) -> None:
+    """The measured count and the warm-up: at least one measured request, and (``ordered``) no fewer than the
+    warm-up, so a percentile is never taken over fewer requests than were thrown away."""
+    if warmup < 0:
+        raise OptionError(f"--warmup: must be 0 or more, got {warmup}")
+    if n < 1:
+        raise OptionError(f"--n: must be at least 1 {what[:-1] if what.endswith('s') else what}, got {n}")
+    if ordered and n < warmup:
+        raise OptionError(f"--n: {n} {what} is fewer than the {warmup} warm-up requests")
