@@ -193,9 +193,9 @@ class WorkerStream:
             return None
         folder = Path(self.folder)
         folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / f"sent-{self.worker}-{UNREPORTED}.log", "a", encoding="utf-8") as f:
+        with open(folder / sent_file(f"{self.worker}-{UNREPORTED}"), "a", encoding="utf-8") as f:
             f.write("".join(f"{stage} {trace_id}\n" for stage, trace_id in self._sends))
-        with open(folder / f"records-{self.worker}-{UNREPORTED}.jsonl", "a", encoding="utf-8") as f:
+        with open(folder / records_file(f"{self.worker}-{UNREPORTED}"), "a", encoding="utf-8") as f:
             f.write("".join(json.dumps(to_master_clock(dict(row), self.offset_s), separators=(",", ":")) + "\n"
                             for row in self._rows))  # fmt: skip
         return folder

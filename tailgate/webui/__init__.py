@@ -30,6 +30,7 @@ from flask import Blueprint, Response, abort, jsonify, request, send_file
 
 from tailgate.load.options import OptionError
 from tailgate.load.preflight import settings_for, usage_line
+from tailgate.resultfiles import RECORDS_GLOB, RECORDS_SUBDIR, REPORT_DIR, RUN_META, SENT_GLOB, SUMMARY_GLOB
 from tailgate.webui.live import TABLE_KEY, TABLE_STRUCTURE, LiveViews, table_rows
 
 log = logging.getLogger("tailgate")
@@ -79,9 +80,9 @@ def form_options(parsed: Any, form: Any) -> argparse.Namespace:
 
 
 DOWNLOADS: dict[str, tuple[str, ...]] = {
-    "records": ("records-*.jsonl", "sent-*.log", "records/records-*.jsonl"),
-    "summaries": ("summary-*.json", "run.json"),
-    "report": ("report/**/*",),
+    "records": (RECORDS_GLOB, SENT_GLOB, f"{RECORDS_SUBDIR}/{RECORDS_GLOB}"),
+    "summaries": (SUMMARY_GLOB, RUN_META),
+    "report": (f"{REPORT_DIR}/**/*",),
 }
 """What each of the tab's download links holds, by glob in the run's folder."""
 
