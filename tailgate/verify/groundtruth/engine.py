@@ -61,9 +61,9 @@ class EngineModel:
             v = getattr(model, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise EngineModelError(f"engine {name} must be an integer >= 1, got {v!r}")
-        if isinstance(model.kv_capacity_tokens, bool) or not isinstance(model.kv_capacity_tokens, int) \
-                or model.kv_capacity_tokens < 0:  # fmt: skip
-            raise EngineModelError(f"engine kv_capacity_tokens must be an integer >= 0, got {model.kv_capacity_tokens!r}")
+        kv = model.kv_capacity_tokens
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 0:
+            raise EngineModelError(f"engine kv_capacity_tokens must be an integer >= 0, got {kv!r}")
         for name in ("step_ms", "step_ms_per_seq", "prefill_ms_per_token"):
             v = getattr(model, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
@@ -216,7 +216,6 @@ def simulate(model: EngineModel, arrivals: Iterable[tuple[int, int, int]], *, fa
     (a test holds it to the step-by-step run), only the time a long truth run takes.
     """
     engine = Engine(model)
-    m = model
     pending = deque(sorted(arrivals))
     reqs: list[EngineRequest] = []
     # per request: [first token ns, last token ns, worst gap ns]
