@@ -1,0 +1,100 @@
+"""``tailgate slo``: the highest Poisson rate each server configuration sustains under an SLO.
+
+The question after the seed's table: *at my SLO, how much load can this server take, and which
+scheduler setting gives the most?* For every server configuration of a sweep (chunked prefill,
+``--max-num-batched-tokens``, ``--long-prefill-token-threshold``, ``--max-num-seqs``), the server is
+restarted with its flags and the continuous arm probes rates: double from a start rate until the
+SLO fails, then bisect to a resolution. Every probe is an ordinary Locust run in its own folder
+(nothing is discarded, and ``tailgate report`` reads them like any other cell).
+
+An SLO limits TTFT, worst-gap and total percentiles **from the intended send** (so a late load
+generator or a queue in front of the server counts against the server, as a user would feel it),
+and the error rate. A p99 of a few hundred requests rests on a handful of them, so each verdict
+comes with a bootstrap interval: a probe passes only when the whole interval is under every limit,
+fails when an interval lies wholly above one, and is otherwise *uncertain*: re-run (the attempts
+are pooled), and still uncertain after that it counts as not passing and is reported as such.
+
+This module drives child processes and reads JSONL; it never imports pandas, gevent or Locust.
+"""
+
+from tailgate.slo.command import (
+    EMBEDDED,
+    EMBEDDED_BASE_FLAGS,
+    GPU,
+    add_slo_arguments,
+    build_plan,
+    main,
+    make_controller,
+    print_table,
+    run,
+)
+from tailgate.slo.probe import PROBE_OVERHEAD_S, SloPlan, SloRunError, SloRunner, probe_dir_name
+from tailgate.slo.search import Resolution, SearchOutcome, SearchStep, search
+from tailgate.slo.spec import (
+    EMBEDDED_MAX_MODEL_LEN,
+    EXIT_FAILED,
+    EXIT_NOT_MET,
+    EXIT_OK,
+    EXIT_USAGE,
+    KNOBS,
+    METRIC_FIELDS,
+    PROBE_MARK,
+    SLO_FILE,
+    Limit,
+    ServerConfig,
+    SloError,
+    build_sweep,
+    knob_flags,
+    parse_config,
+    parse_grid,
+    parse_slo,
+    parse_sweep_file,
+    slo_text,
+)
+from tailgate.slo.verdict import Check, binding_limit, bootstrap_interval, check_probe, p99s, wilson_interval
+
+__all__ = [
+    "EMBEDDED",
+    "EMBEDDED_BASE_FLAGS",
+    "EMBEDDED_MAX_MODEL_LEN",
+    "EXIT_FAILED",
+    "EXIT_NOT_MET",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "GPU",
+    "KNOBS",
+    "METRIC_FIELDS",
+    "PROBE_MARK",
+    "PROBE_OVERHEAD_S",
+    "SLO_FILE",
+    "Check",
+    "Limit",
+    "Resolution",
+    "SearchOutcome",
+    "SearchStep",
+    "ServerConfig",
+    "SloError",
+    "SloPlan",
+    "SloRunError",
+    "SloRunner",
+    "add_slo_arguments",
+    "binding_limit",
+    "bootstrap_interval",
+    "build_plan",
+    "build_sweep",
+    "check_probe",
+    "knob_flags",
+    "main",
+    "make_controller",
+    "p99s",
+    "parse_config",
+    "parse_grid",
+    "parse_slo",
+    "parse_sweep_file",
+    "print_table",
+    "probe_dir_name",
+    "run",
+    "search",
+    "slo_text",
+    "wilson_interval",
+]

@@ -1,0 +1,271 @@
+"""``tailgate slo`` on the command line: its options, their validation into an :class:`SloPlan`, the
+controller for ``--server``, and the run that prints the answer and builds the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tailgate.slo.probe import SloPlan, SloRunError, SloRunner
+from tailgate.slo.search import Resolution
+from tailgate.slo.spec import (
+    EXIT_FAILED,
+    EXIT_NOT_MET,
+    EXIT_OK,
+    EXIT_USAGE,
+    KNOBS,
+    Limit,
+    Log,
+    SloError,
+    build_sweep,
+    parse_slo,
+    slo_text,
+)
+from tailgate.slo.verdict import _fmt
+
+#: Eager mode on the CPU server: it starts in ~40 s instead of minutes of torch.compile on 2 cores.
+EMBEDDED_BASE_FLAGS = ("--enforce-eager",)
+EMBEDDED = {"start_rate": 1.0, "max_rate": 8.0, "n": 20, "warmup": 3, "max_waiting": 64}
+GPU = {"start_rate": 5.0, "max_rate": 64.0, "n": 200, "warmup": 25, "max_waiting": 400}
+
+
+def add_slo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--slo", default="",
+                   help="limits from the intended send, e.g. 'ttft_p99<=300ms,gap_p99<=200ms,errors<=0.5%%'")
+    p.add_argument("--embedded", action="store_true", help="the CPU vLLM of this machine, scaled down")
+    p.add_argument("--server", choices=("local", "compose", "manual", "url", "command"), default=None,
+                   help="who restarts the server per configuration: local (CPU vLLM), compose (an override "
+                        "file per configuration), manual (you), command (--restart-command), url (nobody: "
+                        "one configuration, its flags recorded as declared)")  # fmt: skip
+    p.add_argument("--host", default="http://127.0.0.1:8000", help="server URL (compose, manual, url, command)")
+    p.add_argument("--restart-command", default="",
+                   help="shell command that (re)starts the server; {flags} and {config} are filled in")
+    p.add_argument("--stop-command", default="", help="shell command that stops the server at the end (command)")
+    p.add_argument("--config", action="append", default=[],
+                   help="a configuration: 'NAME' or 'NAME: knob=value ...' (repeat); knobs: " + ", ".join(KNOBS))
+    p.add_argument("--knob", action="append", default=[], help="knob=v1,v2: a grid over every combination (repeat)")
+    p.add_argument("--sweep", default="", help="JSON or TOML file with 'configs' and/or 'grid'")
+    p.add_argument("--results", default="", help="folder (default results/slo-<time>); re-use to resume")
+    p.add_argument("--start-rate", type=float, default=None, help="first rate of the doubling, req/s (default 5)")
+    p.add_argument("--max-rate", type=float, default=None, help="highest rate probed, req/s (default 64)")
+    p.add_argument("--min-rate", type=float, default=None, help="lowest rate halving may reach (default start/8)")
+    p.add_argument("--resolution", default="25%",
+                   help="bisect until the bracket is this narrow: req/s or a %% of the rate")
+    p.add_argument("--max-probes", type=int, default=8, help="rates probed per configuration at most")
+    p.add_argument("--time-budget", type=float, default=0.0,
+                   help="seconds of probing per configuration; no probe starts that would overrun it (0: none)")
+    p.add_argument("--reruns", type=int, default=1, help="re-runs of a probe whose interval straddles a limit")
+    p.add_argument("--confidence", type=float, default=0.95, help="level of the bootstrap / Wilson intervals")
+    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples per percentile")
+    p.add_argument("--n", type=int, default=None, help="measured requests per probe (default 200)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up requests per probe (default 25)")
+    p.add_argument("--seed", type=int, default=7, help="trace seed; a re-run uses seed + 100")
+    p.add_argument("--trace-file", default="", help="JSONL of {prompt_tokens, max_tokens} instead of the seeded mix")
+    p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")
+    p.add_argument("--processes", type=int, default=1, help="load-generator processes per probe")
+    p.add_argument("--max-waiting", type=int, default=None,
+                   help="stop a probe when vllm:num_requests_waiting reaches this (default 400; 0 = never)")
+    p.add_argument("--prometheus-url", default="", help="a Prometheus scraping the server")
+    p.add_argument("--compose-file", action="append", default=[], help="compose file(s) (default docker-compose.yml)")
+    p.add_argument("--compose-service", default="vllm")
+    p.add_argument("--locust-arg", action="append", default=[], help="extra option for every Locust run")
+    p.add_argument("--no-report", action="store_true", help="skip the report at the end")
+
+
+def build_plan(args: argparse.Namespace) -> SloPlan:
+    """Validate every option before anything starts; :class:`SloError` names the option."""
+    limits = parse_slo(args.slo)
+    if not any(lim.metric == "errors" for lim in limits):
+        # errors are never an acceptable way to meet a latency limit: without an error term, the first
+        # failed request fails the probe (and stops it early)
+        limits = (*limits, Limit("errors", "errors", None, 0.0))
+    configs = build_sweep(args)
+    scaled = EMBEDDED if args.embedded else GPU
+    start = args.start_rate if args.start_rate is not None else scaled["start_rate"]
+    max_rate = args.max_rate if args.max_rate is not None else scaled["max_rate"]
+    n = args.n if args.n is not None else scaled["n"]
+    warmup = args.warmup if args.warmup is not None else scaled["warmup"]
+    max_waiting = args.max_waiting if args.max_waiting is not None else scaled["max_waiting"]
+    for option, value in (("--start-rate", start), ("--max-rate", max_rate)):
+        if not (math.isfinite(value) and value > 0):
+            raise SloError(f"{option}: must be a rate above 0, got {value:g}")
+    if max_rate < start:
+        raise SloError(f"--max-rate: {max_rate:g} is below --start-rate {start:g}")
+    min_rate = args.min_rate if args.min_rate is not None else start / 8
+    if not (math.isfinite(min_rate) and 0 < min_rate <= start):
+        raise SloError(f"--min-rate: must be above 0 and at most --start-rate, got {min_rate:g}")
+    if n < 1:
+        raise SloError(f"--n: must be at least 1, got {n}")
+    if warmup < 0:
+        raise SloError(f"--warmup: must be 0 or more, got {warmup}")
+    if not args.trace_file and n < warmup:
+        raise SloError(f"--n: {n} measured requests is fewer than the {warmup} warm-up requests")
+    if args.max_probes < 1:
+        raise SloError(f"--max-probes: must be at least 1, got {args.max_probes}")
+    if args.reruns < 0:
+        raise SloError(f"--reruns: must be 0 or more, got {args.reruns}")
+    if not 0.5 <= args.confidence < 1:
+        raise SloError(f"--confidence: must be in [0.5, 1), got {args.confidence:g}")
+    if args.resamples < 100:
+        raise SloError(f"--resamples: must be at least 100, got {args.resamples}")
+    if args.processes < 1:
+        raise SloError(f"--processes: must be at least 1, got {args.processes}")
+    if not (math.isfinite(args.time_budget) and args.time_budget >= 0):
+        raise SloError(f"--time-budget: must be 0 (none) or more seconds, got {args.time_budget:g}")
+    if max_waiting < 0:
+        raise SloError(f"--max-waiting: must be 0 (never) or more, got {max_waiting}")
+    locust_args = list(args.locust_arg)
+    if args.trace_file:
+        if not Path(args.trace_file).is_file():
+            raise SloError(f"--trace-file: {args.trace_file} is not a file")
+        locust_args += ["--trace-file", str(Path(args.trace_file).resolve())]
+        try:  # the file sets the count: every item after the warm-up is measured
+            lines = [x for x in Path(args.trace_file).read_text().splitlines() if x.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise SloError(f"--trace-file: cannot read {args.trace_file} ({e})") from None
+        if len(lines) <= warmup:
+            raise SloError(f"--trace-file: {len(lines)} items leave nothing after --warmup {warmup}")
+        n = len(lines) - warmup
+    return SloPlan(
+        limits=limits, configs=configs, start_rate=start, max_rate=max_rate, min_rate=min_rate,
+        resolution=Resolution.parse(args.resolution), max_probes=args.max_probes, reruns=args.reruns,
+        confidence=args.confidence, resamples=args.resamples, n=n, warmup=warmup, seed=args.seed,
+        ignore_eos=args.ignore_eos or args.embedded, processes=args.processes, max_waiting=max_waiting,
+        time_budget=args.time_budget,
+        locust_args=locust_args, base_flags=list(EMBEDDED_BASE_FLAGS) if args.embedded else [],
+    )  # fmt: skip
+
+
+def _check_url(option: str, url: str) -> None:
+    from tailgate.load.client import Target, TargetError
+
+    try:
+        Target.parse(url)
+    except TargetError as e:
+        raise SloError(f"{option}: {e}") from None
+
+
+def print_table(state: Mapping[str, Any], log: Log) -> None:
+    """The answer in the terminal: configuration -> highest rate meeting the SLO, its p99s, the binding limit."""
+    log(f"[slo] SLO {state.get('plan', {}).get('slo')}: highest Poisson rate meeting it, per configuration")
+    for c in state.get("configs", []):
+        r = c.get("result") or {}
+        best = r.get("best_rate")
+        at = r.get("at_best") or {}
+        p99 = " ".join(f"{k} {_fmt(k, v.get('point'))}" for k, v in at.items())
+        status = r.get("status")
+        where = "none" if best is None else (f">= {best:g}" if status == "max_rate" else f"{best:g}")
+        log(f"[slo]   {c['name']:<28} {where:>8} req/s  {p99}  binding: {r.get('binding') or '-'}  ({status})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from tailgate.cli import ArgumentParser
+
+    prog = "tailgate slo"
+    parser = ArgumentParser(prog=prog, description="highest Poisson rate meeting an SLO, per server configuration")
+    add_slo_arguments(parser)
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        plan = build_plan(args)
+        if not args.embedded and args.server is None:
+            raise SloError("--server: say who runs the server (local, compose, manual, url, command) "
+                           "or use --embedded")
+        if args.server == "url" and len(plan.configs) > 1:
+            raise SloError("--config: --server url cannot restart the server; name the one configuration it runs")
+        if args.server == "command" and "{flags}" not in args.restart_command:
+            raise SloError("--restart-command: give a shell command with a {flags} placeholder")
+        if args.server in ("compose", "manual", "url", "command"):
+            _check_url("--host", args.host)
+        if args.prometheus_url:
+            _check_url("--prometheus-url", args.prometheus_url)
+        root = Path(args.results or f"results/slo-{time.strftime('%Y%m%d-%H%M%S')}")
+        if root.exists() and not root.is_dir():
+            raise SloError(f"--results: {root} exists and is not a folder")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            (root / ".probe").write_text("")
+            (root / ".probe").unlink()
+        except OSError as e:
+            raise SloError(f"--results: {root} is not writable ({e.strerror or e})") from None
+    except SloError as e:
+        sys.stderr.write(f"{prog}: error: {e}\n")
+        return EXIT_USAGE
+    log = _printer()
+    return run(args, plan, root, log)
+
+
+def _printer() -> Log:
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    return log
+
+
+def make_controller(args: argparse.Namespace, root: Path, log: Log) -> Any:
+    from tailgate import servers
+    from tailgate.servers.sweep import CommandServer, ComposeWithFlags
+
+    if args.embedded or args.server == "local":
+        log("[slo] preparing the CPU vLLM (installed once into ~/.cache/tailgate)")
+        python = servers.ensure_vllm_venv(log=log)
+        model = servers.ensure_tiny_model(python=python)
+        return servers.LocalVllmServer(python, model, log_path=root / "server.log")
+    if args.server == "compose":
+        return ComposeWithFlags(args.compose_service, args.compose_file or ["docker-compose.yml"],
+                                root / "compose", base_url=args.host)  # fmt: skip
+    if args.server == "manual":
+        return servers.ManualServer(args.host, out=log)
+    if args.server == "command":
+        return CommandServer(args.host, args.restart_command, stop_command=args.stop_command)
+    return servers.FixedServer(args.host)
+
+
+def run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log) -> int:
+    from tailgate import servers
+
+    started = time.monotonic()
+    controller: Any = None
+    runner: SloRunner | None = None
+    try:
+        controller = make_controller(args, root, log)
+        from tailgate.suite import host_facts
+
+        runner = SloRunner(
+            plan, controller, root, prometheus_url=args.prometheus_url or None, log=log,
+            extra_metadata={"environment": host_facts(), "server_kind": type(controller).__name__,
+                            "embedded": args.embedded},
+        )  # fmt: skip
+        log(f"[slo] SLO {slo_text(plan.limits)}; {len(plan.configs)} configuration(s): "
+            f"{', '.join(c.name for c in plan.configs)}; doubling from {plan.start_rate:g} req/s to at most "
+            f"{plan.max_rate:g}, bisecting to {plan.resolution}; n={plan.n} (+{plan.warmup} warm-up) "
+            "per probe")  # fmt: skip
+        runner.run()
+        print_table(runner.state, log)
+        if not args.no_report:
+            from tailgate.postprocess.report import build_report
+
+            log("[slo] building the report")
+            paths = build_report(root, prometheus_url=args.prometheus_url or None)
+            log(f"[slo] report: {getattr(paths, 'html', paths)}")
+        log(f"[slo] finished in {time.monotonic() - started:.0f} s")
+        met = any((c.get("result") or {}).get("best_rate") is not None for c in runner.state.get("configs", []))
+        return EXIT_OK if met else EXIT_NOT_MET
+    except KeyboardInterrupt:
+        if runner is not None:
+            runner.interrupt()
+        log("[slo] interrupted: finished probes are kept; run the same command again to resume")
+        return 130
+    except (SloRunError, servers.ServerError, OSError) as e:
+        log(f"[slo] failed: {e}")
+        return EXIT_FAILED
+    finally:
+        if runner is not None:
+            runner.interrupt()
+        if controller is not None and (args.embedded or args.server in ("local", "command")):
+            controller.stop()

@@ -1,0 +1,412 @@
+"""Running the search against a server: restart per configuration, one Locust child per probe attempt
+(stopped early once the queue or the errors decide it), verdicts pooled over attempts, and ``slo.json``
+saved after every step so an interrupted search resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tailgate import locustfiles
+from tailgate.load.plan import rate_label
+from tailgate.records import read_records, record_files
+from tailgate.slo.search import Resolution, _outcome_so_far, search
+from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Limit, Log, ServerConfig, slo_text
+from tailgate.slo.verdict import _fmt, binding_limit, check_probe, p99s
+from tailgate.stats import measured_records
+
+
+@dataclass
+class SloPlan:
+    limits: tuple[Limit, ...]
+    configs: list[ServerConfig]
+    start_rate: float = 5.0
+    max_rate: float = 64.0
+    min_rate: float = 0.5
+    resolution: Resolution = field(default_factory=lambda: Resolution(0.25, True))
+    max_probes: int = 8
+    reruns: int = 1
+    confidence: float = 0.95
+    resamples: int = 2000
+    n: int = 200
+    warmup: int = 25
+    seed: int = 7
+    ignore_eos: bool = False
+    processes: int = 1
+    max_waiting: int = 0
+    """Stop a probe once the server's waiting queue reaches this many requests (0: never)."""
+    time_budget: float = 0.0
+    """Seconds of probing per configuration; no probe starts that would overrun it (0: no budget)."""
+    locust_args: list[str] = field(default_factory=list)
+    base_flags: list[str] = field(default_factory=list)
+    """Flags every configuration starts with (the embedded server's eager mode), before its own."""
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "slo": slo_text(self.limits), "limits": [asdict(lim) for lim in self.limits],
+            "start_rate": self.start_rate, "max_rate": self.max_rate, "min_rate": self.min_rate,
+            "resolution": str(self.resolution), "max_probes": self.max_probes, "reruns": self.reruns,
+            "confidence": self.confidence, "resamples": self.resamples, "n": self.n, "warmup": self.warmup,
+            "seed": self.seed, "ignore_eos": self.ignore_eos, "processes": self.processes,
+            "max_waiting": self.max_waiting, "time_budget": self.time_budget, "locust_args": self.locust_args,
+            "base_flags": self.base_flags,
+            "measured_from": "intended send (TTFT, total); worst gap inside the stream",
+        }  # fmt: skip
+
+
+def probe_dir_name(config: str, rate: float, attempt: int) -> str:
+    return f"{config}_slo_r{rate_label(rate)}_a{attempt}"
+
+
+_NULL_CLASS = re.compile(rb'"error_class":\s*null')
+
+
+class _Watch:
+    """Follows a running probe's files: the server's waiting queue and the error records so far."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.offsets: dict[Path, int] = {}
+        self.errors = 0
+        self.waiting: float | None = None
+        self.waiting_max = 0.0
+
+    def _new_lines(self, path: Path) -> list[bytes]:
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.offsets.get(path, 0))
+                data = f.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offsets[path] = self.offsets.get(path, 0) + end
+        return data[:end].splitlines()
+
+    def poll(self) -> None:
+        for line in self._new_lines(self.out / "server-metrics.jsonl"):
+            try:
+                w = json.loads(line).get("waiting")
+            except ValueError:
+                continue
+            if isinstance(w, (int, float)):
+                self.waiting = float(w)
+                self.waiting_max = max(self.waiting_max, float(w))
+        for path in record_files(self.out):
+            for line in self._new_lines(path):
+                if b'"error_class"' in line and not _NULL_CLASS.search(line):
+                    self.errors += 1
+
+
+class SloRunner:
+    """Runs the search for every configuration, restarting the server between them."""
+
+    def __init__(
+        self,
+        plan: SloPlan,
+        controller: Any,
+        root: Path,
+        *,
+        prometheus_url: str | None = None,
+        log: Log = print,
+        extra_metadata: dict[str, Any] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.controller = controller
+        self.root = root
+        self.prometheus_url = prometheus_url
+        self.log = log
+        self.extra = extra_metadata or {}
+        self._child: subprocess.Popen[str] | None = None
+        self._running: str | None = None
+        self._interrupted = False
+        self.state: dict[str, Any] = {}
+        self.clock: Callable[[], float] = time.monotonic
+        """What the time budget is counted on (a test may substitute its own)."""
+        self._config_t0 = self.clock()
+
+    # -- state file ------------------------------------------------------------------------------
+    def _save(self) -> None:
+        path = self.root / SLO_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=1, default=str) + "\n")
+        tmp.replace(path)
+
+    def _config_state(self, config: ServerConfig) -> dict[str, Any]:
+        configs = self.state.setdefault("configs", [])
+        for c in configs:
+            if c["name"] == config.name:
+                return c
+        c = {**config.as_dict(), "status": "pending", "probes": [], "server": None}
+        configs.append(c)
+        return c
+
+    # -- server ------------------------------------------------------------------------------------
+    def _ensure_server(self, config: ServerConfig) -> None:
+        if self._running == config.name:
+            return
+        flags = [*self.plan.base_flags, *config.flags]
+        cs = self._config_state(config)
+        if hasattr(self.controller, "use_config"):
+            self.controller.use_config(config.name)
+        if getattr(self.controller, "restarts", True):
+            shown = shlex.join(flags) or "default flags"
+            self.log(f"[slo] server configuration '{config.name}': restarting with {shown}")
+            t0 = self.clock()
+            self.controller.restart(flags)
+            self.controller.wait_healthy()
+            self.log(f"[slo] server healthy after {self.clock() - t0:.0f} s")
+            self._config_t0 += self.clock() - t0  # the time budget is for probes, not for starts
+            applied = True
+        else:
+            self.log(f"[slo] server configuration '{config.name}': using the server as it runs; "
+                     f"declared flags {shlex.join(flags) or '(none)'} are recorded, not applied")  # fmt: skip
+            self.controller.wait_healthy()
+            applied = False
+        self._running = config.name
+        cs["server"] = {"flags": flags, "flags_applied": applied, **self.controller.describe()}
+        self._save()
+
+    # -- one Locust run ----------------------------------------------------------------------------
+    def _command(self, config: ServerConfig, rate: float, seed: int, out: Path) -> list[str]:
+        p = self.plan
+        cmd = [
+            sys.executable, "-m", "locust", "-f", str(Path(locustfiles.__file__).with_name("continuous.py")),
+            "--headless", "--only-summary", "--host", self.controller.base_url, "--results-dir", str(out),
+            "--config-label", config.name, "--n", str(p.n), "--warmup", str(p.warmup), "--seed", str(seed),
+            "--rates", f"{rate:g}",
+        ]  # fmt: skip
+        if p.ignore_eos:
+            cmd.append("--ignore-eos")
+        if self.prometheus_url:
+            cmd += ["--prometheus-url", self.prometheus_url]
+        if p.processes > 1:
+            cmd += ["--processes", str(p.processes)]
+        return cmd + list(p.locust_args)
+
+    def _error_budget(self) -> int | None:
+        """Errors beyond which a probe fails whatever happens next (None: no error limit)."""
+        lim = next((x for x in self.plan.limits if x.metric == "errors"), None)
+        if lim is None:
+            return None
+        return math.floor(lim.limit * (self.plan.n + self.plan.warmup))
+
+    def _run_child(self, config: ServerConfig, rate: float, seed: int, out: Path) -> dict[str, Any]:
+        """Run one Locust child, stopping it early when the queue or the errors already decide the probe."""
+        if out.exists():  # an interrupted attempt: kept aside, never mixed in
+            aside = self.root / ".incomplete" / f"{out.name}-{int(time.time())}"
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            out.rename(aside)
+        cmd = self._command(config, rate, seed, out)
+        t0 = time.monotonic()
+        tail: list[str] = []
+        child = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
+        self._child = child
+
+        def pump() -> None:
+            assert child.stdout is not None
+            for line in child.stdout:
+                tail.append(line.rstrip("\n"))
+                del tail[:-40]
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        watch = _Watch(out)
+        budget = self._error_budget()
+        stopped: str | None = None
+        while child.poll() is None:
+            time.sleep(0.5)
+            watch.poll()
+            if stopped:
+                continue
+            if self.plan.max_waiting and watch.waiting is not None and watch.waiting >= self.plan.max_waiting:
+                stopped = (f"waiting queue reached {watch.waiting:.0f} (limit {self.plan.max_waiting}): "
+                           "it grows without bound")
+            elif budget is not None and watch.errors > budget:
+                stopped = f"{watch.errors} errors: over the SLO's error budget of {budget} for the probe"
+            if stopped:
+                self.log(f"[slo]   stopping the probe early: {stopped}")
+                child.send_signal(signal.SIGINT)
+                try:
+                    child.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+        code = child.wait()
+        reader.join(timeout=5)
+        self._child = None
+        watch.poll()
+        summaries = sorted(out.glob("summary-*.json"))
+        summary = json.loads(summaries[0].read_text()) if summaries else None
+        if stopped is None and (code not in (0, 1) or summary is None):
+            detail = "\n".join(tail[-15:])
+            raise SloRunError(f"probe {out.name} failed (locust exit {code}); last output:\n{detail}")
+        mark = {
+            "rate": rate, "seed": seed, "exit_code": code, "seconds": round(time.monotonic() - t0, 1),
+            "stopped_early": stopped, "waiting_max": watch.waiting_max,
+        }  # fmt: skip
+        (out / PROBE_MARK).write_text(json.dumps(mark, indent=1) + "\n")
+        return mark
+
+    def _attempt_data(self, out: Path, mark: Mapping[str, Any]) -> dict[str, Any]:
+        """What a verdict needs from one attempt's folder."""
+        scan = read_records(out)
+        recs = [r for r in scan.records if r.get("error_class") != "cancelled" or not mark.get("stopped_early")]
+        summaries = sorted(out.glob("summary-*.json"))
+        summary = json.loads(summaries[0].read_text()) if summaries else {}
+        dropped = int(summary.get("dropped_arrivals") or 0)
+        errors = sum(1 for r in scan.records if r.get("error_class") is not None) + dropped
+        return {
+            "measured": measured_records(recs, self.plan.warmup),
+            "sent": len(scan.records) + dropped,
+            "errors": errors,
+            "stopped_early": mark.get("stopped_early"),
+            "summary": summary,
+            "records": scan.records,
+        }
+
+    def probe(self, config: ServerConfig, rate: float, phase: str, index: int) -> str:
+        """One rate: run (or reuse) attempts until the verdict is certain or the re-runs are spent."""
+        p = self.plan
+        attempts: list[dict[str, Any]] = []
+        entry: dict[str, Any] = {"index": index, "rate": rate, "phase": phase, "attempts": []}
+        verdict, checks = "uncertain", []
+        for attempt in range(1, p.reruns + 2):
+            out = self.root / probe_dir_name(config.name, rate, attempt)
+            seed = p.seed + 100 * (attempt - 1)  # a re-run draws a fresh trace and fresh arrival gaps
+            mark_path = out / PROBE_MARK
+            if mark_path.exists():
+                mark = json.loads(mark_path.read_text())
+                self.log(f"[slo] {config.name}: probe {index} ({phase}) {rate:g} req/s attempt {attempt}: already done")
+            else:
+                est = (p.n + p.warmup) / rate
+                spent = self.clock() - self._config_t0
+                if p.time_budget and spent + est + PROBE_OVERHEAD_S > p.time_budget:
+                    if attempts:  # a re-run that does not fit: the probe stays uncertain, and is recorded
+                        self.log(f"[slo]   no time left in the budget for the re-run: {rate:g} req/s stays uncertain")
+                        break
+                    need = est + PROBE_OVERHEAD_S
+                    raise _BudgetSpent(f"{spent:.0f} s spent; a {rate:g} req/s probe needs ~{need:.0f} s more "
+                                       f"than the {p.time_budget:g} s budget allows")  # fmt: skip
+                self._ensure_server(config)
+                self.log(f"[slo] {config.name}: probe {index} ({phase}) {rate:g} req/s attempt {attempt} "
+                         f"(~{est:.0f} s of arrivals)")  # fmt: skip
+                mark = self._run_child(config, rate, seed, out)
+            data = self._attempt_data(out, mark)
+            attempts.append(data)
+            verdict, checks = check_probe(attempts, p.limits, level=p.confidence, resamples=p.resamples, seed=p.seed)
+            s = data["summary"]
+            entry["attempts"].append({
+                "dir": out.name, "seed": seed, "seconds": mark.get("seconds"),
+                "stopped_early": mark.get("stopped_early"), "waiting_max": mark.get("waiting_max"),
+                "sent": data["sent"], "errors": data["errors"],
+                "n_measured": len(data["measured"]), "achieved_rate": s.get("achieved_rate"),
+                "ttft_p99_from_send": s.get("ttft_p99"), "preemptions_delta": s.get("preemptions_delta"),
+                "schedule_lag_p99": s.get("schedule_lag_p99"),
+            })  # fmt: skip
+            shown = ", ".join(
+                f"{c.key} {_fmt(c.key, c.point)} [{_fmt(c.key, c.low)}, {_fmt(c.key, c.high)}] {c.verdict}"
+                for c in checks
+            )
+            self.log(f"[slo]   -> {verdict.upper()}: {shown}")
+            if verdict != "uncertain":
+                break
+            if attempt <= p.reruns:
+                self.log("[slo]   an interval straddles its limit: re-running, the attempts pooled")
+        pooled = [r for a in attempts for r in a["measured"]]
+        entry.update({"verdict": verdict, "checks": [asdict(c) for c in checks],
+                      "binding": binding_limit(checks), "p99": p99s(pooled)})  # fmt: skip
+        cs = next(c for c in self.state["configs"] if c["name"] == config.name)
+        cs["probes"].append(entry)
+        self._save()
+        return verdict
+
+    def run_config(self, config: ServerConfig) -> dict[str, Any]:
+        p = self.plan
+        cs = self._config_state(config)
+        cs.update({"status": "running", "probes": []})
+        self._save()
+        counter = itertools.count(1)
+        self._config_t0 = self.clock()
+        try:
+            outcome = search(
+                lambda rate, phase: self.probe(config, rate, phase, next(counter)),
+                start=p.start_rate, max_rate=p.max_rate, min_rate=p.min_rate,
+                resolution=p.resolution, max_probes=p.max_probes,
+            )  # fmt: skip
+        except _BudgetSpent as e:
+            self.log(f"[slo] {config.name}: time budget spent ({e}); the bracket so far is the answer")
+            outcome = _outcome_so_far(cs["probes"])
+        best_probe = next((pr for pr in reversed(cs["probes"]) if pr["rate"] == outcome.best), None)
+        fail_probe = next((pr for pr in reversed(cs["probes"]) if pr["rate"] == outcome.first_fail), None)
+        cs["result"] = {
+            "best_rate": outcome.best, "first_fail_rate": outcome.first_fail, "status": outcome.status,
+            "binding": fail_probe["binding"] if fail_probe else None,
+            "at_best": {c["key"]: c for c in best_probe["checks"]} if best_probe else None,
+            "uncertain_rates": [pr["rate"] for pr in cs["probes"] if pr["verdict"] == "uncertain"],
+            "probes": len(cs["probes"]),
+            "attempts": sum(len(pr["attempts"]) for pr in cs["probes"]),
+        }  # fmt: skip
+        cs["status"] = "done"
+        self._save()
+        best = "none" if outcome.best is None else f"{outcome.best:g} req/s"
+        self.log(f"[slo] {config.name}: highest rate meeting the SLO {best} ({outcome.status}; "
+                 f"binding limit above it: {cs['result']['binding'] or 'none'})")  # fmt: skip
+        return cs
+
+    def run(self) -> list[dict[str, Any]]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.state = json.loads((self.root / SLO_FILE).read_text())
+        except (OSError, ValueError):
+            self.state = {"created": _iso(time.time())}
+        self.state.update({"started": _iso(time.time()), "plan": self.plan.describe(), **self.extra})
+        # configurations searched by earlier invocations (one per device call) stay in the file
+        self.state.setdefault("configs", [])
+        self._save()
+        done = []
+        for config in self.plan.configs:
+            done.append(self.run_config(config))
+        self.state["ended"] = _iso(time.time())
+        self._save()
+        return done
+
+    def interrupt(self) -> None:
+        """Stop the Locust child (its in-flight requests are written as cancelled records)."""
+        self._interrupted = True
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGINT)
+            try:
+                child.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+class SloRunError(RuntimeError):
+    pass
+
+
+class _BudgetSpent(Exception):
+    """The next probe would overrun the configuration's time budget."""
+
+
+PROBE_OVERHEAD_S = 15.0
+"""Seconds a probe costs beyond its arrivals: the load generator's start, the last streams, the settle."""
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
