@@ -107,6 +107,9 @@ class Engine:
         self.prompt_tokens_done = 0
         self.step_end_ns: int | None = None
         """End of the step in flight; None while idle."""
+        self.last_end_ns = 0
+        """End of the last step: an idle engine's next step starts no earlier (arrivals stamped before it
+        wait for the next step, as they would have in a step-by-step clock)."""
         self._emit: list[EngineRequest] = []
         self._prefilled = 0
 
@@ -183,6 +186,7 @@ class Engine:
         Each has ``k`` already advanced; those that reached ``max_tokens`` have left the batch.
         """
         emit, self._emit = self._emit, []
+        self.last_end_ns = self.step_end_ns or self.last_end_ns
         self.step_end_ns = None
         done = False
         for r in emit:

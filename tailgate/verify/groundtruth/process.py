@@ -125,6 +125,7 @@ def start_server_process(
     model: str = DEFAULT_MODEL,
     accept_any_model: bool = False,
     script: Mapping[str, Any] | str | Path | None = None,
+    engine: Mapping[str, Any] | None = None,
     chunk_log: str | Path | None = None,
     startup_timeout_s: float = 20.0,
     python: str = sys.executable,
@@ -160,6 +161,8 @@ def start_server_process(
     ]
     if accept_any_model:
         args.append("--accept-any-model")
+    if engine is not None:
+        args += ["--engine", json.dumps(dict(engine))]
     if script is not None:
         if isinstance(script, Mapping):
             script_path = wd / "script.json"

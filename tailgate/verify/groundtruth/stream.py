@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from .wire import _CHUNK_END, _SSE_DONE, _SSE_MALFORMED, _chunk_frame, _monotonic_ns, _raw_frame
 
 if TYPE_CHECKING:
+    from .engine import EngineRequest
     from .server import GroundTruthServer, _Connection
 
 
@@ -102,6 +103,7 @@ class _Stream:
         "body",
         "conn",
         "ended",
+        "engine_req",
         "first_ns",
         "frame",
         "gap_ns",
@@ -179,6 +181,8 @@ class _Stream:
         self.last = b""
         self.tail = b""
         self.body = b""
+        self.engine_req: EngineRequest | None = None
+        """Set when the simulated engine decides this stream's token times."""
 
     # -- schedule
 
@@ -200,6 +204,8 @@ class _Stream:
         return self.base_ns + offset + self.shift_ns
 
     def schedule(self, k: int) -> None:
+        if self.engine_req is not None:
+            return  # the engine's step ends fire this stream
         target = self.target_ns(k)
         if target is None:
             return
@@ -215,6 +221,9 @@ class _Stream:
     def start(self) -> None:
         self.server.waiting += 1
         self.server.active.add(self)
+        if self.engine_req is not None:
+            self.server.engine_submit(self.engine_req)
+            return
         plan = self.plan
         if plan is not None and plan.ping_interval_ns:
             self.ping_handle = self.loop.call_at(
@@ -347,6 +356,8 @@ class _Stream:
             self.ping_handle = None
         server = self.server
         server.active.discard(self)
+        if self.engine_req is not None and self.k < self.n:
+            server.engine_cancel(self.engine_req)
         if self.running:
             server.running -= 1
         else:
