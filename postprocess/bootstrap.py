@@ -1,4 +1,13 @@
-"""Bootstrap confidence intervals for percentile differences, without resampling arrays.
+"""Confidence intervals for percentile differences.
+
+The intervals the report states are distribution-free (:func:`percentile_difference`): each side's
+percentile gets an order-statistic interval (:mod:`tailgate.tailbounds`) and the difference's interval
+is their Bonferroni combination, so it holds at its level whatever the latency distribution, and is
+absent when n cannot support it. A percentile bootstrap cannot reach above the sample maximum, so at
+the n of a load test its p99 interval is optimistic by construction; it is kept below (fast and
+textbook) for comparison only.
+
+The fast bootstrap, without resampling arrays:
 
 A resample's p-th percentile depends only on two of its order statistics. For data sorted
 once, the k-th smallest of n indices drawn with replacement is ``floor(n * U_(k))`` where
@@ -13,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from tailgate.tailbounds import min_n_for_bound, quantile_interval
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 7
@@ -53,13 +64,13 @@ def bootstrap_percentile_naive(
 
 @dataclass(frozen=True, slots=True)
 class Difference:
-    """``b - a`` of a percentile, with a percentile-bootstrap interval."""
+    """``b - a`` of a percentile, with a distribution-free interval (None: n cannot support one)."""
 
     a: float
     b: float
     diff: float
-    low: float
-    high: float
+    low: float | None
+    high: float | None
     ratio: float | None
     n_a: int
     n_b: int
@@ -68,12 +79,17 @@ class Difference:
 
     @property
     def includes_zero(self) -> bool:
-        return bool(self.low <= 0.0 <= self.high)
+        """True also when a side is unbounded: an interval that n cannot close resolves nothing."""
+        lo = -np.inf if self.low is None else self.low
+        hi = np.inf if self.high is None else self.high
+        return bool(lo <= 0.0 <= hi)
 
     def as_dict(self) -> dict[str, float | int | bool | None]:
         return {
             "a": round(self.a, 1), "b": round(self.b, 1), "diff": round(self.diff, 1),
-            "ci_low": round(self.low, 1), "ci_high": round(self.high, 1),
+            "ci_low": None if self.low is None else round(self.low, 1),
+            "ci_high": None if self.high is None else round(self.high, 1),
+            "method": "order statistics, Bonferroni over the two cells",
             "ratio": None if self.ratio is None else round(self.ratio, 3),
             "n_a": self.n_a, "n_b": self.n_b, "level": self.level, "resamples": self.resamples,
             "ci_includes_zero": self.includes_zero,
@@ -89,22 +105,29 @@ def percentile_difference(
     level: float = 0.95,
     seed: int = DEFAULT_SEED,
 ) -> Difference | None:
-    """Point estimate and seeded bootstrap interval of ``percentile(b) - percentile(a)``.
+    """Point estimate and distribution-free interval of ``percentile(b) - percentile(a)``.
 
-    The two groups are resampled independently (they are different requests). None when either
-    side is empty.
+    Each cell's percentile gets a two-sided order-statistic interval at ``1 - (1 - level) / 2``; the
+    difference lies in ``[low_b - high_a, high_b - low_a]`` with probability at least ``level``. A side
+    that n cannot bound leaves that end of the interval None. ``resamples`` and ``seed`` are kept for
+    callers; nothing is drawn. None when either side is empty.
     """
+    del resamples, seed
     a = np.asarray(a, dtype=float)
     b = np.asarray(b, dtype=float)
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
     if a.size == 0 or b.size == 0:
         return None
-    rng = np.random.default_rng(seed)
-    da = bootstrap_percentile(a, p, resamples, rng)
-    db = bootstrap_percentile(b, p, resamples, rng)
-    d = db - da
-    tail = (1.0 - level) / 2.0 * 100.0
-    lo, hi = np.percentile(d, [tail, 100.0 - tail])
+    each = 1.0 - (1.0 - level) / 2.0
+    la, ha = quantile_interval(a.tolist(), p / 100.0, each)
+    lb, hb = quantile_interval(b.tolist(), p / 100.0, each)
+    lo = None if lb is None or ha is None else lb - ha
+    hi = None if hb is None or la is None else hb - la
     pa, pb = float(np.percentile(a, p)), float(np.percentile(b, p))
     ratio = pb / pa if pa > 0 else None
-    return Difference(pa, pb, pb - pa, float(lo), float(hi), ratio, a.size, b.size, level, resamples)
+    return Difference(pa, pb, pb - pa, lo, hi, ratio, a.size, b.size, level, 0)
+
+
+def min_n_for_difference(p: float = 99.0, level: float = 0.95) -> int:
+    """Requests per cell for :func:`percentile_difference` to close its interval on both ends."""
+    return min_n_for_bound(p / 100.0, 1.0 - (1.0 - level) / 4.0)

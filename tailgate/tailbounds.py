@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+REFERENCE_QUANTILE = 0.9
+"""The sample quantile whose exceedances measure clustering when the limit's own are too few."""
 PASS = "pass"
 FAIL = "fail"
 NOT_ENOUGH = "not_enough_data"
@@ -90,7 +92,9 @@ def design_effect(flags: Sequence[bool], groups: Sequence[Any]) -> float:
 
     ``groups`` labels each value with its block (a second of the probe, a run). Uses the ratio
     estimator's between-block variance against the binomial variance; with no exceedance, or fewer
-    than two blocks, the data say nothing about clustering and 1 is returned.
+    than two blocks, the data say nothing about clustering and 1 is returned. So is 1 when the blocks
+    show no overdispersion (a chi-square dispersion test at 5%): independent requests would otherwise
+    be charged for the estimate's own noise.
     """
     n = len(flags)
     k = sum(1 for f in flags if f)
@@ -105,9 +109,18 @@ def design_effect(flags: Sequence[bool], groups: Sequence[Any]) -> float:
     if m < 2:
         return 1.0
     p = k / n
+    dispersion = sum((kb - p * nb) ** 2 / (nb * p * (1 - p)) for nb, kb in counts.values())
+    if dispersion <= _chi2_upper(m - 1):
+        return 1.0
     between = sum((kb - p * nb) ** 2 for nb, kb in counts.values()) * m / (m - 1) / (n * n)
     binomial = p * (1 - p) / n
     return max(1.0, between / binomial)
+
+
+def _chi2_upper(df: int, z: float = 1.6449) -> float:
+    """The 95th percentile of chi-square with ``df`` degrees of freedom (Wilson-Hilferty)."""
+    c = 2.0 / (9.0 * df)
+    return df * (1.0 - c + z * math.sqrt(c)) ** 3
 
 
 def time_blocks(times: Sequence[float], seconds: float) -> list[int]:
@@ -173,7 +186,12 @@ def check_tail(
         return TailCheck(key, limit, q, 0, 0.0, 0, 0.0, 1.0, 0.0, None, None, None, NOT_ENOUGH, "no requests")
     flags = [v > limit for v in values]
     k = sum(flags)
-    deff = design_effect(flags, groups) if groups is not None else 1.0
+    deff = 1.0
+    if groups is not None:
+        # A handful of exceedances (or none) cannot show how clustered the tail is; the share over a lower,
+        # well-populated threshold can: a queue that builds up puts its slow requests together either way.
+        ref = sorted(values)[int(REFERENCE_QUANTILE * (n - 1))]
+        deff = max(design_effect(flags, groups), design_effect([v > ref for v in values], groups))
     k_hi, n_eff = _effective(k, n, deff)
     k_lo = math.floor(k / deff + 1e-9)
     upper = share_upper(min(k_hi, n_eff), n_eff, alpha)
@@ -223,6 +241,23 @@ def _quantile_lower(srt: Sequence[float], q: float, alpha: float, deff: float) -
     return None
 
 
+def quantile_interval(
+    values: Sequence[float], q: float, confidence: float = 0.95, groups: Sequence[Any] | None = None
+) -> tuple[float | None, float | None]:
+    """Two-sided distribution-free interval of the q-quantile (each side at (1 - confidence) / 2).
+
+    None for a side that no order statistic supports at this n (an upper bound on a p99 at 95% two-sided
+    needs n >= 368 independent requests)."""
+    n = len(values)
+    if n == 0:
+        return None, None
+    alpha = (1.0 - confidence) / 2.0
+    flags_ref = sorted(values)[int(REFERENCE_QUANTILE * (n - 1))]
+    deff = design_effect([v > flags_ref for v in values], groups) if groups is not None else 1.0
+    srt = sorted(values)
+    return _quantile_lower(srt, q, alpha, deff), _quantile_upper(srt, q, alpha, deff)
+
+
 # ---------------------------------------------------------------------------------------- steady state
 
 
@@ -266,12 +301,30 @@ def batch_means(series: Sequence[float], batches: int) -> list[float]:
     return out
 
 
-def upward_trend(series: Sequence[float], *, batches: int = 10, alpha: float = 0.05) -> dict[str, Any]:
-    """Test a time-ordered series for an upward trend: Mann-Kendall on batch means at level ``alpha``.
+def sen_slope(series: Sequence[float]) -> float:
+    """Theil-Sen slope per step: the median of pairwise slopes, robust to a few outlying batches."""
+    slopes = sorted((series[j] - series[i]) / (j - i) for i in range(len(series)) for j in range(i + 1, len(series)))
+    if not slopes:
+        return 0.0
+    mid = len(slopes) // 2
+    return slopes[mid] if len(slopes) % 2 else (slopes[mid - 1] + slopes[mid]) / 2
 
-    Returns ``{"trend": bool, "z": .., "p": .., "batch_means": [...]}``; fewer than 3 batches never
-    show a trend (and say so with ``p`` 1).
+
+def upward_trend(
+    series: Sequence[float], *, batches: int = 10, alpha: float = 0.05, min_rise: float = 1.0
+) -> dict[str, Any]:
+    """Test a time-ordered series for a material upward trend: Mann-Kendall on batch means at ``alpha``,
+    and a Theil-Sen rise over the series of at least ``min_rise`` times its median level.
+
+    A queue near its capacity wanders up and down for long stretches, which a rank test alone reads as a
+    trend; a server that does not keep up grows its queue without bound, far beyond its typical level.
+    Returns ``{"trend": bool, "z", "p", "rise", "level", "batch_means"}``.
     """
     means = batch_means(series, batches)
     z, p = mann_kendall(means)
-    return {"trend": p < alpha, "z": round(z, 3), "p": round(p, 4), "batch_means": [round(m, 2) for m in means]}
+    rise = sen_slope(means) * max(0, len(means) - 1)
+    srt = sorted(series)
+    level = srt[len(srt) // 2] if srt else 0.0
+    trend = p < alpha and rise >= min_rise * max(level, 1e-9)
+    return {"trend": trend, "z": round(z, 3), "p": round(p, 4), "rise": round(rise, 2), "level": round(level, 2),
+            "batch_means": [round(m, 2) for m in means]}  # fmt: skip

@@ -51,7 +51,7 @@ from tailgate.slo.spec import (
     parse_sweep_file,
     slo_text,
 )
-from tailgate.slo.verdict import Check, binding_limit, bootstrap_interval, check_probe, p99s, wilson_interval
+from tailgate.slo.verdict import Check, Sustain, binding_limit, check_probe, error_check, mser5_cut, p99s, sustain_check
 
 __all__ = [
     "EMBEDDED",
@@ -77,15 +77,17 @@ __all__ = [
     "SloPlan",
     "SloRunError",
     "SloRunner",
+    "Sustain",
     "add_slo_arguments",
     "binding_limit",
-    "bootstrap_interval",
     "build_plan",
     "build_sweep",
     "check_probe",
+    "error_check",
     "knob_flags",
     "main",
     "make_controller",
+    "mser5_cut",
     "p99s",
     "parse_config",
     "parse_grid",
@@ -96,5 +98,5 @@ __all__ = [
     "run",
     "search",
     "slo_text",
-    "wilson_interval",
+    "sustain_check",
 ]
