@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unresolved = 0
     statuses: dict[str, int] = {}
     t0 = time.monotonic()
-    for i in range(args.seeds):
+    for _ in range(args.seeds):
         seed = rng.randrange(1, 2**31)
         out = one_search(model, limits, seed, args)
         ok = holds(out, capacity)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-REFERENCE_QUANTILE = 0.9
+REFERENCE_QUANTILE = 0.97
 """The sample quantile whose exceedances measure clustering when the limit's own are too few."""
 PASS = "pass"
 FAIL = "fail"
