@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,14 @@ def holds(out: slo.SearchOutcome, capacity: float) -> bool:
     return lo <= capacity < hi
 
 
-def e2e(model: EngineModel, limits_text: str, capacity_for: Any, args: argparse.Namespace) -> dict[str, Any]:
+def slowed(model: EngineModel, factor: float) -> EngineModel:
+    """The same engine with every duration ``factor`` times longer: its capacity is the original's / factor
+    at every latency limit times factor (the model is linear in time), so the truth carries over exactly."""
+    return replace(model, step_ms=model.step_ms * factor, step_ms_per_seq=model.step_ms_per_seq * factor,
+                   prefill_ms_per_token=model.prefill_ms_per_token * factor)  # fmt: skip
+
+
+def e2e(model: EngineModel, limits_text: str, args: argparse.Namespace) -> dict[str, Any]:
     """One real search through Locust against the ground-truth server with the engine on."""
     out = Path(tempfile.mkdtemp(prefix="slo-e2e-"))
     with start_server_process(engine=model.describe()) as server:
@@ -129,8 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--resolution", default="10%")
     p.add_argument("--max-probes", type=int, default=10)
     p.add_argument("--truth-requests", type=int, default=40000)
+    p.add_argument("--truth", type=float, default=0.0, help="the true capacity, when computed before (req/s)")
     p.add_argument("--e2e", action="store_true", help="also one real search through Locust")
-    p.add_argument("--e2e-duration", type=float, default=60.0)
+    p.add_argument("--e2e-duration", type=float, default=75.0)
+    p.add_argument("--e2e-slowdown", type=float, default=4.0,
+                   help="the end-to-end engine runs this many times slower (capacity / this), to suit one machine")
+    p.add_argument("--e2e-only", action="store_true", help="skip the many-seed part")
     p.add_argument("--e2e-min-n", type=int, default=300)
     p.add_argument("--e2e-seed", type=int, default=7)
     args = p.parse_args(argv)
@@ -143,10 +155,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     assert len(qs) == 1, "one percentile for every limit (the truth is computed at one quantile)"
     q = qs.pop() / 100.0
     t0 = time.monotonic()
-    capacity = true_capacity(model, limit_ms, lengths_of(args.truth_requests, 99), q=q, tolerance=0.002)
+    if args.truth:
+        capacity = args.truth
+    else:
+        capacity = true_capacity(model, limit_ms, lengths_of(args.truth_requests, 99), q=q, tolerance=0.002)
     print(f"engine {model.describe()}")
     print(f"SLO {args.slo}: true capacity {capacity:.3f} req/s "
           f"({args.truth_requests} simulated requests per rate; {time.monotonic() - t0:.0f} s)")  # fmt: skip
+    if args.e2e_only:
+        args.seeds = 0
     rng = random.Random(args.first_seed)
     covered = 0
     widths: list[float] = []
@@ -163,23 +180,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             widths.append((out.first_fail - out.best) / capacity)
         else:
             unresolved += 1
+        print(f"  search {sum(statuses.values())}/{args.seeds}: [{out.best}, {out.first_fail}] "
+              f"{'holds' if ok else 'MISSES'}", flush=True)
         if not ok:
             print(f"  seed {seed}: bracket [{out.best}, {out.first_fail}] misses {capacity:.3f}; "
                   f"steps {[(s.rate, s.verdict) for s in out.steps]}")  # fmt: skip
     widths.sort()
     med = widths[len(widths) // 2] if widths else math.nan
     p90 = widths[min(len(widths) - 1, int(0.9 * len(widths)))] if widths else math.nan
-    print(f"{args.seeds} searches ({time.monotonic() - t0:.0f} s): coverage {covered / args.seeds:.1%} "
-          f"(target >= {args.confidence:.0%}); bracket width / capacity: median {med:.1%}, 90th pct {p90:.1%} "
-          f"(target <= 15%); no closed bracket in {unresolved}; statuses {statuses}")  # fmt: skip
+    if args.seeds:
+        print(f"{args.seeds} searches ({time.monotonic() - t0:.0f} s): coverage {covered / args.seeds:.1%} "
+              f"(target >= {args.confidence:.0%}); bracket width / capacity: median {med:.1%}, 90th pct "
+              f"{p90:.1%} (target <= 15%); no closed bracket in {unresolved}; statuses {statuses}")  # fmt: skip
     print(f"probe: {args.duration:g} s of Poisson arrivals, at least {args.min_n} measured (+{args.warmup} warm-up); "
           f"resolution {args.resolution}")  # fmt: skip
     if args.e2e:
-        r = e2e(model, args.slo, None, args)
-        ok = holds(slo.SearchOutcome(r["best"], r["first_fail"], r["status"]), capacity)
-        print(f"end to end (Locust -> ground-truth server, engine on, seed {args.e2e_seed}): exit {r['exit']}, "
-              f"{r['seconds']} s, bracket [{r['best']}, {r['first_fail']}] ({r['status']}), "
-              f"holds the true {capacity:.3f}: {ok}; probes {r['probes']}; results in {r['folder']}")  # fmt: skip
+        f = args.e2e_slowdown
+        e2e_model = slowed(model, f)
+        e2e_slo = ",".join(f"{lim.key}<={lim.limit * f:g}ms" for lim in limits if lim.metric != "errors")
+        e2e_capacity = capacity / f
+        r = e2e(e2e_model, e2e_slo, args)
+        ok = holds(slo.SearchOutcome(r["best"], r["first_fail"], r["status"]), e2e_capacity)
+        print(f"end to end (Locust -> ground-truth server, engine {f:g}x slower, SLO {e2e_slo}, true capacity "
+              f"{e2e_capacity:.3f} req/s, seed {args.e2e_seed}): exit {r['exit']}, {r['seconds']} s, bracket "
+              f"[{r['best']}, {r['first_fail']}] ({r['status']}), holds the truth: {ok}; probes {r['probes']}; "
+              f"results in {r['folder']}")  # fmt: skip
         for line in r["tail"]:
             print("   ", line)
     return 0

@@ -40,7 +40,7 @@ class Resolution:
 class SearchStep:
     rate: float
     phase: str
-    """``double``, ``halve`` or ``bisect``."""
+    """``double``, ``halve``, ``bisect`` or ``above`` (past a rate with not enough data)."""
     verdict: str
 
 
@@ -133,6 +133,22 @@ def search(
             lo = mid
         else:
             hi = mid
+    # A rate with not enough data cannot close the bracket: step above the highest undecided rate, by the
+    # resolution, until a rate fails (or the budget ends), so the bracket has a failing upper end.
+    while len(steps) < max_probes:
+        ff = first_failed(lo)
+        if ff is not None and resolution.narrow(lo, ff):
+            break
+        undecided = [s.rate for s in steps if s.verdict not in ("pass", "fail") and s.rate > lo
+                     and (ff is None or s.rate < ff)]  # fmt: skip
+        if not undecided:
+            break
+        top = max(undecided)
+        rate = round(min(top + (resolution.value * top if resolution.relative else resolution.value), max_rate), 3)
+        if rate <= top or (ff is not None and rate >= ff):
+            break
+        if run(rate, "above"):
+            lo = rate
     return outcome(lo, "bracketed")
 
 
