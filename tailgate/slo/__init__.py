@@ -9,10 +9,10 @@ SLO fails, then bisect to a resolution. Every probe is an ordinary Locust run in
 
 An SLO limits TTFT, worst-gap and total percentiles **from the intended send** (so a late load
 generator or a queue in front of the server counts against the server, as a user would feel it),
-and the error rate. A p99 of a few hundred requests rests on a handful of them, so each verdict
-comes with a bootstrap interval: a probe passes only when the whole interval is under every limit,
-fails when an interval lies wholly above one, and is otherwise *uncertain*: re-run (the attempts
-are pooled), and still uncertain after that it counts as not passing and is reported as such.
+and the error rate. A probe lasts long enough to hold steady state and passes only if the server
+kept up (completions tracked arrivals, no upward trend in TTFT or the queue) and every limit holds by
+a distribution-free bound whose counts are shrunk for correlated requests; otherwise it fails or has
+*not enough data*, which is re-run with the same workload and never counts as a pass.
 
 This module drives child processes and reads JSONL; it never imports pandas, gevent or Locust.
 """
