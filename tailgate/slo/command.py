@@ -30,6 +30,7 @@ from tailgate.slo.spec import (
     slo_text,
 )
 from tailgate.slo.verdict import _fmt
+from tailgate.tailbounds import min_n_for_bound
 
 #: Eager mode on the CPU server: it starts in ~40 s instead of minutes of torch.compile on 2 cores.
 EMBEDDED_BASE_FLAGS = ("--enforce-eager",)
@@ -306,6 +307,13 @@ def run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log) -> int:
             f"{', '.join(c.name for c in plan.configs)}; doubling from {plan.start_rate:g} req/s to at most "
             f"{plan.max_rate:g}, bisecting to {plan.resolution}; n={plan.n} (+{plan.warmup} warm-up) "
             "per probe")  # fmt: skip
+        pct = [lim for lim in plan.limits if lim.p is not None]
+        need = max((min_n_for_bound(lim.p / 100.0, plan.confidence) for lim in pct), default=0)
+        if plan.probe_n(plan.start_rate) < need:
+            log(f"[slo] note: {plan.probe_n(plan.start_rate)} measured requests per probe at {plan.start_rate:g} "
+                f"req/s is below the {need} a {plan.confidence:.0%} bound on "
+                f"{max(pct, key=lambda lim: lim.p or 0).key} needs: such probes can only fail or have not enough "
+                "data; raise --n or --duration for a pass")  # fmt: skip
         runner.run()
         print_table(runner.state, log)
         if not args.no_report:
