@@ -397,7 +397,7 @@ def test_diagnosis_answers_all_five_with_evidence(report: ReportPaths) -> None:
     ci = by_rate[8.0]["bootstrap"]["gap_p99"]
     assert ci["ci"] is None and "needs at least 437" in ci["why_no_ci"] and (ci["n_a"], ci["n_b"]) == (48, 50)
     assert "no interval: n = 48 and 50" in q3["text"] and "95% CI" not in q3["text"]
-    assert q3["verdict"].startswith("yes by the point values only (fewer than 100 requests per cell: no interval)")
+    assert q3["verdict"].startswith("yes by the point values only (fewer than 437 requests per cell: no interval)")
     assert "1.65× at 8 req/s (n = 48, 50)" in q3["verdict"]
     # chart 3 and question 2 call the same prompts long
     from tailgate.postprocess.prompts import long_prompt_threshold
