@@ -53,9 +53,9 @@ EMBEDDED = {
 #: embedded run demonstrates the mechanisms, it does not benchmark the CPU backend.
 EMBEDDED_BASE_FLAGS = ["--enforce-eager"]
 #: A 6000-token prompt plus its 600 tokens needs 52 blocks of 128 on the CPU backend. 64 blocks never preempted
-#: (KV use peaked ~78%); 58 is the smallest pool that holds 7200 tokens of context (one block is reserved), and
-#: 7200 still leaves the 5 characters per token vLLM checks prompts by (6000 x "ocean " = 36,000). With it the
-#: seed's 45 requests at 2 req/s preempt several times (vllm:num_preemptions_total rose by 9 in the cell on this machine).
+#: (KV use peaked ~78%); 58 is the smallest pool that holds 7200 tokens of context (one block is reserved),
+#: and 7200 still leaves the 5 characters per token vLLM checks prompts by (6000 x "ocean " = 36,000). With
+#: it the seed's 45 requests at 2 req/s preempt several times (the counter rose by 9 in the cell here).
 EMBEDDED_PREEMPT_FLAGS = ["--max-model-len", "7200", "--num-gpu-blocks-override", "58"]
 EMBEDDED_NOCHUNK_FLAGS = ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"]
 GPU_NOCHUNK_FLAGS = ["--no-enable-chunked-prefill"]
