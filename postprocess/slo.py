@@ -181,7 +181,7 @@ def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> dict[str, Any
     elif binding.startswith("gap"):
         fallback = "admission queueing" if admission else "unattributed"
         name = "prefill insertion" if (prefill or gaps_grew) else fallback
-    elif binding.startswith(("ttft", "total", "errors")):
+    elif binding.startswith(("ttft", "total", "errors", "sustained")):
         name = "admission queueing" if admission else ("prefill insertion" if prefill else "unattributed")
     else:
         name = "unattributed"

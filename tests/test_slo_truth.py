@@ -104,3 +104,20 @@ def test_errors_that_bind_exit_1_and_resume_refuses_another_plan(tmp_path: Path)
         assert state["configs"][0]["status"] == "done" and state["configs"][0]["result"]["binding"] == "errors"
         again = _slo(*[("8" if a == "7" else a) for a in common], "--seed", "8")
     assert again.returncode == 2 and "another plan" in again.stderr and "seed" in again.stderr, again.stderr
+
+
+def test_queue_stop_fires_relative_to_the_probe(tmp_path: Path) -> None:
+    """One slot and a rate far above it: the waiting queue passes a quarter of the probe's requests and the
+    probe stops early (read from the server's own gauge), failing with the reason recorded."""
+    results = tmp_path / "r"
+    engine = {"slots": 1, "step_ms": 40.0, "step_ms_per_seq": 0.0, "prefill_ms_per_token": 0.0}
+    with start_server_process(accept_any_model=True, engine=engine) as server:
+        done = _slo("--server", "url", "--host", server.base_url, "--slo", "ttft_p99<=1s", "--results", str(results),
+                    "--n", "60", "--warmup", "0", "--duration", "0", "--start-rate", "40", "--max-rate", "40",
+                    "--max-probes", "1", "--reruns", "0", "--no-report", "--locust-arg=--settle=0")  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 3 and "Traceback" not in out, out[-3000:]
+    attempt = json.loads((results / "slo.json").read_text())["configs"][0]["probes"][0]["attempts"][0]
+    assert attempt["stopped_early"] and "waiting queue reached" in attempt["stopped_early"], attempt
+    assert "stop at 15" in attempt["stopped_early"] and attempt["errors"] == 0  # the cancelled are not errors
+    assert "errors bind" not in out and "binding limit above it: sustained" in out

@@ -332,7 +332,8 @@ class SloRunner:
         summaries = sorted(out.glob("summary-*.json"))
         summary = json.loads(summaries[0].read_text()) if summaries else {}
         dropped = int(summary.get("dropped_arrivals") or 0)
-        errors = sum(1 for r in scan.records if r.get("error_class") is not None) + dropped
+        # requests the early stop itself cancelled are not the server's errors
+        errors = sum(1 for r in recs if r.get("error_class") is not None) + dropped
         return {
             "measured": measured_records(recs, self.plan.warmup),
             "sent": len(scan.records) + dropped,

@@ -203,7 +203,11 @@ def check_probe(
         rnd = (lambda x: None if x is None else round(x, 1))  # noqa: E731
         checks.append(Check(lim.key, lim.limit, rnd(c.point), rnd(c.low), rnd(c.high), c.n, c.verdict, c.reason,
                             c.n_effective, excluded))  # fmt: skip
-    if sustained:
+    stopped = next((str(a["stopped_early"]) for a in attempts if a.get("stopped_early")), None)
+    if stopped:
+        checks.append(Check("sustained", KEEP_UP, None, None, None, sum(len(a["measured"]) for a in attempts),
+                            FAIL, f"stopped early: {stopped}"))  # fmt: skip
+    elif sustained:
         sus = sustain_check(attempts, rate)
         keep = [r.get("keep_up") for r in sus.attempts if r.get("keep_up") is not None]
         checks.append(Check("sustained", KEEP_UP, min(keep) if keep else None, None, None,
