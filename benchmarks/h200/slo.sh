@@ -10,7 +10,7 @@
 #     mnbt512    chunked prefill on, --max-num-batched-tokens 512
 #     nochunk    --no-enable-chunked-prefill (the budget becomes the context length)
 #     lptt1024   chunked prefill on, --long-prefill-token-threshold 1024 (a fifth start, if the budget allows)
-#   N: measured requests per probe at least (default 300: the fewest for which a 95% bound on a p99 exists;
+#   N: measured requests per probe at least (default 400: a 95% bound on a p99 needs 299 after the start-up cut;
 #   25 warm-up on top); each probe lasts DURATION s of arrivals (default 90) with N the minimum.
 #   TIME_BUDGET_S: seconds of probing (default 420): no probe starts that would overrun it, and the bracket
 #   reached so far is the answer.
@@ -32,7 +32,7 @@
 # Each call's tar holds every configuration run so far; here, unpack the last one and build the report:
 #   tar xzf results-slo-nochunk.tar.gz -C results/h200 && tailgate report results/h200/slo
 set -uo pipefail
-config=${1:?usage: slo.sh CONFIG [N] [TIME_BUDGET_S]}; n=${2:-300}; budget=${3:-420}
+config=${1:?usage: slo.sh CONFIG [N] [TIME_BUDGET_S]}; n=${2:-400}; budget=${3:-420}
 source "$(dirname "$0")/layout.sh"
 OUT=${OUT:-/tmp/out}; R=${RESULTS:-/tmp/w/results/slo}; mkdir -p "$R" "$OUT"
 HOST=${HOST:-http://127.0.0.1:8000}

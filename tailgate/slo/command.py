@@ -35,7 +35,7 @@ from tailgate.tailbounds import min_n_for_bound
 #: Eager mode on the CPU server: it starts in ~40 s instead of minutes of torch.compile on 2 cores.
 EMBEDDED_BASE_FLAGS = ("--enforce-eager",)
 EMBEDDED = {"start_rate": 1.0, "max_rate": 8.0, "n": 20, "warmup": 3, "max_waiting": -1, "duration": 30.0}
-GPU = {"start_rate": 5.0, "max_rate": 64.0, "n": 300, "warmup": 25, "max_waiting": -1, "duration": 120.0}
+GPU = {"start_rate": 5.0, "max_rate": 64.0, "n": 400, "warmup": 25, "max_waiting": -1, "duration": 120.0}
 #: Plan keys a resumed search must share with the folder's: a probe measured under others is another answer.
 RESUME_KEYS = ("slo", "n", "warmup", "seed", "duration", "ignore_eos", "processes", "locust_args", "base_flags",
                "confidence")
@@ -71,7 +71,7 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
                    help="one-sided confidence of every bound (Clopper-Pearson on the share over a limit)")
     p.add_argument("--resamples", type=int, default=2000, help=argparse.SUPPRESS)  # the bounds are exact now
     p.add_argument("--n", type=int, default=None,
-                   help="measured requests per probe at least (default 300; with --duration, the minimum)")
+                   help="measured requests per probe at least (default 400; with --duration, the minimum)")
     p.add_argument("--duration", type=float, default=None,
                    help="seconds of arrivals per probe, so every rate reaches and holds steady state "
                         "(default 120; embedded 30; 0: --n alone)")
