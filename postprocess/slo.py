@@ -373,9 +373,17 @@ def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") ->
                 if v is None:
                     continue
                 ch = next((x for x in p.get("checks", []) if x["key"] == key), None) if key else None
-                if ch and ch.get("low") is not None:
-                    err = [[ch["point"] - ch["low"]], [ch["high"] - ch["point"]]]
-                    ax.errorbar([p["rate"]], [ch["point"]], yerr=err, color=color, capsize=3, lw=1)
+                if ch and ch.get("point") is not None and (ch.get("low") is not None or ch.get("high") is not None):
+                    pt = float(ch["point"])
+                    low = pt if ch.get("low") is None else float(ch["low"])
+                    if ch.get("high") is None:
+                        # no upper bound exists at this n: an arrow up from the point, not a bar that looks closed
+                        ax.annotate("", xy=(p["rate"], pt * 1.6), xytext=(p["rate"], pt),
+                                    arrowprops={"arrowstyle": "->", "color": color, "lw": 1})  # fmt: skip
+                        high = pt
+                    else:
+                        high = float(ch["high"])
+                    ax.errorbar([p["rate"]], [pt], yerr=[[pt - low], [high - pt]], color=color, capsize=3, lw=1)
                 marker = {"pass": "o", "fail": "X", "not_enough_data": "D", "uncertain": "D"}.get(p["verdict"], "o")
                 face = "none" if p["verdict"] in ("not_enough_data", "uncertain") else color
                 ax.plot([p["rate"]], [v], marker=marker, color=color, mfc=face, ms=7, ls="none")
