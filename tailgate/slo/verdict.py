@@ -266,4 +266,6 @@ def binding_limit(checks: Sequence[Check] | Sequence[Mapping[str, Any]]) -> str 
 def _fmt(key: str, v: float | None) -> str:
     if v is None:
         return "n/a"
+    if key == "sustained":
+        return f"{v:.0%} kept up"
     return f"{v * 100:.2f}%" if key == "errors" else f"{v:.1f}"
