@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tailgate.postprocess.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED, percentile_difference
+from tailgate.postprocess.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED, min_n_for_difference, percentile_difference
 from tailgate.postprocess.load import rate_text
 from tailgate.postprocess.prompts import long_prompt_threshold
 from tailgate.postprocess.summarize import measured_mask, stage_warmups
@@ -43,10 +43,10 @@ GAP_GROWTH = 2.0
 """Across the ramp, a median worst gap growing this much while TTFT p50 grows under
 :data:`TTFT_FLAT_GROWTH` is prefill insertion."""
 TTFT_FLAT_GROWTH = 1.5
-MIN_N_P99_CI = 100
-"""A p99 interval needs at least this many requests per cell: below 100 the p99 is an interpolation
-between the top one or two requests, and resampling them gives an interval that looks precise and is
-not. Below it, the diagnosis gives the point values and says the interval was not computed."""
+MIN_N_P99_CI = min_n_for_difference(99.0, 0.95)
+"""A distribution-free 95% interval of a p99 difference needs this many requests per cell (437): fewer, and
+no order statistic bounds a p99 at the 98.75% each side needs. Below it, the diagnosis gives the point
+values and says the interval was not computed (a bootstrap would give one that looks precise and is not)."""
 STALL_FACTOR = 2.0
 """A worst gap this many times its stage's median worst gap counts as a stall (question 4)."""
 MAX_LISTED = 100
@@ -159,7 +159,10 @@ def _ci_text(d: Mapping[str, Any] | None) -> str:
         return "no records to bootstrap"
     if d.get("why_no_ci"):
         return f"no interval: {d['why_no_ci']}"
-    return (f"p99 difference {d['diff']:+.1f} ms, 95% CI [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}], "
+    if d.get("ci_low") is None or d.get("ci_high") is None:
+        return f"p99 difference {d['diff']:+.1f} ms, no closed interval at n = {d['n_a']} and {d['n_b']}"
+    return (f"p99 difference {d['diff']:+.1f} ms, 95% CI [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}] "
+            "(order statistics), "
             f"n = {d['n_a']} and {d['n_b']}")  # fmt: skip
 
 

@@ -12,6 +12,7 @@ other requests' long prefills (prefill insertion). A highest rate is only ever a
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,11 @@ def _probe(config: Mapping[str, Any], rate: Any) -> Mapping[str, Any] | None:
     return found[-1] if found else None
 
 
+QUEUED_SHARE = 0.2
+"""A queue counts as evidence of admission queueing when it is non-empty in at least this share of the
+samples of every attempt: one sample with one request waiting is a moment, not a mechanism."""
+
+
 def _growth(a: Any, b: Any) -> float | None:
     a, b = _num(a), _num(b)
     return round(b / a, 2) if a and b is not None and a > 0 else None
@@ -119,11 +125,21 @@ def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> dict[str, Any
     probes = sorted(config.get("probes", []), key=lambda p: p["rate"])
     base = probes[0] if probes and probes[0] is not at else None
     attempts = at.get("attempts", [])
-    preempted = sum(_num(a.get("preemptions_delta")) or 0 for a in attempts)
+    per_attempt = [_num(a.get("preemptions_delta")) or 0 for a in attempts]
+    preempted = sum(per_attempt)
+    # sustained evidence only: every attempt, not one sample of one attempt
+    preempts_all = bool(attempts) and all(x > 0 for x in per_attempt)
     waiting = max((_num(a.get("waiting_max")) or 0 for a in attempts), default=0)
+    shares = [_num(a.get("waiting_share")) for a in attempts]
     stopped = next((a.get("stopped_early") for a in attempts if a.get("stopped_early")), None)
+    queue_stop = bool(stopped and "waiting" in stopped)
+    queued_all = bool(attempts) and all(s is not None and s >= QUEUED_SHARE for s in shares)
+    sustain = next((c for c in at.get("checks", []) if c.get("key") == "sustained"), None)
+    not_sustained = bool(sustain and sustain.get("verdict") == "fail")
     ev: dict[str, Any] = {"probe_rate": at["rate"], "binding": at.get("binding"), "preemptions": preempted,
-                          "waiting_max": waiting, "stopped_early": stopped}  # fmt: skip
+                          "preemptions_by_attempt": per_attempt, "waiting_max": waiting,
+                          "waiting_share_by_attempt": shares, "stopped_early": stopped,
+                          "sustained": (sustain or {}).get("reason")}  # fmt: skip
     if base is not None:
         ev["from_rate"] = base["rate"]
         for m in METRICS:
@@ -137,16 +153,20 @@ def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> dict[str, Any
     prefill = bool(att and att.get("share") is not None
                    and att["share"] >= 0.5 and att["share"] >= 3 * (att.get("share_by_chance") or 0.0))  # fmt: skip
     tg, gg = ev.get("ttft_p99_growth"), ev.get("gap_p99_growth")
-    admission = waiting > 0 or bool(stopped and "waiting" in stopped) or (
+    admission = queued_all or queue_stop or not_sustained or (
         tg is not None and tg >= OVERLOAD_TTFT_GROWTH and (gg or 0) < FLAT_GAP_RATIO * TTFT_FLAT_GROWTH
     )
     gaps_grew = gg is not None and gg >= GAP_GROWTH and (tg or 0) < OVERLOAD_TTFT_GROWTH
     binding = str(at.get("binding") or "")
     parts = []
     if preempted > 0:
-        parts.append(f"vllm:num_preemptions_total rose by {preempted:g} during the probe")
+        parts.append(f"vllm:num_preemptions_total rose by {' / '.join(f'{x:g}' for x in per_attempt)} "
+                     f"in the {len(attempts)} attempt(s)")  # fmt: skip
     if waiting > 0:
-        parts.append(f"the waiting queue reached {waiting:g}")
+        shown = " / ".join("?" if s is None else f"{s:.0%}" for s in shares)
+        parts.append(f"the waiting queue reached {waiting:g} (non-empty in {shown} of the samples per attempt)")
+    if not_sustained:
+        parts.append(f"not sustained: {sustain.get('reason')}")  # type: ignore[union-attr]
     if stopped:
         parts.append(f"the probe was stopped early ({stopped})")
     lag = max((_num(a.get("schedule_lag_p99")) or 0 for a in attempts), default=0)
@@ -161,12 +181,12 @@ def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> dict[str, Any
         parts.append(f"{att['worst_gap_inside_big_prefill']} of {att['streams_live_during_big_prefill']} streams "
                      f"had their worst gap inside another request's ≥{att['big_prompt_min_tokens']}-token prefill "
                      f"({att['share']:.0%}; chance {att.get('share_by_chance') or 0:.0%})")  # fmt: skip
-    if preempted > 0:
+    if preempts_all:
         name = "preemption"
     elif binding.startswith("gap"):
         fallback = "admission queueing" if admission else "unattributed"
         name = "prefill insertion" if (prefill or gaps_grew) else fallback
-    elif binding.startswith(("ttft", "total", "errors")):
+    elif binding.startswith(("ttft", "total", "errors", "sustained")):
         name = "admission queueing" if admission else ("prefill insertion" if prefill else "unattributed")
     else:
         name = "unattributed"
@@ -204,14 +224,14 @@ def slo_rows(state: Mapping[str, Any], records: pd.DataFrame | None = None) -> l
             "evidence": mech["evidence"],
             "probes": len(c.get("probes", [])),
             "attempts": sum(len(p.get("attempts", [])) for p in c.get("probes", [])),
-            "uncertain": r.get("uncertain_rates") or [],
+            "uncertain": (r.get("not_enough_data_rates") or r.get("uncertain_rates")) or [],
         })  # fmt: skip
     return rows
 
 
 HEADERS = ("configuration", "flags", "highest rate meeting the SLO (req/s)", "first rate not passing",
            "TTFT p99 there (ms)", "worst-gap p99 there (ms)", "total p99 there (ms)", "binding limit",
-           "mechanism at the limit", "probes (attempts)", "uncertain rates")  # fmt: skip
+           "mechanism at the limit", "probes (attempts)", "not enough data at")  # fmt: skip
 
 
 def _best_text(row: Mapping[str, Any]) -> str:
@@ -236,30 +256,65 @@ def table_markdown(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _bracket(row: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The interval the configuration's capacity lies in, or None when the search did not close it."""
+    best, fail = _num(row["best_rate"]), _num(row["first_fail_rate"])
+    if row["status"] == "max_rate" and best is not None:
+        return best, math.inf
+    if best is None and fail is not None and row["status"] == "below_min":
+        return 0.0, fail
+    if best is None or fail is None:
+        return None
+    return best, fail
+
+
+def _bracket_text(row: Mapping[str, Any]) -> str:
+    b = _bracket(row)
+    if b is None:
+        lo = "none" if row["best_rate"] is None else _rate(row["best_rate"])
+        return f"{row['config']}: passes up to {lo} req/s, no failing rate above it (unresolved)"
+    hi = "above the highest rate probed" if math.isinf(b[1]) else f"{_rate(b[1])}"
+    return f"{row['config']}: [{_rate(b[0])}, {hi}] req/s"
+
+
 def recommendation(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
-    """Which configuration to run, and what limits it, in one paragraph."""
-    ranked = sorted((r for r in rows if r["best_rate"] is not None), key=lambda r: -float(r["best_rate"]))
-    if not ranked:
+    """Which configuration to run, and what limits it, in one paragraph; or why the data cannot say.
+
+    A configuration is named only when its capacity bracket lies wholly above every other's: brackets
+    that overlap, or a search that never closed one, do not rank (the difference is not resolved at
+    this n, however the passing rates compare)."""
+    if not any(r["best_rate"] is not None for r in rows):
         return f"No configuration met {slo} at any rate probed; the binding limits and mechanisms are in the table."
-    top = ranked[0]
-    ties = [r["config"] for r in ranked[1:] if r["best_rate"] == top["best_rate"]]
+    brackets = {r["config"]: _bracket(r) for r in rows}
+    shown = "; ".join(_bracket_text(r) for r in rows)
+    if len(rows) > 1:
+        open_ = [r["config"] for r in rows if brackets[r["config"]] is None]
+        lows = sorted(rows, key=lambda r: -(brackets[r["config"]] or (0.0, 0.0))[0])
+        top = lows[0]
+        tb = brackets[top["config"]]
+        clear = tb is not None and not open_ and all(
+            (brackets[r["config"]] or (0.0, math.inf))[1] <= tb[0] for r in rows if r is not top
+        )
+        if not clear:
+            why = (f"{', '.join(open_)} did not close a bracket" if open_ else "their capacity brackets overlap")
+            return (f"Not distinguishable at this n; run longer (more requests per probe, or a finer --resolution "
+                    f"where the brackets meet): {why}. Capacity brackets under {slo}: {shown}.")  # fmt: skip
+    else:
+        top = rows[0]
+        tb = brackets[top["config"]]
     reach = (f"at every rate probed, up to {_rate(top['best_rate'])} req/s (the capacity may be higher)"
              if top["status"] == "max_rate" else f"up to {_rate(top['best_rate'])} req/s")
-    text = (f"Run {top['config']} ({top['flags']}): it met {slo} {reach}"
-            + (f"; so did {', '.join(ties)}" if ties else "") + ". ")  # fmt: skip
+    text = f"Run {top['config']} ({top['flags']}): it met {slo} {reach}. "
+    if len(rows) > 1:
+        text += f"Its capacity bracket lies above every other configuration's ({shown}). "
     if top["first_fail_rate"] is not None:
-        text += (f"Above it, at {_rate(top['first_fail_rate'])} req/s, the binding limit is "
+        text += (f"At {_rate(top['first_fail_rate'])} req/s the binding limit is "
                  f"{top['binding'] or 'the SLO'}; mechanism: {top['mechanism']} "
                  f"({top['mechanism_text']}). ")  # fmt: skip
-    if len(ranked) > 1:
-        runner = next((r for r in ranked[1:] if r["best_rate"] != top["best_rate"]), None)
-        if runner is not None:
-            text += f"Next: {runner['config']} at {_best_text(runner)} req/s (limited by {runner['mechanism']}). "
-        else:
-            text += "The configurations tie at the search's resolution. "
-    if top["first_fail_rate"] is not None and top["best_rate"] is not None:
-        text += (f"The capacity lies between {_rate(top['best_rate'])} and {_rate(top['first_fail_rate'])} "
-                 "req/s; rates inside a bracket were not resolved further.")  # fmt: skip
+    if tb is None:
+        text += "Its own capacity is not bracketed: no rate above the passing one failed; run longer there."
+    elif not math.isinf(tb[1]):
+        text += f"The capacity lies between {_rate(tb[0])} and {_rate(tb[1])} req/s."
     return text.strip()
 
 
@@ -323,11 +378,19 @@ def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") ->
                 if v is None:
                     continue
                 ch = next((x for x in p.get("checks", []) if x["key"] == key), None) if key else None
-                if ch and ch.get("low") is not None:
-                    err = [[ch["point"] - ch["low"]], [ch["high"] - ch["point"]]]
-                    ax.errorbar([p["rate"]], [ch["point"]], yerr=err, color=color, capsize=3, lw=1)
-                marker = {"pass": "o", "fail": "X", "uncertain": "D"}.get(p["verdict"], "o")
-                face = "none" if p["verdict"] == "uncertain" else color
+                if ch and ch.get("point") is not None and (ch.get("low") is not None or ch.get("high") is not None):
+                    pt = float(ch["point"])
+                    low = pt if ch.get("low") is None else float(ch["low"])
+                    if ch.get("high") is None:
+                        # no upper bound exists at this n: an arrow up from the point, not a bar that looks closed
+                        ax.annotate("", xy=(p["rate"], pt * 1.6), xytext=(p["rate"], pt),
+                                    arrowprops={"arrowstyle": "->", "color": color, "lw": 1})  # fmt: skip
+                        high = pt
+                    else:
+                        high = float(ch["high"])
+                    ax.errorbar([p["rate"]], [pt], yerr=[[pt - low], [high - pt]], color=color, capsize=3, lw=1)
+                marker = {"pass": "o", "fail": "X", "not_enough_data": "D", "uncertain": "D"}.get(p["verdict"], "o")
+                face = "none" if p["verdict"] in ("not_enough_data", "uncertain") else color
                 ax.plot([p["rate"]], [v], marker=marker, color=color, mfc=face, ms=7, ls="none")
         if lim:
             ax.axhline(lim["limit"], color="#a02020", ls="--", lw=1)
@@ -338,7 +401,7 @@ def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") ->
         _rate_axis(ax)
         ax.set_ylabel(f"{METRIC_NAMES[metric]} p99 (ms)" + (" from intended send" if metric != "gap" else ""))
         ax.set_title(f"{METRIC_NAMES[metric]} p99" + ("" if lim else " (no limit)"))
-    axes[0].legend(fontsize=8, title="o pass · X fail · ◇ uncertain", title_fontsize=8)
+    axes[0].legend(fontsize=8, title="o pass · X fail · ◇ not enough data", title_fontsize=8)
     return charts._save(fig, out_dir, name)
 
 

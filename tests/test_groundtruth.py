@@ -196,6 +196,7 @@ def gt(server: ServerProcess) -> ServerProcess:
             "accept_any_model": False,
             "reset_seq": True,
             "reset_chunklog": True,
+            "engine": None,
         }
     )
     return server
@@ -835,3 +836,49 @@ def test_in_process_server(tmp_path: Path) -> None:
 
     chunks = asyncio.run(scenario())
     assert [c[1] for c in chunks] == [0, 1, 2]
+
+
+# ----------------------------------------------------------------------------------- simulated engine
+
+
+def test_engine_serves_the_model_it_simulates(gt: ServerProcess) -> None:
+    """One slot: the second request waits (FIFO, gauge shows it), and every token lands on the target the
+    pure-python simulation of the same arrivals gives, so a benchmark's truth is what the server serves."""
+    from tailgate.verify.groundtruth.engine import EngineModel, simulate
+
+    model = {"slots": 1, "step_ms": 15.0, "step_ms_per_seq": 0.0, "prefill_ms_per_token": 0.5}
+    gt.control({"engine": model})
+    results: list[RawResponse] = []
+
+    def send(prompt_words: int, n: int) -> None:
+        results.append(raw_request(gt.port, completion_body(n, prompt="w " * prompt_words)))
+
+    import threading
+
+    first = threading.Thread(target=send, args=(40, 6))
+    first.start()
+    assert wait_for(lambda: metric(gt.metrics(), "vllm:num_requests_running") == 1)
+    second = threading.Thread(target=send, args=(10, 3))
+    second.start()
+    assert wait_for(lambda: metric(gt.metrics(), "vllm:num_requests_waiting") == 1)
+    first.join(10)
+    second.join(10)
+    dump = gt.dump()
+    recv = {seq: r for seq, r, _ in dump["requests"]}
+    arrivals = [(recv[0], 40, 6), (recv[1], 10, 3)]
+    sim = simulate(EngineModel.from_dict(model), arrivals)
+    for seq, (arr, _, n) in enumerate(arrivals):
+        targets = [t for _, _, t in rows_for(dump, seq)]
+        assert len(targets) == n
+        assert (targets[0] - arr) / MS == pytest.approx(sim[seq].ttft_ms, abs=1e-6)
+        assert (targets[-1] - arr) / MS == pytest.approx(sim[seq].total_ms, abs=1e-6)
+    assert min(t for _, _, t in rows_for(dump, 1)) > max(t for _, _, t in rows_for(dump, 0))
+    # prefill of 40 tokens stalls the step: 15 + 20 ms to the first token
+    assert sim[0].ttft_ms == pytest.approx(35.0)
+
+
+def test_engine_settings_are_validated(gt: ServerProcess) -> None:
+    with pytest.raises(ValueError, match="slots"):
+        gt.control({"engine": {"slots": 0}})
+    with pytest.raises(ValueError, match="bogus"):
+        gt.control({"engine": {"bogus": 1}})

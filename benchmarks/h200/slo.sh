@@ -10,8 +10,10 @@
 #     mnbt512    chunked prefill on, --max-num-batched-tokens 512
 #     nochunk    --no-enable-chunked-prefill (the budget becomes the context length)
 #     lptt1024   chunked prefill on, --long-prefill-token-threshold 1024 (a fifth start, if the budget allows)
-#   N: measured requests per probe (default 200; 25 warm-up on top). TIME_BUDGET_S: seconds of probing
-#   (default 270): no probe starts that would overrun it, and the bracket reached so far is the answer.
+#   N: measured requests per probe at least (default 400: a 95% bound on a p99 needs 299 after the start-up cut;
+#   25 warm-up on top); each probe lasts DURATION s of arrivals (default 90) with N the minimum.
+#   TIME_BUDGET_S: seconds of probing (default 420): no probe starts that would overrun it, and the bracket
+#   reached so far is the answer.
 #   SERVE=0 runs against a server already started in this call (`go.sh serve NAME FLAGS` by hand): the
 #   configuration's flags are then recorded as declared, not applied.
 #
@@ -30,7 +32,7 @@
 # Each call's tar holds every configuration run so far; here, unpack the last one and build the report:
 #   tar xzf results-slo-nochunk.tar.gz -C results/h200 && tailgate report results/h200/slo
 set -uo pipefail
-config=${1:?usage: slo.sh CONFIG [N] [TIME_BUDGET_S]}; n=${2:-200}; budget=${3:-270}
+config=${1:?usage: slo.sh CONFIG [N] [TIME_BUDGET_S]}; n=${2:-400}; budget=${3:-420}
 source "$(dirname "$0")/layout.sh"
 OUT=${OUT:-/tmp/out}; R=${RESULTS:-/tmp/w/results/slo}; mkdir -p "$R" "$OUT"
 HOST=${HOST:-http://127.0.0.1:8000}
@@ -51,9 +53,9 @@ else
 fi
 t0=$(date +%s)
 python3 -m tailgate.cli slo "${server[@]}" --host "$HOST" --results "$R" --config "$config: $knobs" \
-  --slo "$SLO" --n "$n" --warmup 25 --seed 7 --ignore-eos \
-  --start-rate "${START:-5}" --max-rate 40 --min-rate 2.5 --resolution 2.5 --max-probes 6 --reruns 1 \
-  --time-budget "$budget" --max-waiting 400 --no-report 2>&1 | grep -vE "in flight, about|^\s*$"
+  --slo "$SLO" --n "$n" --duration "${DURATION:-90}" --warmup 25 --seed 7 --ignore-eos \
+  --start-rate "${START:-5}" --max-rate 40 --min-rate 2.5 --resolution "${RESOLUTION:-15%}" --max-probes 8 \
+  --reruns 1 --time-budget "$budget" --no-report 2>&1 | grep -vE "in flight, about|^\s*$"
 rc=${PIPESTATUS[0]}
 echo "slo $config exit $rc after $(( $(date +%s) - t0 )) s"
 bash "$GO" log >/dev/null 2>&1   # the server logs (scheduler stats every 5 s) travel with the results

@@ -9,10 +9,10 @@ SLO fails, then bisect to a resolution. Every probe is an ordinary Locust run in
 
 An SLO limits TTFT, worst-gap and total percentiles **from the intended send** (so a late load
 generator or a queue in front of the server counts against the server, as a user would feel it),
-and the error rate. A p99 of a few hundred requests rests on a handful of them, so each verdict
-comes with a bootstrap interval: a probe passes only when the whole interval is under every limit,
-fails when an interval lies wholly above one, and is otherwise *uncertain*: re-run (the attempts
-are pooled), and still uncertain after that it counts as not passing and is reported as such.
+and the error rate. A probe lasts long enough to hold steady state and passes only if the server
+kept up (completions tracked arrivals, no upward trend in TTFT or the queue) and every limit holds by
+a distribution-free bound whose counts are shrunk for correlated requests; otherwise it fails or has
+*not enough data*, which is re-run with the same workload and never counts as a pass.
 
 This module drives child processes and reads JSONL; it never imports pandas, gevent or Locust.
 """
@@ -51,7 +51,7 @@ from tailgate.slo.spec import (
     parse_sweep_file,
     slo_text,
 )
-from tailgate.slo.verdict import Check, binding_limit, bootstrap_interval, check_probe, p99s, wilson_interval
+from tailgate.slo.verdict import Check, Sustain, binding_limit, check_probe, error_check, mser5_cut, p99s, sustain_check
 
 __all__ = [
     "EMBEDDED",
@@ -77,15 +77,17 @@ __all__ = [
     "SloPlan",
     "SloRunError",
     "SloRunner",
+    "Sustain",
     "add_slo_arguments",
     "binding_limit",
-    "bootstrap_interval",
     "build_plan",
     "build_sweep",
     "check_probe",
+    "error_check",
     "knob_flags",
     "main",
     "make_controller",
+    "mser5_cut",
     "p99s",
     "parse_config",
     "parse_grid",
@@ -96,5 +98,5 @@ __all__ = [
     "run",
     "search",
     "slo_text",
-    "wilson_interval",
+    "sustain_check",
 ]

@@ -5,6 +5,7 @@ controller for ``--server``, and the run that prints the answer and builds the r
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import signal
 import sys
@@ -23,6 +24,7 @@ from tailgate.slo.spec import (
     EXIT_OK,
     EXIT_USAGE,
     KNOBS,
+    SLO_FILE,
     Limit,
     Log,
     SloError,
@@ -31,11 +33,15 @@ from tailgate.slo.spec import (
     slo_text,
 )
 from tailgate.slo.verdict import _fmt
+from tailgate.tailbounds import min_n_for_bound
 
 #: Eager mode on the CPU server: it starts in ~40 s instead of minutes of torch.compile on 2 cores.
 EMBEDDED_BASE_FLAGS = ("--enforce-eager",)
-EMBEDDED = {"start_rate": 1.0, "max_rate": 8.0, "n": 20, "warmup": 3, "max_waiting": 64}
-GPU = {"start_rate": 5.0, "max_rate": 64.0, "n": 200, "warmup": 25, "max_waiting": 400}
+EMBEDDED = {"start_rate": 1.0, "max_rate": 8.0, "n": 20, "warmup": 3, "max_waiting": -1, "duration": 30.0}
+GPU = {"start_rate": 5.0, "max_rate": 64.0, "n": 400, "warmup": 25, "max_waiting": -1, "duration": 120.0}
+#: Plan keys a resumed search must share with the folder's: a probe measured under others is another answer.
+RESUME_KEYS = ("slo", "n", "warmup", "seed", "duration", "ignore_eos", "processes", "locust_args", "base_flags",
+               "confidence")
 
 
 def add_slo_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,16 +70,22 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-budget", type=float, default=0.0,
                    help="seconds of probing per configuration; no probe starts that would overrun it (0: none)")
     p.add_argument("--reruns", type=int, default=1, help="re-runs of a probe whose interval straddles a limit")
-    p.add_argument("--confidence", type=float, default=0.95, help="level of the bootstrap / Wilson intervals")
-    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples per percentile")
-    p.add_argument("--n", type=int, default=None, help="measured requests per probe (default 200)")
+    p.add_argument("--confidence", type=float, default=0.95,
+                   help="one-sided confidence of every bound (Clopper-Pearson on the share over a limit)")
+    p.add_argument("--resamples", type=int, default=2000, help=argparse.SUPPRESS)  # the bounds are exact now
+    p.add_argument("--n", type=int, default=None,
+                   help="measured requests per probe at least (default 400; with --duration, the minimum)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="seconds of arrivals per probe, so every rate reaches and holds steady state "
+                        "(default 120; embedded 30; 0: --n alone)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up requests per probe (default 25)")
-    p.add_argument("--seed", type=int, default=7, help="trace seed; a re-run uses seed + 100")
+    p.add_argument("--seed", type=int, default=7, help="trace seed; a re-run repeats the same workload")
     p.add_argument("--trace-file", default="", help="JSONL of {prompt_tokens, max_tokens} instead of the seeded mix")
     p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")
     p.add_argument("--processes", type=int, default=1, help="load-generator processes per probe")
     p.add_argument("--max-waiting", type=int, default=None,
-                   help="stop a probe when vllm:num_requests_waiting reaches this (default 400; 0 = never)")
+                   help="stop a probe when vllm:num_requests_waiting reaches this (default: a quarter of the "
+                        "probe's requests; 0 = never)")
     p.add_argument("--prometheus-url", default="", help="a Prometheus scraping the server")
     p.add_argument("--compose-file", action="append", default=[], help="compose file(s) (default docker-compose.yml)")
     p.add_argument("--compose-service", default="vllm")
@@ -95,6 +107,9 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
     n = args.n if args.n is not None else scaled["n"]
     warmup = args.warmup if args.warmup is not None else scaled["warmup"]
     max_waiting = args.max_waiting if args.max_waiting is not None else scaled["max_waiting"]
+    duration = args.duration if args.duration is not None else scaled["duration"]
+    if not (math.isfinite(duration) and duration >= 0):
+        raise SloError(f"--duration: must be 0 or more seconds, got {duration:g}")
     for option, value in (("--start-rate", start), ("--max-rate", max_rate)):
         if not (math.isfinite(value) and value > 0):
             raise SloError(f"{option}: must be a rate above 0, got {value:g}")
@@ -121,7 +136,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         raise SloError(f"--processes: must be at least 1, got {args.processes}")
     if not (math.isfinite(args.time_budget) and args.time_budget >= 0):
         raise SloError(f"--time-budget: must be 0 (none) or more seconds, got {args.time_budget:g}")
-    if max_waiting < 0:
+    if args.max_waiting is not None and args.max_waiting < 0:
         raise SloError(f"--max-waiting: must be 0 (never) or more, got {max_waiting}")
     locust_args = list(args.locust_arg)
     if args.trace_file:
@@ -140,7 +155,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         resolution=Resolution.parse(args.resolution), max_probes=args.max_probes, reruns=args.reruns,
         confidence=args.confidence, resamples=args.resamples, n=n, warmup=warmup, seed=args.seed,
         ignore_eos=args.ignore_eos or args.embedded, processes=args.processes, max_waiting=max_waiting,
-        time_budget=args.time_budget,
+        time_budget=args.time_budget, duration=0.0 if args.trace_file else duration,
         locust_args=locust_args, base_flags=list(EMBEDDED_BASE_FLAGS) if args.embedded else [],
     )  # fmt: skip
 
@@ -152,6 +167,44 @@ def _check_url(option: str, url: str) -> None:
         Target.parse(url)
     except TargetError as e:
         raise SloError(f"{option}: {e}") from None
+
+
+def _unreachable(url: str) -> str | None:
+    """Why the server at ``url`` cannot be reached now (None: it answered): checked before any probe."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=5.0):
+            return None
+    except urllib.error.HTTPError:
+        return None  # it answered: authentication or routing is the load generator's to report
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        return f"{url} does not answer ({reason}); start the server or fix the URL"
+
+
+def resume_refusal(root: Path, plan: SloPlan) -> str | None:
+    """Why a folder's earlier probes cannot be resumed under this plan (None: they can, or there are none).
+
+    Probes are reused by folder name; a changed SLO, n, seed, duration or flag would mix answers to
+    different questions under one slo.json."""
+    try:
+        old = json.loads((root / SLO_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not any(c.get("probes") for c in old.get("configs", [])):
+        return None
+    before, now = old.get("plan") or {}, plan.describe()
+    changed = [k for k in RESUME_KEYS if k in before and before.get(k) != now.get(k)]
+    flags = {c.name: list(c.flags) for c in plan.configs}
+    for c in old.get("configs", []):
+        if c.get("probes") and c["name"] in flags and list(c.get("flags") or []) != flags[c["name"]]:
+            changed.append(f"flags of '{c['name']}'")
+    if changed:
+        return (f"{root} holds probes of another plan ({', '.join(changed)} changed); use a new --results folder "
+                "or the same options")  # fmt: skip
+    return None
 
 
 def print_table(state: Mapping[str, Any], log: Log) -> None:
@@ -241,6 +294,15 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
     controller: Any = None
     runner: SloRunner | None = None
     try:
+        refusal = resume_refusal(root, plan)
+        if refusal:
+            sys.stderr.write(f"tailgate slo: error: --results: {refusal}\n")
+            return EXIT_USAGE
+        if args.server in ("url", "manual", "compose", "command") and not args.embedded:
+            unreachable = _unreachable(args.host)
+            if unreachable and args.server == "url":
+                sys.stderr.write(f"tailgate slo: error: --host: {unreachable}\n")
+                return EXIT_USAGE
         controller = make_controller(args, root, log)
         from tailgate.suite import host_facts
 
@@ -253,6 +315,13 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
             f"{', '.join(c.name for c in plan.configs)}; doubling from {plan.start_rate:g} req/s to at most "
             f"{plan.max_rate:g}, bisecting to {plan.resolution}; n={plan.n} (+{plan.warmup} warm-up) "
             "per probe")  # fmt: skip
+        pct = [lim for lim in plan.limits if lim.p is not None]
+        need = max((min_n_for_bound(lim.p / 100.0, plan.confidence) for lim in pct), default=0)
+        if plan.probe_n(plan.start_rate) < need:
+            log(f"[slo] note: {plan.probe_n(plan.start_rate)} measured requests per probe at {plan.start_rate:g} "
+                f"req/s is below the {need} a {plan.confidence:.0%} bound on "
+                f"{max(pct, key=lambda lim: lim.p or 0).key} needs: such probes can only fail or have not enough "
+                "data; raise --n or --duration for a pass")  # fmt: skip
         runner.run()
         print_table(runner.state, log)
         if not args.no_report:
@@ -262,7 +331,17 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
             paths = build_report(root, prometheus_url=args.prometheus_url or None)
             log(f"[slo] report: {getattr(paths, 'html', paths)}")
         log(f"[slo] finished in {time.monotonic() - started:.0f} s")
-        met = any((c.get("result") or {}).get("best_rate") is not None for c in runner.state.get("configs", []))
+        configs = runner.state.get("configs", [])
+        met = any((c.get("result") or {}).get("best_rate") is not None for c in configs)
+        erred = [c for c in configs if (c.get("result") or {}).get("best_rate") is None
+                 and (c.get("result") or {}).get("binding") == "errors"]  # fmt: skip
+        if not met and erred:
+            c = erred[0]
+            first = c["probes"][0]["attempts"][0] if c.get("probes") and c["probes"][0].get("attempts") else {}
+            log(f"[slo] errors bind, not latency: '{c['name']}' failed every probe on errors "
+                f"({first.get('errors', '?')} of {first.get('sent', '?')} requests at the first probe); "
+                "check the server and the request (model name, max tokens, authentication)")  # fmt: skip
+            return EXIT_FAILED
         return EXIT_OK if met else EXIT_NOT_MET
     except (KeyboardInterrupt, Stopped) as e:
         stop = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
@@ -275,6 +354,12 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
     except (SloRunError, servers.ServerError, OSError) as e:
         guard.disarm()
         log(f"[slo] failed: {e}")
+        if runner is not None and runner.state:
+            for c in runner.state.get("configs", []):
+                if c.get("status") == "running":
+                    c["status"] = "failed"
+                    c["error"] = str(e).splitlines()[0]
+            runner._save()
         return EXIT_FAILED
     finally:
         guard.disarm()

@@ -10,11 +10,13 @@ import json
 import math
 import re
 import time
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tailgate.arms import CONTINUOUS
 from tailgate.load.plan import rate_label
 from tailgate.records import read_records, record_files
 from tailgate.runner import ChildRunner, LocustRun, prepare_results, prepare_server
@@ -41,8 +43,12 @@ class SloPlan:
     seed: int = 7
     ignore_eos: bool = False
     processes: int = 1
-    max_waiting: int = 0
-    """Stop a probe once the server's waiting queue reaches this many requests (0: never)."""
+    max_waiting: int = -1
+    """Stop a probe once the server's waiting queue reaches this many requests (0: never; -1: relative to the
+    probe, :data:`QUEUE_STOP_SHARE` of its requests, so the stop can fire at any probe size)."""
+    duration: float = 0.0
+    """Seconds of arrivals per probe: a probe sends ``max(n, rate * duration)`` measured requests, so it
+    lasts long enough to reach and hold steady state at every rate (0: ``n`` alone)."""
     time_budget: float = 0.0
     """Seconds of probing per configuration; no probe starts that would overrun it (0: no budget)."""
     locust_args: list[str] = field(default_factory=list)
@@ -56,10 +62,28 @@ class SloPlan:
             "resolution": str(self.resolution), "max_probes": self.max_probes, "reruns": self.reruns,
             "confidence": self.confidence, "resamples": self.resamples, "n": self.n, "warmup": self.warmup,
             "seed": self.seed, "ignore_eos": self.ignore_eos, "processes": self.processes,
-            "max_waiting": self.max_waiting, "time_budget": self.time_budget, "locust_args": self.locust_args,
+            "max_waiting": self.max_waiting, "duration": self.duration,
+            "time_budget": self.time_budget, "locust_args": self.locust_args,
             "base_flags": self.base_flags,
             "measured_from": "intended send (TTFT, total); worst gap inside the stream",
+            "verdicts": "one-sided Clopper-Pearson on the share over each limit, design effect of time blocks "
+                        "and runs; sustained load by completions inside the arrival window and Mann-Kendall "
+                        "trend tests on TTFT and the waiting queue",
         }  # fmt: skip
+
+    def probe_n(self, rate: float) -> int:
+        """Measured requests of a probe at ``rate``: by duration, with ``n`` the minimum."""
+        return max(self.n, math.ceil(rate * self.duration)) if self.duration > 0 else self.n
+
+    def queue_stop(self, rate: float) -> int:
+        """The waiting-queue size at which a probe at ``rate`` stops early (0: never)."""
+        if self.max_waiting >= 0:
+            return self.max_waiting
+        return max(4, math.ceil(QUEUE_STOP_SHARE * (self.probe_n(rate) + self.warmup)))
+
+
+QUEUE_STOP_SHARE = 0.25
+"""A quarter of a probe's requests waiting at once: no server that keeps up queues that many."""
 
 
 def probe_dir_name(config: str, rate: float, attempt: int) -> str:
@@ -72,12 +96,42 @@ _NULL_CLASS = re.compile(rb'"error_class":\s*null')
 class _Watch:
     """Follows a running probe's files: the server's waiting queue and the error records so far."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, metrics_url: str | None = None) -> None:
         self.out = out
+        self.metrics_url = metrics_url
         self.offsets: dict[Path, int] = {}
         self.errors = 0
         self.waiting: float | None = None
         self.waiting_max = 0.0
+        self.waiting_series: list[float] = []
+        """Every sample, in time order: the steady-state check tests it for an upward trend."""
+        self.from_file = False
+
+    def _sample_direct(self) -> None:
+        """Read ``vllm:num_requests_waiting`` from the server itself: with a live Prometheus the load generator
+        writes no ``server-metrics.jsonl``, and the queue stop must still be able to fire."""
+        if not self.metrics_url:
+            return
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=1.0) as resp:
+                text = resp.read().decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return
+        total, seen = 0.0, False
+        for line in text.splitlines():
+            if line.startswith("vllm:num_requests_waiting") and not line.startswith("#"):
+                try:
+                    total += float(line.rsplit(" ", 1)[1])
+                    seen = True
+                except ValueError:
+                    continue
+        if seen:
+            self._record(total)
+
+    def _record(self, w: float) -> None:
+        self.waiting = w
+        self.waiting_max = max(self.waiting_max, w)
+        self.waiting_series.append(w)
 
     def _new_lines(self, path: Path) -> list[bytes]:
         try:
@@ -97,8 +151,10 @@ class _Watch:
             except ValueError:
                 continue
             if isinstance(w, (int, float)):
-                self.waiting = float(w)
-                self.waiting_max = max(self.waiting_max, float(w))
+                self.from_file = True
+                self._record(float(w))
+        if not self.from_file:
+            self._sample_direct()
         for path in record_files(self.out):
             for line in self._new_lines(path):
                 if b'"error_class"' in line and not _NULL_CLASS.search(line):
@@ -165,9 +221,9 @@ class SloRunner:
     def _command(self, config: ServerConfig, rate: float, seed: int, out: Path) -> list[str]:
         p = self.plan
         return LocustRun(
-            arm="continuous", host=self.controller.base_url, results=out, stage=("--rates", f"{rate:g}"), n=p.n,
-            warmup=p.warmup, seed=seed, config_label=config.name, processes=p.processes, ignore_eos=p.ignore_eos,
-            prometheus_url=self.prometheus_url, extra=tuple(p.locust_args),
+            arm=CONTINUOUS.name, host=self.controller.base_url, results=out, stage=tuple(CONTINUOUS.value_args(rate)),
+            n=p.probe_n(rate), warmup=p.warmup, seed=seed, config_label=config.name, processes=p.processes,
+            ignore_eos=p.ignore_eos, prometheus_url=self.prometheus_url, extra=tuple(p.locust_args),
         ).command()  # fmt: skip
 
     def _error_budget(self) -> int | None:
@@ -177,30 +233,42 @@ class SloRunner:
             return None
         return math.floor(lim.limit * (self.plan.n + self.plan.warmup))
 
+    def _error_budget_at(self, rate: float) -> int | None:
+        lim = next((x for x in self.plan.limits if x.metric == "errors"), None)
+        if lim is None:
+            return None
+        return math.floor(lim.limit * (self.plan.probe_n(rate) + self.plan.warmup))
+
     def _run_child(self, config: ServerConfig, rate: float, seed: int, out: Path) -> dict[str, Any]:
         """Run one Locust child, stopping it early when the queue or the errors already decide the probe."""
         prepare_results(out, self.root)  # an interrupted attempt: kept aside, never mixed in
-        watch = _Watch(out)
-        budget = self._error_budget()
+        base = self.controller.base_url
+        watch = _Watch(out, f"{base.rstrip('/')}/metrics" if isinstance(base, str) and base else None)
+        budget = self._error_budget_at(rate)
+        queue_stop = self.plan.queue_stop(rate)
 
         def decided() -> str | None:
             watch.poll()
-            if self.plan.max_waiting and watch.waiting is not None and watch.waiting >= self.plan.max_waiting:
-                return (f"waiting queue reached {watch.waiting:.0f} (limit {self.plan.max_waiting}): "
-                        "it grows without bound")  # fmt: skip
+            if queue_stop and watch.waiting is not None and watch.waiting >= queue_stop:
+                return (f"waiting queue reached {watch.waiting:.0f} (stop at {queue_stop}, a quarter of the "
+                        "probe's requests): the server is not keeping up")  # fmt: skip
             if budget is not None and watch.errors > budget:
                 return f"{watch.errors} errors: over the SLO's error budget of {budget} for the probe"
             return None
 
         done = self.child.run(self._command(config, rate, seed, out), watch=decided)
         code, stopped = done.exit_code, done.stopped_early
+        if stopped:
+            self.log(f"[slo]   stopped the probe early: {stopped}")
+        watch.poll()
         summaries = sorted(out.glob("summary-*.json"))
         if stopped is None and (code not in (0, 1) or not summaries):
             detail = "\n".join(done.tail[-15:])
             raise SloRunError(f"probe {out.name} failed (locust exit {code}); last output:\n{detail}")
         mark = {
             "rate": rate, "seed": seed, "exit_code": code, "seconds": round(done.seconds, 1),
-            "stopped_early": stopped, "waiting_max": watch.waiting_max,
+            "stopped_early": stopped, "waiting_max": watch.waiting_max, "queue_stop": queue_stop,
+            "waiting_series": watch.waiting_series, "errors_at_stop": watch.errors,
         }  # fmt: skip
         (out / PROBE_MARK).write_text(json.dumps(mark, indent=1) + "\n")
         return mark
@@ -212,12 +280,14 @@ class SloRunner:
         summaries = sorted(out.glob("summary-*.json"))
         summary = json.loads(summaries[0].read_text()) if summaries else {}
         dropped = int(summary.get("dropped_arrivals") or 0)
-        errors = sum(1 for r in scan.records if r.get("error_class") is not None) + dropped
+        # requests the early stop itself cancelled are not the server's errors
+        errors = sum(1 for r in recs if r.get("error_class") is not None) + dropped
         return {
             "measured": measured_records(recs, self.plan.warmup),
             "sent": len(scan.records) + dropped,
             "errors": errors,
             "stopped_early": mark.get("stopped_early"),
+            "waiting_series": mark.get("waiting_series") or [],
             "summary": summary,
             "records": scan.records,
         }
@@ -227,20 +297,20 @@ class SloRunner:
         p = self.plan
         attempts: list[dict[str, Any]] = []
         entry: dict[str, Any] = {"index": index, "rate": rate, "phase": phase, "attempts": []}
-        verdict, checks = "uncertain", []
+        verdict, checks = "not_enough_data", []
         for attempt in range(1, p.reruns + 2):
             out = self.root / probe_dir_name(config.name, rate, attempt)
-            seed = p.seed + 100 * (attempt - 1)  # a re-run draws a fresh trace and fresh arrival gaps
+            seed = p.seed  # a re-run repeats the same workload: the same trace, the same arrival gaps
             mark_path = out / PROBE_MARK
             if mark_path.exists():
                 mark = json.loads(mark_path.read_text())
                 self.log(f"[slo] {config.name}: probe {index} ({phase}) {rate:g} req/s attempt {attempt}: already done")
             else:
-                est = (p.n + p.warmup) / rate
+                est = (p.probe_n(rate) + p.warmup) / rate
                 spent = self.clock() - self._config_t0
                 if p.time_budget and spent + est + PROBE_OVERHEAD_S > p.time_budget:
-                    if attempts:  # a re-run that does not fit: the probe stays uncertain, and is recorded
-                        self.log(f"[slo]   no time left in the budget for the re-run: {rate:g} req/s stays uncertain")
+                    if attempts:  # a re-run that does not fit: the probe stays undecided, and is recorded
+                        self.log(f"[slo]   no time left in the budget for the re-run: {rate:g} req/s stays undecided")
                         break
                     need = est + PROBE_OVERHEAD_S
                     raise _BudgetSpent(f"{spent:.0f} s spent; a {rate:g} req/s probe needs ~{need:.0f} s more "
@@ -251,8 +321,9 @@ class SloRunner:
                 mark = self._run_child(config, rate, seed, out)
             data = self._attempt_data(out, mark)
             attempts.append(data)
-            verdict, checks = check_probe(attempts, p.limits, level=p.confidence, resamples=p.resamples, seed=p.seed)
+            verdict, checks = check_probe(attempts, p.limits, level=p.confidence, rate=rate)
             s = data["summary"]
+            waits = data.get("waiting_series") or []
             entry["attempts"].append({
                 "dir": out.name, "seed": seed, "seconds": mark.get("seconds"),
                 "stopped_early": mark.get("stopped_early"), "waiting_max": mark.get("waiting_max"),
@@ -260,16 +331,20 @@ class SloRunner:
                 "n_measured": len(data["measured"]), "achieved_rate": s.get("achieved_rate"),
                 "ttft_p99_from_send": s.get("ttft_p99"), "preemptions_delta": s.get("preemptions_delta"),
                 "schedule_lag_p99": s.get("schedule_lag_p99"),
+                "waiting_samples": len(waits),
+                "waiting_share": round(sum(1 for w in waits if w > 0) / len(waits), 3) if waits else None,
+                "client_coalesced": sum(1 for r in data["measured"] if r.get("client_coalesced")),
             })  # fmt: skip
             shown = ", ".join(
                 f"{c.key} {_fmt(c.key, c.point)} [{_fmt(c.key, c.low)}, {_fmt(c.key, c.high)}] {c.verdict}"
                 for c in checks
             )
             self.log(f"[slo]   -> {verdict.upper()}: {shown}")
-            if verdict != "uncertain":
+            if verdict != "not_enough_data":
                 break
             if attempt <= p.reruns:
-                self.log("[slo]   an interval straddles its limit: re-running, the attempts pooled")
+                self.log("[slo]   not enough data for a verdict: re-running the same workload, the runs pooled "
+                         "(each run its own block)")
         pooled = [r for a in attempts for r in a["measured"]]
         entry.update({"verdict": verdict, "checks": [asdict(c) for c in checks],
                       "binding": binding_limit(checks), "p99": p99s(pooled)})  # fmt: skip
@@ -300,7 +375,7 @@ class SloRunner:
             "best_rate": outcome.best, "first_fail_rate": outcome.first_fail, "status": outcome.status,
             "binding": fail_probe["binding"] if fail_probe else None,
             "at_best": {c["key"]: c for c in best_probe["checks"]} if best_probe else None,
-            "uncertain_rates": [pr["rate"] for pr in cs["probes"] if pr["verdict"] == "uncertain"],
+            "not_enough_data_rates": [pr["rate"] for pr in cs["probes"] if pr["verdict"] == "not_enough_data"],
             "probes": len(cs["probes"]),
             "attempts": sum(len(pr["attempts"]) for pr in cs["probes"]),
         }  # fmt: skip

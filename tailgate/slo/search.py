@@ -40,7 +40,7 @@ class Resolution:
 class SearchStep:
     rate: float
     phase: str
-    """``double``, ``halve`` or ``bisect``."""
+    """``double``, ``halve``, ``bisect`` or ``above`` (past a rate with not enough data)."""
     verdict: str
 
 
@@ -49,11 +49,20 @@ class SearchOutcome:
     best: float | None
     """Highest rate that passed (None: none did)."""
     first_fail: float | None
-    """Lowest rate above ``best`` that did not pass (None: every probe up to the maximum passed)."""
+    """Lowest rate above ``best`` that *failed* (None: none did). Rates with not enough data above ``best``
+    do not close the bracket: the capacity may lie above them."""
     status: str
     """``bracketed`` (to the resolution), ``max_rate`` (passed at the cap), ``below_min`` (nothing passed),
-    ``probe_limit`` (the probe budget ran out before the resolution)."""
+    ``probe_limit`` (the probe budget ran out before the resolution), ``unresolved`` (the rates that would
+    narrow the bracket had not enough data: run longer)."""
     steps: list[SearchStep] = field(default_factory=list)
+
+    @property
+    def unresolved(self) -> list[float]:
+        """Rates inside the bracket whose probes could not decide."""
+        lo = self.best if self.best is not None else 0.0
+        hi = self.first_fail if self.first_fail is not None else float("inf")
+        return sorted({s.rate for s in self.steps if s.verdict not in ("pass", "fail") and lo < s.rate < hi})
 
 
 def search(
@@ -67,12 +76,25 @@ def search(
 ) -> SearchOutcome:
     """Double from ``start`` until a probe does not pass, then bisect; only ``pass`` counts as meeting the SLO.
 
-    ``probe(rate, phase)`` returns ``pass``, ``fail`` or ``uncertain``. When the start rate already fails
-    the rate halves until one passes or ``min_rate`` is reached. Rates are rounded to 1/1000 req/s.
+    ``probe(rate, phase)`` returns ``pass``, ``fail`` or ``not_enough_data``. When the start rate already
+    fails the rate halves until one passes or ``min_rate`` is reached. Rates are rounded to 1/1000 req/s.
+    A rate with not enough data steers the bisection down (it is not a pass) but does not end the bracket:
+    the reported upper end is the lowest rate that *failed*, so the bracket holds the capacity whenever the
+    verdicts do.
     """
     steps: list[SearchStep] = []
     lo: float | None = None
     hi: float | None = None
+
+    def first_failed(best: float | None) -> float | None:
+        fails = [s.rate for s in steps if s.verdict == "fail" and (best is None or s.rate > best)]
+        return min(fails) if fails else None
+
+    def outcome(best: float | None, status: str) -> SearchOutcome:
+        ff = first_failed(best)
+        if status == "bracketed" and best is not None and (ff is None or not resolution.narrow(best, ff)):
+            status = "unresolved"
+        return SearchOutcome(best, ff, status, steps)
 
     def run(rate: float, phase: str) -> bool:
         v = probe(rate, phase)
@@ -84,26 +106,26 @@ def search(
         if run(rate, "double"):
             lo = rate
             if rate >= max_rate:
-                return SearchOutcome(lo, None, "max_rate", steps)
+                return outcome(lo, "max_rate")
             rate = round(min(rate * 2, max_rate), 3)
         else:
             hi = rate
             break
     if hi is None:
-        return SearchOutcome(lo, None, "probe_limit", steps)
+        return outcome(lo, "probe_limit")
     while lo is None and len(steps) < max_probes:  # the start failed: halve
         rate = round(hi / 2, 3)
         if rate < min_rate:
-            return SearchOutcome(None, hi, "below_min", steps)
+            return outcome(None, "below_min")
         if run(rate, "halve"):
             lo = rate
         else:
             hi = rate
     if lo is None:
-        return SearchOutcome(None, hi, "probe_limit", steps)
+        return outcome(None, "probe_limit")
     while not resolution.narrow(lo, hi):  # bisection
         if len(steps) >= max_probes:
-            return SearchOutcome(lo, hi, "probe_limit", steps)
+            return outcome(lo, "probe_limit")
         mid = round((lo + hi) / 2, 3)
         if mid in (lo, hi):
             break
@@ -111,13 +133,29 @@ def search(
             lo = mid
         else:
             hi = mid
-    return SearchOutcome(lo, hi, "bracketed", steps)
+    # A rate with not enough data cannot close the bracket: step above the highest undecided rate, by the
+    # resolution, until a rate fails (or the budget ends), so the bracket has a failing upper end.
+    while len(steps) < max_probes:
+        ff = first_failed(lo)
+        if ff is not None and resolution.narrow(lo, ff):
+            break
+        undecided = [s.rate for s in steps if s.verdict not in ("pass", "fail") and s.rate > lo
+                     and (ff is None or s.rate < ff)]  # fmt: skip
+        if not undecided:
+            break
+        top = max(undecided)
+        rate = round(min(top + (resolution.value * top if resolution.relative else resolution.value), max_rate), 3)
+        if rate <= top or (ff is not None and rate >= ff):
+            break
+        if run(rate, "above"):
+            lo = rate
+    return outcome(lo, "bracketed")
 
 
 def _outcome_so_far(probes: Sequence[Mapping[str, Any]]) -> SearchOutcome:
     """The answer the probes run so far give, when the search is cut short."""
     passed = [p["rate"] for p in probes if p["verdict"] == "pass"]
     best = max(passed) if passed else None
-    above = [p["rate"] for p in probes if p["verdict"] != "pass" and (best is None or p["rate"] > best)]
+    above = [p["rate"] for p in probes if p["verdict"] == "fail" and (best is None or p["rate"] > best)]
     steps = [SearchStep(p["rate"], p["phase"], p["verdict"]) for p in probes]
     return SearchOutcome(best, min(above) if above else None, "time_budget", steps)

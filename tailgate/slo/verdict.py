@@ -1,24 +1,36 @@
-"""Verdicts on one probe: each limit's point estimate and interval at the stated confidence, pooled over
-attempts; a probe passes only when every interval lies under its limit.
+"""Verdicts on one probe: distribution-free bounds on each tail, a steady-state test, three outcomes.
+
+A probe passes only when (1) the server sustained the offered rate over it: completions kept up with
+arrivals, and neither TTFT from the intended send nor the waiting queue trends upward (Mann-Kendall on
+batch means, after an MSER-5 cut of the start-up transient), and (2) every percentile limit holds at the
+stated confidence by a one-sided Clopper-Pearson bound on the share of requests over it, with the counts
+shrunk by the design effect of time blocks and runs (see :mod:`tailgate.tailbounds`). A probe whose data
+cannot support either answer is ``not_enough_data``, never a pass; a burst the server absorbed shows up
+as a trend or as completions lagging arrivals, never as a pass.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from statistics import NormalDist
+from dataclasses import asdict, dataclass, field
 from typing import Any
-
-import numpy as np
 
 from tailgate.slo.spec import METRIC_FIELDS, Limit
 from tailgate.stats import percentile
+from tailgate.tailbounds import FAIL, NOT_ENOUGH, PASS, check_tail, share_lower, share_upper, upward_trend
+
+TREND_ALPHA = 0.01
+"""Level of the upward-trend tests: a false trend fails a probe that held, so it is kept strict."""
+KEEP_UP = 0.9
+"""Completions inside the arrival window over arrivals inside it, below which the server fell behind."""
+BLOCKS = 20
+"""Time blocks per attempt for the design effect: requests within one block may share a stall."""
 
 
 @dataclass
 class Check:
-    """One limit checked on one probe: point estimate, interval at the confidence level, verdict."""
+    """One limit checked on one probe: point estimate, bounds at the confidence level, verdict and why."""
 
     key: str
     limit: float
@@ -27,49 +39,118 @@ class Check:
     high: float | None
     n: int
     verdict: str
-    """``pass`` (interval under the limit), ``fail`` (interval above it) or ``uncertain``."""
+    """``pass``, ``fail`` or ``not_enough_data``."""
+    reason: str = ""
+    n_effective: float | None = None
+    """n divided by the design effect of time blocks and runs (correlated requests count less)."""
+    excluded: int = 0
+    """Requests left out of this check (client-coalesced streams for gap limits)."""
 
 
-def _verdict(low: float, high: float, limit: float) -> str:
-    if high <= limit:
-        return "pass"
-    if low > limit:
-        return "fail"
-    return "uncertain"
+@dataclass
+class Sustain:
+    """Did the server keep up with the offered rate over every attempt? With the evidence."""
+
+    verdict: str
+    reason: str
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _error_verdict(point: float, low: float, limit: float) -> str:
-    """Errors: fail when even the interval's low end is over the limit, uncertain when only the point is.
-
-    Zero errors in n requests bound the rate only near 3/n, so an interval rule would call every probe
-    under a 0.5% limit uncertain below ~600 requests. The observed rate is therefore held against the
-    limit, and the Wilson interval is reported beside it, not used to pass.
-    """
-    if low > limit:
-        return "fail"
-    return "uncertain" if point > limit else "pass"
-
-
-def bootstrap_interval(values: np.ndarray, p: float, level: float, resamples: int, seed: int) -> tuple[float, float]:
-    """Percentile-bootstrap interval of the ``p``-th percentile (the report's fast order-statistic bootstrap)."""
-    from tailgate.bootstrap import bootstrap_percentile
-
-    draws = bootstrap_percentile(values, p, resamples, np.random.default_rng(seed))
-    tail = (1.0 - level) / 2.0 * 100.0
-    lo, hi = np.percentile(draws, [tail, 100.0 - tail])
-    return float(lo), float(hi)
+def error_check(errors: int, sent: int, limit: float, level: float, key: str = "errors") -> Check:
+    """Errors against their limit: pass when the observed share is within it, fail when even the lower bound
+    is over it, otherwise not enough data. Zero errors in n bound the rate only near 3/n, so an upper-bound
+    rule would leave every probe under a 0.5% limit undecided below ~600 requests; the bounds are reported."""
+    if sent <= 0:
+        return Check(key, limit, None, None, None, 0, FAIL, "no requests were sent")
+    alpha = 1.0 - level
+    frac = errors / sent
+    lo, hi = share_lower(errors, sent, alpha), share_upper(errors, sent, alpha)
+    if lo > limit:
+        verdict, why = FAIL, f"{errors} of {sent} errored: at least {lo:.2%} at {level:.0%}"
+    elif frac > limit:
+        verdict, why = NOT_ENOUGH, f"{errors} of {sent} errored: over the limit, but not beyond doubt at this n"
+    else:
+        verdict, why = PASS, f"{errors} of {sent} errored"
+    return Check(key, limit, round(frac, 5), round(lo, 5), round(hi, 5), sent, verdict, why)
 
 
-def wilson_interval(k: int, n: int, level: float) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion: sound at 0 errors and small n, unlike the normal one."""
-    if n == 0:
-        return 0.0, 1.0
-    z = NormalDist().inv_cdf(0.5 + level / 2.0)
-    ph = k / n
-    den = 1 + z * z / n
-    mid = (ph + z * z / (2 * n)) / den
-    half = z * math.sqrt(ph * (1 - ph) / n + z * z / (4 * n * n)) / den
-    return max(0.0, mid - half), min(1.0, mid + half)
+def mser5_cut(series: Sequence[float]) -> int:
+    """How many leading values MSER-5 drops as start-up transient (batches of 5; at most a fifth of the series).
+
+    Capped at a fifth: a transient longer than that is not a warm-up but a server that never settled,
+    which the trend test must see rather than have cut away."""
+    n5 = len(series) // 5
+    if n5 < 4:
+        return 0
+    means = [sum(series[i * 5 : i * 5 + 5]) / 5 for i in range(n5)]
+    best, best_d = math.inf, 0
+    for d in range(n5 // 5 + 1):
+        rest = means[d:]
+        m = sum(rest) / len(rest)
+        score = sum((x - m) ** 2 for x in rest) / len(rest) ** 2
+        if score < best:
+            best, best_d = score, d
+    return best_d * 5
+
+
+def _time_ordered(measured: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return sorted(measured, key=lambda r: (r.get("intended_s") if isinstance(r.get("intended_s"), (int, float))
+                                           else math.inf))  # fmt: skip
+
+
+def steady_part(attempt: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], int]:
+    """The attempt's measured records in intended-send order, less the MSER-5 start-up cut; and the cut."""
+    recs = _time_ordered(attempt["measured"])
+    ttft = [float(r.get("ttft_from_intended_ms") or 0.0) for r in recs]
+    cut = mser5_cut(ttft)
+    return recs[cut:], cut
+
+
+def sustain_check(attempts: Sequence[Mapping[str, Any]], rate: float | None) -> Sustain:
+    """Every attempt must have kept up: completions tracked arrivals, no upward trend in TTFT or the queue."""
+    rows: list[dict[str, Any]] = []
+    verdicts: list[str] = []
+    for a in attempts:
+        recs = _time_ordered(a["measured"])
+        row: dict[str, Any] = {"n": len(recs)}
+        sends = [float(r["intended_s"]) for r in recs if isinstance(r.get("intended_s"), (int, float))]
+        ends = [float(r["end_s"]) for r in recs if isinstance(r.get("end_s"), (int, float))]
+        if len(sends) < 20:
+            rows.append({**row, "verdict": NOT_ENOUGH, "reason": "fewer than 20 timed requests"})
+            verdicts.append(NOT_ENOUGH)
+            continue
+        t0, t1 = sends[0], sends[-1]
+        arrived = len(sends)
+        done = sum(1 for e in ends if e <= t1)
+        keep = done / arrived
+        ttft = [float(r.get("ttft_from_intended_ms") or 0.0) for r in recs]
+        cut = mser5_cut(ttft)
+        trend = upward_trend(ttft[cut:], alpha=TREND_ALPHA)
+        waiting = [float(w) for w in a.get("waiting_series") or [] if isinstance(w, (int, float))]
+        qtrend = upward_trend(waiting[len(waiting) * cut // max(1, len(ttft)):], alpha=TREND_ALPHA) \
+            if len(waiting) >= 10 else None  # fmt: skip
+        row.update({
+            "window_s": round(t1 - t0, 2), "offered_rate": rate, "arrival_rate": round((arrived - 1) / (t1 - t0), 3)
+            if t1 > t0 else None, "completed_in_window": done, "arrived_in_window": arrived,
+            "keep_up": round(keep, 3), "transient_cut": cut, "ttft_trend": trend, "queue_trend": qtrend,
+        })  # fmt: skip
+        if trend["trend"] or (qtrend is not None and qtrend["trend"]):
+            what = "TTFT from intended" if trend["trend"] else "the waiting queue"
+            p = trend["p"] if trend["trend"] else qtrend["p"]  # type: ignore[index]
+            row.update({"verdict": FAIL, "reason": f"{what} trends upward (Mann-Kendall p={p:g}): not sustained"})
+        elif keep < KEEP_UP:
+            row.update({"verdict": NOT_ENOUGH, "reason": f"only {done} of {arrived} requests completed inside the "
+                        f"arrival window ({keep:.0%}): too short to tell a sustained rate from an absorbed burst"})
+        else:
+            row.update({"verdict": PASS, "reason": f"{keep:.0%} completed inside the arrival window, no upward trend"})
+        rows.append(row)
+        verdicts.append(row["verdict"])
+    if FAIL in verdicts:
+        return Sustain(FAIL, next(r["reason"] for r in rows if r["verdict"] == FAIL), rows)
+    if NOT_ENOUGH in verdicts or not verdicts:
+        reason = next((r["reason"] for r in rows if r["verdict"] == NOT_ENOUGH), "no attempts")
+        return Sustain(NOT_ENOUGH, reason, rows)
+    return Sustain(PASS, "every attempt kept up with its arrivals", rows)
 
 
 def check_probe(
@@ -77,39 +158,79 @@ def check_probe(
     limits: Sequence[Limit],
     *,
     level: float = 0.95,
-    resamples: int = 2000,
-    seed: int = 7,
+    rate: float | None = None,
+    sustained: bool = True,
+    resamples: int = 0,
+    seed: int = 0,
 ) -> tuple[str, list[Check]]:
     """Pool the attempts of one probe and check every limit; the probe's verdict and the checks.
 
-    Each attempt is ``{"measured": [records], "sent": int, "errors": int, "stopped_early": str|None}``.
-    A probe stopped early (queue without bound, error budget spent) fails whatever its percentiles say.
+    Each attempt is ``{"measured": [records], "sent": int, "errors": int, "stopped_early": str|None}``
+    (optionally ``waiting_series``). Requests are grouped by (attempt, time block) for the design effect:
+    re-runs count as separate runs, stalls that hit many requests in one block count once. A probe stopped
+    early (queue without bound, error budget spent) fails whatever its percentiles say. With ``sustained``
+    the steady-state check is a ``sustained`` row of the checks. ``resamples``/``seed`` are accepted for
+    older callers; the bounds are exact and draw nothing.
     """
-    measured = [r for a in attempts for r in a["measured"]]
+    del resamples, seed
+    checks: list[Check] = []
     sent = sum(int(a["sent"]) for a in attempts)
     errors = sum(int(a["errors"]) for a in attempts)
-    checks: list[Check] = []
+    steady: list[tuple[int, Mapping[str, Any]]] = []
+    for i, a in enumerate(attempts):
+        part, _ = steady_part(a)
+        steady += [(i, r) for r in part]
     for lim in limits:
         if lim.metric == "errors":
-            frac = errors / sent if sent else 1.0
-            lo, hi = wilson_interval(errors, sent, level)
-            checks.append(Check(lim.key, lim.limit, round(frac, 5), round(lo, 5), round(hi, 5), sent,
-                                _error_verdict(frac, lo, lim.limit) if sent else "fail"))  # fmt: skip
+            checks.append(error_check(errors, sent, lim.limit, level, lim.key))
             continue
-        vals = np.array([r.get(METRIC_FIELDS[lim.metric]) for r in measured], dtype=float)
-        vals = vals[np.isfinite(vals)]
-        if vals.size == 0:
-            checks.append(Check(lim.key, lim.limit, None, None, None, 0, "fail"))
-            continue
+        fld = METRIC_FIELDS[lim.metric]
+        values: list[float] = []
+        groups: list[tuple[int, int]] = []
+        excluded = 0
+        spans = _spans(attempts)
+        for i, r in steady:
+            v = r.get(fld)
+            if not isinstance(v, (int, float)) or not math.isfinite(v):
+                continue
+            if lim.metric == "gap" and r.get("client_coalesced"):
+                excluded += 1  # the client merged chunks: its gaps are not a measurement of the server
+                continue
+            values.append(float(v))
+            groups.append((i, _block(r, spans[i])))
         assert lim.p is not None
-        point = float(percentile(vals.tolist(), lim.p) or 0.0)
-        lo, hi = bootstrap_interval(vals, lim.p, level, resamples, seed)
-        checks.append(Check(lim.key, lim.limit, round(point, 1), round(lo, 1), round(hi, 1), int(vals.size),
-                            _verdict(lo, hi, lim.limit)))  # fmt: skip
+        c = check_tail(values, lim.p / 100.0, lim.limit, confidence=level, groups=groups, key=lim.key)
+        rnd = (lambda x: None if x is None else round(x, 1))  # noqa: E731
+        checks.append(Check(lim.key, lim.limit, rnd(c.point), rnd(c.low), rnd(c.high), c.n, c.verdict, c.reason,
+                            c.n_effective, excluded))  # fmt: skip
+    stopped = next((str(a["stopped_early"]) for a in attempts if a.get("stopped_early")), None)
+    if stopped:
+        checks.append(Check("sustained", KEEP_UP, None, None, None, sum(len(a["measured"]) for a in attempts),
+                            FAIL, f"stopped early: {stopped}"))  # fmt: skip
+    elif sustained:
+        sus = sustain_check(attempts, rate)
+        keep = [r.get("keep_up") for r in sus.attempts if r.get("keep_up") is not None]
+        checks.append(Check("sustained", KEEP_UP, min(keep) if keep else None, None, None,
+                            sum(int(r.get("n", 0)) for r in sus.attempts), sus.verdict, sus.reason))  # fmt: skip
     verdicts = {c.verdict for c in checks}
-    if any(a.get("stopped_early") for a in attempts) or "fail" in verdicts:
-        return "fail", checks
-    return ("uncertain" if "uncertain" in verdicts else "pass"), checks
+    if any(a.get("stopped_early") for a in attempts) or FAIL in verdicts:
+        return FAIL, checks
+    return (NOT_ENOUGH if NOT_ENOUGH in verdicts else PASS), checks
+
+
+def _spans(attempts: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    out = []
+    for a in attempts:
+        ts = [float(r["intended_s"]) for r in a["measured"] if isinstance(r.get("intended_s"), (int, float))]
+        out.append((min(ts), max(ts)) if ts else (0.0, 0.0))
+    return out
+
+
+def _block(r: Mapping[str, Any], span: tuple[float, float]) -> int:
+    t = r.get("intended_s")
+    if not isinstance(t, (int, float)) or span[1] <= span[0]:
+        return 0
+    return min(BLOCKS - 1, int((float(t) - span[0]) / (span[1] - span[0]) * BLOCKS))
 
 
 def p99s(measured: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
@@ -123,10 +244,14 @@ def p99s(measured: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
 
 
 def binding_limit(checks: Sequence[Check] | Sequence[Mapping[str, Any]]) -> str | None:
-    """The limit that binds: the failing (else uncertain) check furthest above its limit, relative to it."""
+    """The limit that binds: the failing (else undecided) check furthest above its limit, relative to it.
+
+    The steady-state row binds only when no limit does: a server that fell behind names the queue."""
     rows = [c if isinstance(c, Mapping) else asdict(c) for c in checks]
-    for verdict in ("fail", "uncertain"):
-        cands = [c for c in rows if c["verdict"] == verdict]
+    for verdict in (FAIL, NOT_ENOUGH):
+        cands = [c for c in rows if c["verdict"] == verdict and c["key"] != "sustained"] or [
+            c for c in rows if c["verdict"] == verdict
+        ]
         if cands:
 
             def over(c: Mapping[str, Any]) -> float:
@@ -141,4 +266,6 @@ def binding_limit(checks: Sequence[Check] | Sequence[Mapping[str, Any]]) -> str 
 def _fmt(key: str, v: float | None) -> str:
     if v is None:
         return "n/a"
+    if key == "sustained":
+        return f"{v:.0%} kept up"
     return f"{v * 100:.2f}%" if key == "errors" else f"{v:.1f}"

@@ -38,6 +38,14 @@ Endpoints
     header each client-facing path received (so a test can see what credentials reached the server);
     ``POST /_control`` changes the settings (see :meth:`GroundTruthServer.apply_control`).
 
+Simulated engine (``--engine on`` or a JSON object of settings, or ``{"engine": {...}}`` on ``/_control``):
+streaming completions are then scheduled by :mod:`.engine` (fixed slots, FIFO admission, prefill time per
+prompt token stalling the whole batch, bounded with ``chunked``, per-step decode time, optional KV pool with
+preemption) on absolute step targets, and ``/metrics`` reports its running/waiting queue, KV use and
+preemptions. :func:`.engine.simulate` runs the same scheduler in virtual time, so a benchmark's true p99
+and capacity are those of the server. Non-streaming and scripted requests keep the fixed schedule, and
+stream-shaping faults do not apply to engine-driven streams.
+
 Request numbers (``seq``, also the response id ``cmpl-<seq>``) count ``/v1/completions`` requests
 from 0; other endpoints do not advance them.
 

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .engine import EngineModel
 from .server import GroundTruthServer
 from .settings import Settings
 from .wire import DEFAULT_GAP_MS, DEFAULT_MODEL, DEFAULT_TTFT_MS
@@ -34,6 +35,7 @@ async def _serve(args: argparse.Namespace) -> None:
         model=args.model,
         accept_any_model=args.accept_any_model,
         prefix_caching=args.prefix_caching,
+        engine=args.engine,
     )
     server = GroundTruthServer(settings, args.host, args.port, args.chunk_log)
     if args.script:
@@ -71,8 +73,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-any-model", action="store_true", help="do not answer 404 for other model names")
     p.add_argument("--prefix-caching", action="store_true",
                    help="count prefix-cache hits over 16-word blocks, as vLLM with prefix caching on")
+    p.add_argument(
+        "--engine",
+        type=_engine_arg,
+        default=None,
+        help='serve streams from the simulated engine: "on" for its defaults, or a JSON object of its settings '
+        '(slots, step_ms, step_ms_per_seq, prefill_ms_per_token, chunked, chunk_tokens, kv_capacity_tokens)',
+    )
     p.add_argument("--script", help='JSON file {"schedules": {"<seq>": [ttft_ms, gap_ms, ...]}}')
     return p
+
+
+def _engine_arg(text: str) -> EngineModel:
+    if text.strip().lower() == "on":
+        return EngineModel()
+    try:
+        return EngineModel.from_dict(json.loads(text))
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(f"--engine: {e}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

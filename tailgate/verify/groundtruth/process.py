@@ -126,6 +126,7 @@ def start_server_process(
     accept_any_model: bool = False,
     prefix_caching: bool = False,
     script: Mapping[str, Any] | str | Path | None = None,
+    engine: Mapping[str, Any] | None = None,
     chunk_log: str | Path | None = None,
     startup_timeout_s: float = 20.0,
     python: str = sys.executable,
@@ -163,6 +164,8 @@ def start_server_process(
         args.append("--accept-any-model")
     if prefix_caching:
         args.append("--prefix-caching")
+    if engine is not None:
+        args += ["--engine", json.dumps(dict(engine))]
     if script is not None:
         if isinstance(script, Mapping):
             script_path = wd / "script.json"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .connection import _Connection
+from .engine import Engine, EngineModel, EngineModelError, EngineRequest
 from .faults import ControlError, _compile_fault, _compile_script, _Fault, _integer, _number
 from .settings import ChunkLog, Settings
 from .stream import _Plan, _Stream, _Timers
@@ -74,6 +75,10 @@ class GroundTruthServer:
         """Path -> the last ``Authorization`` header a request to it carried (``/_*`` paths excluded)."""
         self.started_wall = time.time()
         self._server: asyncio.Server | None = None
+        self.engine: Engine | None = None
+        self._engine_timer: asyncio.TimerHandle | None = None
+        if self.settings.engine is not None:
+            self.engine = Engine(self.settings.engine)
 
     @property
     def port(self) -> int:
@@ -93,6 +98,8 @@ class GroundTruthServer:
         """Stop listening, cut every connection, then write the chunk log file."""
         if self._server is not None:
             self._server.close()
+        if self._engine_timer is not None:
+            self._engine_timer.cancel()
         for conn in list(self.connections):
             if conn.stream is not None:
                 conn.stream.end()
@@ -146,6 +153,12 @@ class GroundTruthServer:
                 raise ControlError("faults must be a list")
             faults = [_compile_fault(f) for f in doc["faults"]]
         schedules = _compile_script(doc["script"]) if "script" in doc else s.schedules
+        engine_model = s.engine
+        if "engine" in doc:
+            try:
+                engine_model = None if doc["engine"] is None else EngineModel.from_dict(doc["engine"])
+            except (EngineModelError, TypeError) as e:
+                raise ControlError(str(e)) from None
         assert ttft is not None and gap is not None and preemptions is not None
         s.ttft_ms, s.gap_ms, s.preemptions_total, s.kv_capacity_tokens = ttft, gap, preemptions, kv_capacity
         s.model = model
@@ -153,6 +166,9 @@ class GroundTruthServer:
         s.healthy = doc.get("healthy", s.healthy)
         s.faults = faults
         s.schedules = schedules
+        if "engine" in doc:
+            s.engine = engine_model
+            self.set_engine(engine_model)
         if doc.get("reset_chunklog"):
             self.log = ChunkLog()
             for stream in self.active:
@@ -169,6 +185,47 @@ class GroundTruthServer:
             "chunks_logged": len(self.log),
             "last_authorization": dict(self.last_authorization),
         }
+
+    # -- the simulated engine
+
+    def set_engine(self, model: EngineModel | None) -> None:
+        """Switch the engine on (a fresh, empty one), off, or to new settings; streams in flight keep theirs."""
+        preempted = self.engine.preemptions if self.engine is not None else 0
+        self.settings.preemptions_total += preempted
+        self.engine = None if model is None else Engine(model)
+
+    def engine_submit(self, req: EngineRequest) -> None:
+        engine = self.engine
+        if engine is None:  # switched off since the request arrived: it is not served
+            return
+        engine.submit(req)
+        if engine.step_end_ns is None:
+            self._engine_start(max(req.arrival_ns, engine.last_end_ns))
+
+    def engine_cancel(self, req: EngineRequest) -> None:
+        if self.engine is not None:
+            self.engine.cancel(req)
+
+    def _engine_start(self, now_ns: int) -> None:
+        engine = self.engine
+        if engine is None:
+            return
+        end = engine.start_step(now_ns)
+        if end is not None:
+            self._engine_timer = self.loop.call_at(end * 1e-9, self._engine_step_end, engine)
+
+    def _engine_step_end(self, engine: Engine) -> None:
+        """A step ended on its absolute target: write its tokens, start the next step from that target."""
+        end = engine.step_end_ns
+        if engine is not self.engine or end is None:
+            return
+        for req in engine.finish_step():
+            stream = req.owner
+            if stream is None or stream.ended:
+                continue
+            stream.target = end
+            stream.fire()
+        self._engine_start(end)
 
     # -- metrics
 
@@ -196,10 +253,21 @@ class GroundTruthServer:
             out.append(f"# TYPE vllm:{name} gauge")
             out.append(f"vllm:{name}{labels} {float(value)!r}")
 
-        gauge("num_requests_running", "Number of requests in model execution batches.", self.running)
-        gauge("num_requests_waiting", "Number of requests waiting to be processed.", self.waiting)
+        running, waiting, preemptions = self.running, self.waiting, self.settings.preemptions_total
+        engine = self.engine
+        if engine is not None:
+            # the fixed-schedule streams (non-streaming requests) count beside the engine's own
+            in_engine = {id(r.owner) for r in engine.running} | {id(r.owner) for r in engine.waiting}
+            fixed = [st for st in self.active if id(st) not in in_engine]
+            running = len(engine.running) + sum(1 for st in fixed if st.running)
+            waiting = len(engine.waiting) + sum(1 for st in fixed if not st.running)
+            preemptions += engine.preemptions
+            cap = engine.model.kv_capacity_tokens or self.settings.kv_capacity_tokens
+            kv = engine.kv_used() / cap
+        gauge("num_requests_running", "Number of requests in model execution batches.", running)
+        gauge("num_requests_waiting", "Number of requests waiting to be processed.", waiting)
         gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", min(kv, 1.0))
-        counter("num_preemptions", "Cumulative number of preemption from the engine.", self.settings.preemptions_total)
+        counter("num_preemptions", "Cumulative number of preemption from the engine.", preemptions)
         counter("prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens_total)
         counter("generation_tokens", "Number of generation tokens processed.", generated)
         counter("request_success", "Count of successfully processed requests.", self.requests_total)
@@ -325,6 +393,9 @@ class GroundTruthServer:
             return
 
         script = s.schedules.get(seq)
+        engine_driven = self.engine is not None and stream and script is None
+        if engine_driven:
+            plan = None  # the engine decides every token time; stream-shaping faults do not combine with it
         st = _Stream(
             self,
             conn,
@@ -340,6 +411,8 @@ class GroundTruthServer:
             stream,
         )
         conn.stream = st
+        if engine_driven:
+            st.engine_req = EngineRequest(prompt_tokens, max_tokens, recv_ns, st)
         created = int(time.time())
         model_json = json.dumps(s.model)
         rid = f"cmpl-{seq}"

@@ -8,6 +8,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+from .engine import EngineModel
 from .faults import _Fault
 from .wire import DEFAULT_GAP_MS, DEFAULT_MODEL, DEFAULT_TTFT_MS, KV_CAPACITY_TOKENS
 
@@ -31,6 +32,9 @@ class Settings:
     ``vllm:prefix_cache_*`` counters do, and say so in ``vllm:cache_config_info``. Off: queries only."""
     faults: list[_Fault] = field(default_factory=list)
     schedules: dict[int, list[int]] = field(default_factory=dict)
+    engine: EngineModel | None = None
+    """When set, streaming completions are served by the simulated engine (see :mod:`.engine`) instead of
+    the fixed ``ttft_ms``/``gap_ms`` schedule, and the vLLM gauges report the engine's state."""
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -44,6 +48,7 @@ class Settings:
             "prefix_caching": self.prefix_caching,
             "faults": [f.describe() for f in self.faults],
             "scripted_requests": sorted(self.schedules),
+            "engine": None if self.engine is None else self.engine.describe(),
         }
 
 

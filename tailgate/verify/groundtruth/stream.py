@@ -7,11 +7,13 @@ import asyncio
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .settings import ChunkLog
 from .wire import _CHUNK_END, _SSE_DONE, _SSE_MALFORMED, _chunk_frame, _monotonic_ns, _raw_frame
 
+if TYPE_CHECKING:
+    from .engine import EngineRequest
 
 class StreamConnection(Protocol):
     """The connection a stream writes to (the server's ``_Connection``)."""
@@ -37,6 +39,10 @@ class StreamServer(Protocol):
     prompt_tokens_total: int
     generation_tokens_done: int
     requests_total: int
+
+    def engine_submit(self, req: EngineRequest) -> None: ...
+
+    def engine_cancel(self, req: EngineRequest) -> None: ...
 
 
 
@@ -126,6 +132,7 @@ class _Stream:
         "body",
         "conn",
         "ended",
+        "engine_req",
         "first_ns",
         "frame",
         "gap_ns",
@@ -206,6 +213,8 @@ class _Stream:
         self.body = b""
         self.lead = b""
         """Written just before the first content chunk (a chat stream's role-only delta)."""
+        self.engine_req: EngineRequest | None = None
+        """Set when the simulated engine decides this stream's token times."""
 
     # -- schedule
 
@@ -227,6 +236,8 @@ class _Stream:
         return self.base_ns + offset + self.shift_ns
 
     def schedule(self, k: int) -> None:
+        if self.engine_req is not None:
+            return  # the engine's step ends fire this stream
         target = self.target_ns(k)
         if target is None:
             return
@@ -242,6 +253,9 @@ class _Stream:
     def start(self) -> None:
         self.server.waiting += 1
         self.server.active.add(self)
+        if self.engine_req is not None:
+            self.server.engine_submit(self.engine_req)
+            return
         plan = self.plan
         if plan is not None and plan.ping_interval_ns:
             self.ping_handle = self.loop.call_at(
@@ -376,6 +390,8 @@ class _Stream:
             self.ping_handle = None
         server = self.server
         server.active.discard(self)
+        if self.engine_req is not None and self.k < self.n:
+            server.engine_cancel(self.engine_req)
         if self.running:
             server.running -= 1
         else:

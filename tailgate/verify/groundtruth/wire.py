@@ -78,6 +78,7 @@ _CONTROL_KEYS = frozenset(
         "script",
         "reset_chunklog",
         "reset_seq",
+        "engine",
     }
 )
 

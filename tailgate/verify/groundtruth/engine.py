@@ -1,0 +1,372 @@
+"""A simulated continuous-batching engine whose latencies follow from a stated model.
+
+A capacity search can only be judged against a server whose true answer is known. This engine is
+small enough to reason about and rich enough to show what a real scheduler does to the tail:
+
+- ``slots`` sequences run at once; the rest wait in a FIFO admission queue;
+- every step costs ``step_ms + step_ms_per_seq * running`` plus ``prefill_ms_per_token`` for every
+  prompt token prefilled in it, so a long prompt inserted into the batch stalls *every* running
+  stream for that step (the batch-wide stall of unchunked prefill);
+- with ``chunked`` on, a step prefills at most ``chunk_tokens`` prompt tokens, which bounds the stall
+  and spreads a long prompt over several steps;
+- with a KV pool (``kv_capacity_tokens``), admission waits for room and a running batch that outgrows
+  the pool preempts its newest sequence (recompute: it goes back to the head of the queue and prefills
+  its prompt and the tokens it already streamed again), counted as vLLM counts preemptions.
+
+The same :class:`Engine` drives the ground-truth server's streams (real clock) and :func:`simulate`
+(virtual clock), so the truth a benchmark computes and what the server serves cannot drift apart.
+Times are integer nanoseconds. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+MS = 1_000_000
+
+
+class EngineModelError(ValueError):
+    """An engine setting out of range; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    """The engine's parameters; every latency the engine produces follows from these."""
+
+    slots: int = 8
+    step_ms: float = 4.0
+    step_ms_per_seq: float = 0.25
+    prefill_ms_per_token: float = 0.02
+    chunked: bool = False
+    chunk_tokens: int = 512
+    kv_capacity_tokens: int = 0
+    """0: unlimited (no admission limit, no preemption)."""
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> EngineModel:
+        """Validate a control/CLI document; unknown keys and bad values raise :class:`EngineModelError`."""
+        if not isinstance(doc, dict):
+            raise EngineModelError("engine must be an object of engine settings (or null to turn it off)")
+        known = {f.name: f for f in fields(cls)}
+        unknown = set(doc) - set(known)
+        if unknown:
+            raise EngineModelError(f"unknown engine settings {sorted(unknown)}; known: {sorted(known)}")
+        model = cls(**doc)
+        for name in ("slots", "chunk_tokens"):
+            v = getattr(model, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise EngineModelError(f"engine {name} must be an integer >= 1, got {v!r}")
+        kv = model.kv_capacity_tokens
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 0:
+            raise EngineModelError(f"engine kv_capacity_tokens must be an integer >= 0, got {kv!r}")
+        for name in ("step_ms", "step_ms_per_seq", "prefill_ms_per_token"):
+            v = getattr(model, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise EngineModelError(f"engine {name} must be a number >= 0, got {v!r}")
+        if model.step_ms <= 0:
+            raise EngineModelError("engine step_ms must be above 0")
+        if not isinstance(model.chunked, bool):
+            raise EngineModelError(f"engine chunked must be true or false, got {model.chunked!r}")
+        return model
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True, eq=False)
+class EngineRequest:
+    """One sequence in the engine. ``owner`` is whatever the caller attaches (the server's stream)."""
+
+    prompt_tokens: int
+    max_tokens: int
+    arrival_ns: int
+    owner: Any = None
+    k: int = 0
+    """Tokens emitted so far."""
+    prefill_left: int = 0
+    emitted_ns: list[int] = field(default_factory=list)
+    """When each token was emitted (kept only by :func:`simulate`)."""
+
+    def __post_init__(self) -> None:
+        self.prefill_left = self.prompt_tokens
+
+
+class Engine:
+    """The scheduler: submit requests, start a step, finish it; the caller owns the clock."""
+
+    def __init__(self, model: EngineModel) -> None:
+        self.model = model
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
+        self.preemptions = 0
+        self.prompt_tokens_done = 0
+        self.step_end_ns: int | None = None
+        """End of the step in flight; None while idle."""
+        self.last_end_ns = 0
+        """End of the last step: an idle engine's next step starts no earlier (arrivals stamped before it
+        wait for the next step, as they would have in a step-by-step clock)."""
+        self._emit: list[EngineRequest] = []
+        self._prefilled = 0
+
+    # -- state
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def kv_used(self) -> int:
+        """Tokens held by running sequences (prompt and generated so far)."""
+        return sum(r.prompt_tokens + r.k for r in self.running)
+
+    def submit(self, req: EngineRequest) -> None:
+        self.waiting.append(req)
+
+    def cancel(self, req: EngineRequest) -> None:
+        """A client went away: the sequence leaves the engine wherever it is."""
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            try:
+                self.waiting.remove(req)
+            except ValueError:
+                pass
+
+    # -- one step
+    def start_step(self, now_ns: int) -> int | None:
+        """Compose the next step at ``now_ns``; return when it ends (None: nothing to do)."""
+        m = self.model
+        cap = m.kv_capacity_tokens
+        if cap:
+            # the batch grows one token per running sequence per step: preempt the newest when it would not fit
+            while len(self.running) > 1 and sum(r.prompt_tokens + r.k + 1 for r in self.running) > cap:
+                victim = self.running.pop()
+                victim.prefill_left = victim.prompt_tokens + victim.k
+                self.waiting.appendleft(victim)
+                self.preemptions += 1
+        used = self.kv_used() if cap else 0
+        while self.waiting and len(self.running) < m.slots:
+            head = self.waiting[0]
+            need = head.prompt_tokens + head.k
+            if cap and self.running and used + need > cap:
+                break
+            self.running.append(self.waiting.popleft())
+            used += need
+        if not self.running:
+            self.step_end_ns = None
+            return None
+        budget = m.chunk_tokens if m.chunked else math.inf
+        prefilled = 0
+        emit: list[EngineRequest] = []
+        for r in self.running:
+            if r.prefill_left == 0:
+                emit.append(r)
+                continue
+            if budget <= 0:
+                continue
+            take = int(min(r.prefill_left, budget))
+            r.prefill_left -= take
+            budget -= take
+            prefilled += take
+            if r.prefill_left == 0:
+                emit.append(r)
+        self.prompt_tokens_done += prefilled
+        self._emit = emit
+        self._prefilled = prefilled
+        ms = m.step_ms + m.step_ms_per_seq * len(self.running) + m.prefill_ms_per_token * prefilled
+        self.step_end_ns = now_ns + round(ms * MS)
+        return self.step_end_ns
+
+    def finish_step(self) -> list[EngineRequest]:
+        """End the step in flight: every sequence that produced a token this step, in batch order.
+
+        Each has ``k`` already advanced; those that reached ``max_tokens`` have left the batch.
+        """
+        emit, self._emit = self._emit, []
+        self.last_end_ns = self.step_end_ns or self.last_end_ns
+        self.step_end_ns = None
+        done = False
+        for r in emit:
+            r.k += 1
+            if r.k >= r.max_tokens:
+                done = True
+        if done:
+            self.running = [r for r in self.running if r.k < r.max_tokens]
+        return emit
+
+
+# ------------------------------------------------------------------------------------------ the truth
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one request saw, from its arrival (the intended send of an open-loop client)."""
+
+    arrival_ns: int
+    ttft_ms: float
+    worst_gap_ms: float
+    total_ms: float
+
+
+def simulate(model: EngineModel, arrivals: Iterable[tuple[int, int, int]], *, fast: bool = True) -> list[Outcome]:
+    """Run the engine on ``(arrival ns, prompt tokens, max tokens)`` in virtual time, in arrival order.
+
+    An arrival during a step joins the queue and is admitted at the next step's start, exactly as the
+    server's event loop does it. ``fast`` jumps over runs of identical decode steps (no prefill, no
+    possible admission, no completion, no preemption in between) in one move; it changes no result
+    (a test holds it to the step-by-step run), only the time a long truth run takes.
+    """
+    engine = Engine(model)
+    pending = deque(sorted(arrivals))
+    reqs: list[EngineRequest] = []
+    # per request: [first token ns, last token ns, worst gap ns]
+    stats: dict[int, list[int]] = {}
+
+    def admit_until(t: int) -> None:
+        while pending and pending[0][0] <= t:
+            a, p, mx = pending.popleft()
+            req = EngineRequest(p, mx, a)
+            stats[id(req)] = [-1, -1, 0]
+            reqs.append(req)
+            engine.submit(req)
+
+    def emitted(r: EngineRequest, first_t: int, step_ns: int, count: int) -> None:
+        st = stats[id(r)]
+        if st[0] < 0:
+            st[0] = first_t
+        else:
+            st[2] = max(st[2], first_t - st[1])
+        if count > 1:
+            st[2] = max(st[2], step_ns)
+        st[1] = first_t + (count - 1) * step_ns
+
+    t = 0
+    while pending or engine.has_work:
+        if engine.step_end_ns is None:
+            if not engine.has_work:
+                t = max(t, pending[0][0])
+            admit_until(t)
+            end = engine.start_step(t)
+            if fast and end is not None:
+                run = _identical_steps(engine, t, end - t, pending[0][0] if pending else None)
+                if run > 1:
+                    d = end - t
+                    engine._emit = []
+                    engine.step_end_ns = None
+                    for r in engine.running:
+                        r.k += run
+                        emitted(r, t + d, d, run)
+                    engine.running = [r for r in engine.running if r.k < r.max_tokens]
+                    t += run * d
+                    admit_until(t)
+            continue
+        end = engine.step_end_ns
+        admit_until(end)
+        for r in engine.finish_step():
+            emitted(r, end, 0, 1)
+        t = end
+    out = []
+    for r in reqs:
+        first, last, worst = stats[id(r)]
+        out.append(Outcome(r.arrival_ns, (first - r.arrival_ns) / MS, worst / MS, (last - r.arrival_ns) / MS))
+    return out
+
+
+def _identical_steps(engine: Engine, now: int, step_ns: int, next_arrival: int | None) -> int:
+    """How many steps from ``now`` will be the step just composed, unchanged (0 or 1: no shortcut)."""
+    m = engine.model
+    running = engine.running
+    if engine._prefilled or len(engine._emit) != len(running):
+        return 0
+    if engine.waiting and len(running) < m.slots and not m.kv_capacity_tokens:
+        return 0
+    run = min(r.max_tokens - r.k for r in running)
+    if len(running) < m.slots and next_arrival is not None:
+        # the step that ends at or after the arrival is the last identical one: the next start admits it
+        run = min(run, max(1, -(-(next_arrival - now) // step_ns)))
+    if m.kv_capacity_tokens:
+        if engine.waiting and len(running) < m.slots:
+            return 0
+        slack = m.kv_capacity_tokens - sum(r.prompt_tokens + r.k + 1 for r in running)
+        run = min(run, 1 + slack // max(1, len(running)))
+    return max(0, run)
+
+
+def poisson_arrivals(
+    rate: float, lengths: Sequence[tuple[int, int]], seed: int, start_ns: int = 0
+) -> list[tuple[int, int, int]]:
+    """Poisson arrivals at ``rate`` req/s carrying ``lengths`` in order (one arrival per item)."""
+    rng = random.Random(seed)
+    t = float(start_ns)
+    out = []
+    for p, mx in lengths:
+        t += rng.expovariate(rate) * 1e9
+        out.append((round(t), p, mx))
+    return out
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile by the nearest-rank rule (the smallest value with at least q of the sample at or under it)."""
+    s = sorted(values)
+    return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+def true_quantiles(
+    model: EngineModel,
+    rate: float,
+    lengths: Sequence[tuple[int, int]],
+    q: float = 0.99,
+    *,
+    seed: int = 1,
+    warmup_fraction: float = 0.05,
+) -> dict[str, float]:
+    """Steady-state q-quantiles of TTFT, worst gap and total at ``rate``, by one long simulation.
+
+    ``lengths`` should be long (tens of thousands of draws from the workload's mix) so the estimate's
+    own error is small beside the quantities compared with it; the first ``warmup_fraction`` of
+    requests (the empty-server start) is left out.
+    """
+    outs = simulate(model, poisson_arrivals(rate, lengths, seed))
+    outs = outs[int(len(outs) * warmup_fraction):]
+    return {
+        "ttft": quantile([o.ttft_ms for o in outs], q),
+        "gap": quantile([o.worst_gap_ms for o in outs], q),
+        "total": quantile([o.total_ms for o in outs], q),
+    }
+
+
+def true_capacity(
+    model: EngineModel,
+    limits: dict[str, float],
+    lengths: Sequence[tuple[int, int]],
+    *,
+    q: float = 0.99,
+    lo: float = 0.1,
+    hi: float = 200.0,
+    tolerance: float = 0.005,
+    seed: int = 1,
+) -> float:
+    """The highest Poisson rate whose steady-state q-quantiles are all within ``limits`` (metric -> ms).
+
+    Bisection on the rate with common random numbers (the same unit-rate arrival draws, scaled), so
+    the quantiles are compared on the same sample path at every rate; ``tolerance`` is relative.
+    """
+
+    def ok(rate: float) -> bool:
+        qs = true_quantiles(model, rate, lengths, q, seed=seed)
+        return all(qs[k] <= v for k, v in limits.items())
+
+    if not ok(lo):
+        return 0.0
+    if ok(hi):
+        return hi
+    while hi - lo > tolerance * lo:
+        mid = (lo + hi) / 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
