@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tailgate.lifecycle import ArgumentParser, SignalGuard, Stopped
+from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate
 from tailgate.runner import signal_guard
 from tailgate.slo.probe import SloPlan, SloRunError, SloRunner
 from tailgate.slo.search import Resolution
@@ -38,7 +39,8 @@ from tailgate.tailbounds import min_n_for_bound
 #: Eager mode on the CPU server: it starts in ~40 s instead of minutes of torch.compile on 2 cores.
 EMBEDDED_BASE_FLAGS = ("--enforce-eager",)
 EMBEDDED = {"start_rate": 1.0, "max_rate": 8.0, "n": 20, "warmup": 3, "max_waiting": -1, "duration": 30.0}
-GPU = {"start_rate": 5.0, "max_rate": 64.0, "n": 400, "warmup": 25, "max_waiting": -1, "duration": 120.0}
+GPU = {"start_rate": 5.0, "max_rate": 64.0, "n": 400, "warmup": DEFAULTS["warmup"], "max_waiting": -1,
+       "duration": 120.0}
 #: Plan keys a resumed search must share with the folder's: a probe measured under others is another answer.
 RESUME_KEYS = ("slo", "n", "warmup", "seed", "duration", "ignore_eos", "processes", "locust_args", "base_flags",
                "confidence")
@@ -79,7 +81,7 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds of arrivals per probe, so every rate reaches and holds steady state "
                         "(default 120; embedded 30; 0: --n alone)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up requests per probe (default 25)")
-    p.add_argument("--seed", type=int, default=7, help="trace seed; a re-run repeats the same workload")
+    p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="trace seed; a re-run repeats the same workload")
     p.add_argument("--trace-file", default="", help="JSONL of {prompt_tokens, max_tokens} instead of the seeded mix")
     p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")
     p.add_argument("--processes", type=int, default=1, help="load-generator processes per probe")
@@ -110,20 +112,20 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
     duration = args.duration if args.duration is not None else scaled["duration"]
     if not (math.isfinite(duration) and duration >= 0):
         raise SloError(f"--duration: must be 0 or more seconds, got {duration:g}")
-    for option, value in (("--start-rate", start), ("--max-rate", max_rate)):
-        if not (math.isfinite(value) and value > 0):
-            raise SloError(f"{option}: must be a rate above 0, got {value:g}")
+    try:
+        for option, value in (("--start-rate", start), ("--max-rate", max_rate)):
+            check_rate(value, option)
+    except OptionError as e:
+        raise SloError(str(e)) from None
     if max_rate < start:
         raise SloError(f"--max-rate: {max_rate:g} is below --start-rate {start:g}")
     min_rate = args.min_rate if args.min_rate is not None else start / 8
     if not (math.isfinite(min_rate) and 0 < min_rate <= start):
         raise SloError(f"--min-rate: must be above 0 and at most --start-rate, got {min_rate:g}")
-    if n < 1:
-        raise SloError(f"--n: must be at least 1, got {n}")
-    if warmup < 0:
-        raise SloError(f"--warmup: must be 0 or more, got {warmup}")
-    if not args.trace_file and n < warmup:
-        raise SloError(f"--n: {n} measured requests is fewer than the {warmup} warm-up requests")
+    try:
+        check_counts(n, warmup, ordered=not args.trace_file)
+    except OptionError as e:
+        raise SloError(str(e)) from None
     if args.max_probes < 1:
         raise SloError(f"--max-probes: must be at least 1, got {args.max_probes}")
     if args.reruns < 0:

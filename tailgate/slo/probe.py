@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from tailgate.arms import CONTINUOUS
+from tailgate.contracts import SloMeta, StageSummary
+from tailgate.jsonl import Follower
 from tailgate.load.plan import rate_label
-from tailgate.records import read_records, record_files
+from tailgate.records import read_records
+from tailgate.resultfiles import RECORDS_GLOB, SERVER_METRICS, SUMMARY_GLOB
 from tailgate.runner import ChildRunner, LocustRun, prepare_results, prepare_server
 from tailgate.slo.search import Resolution, _outcome_so_far, search
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Limit, Log, ServerConfig, slo_text
@@ -99,7 +102,8 @@ class _Watch:
     def __init__(self, out: Path, metrics_url: str | None = None) -> None:
         self.out = out
         self.metrics_url = metrics_url
-        self.offsets: dict[Path, int] = {}
+        self._metrics = Follower(out, SERVER_METRICS)
+        self._records = Follower(out, RECORDS_GLOB)
         self.errors = 0
         self.waiting: float | None = None
         self.waiting_max = 0.0
@@ -133,32 +137,18 @@ class _Watch:
         self.waiting_max = max(self.waiting_max, w)
         self.waiting_series.append(w)
 
-    def _new_lines(self, path: Path) -> list[bytes]:
-        try:
-            with open(path, "rb") as f:
-                f.seek(self.offsets.get(path, 0))
-                data = f.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1
-        self.offsets[path] = self.offsets.get(path, 0) + end
-        return data[:end].splitlines()
-
     def poll(self) -> None:
-        for line in self._new_lines(self.out / "server-metrics.jsonl"):
-            try:
-                w = json.loads(line).get("waiting")
-            except ValueError:
-                continue
+        samples, _ = self._metrics.new_objects()
+        for sample in samples:
+            w = sample.get("waiting")
             if isinstance(w, (int, float)):
                 self.from_file = True
                 self._record(float(w))
         if not self.from_file:
             self._sample_direct()
-        for path in record_files(self.out):
-            for line in self._new_lines(path):
-                if b'"error_class"' in line and not _NULL_CLASS.search(line):
-                    self.errors += 1
+        for line in self._records.new_lines():  # a byte search, not a parse: probes can be large
+            if b'"error_class"' in line and not _NULL_CLASS.search(line):
+                self.errors += 1
 
 
 class SloRunner:
@@ -261,7 +251,7 @@ class SloRunner:
         if stopped:
             self.log(f"[slo]   stopped the probe early: {stopped}")
         watch.poll()
-        summaries = sorted(out.glob("summary-*.json"))
+        summaries = sorted(out.glob(SUMMARY_GLOB))
         if stopped is None and (code not in (0, 1) or not summaries):
             detail = "\n".join(done.tail[-15:])
             raise SloRunError(f"probe {out.name} failed (locust exit {code}); last output:\n{detail}")
@@ -277,9 +267,9 @@ class SloRunner:
         """What a verdict needs from one attempt's folder."""
         scan = read_records(out)
         recs = [r for r in scan.records if r.get("error_class") != "cancelled" or not mark.get("stopped_early")]
-        summaries = sorted(out.glob("summary-*.json"))
-        summary = json.loads(summaries[0].read_text()) if summaries else {}
-        dropped = int(summary.get("dropped_arrivals") or 0)
+        summaries = sorted(out.glob(SUMMARY_GLOB))
+        summary = StageSummary.read(summaries[0]) if summaries else StageSummary()
+        dropped = int(summary.dropped_arrivals or 0)
         # requests the early stop itself cancelled are not the server's errors
         errors = sum(1 for r in recs if r.get("error_class") is not None) + dropped
         return {
@@ -388,10 +378,8 @@ class SloRunner:
 
     def run(self) -> list[dict[str, Any]]:
         self.root.mkdir(parents=True, exist_ok=True)
-        try:
-            self.state = json.loads((self.root / SLO_FILE).read_text())
-        except (OSError, ValueError):
-            self.state = {"created": _iso(time.time())}
+        found = SloMeta.read_or_none(self.root / SLO_FILE)
+        self.state = found.to_dict() if found is not None else {"created": _iso(time.time())}
         self.state.update({"started": _iso(time.time()), "plan": self.plan.describe(), **self.extra})
         # configurations searched by earlier invocations (one per device call) stay in the file
         self.state.setdefault("configs", [])

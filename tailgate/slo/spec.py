@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tailgate.resultfiles import SLO_META
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NOT_MET = 3
 """The search finished and no configuration met the SLO at any probed rate."""
 
-SLO_FILE = "slo.json"
+SLO_FILE = SLO_META
 PROBE_MARK = "slo-probe.json"
 
 Log = Callable[[str], None]

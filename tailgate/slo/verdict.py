@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tailgate.slo.spec import METRIC_FIELDS, Limit
-from tailgate.stats import percentile
+from tailgate.stats import tail
 from tailgate.tailbounds import FAIL, NOT_ENOUGH, PASS, check_tail, share_lower, share_upper, upward_trend
 
 TREND_ALPHA = 0.01
@@ -237,9 +237,7 @@ def p99s(measured: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     """TTFT, worst-gap and total p99 from the intended send, whatever the SLO limits: the table shows all three."""
     out: dict[str, float | None] = {}
     for metric, fld in METRIC_FIELDS.items():
-        vals = [float(r[fld]) for r in measured if isinstance(r.get(fld), (int, float)) and math.isfinite(r[fld])]
-        v = percentile(vals, 99)
-        out[metric] = None if v is None else round(v, 1)
+        out[metric] = tail(measured, fld, 99)
     return out
 
 
