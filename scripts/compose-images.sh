@@ -10,7 +10,7 @@
 # machine's pip fills it (`pip download`, from its own caches and indexes, a CPU torch where the machine
 # has one), so the build needs no index and gets the set the embedded server runs.
 # TAILGATE_IMAGE_WHEELS=0 leaves the folder empty and lets the build install from PyPI.
-# Images already built are kept: TAILGATE_REBUILD_IMAGES=1 builds them again.
+# Images built from the same inputs are kept: TAILGATE_REBUILD_IMAGES=1 builds them again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,21 +50,35 @@ if [ -z "${BASE_IMAGE:-}" ]; then
 fi
 say "base image: $BASE_IMAGE"
 
-mkdir -p .cache/docker/wheels
+mkdir -p .cache/docker/wheels .cache/docker-logs
 rm -f .cache/docker/ca.pem
 # a TLS-inspecting proxy's CA, where this machine trusts one, for pip inside the build
 [ -s /etc/ssl/certs/ca-certificates.crt ] && cp /etc/ssl/certs/ca-certificates.crt .cache/docker/ca.pem
 
+base_id=$(docker image inspect --format '{{.Id}}' "$BASE_IMAGE" 2>/dev/null || echo "$BASE_IMAGE")
+# What an image is built from: its Dockerfile, the files it copies (the install code names the vLLM
+# version) and the base. An image labelled with the same digest is current and kept.
+inputs() {  # dockerfile
+  { echo "$base_id"; cat "$1" deploy/cpu/*.sh tailgate/servers/base.py tailgate/servers/net.py \
+      tailgate/servers/install.py tailgate/servers/tinymodel.py; } | sha256sum | cut -c1-16
+}
+current() {  # image dockerfile
+  [ "${TAILGATE_REBUILD_IMAGES:-0}" != 1 ] && have_image "$1" &&
+    [ "$(docker image inspect --format '{{index .Config.Labels "org.tailgate.inputs"}}' "$1")" = "$(inputs "$2")" ]
+}
+
 build() {  # image dockerfile
-  if have_image "$1" && [ "${TAILGATE_REBUILD_IMAGES:-0}" != 1 ]; then
-    say "$1 is built (TAILGATE_REBUILD_IMAGES=1 builds it again)"
+  if current "$1" "$2"; then
+    say "$1 is current (built from the same files and base; TAILGATE_REBUILD_IMAGES=1 builds it again)"
     return 0
   fi
   local start log
   start=$(date +%s)
-  log=.cache/docker/build-$(basename "$2").log
+  mkdir -p .cache/docker-logs
+  log=.cache/docker-logs/build-$(basename "$2").log
   say "building $1 from $2 (log: $log)"
-  if ! docker build --network host --build-arg "BASE_IMAGE=$BASE_IMAGE" -f "$2" -t "$1" . >"$log" 2>&1; then
+  if ! docker build --network host --build-arg "BASE_IMAGE=$BASE_IMAGE" --label "org.tailgate.inputs=$(inputs "$2")" \
+      -f "$2" -t "$1" . >"$log" 2>&1; then
     echo "[images] ERROR: building $1 failed; the end of $log:" >&2
     tail -n 30 "$log" >&2
     exit 1
@@ -74,7 +88,7 @@ build() {  # image dockerfile
 
 build "$PROM_IMAGE" deploy/cpu/Dockerfile.prometheus
 
-if ! have_image "$VLLM_IMAGE" || [ "${TAILGATE_REBUILD_IMAGES:-0}" = 1 ]; then
+if ! current "$VLLM_IMAGE" deploy/cpu/Dockerfile.vllm; then
   if [ "${TAILGATE_IMAGE_WHEELS:-1}" = 1 ]; then
     spec=$(sed -n 's/^VLLM_SPEC = "\(.*\)"$/\1/p' tailgate/servers/install.py)
     py=${TAILGATE_WHEELS_PYTHON:-python3}
@@ -83,8 +97,8 @@ if ! have_image "$VLLM_IMAGE" || [ "${TAILGATE_REBUILD_IMAGES:-0}" = 1 ]; then
       say "collecting the wheels of $spec with this machine's pip into .cache/docker/wheels"
       start=$(date +%s)
       "$py" -m pip download -q --disable-pip-version-check -d .cache/docker/wheels "$spec" \
-        >.cache/docker/pip-download.log 2>&1 \
-        || { echo "[images] ERROR: pip download $spec failed; see .cache/docker/pip-download.log" >&2; exit 1; }
+        >.cache/docker-logs/pip-download.log 2>&1 \
+        || { echo "[images] ERROR: pip download $spec failed; see .cache/docker-logs/pip-download.log" >&2; exit 1; }
       say "wheels ready in $(( $(date +%s) - start )) s ($(du -sh .cache/docker/wheels | cut -f1))"
     else
       say "$py is not Python 3.11: the build installs from PyPI"

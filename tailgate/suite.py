@@ -207,7 +207,7 @@ class Suite:
             flags = None
         elif getattr(self.controller, "flags_in_files", False):
             self.log(f"[suite] server configuration '{config}': re-creating the service from its compose files")
-            flags = None  # the command is the compose files' own; describe() reads it from `docker compose config`
+            flags = None  # the command is the compose files' own; describe() reads it from the container
         elif not getattr(self.controller, "applies_flags", True):
             self.log(f"[suite] server configuration '{config}': asking for a restart")
             entry["requested_flags"] = flags  # someone else applies them; the suite cannot confirm it

@@ -110,7 +110,7 @@ def stack_env() -> Iterator[dict[str, str]]:
     """A compose project of its own on free ports; `down` at the end whatever happened."""
     require_docker()
     project = f"tgtest{os.getpid()}x{free_port()}"
-    env = {**os.environ, "COMPOSE_PROJECT_NAME": project, "COMPOSE_PROFILES": "cpu", "PYTHONUNBUFFERED": "1",
+    env = {**os.environ, "COMPOSE_PROJECT_NAME": project, "PYTHONUNBUFFERED": "1",
            "VLLM_PORT": str(free_port()), "PROMETHEUS_PORT": str(free_port())}  # fmt: skip
     yield env
     subprocess.run(["docker", "compose", "-f", CPU_FILE, "--profile", "cpu", "down", "--timeout", "10"],

@@ -143,7 +143,7 @@ class ComposeServer:
         service, extra_files, rest = self._variant(self._extra_args)
         files = " ".join([*self.files, *extra_files]) or "the default compose file"
         done = self.runner(
-            [*self._base(extra_files), "config", "--format", "json"], {"TAILGATE_VLLM_ARGS": shlex.join(rest)}
+            [*self._base(extra_files), "config", "--format", "json", service], {"TAILGATE_VLLM_ARGS": shlex.join(rest)}
         )
         if done.returncode != 0:
             raise ComposeSetupError(f"docker compose cannot read {files}: {_first_line(done.stderr)}")
@@ -190,8 +190,9 @@ class ComposeServer:
         """The active service as compose resolves it (files merged, variables filled in) from
         ``docker compose config``, with the same environment ``up`` got; None if compose cannot say."""
         service, extra_files, rest = self._variant(self._extra_args)
+        # naming the service resolves it even when it sits in a profile that is not enabled
         done = self.runner(
-            [*self._base(extra_files), "config", "--format", "json"], {"TAILGATE_VLLM_ARGS": shlex.join(rest)}
+            [*self._base(extra_files), "config", "--format", "json", service], {"TAILGATE_VLLM_ARGS": shlex.join(rest)}
         )
         if done.returncode != 0:
             return None
@@ -317,7 +318,7 @@ class ComposeByConfig:
     """Compose cannot pass flags to ``up``: each server configuration is a set of compose files.
 
     ``flags_in_files`` tells the suite not to record flags of its own: what runs is what the files say,
-    and :meth:`describe` reports it from ``docker compose config``.
+    and :meth:`describe` reports it from the running container (``docker inspect``).
     """
 
     flags_in_files = True
