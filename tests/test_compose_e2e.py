@@ -126,7 +126,12 @@ def test_cpu_stack_up_suite_report_down(stack_env: dict[str, str], tmp_path: Pat
     compose = ["docker", "compose", "-f", CPU_FILE, "--profile", "cpu"]
     up = subprocess.run([*compose, "up", "-d"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert up.returncode == 0, up.stderr
-    wait_for(lambda: http_ok(host + "/health"), 420, "the CPU vLLM's /health")
+    try:
+        wait_for(lambda: http_ok(host + "/health"), 600, "the CPU vLLM's /health")
+    except AssertionError:
+        logs = subprocess.run([*compose, "logs", "--tail", "30", "vllm"], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        raise AssertionError(f"the CPU vLLM never became healthy; its log:\n{logs.stdout[-4000:]}") from None
     # Prometheus scrapes the server over loopback (host networking), at the port the file was given
     wait_for(
         lambda: any(r["metric"].get("instance") == f"127.0.0.1:{env['VLLM_PORT']}" and r["value"][1] == "1"
