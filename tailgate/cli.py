@@ -308,6 +308,20 @@ def validate_suite_args(args: argparse.Namespace) -> tuple[Any, list[str], Path,
     return plan, configs, root, api_key
 
 
+def compose_controller(args: argparse.Namespace) -> Any:
+    """One compose file set per server configuration: the base files, plus the configuration's override."""
+    from tailgate import servers
+
+    files = args.compose_file or ["docker-compose.yml"]
+    return servers.ComposeByConfig(
+        {
+            config: servers.ComposeServer(args.compose_service, [*files, *extra], base_url=args.host)
+            for config, extra in (("chunked", []), ("nochunk", [args.nochunk_compose_file]),
+                                  ("preempt", [args.preempt_compose_file]))
+        }
+    )  # fmt: skip
+
+
 def run_suite(args: argparse.Namespace, prog: str) -> int:
     """Validate, then run the suite inside one cleanup path.
 
@@ -316,10 +330,22 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
     and suite.json says how it ended. Exit: 0, 1 (failed), 2 (bad input), 128 + signal.
     """
     try:
-        plan, _configs, root, api_key = validate_suite_args(args)
+        plan, configs, root, api_key = validate_suite_args(args)
     except OptionError as e:
         return usage_error(prog, str(e))
     from tailgate.runner import signal_guard
+    if args.server == "compose":
+        from tailgate.servers import ComposeSetupError
+
+        # the engine, the images and the server's port, before the suite stops or starts anything
+        try:
+            compose_controller(args).preflight(configs)
+        except ComposeSetupError as e:
+            try:
+                root.rmdir()  # refused before anything ran: no empty results folder left behind
+            except OSError:
+                pass
+            return usage_error(prog, str(e))
 
     log = _printer()
     with signal_guard("[suite]") as guard:
@@ -344,14 +370,7 @@ def _run_suite(args: argparse.Namespace, plan: Any, root: Path, api_key: str | N
             placement: dict[str, Any] = {} if args.placement == "isolated" else {"cpus": None, "autogroup_nice": False}
             controller = servers.LocalVllmServer(python, model, log_path=root / "server.log", **placement)
         elif args.server == "compose":
-            files = args.compose_file or ["docker-compose.yml"]
-            controller = servers.ComposeByConfig(
-                {
-                    config: servers.ComposeServer(args.compose_service, [*files, *extra], base_url=args.host)
-                    for config, extra in (("chunked", []), ("nochunk", [args.nochunk_compose_file]),
-                                          ("preempt", [args.preempt_compose_file]))
-                }
-            )  # fmt: skip
+            controller = compose_controller(args)
         elif args.server == "manual":
             controller = servers.ManualServer(args.host, out=log)
         else:

@@ -585,3 +585,93 @@ def test_preempt_override_adds_only_the_pool_flags() -> None:
     command = [str(a) for a in doc["services"]["vllm"]["command"]]
     assert command[: len(base)] == [str(a) for a in base]
     assert command[len(base) :] == ["--max-model-len", "8192", "--num-gpu-blocks-override", "4000"]
+
+
+# ------------------------------------------------------------------------------------------- CPU stack
+
+CPU_COMPOSE = ROOT / "docker-compose.cpu.yml"
+CPU_OVERRIDES = {"nochunk": ROOT / "deploy" / "cpu" / "compose.nochunk.yml",
+                 "preempt": ROOT / "deploy" / "cpu" / "compose.preempt.yml"}  # fmt: skip
+CPU_ADDED = {"nochunk": ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"],
+             "preempt": ["--num-gpu-blocks-override", "64"]}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cpu_services():
+    return _load_yaml(CPU_COMPOSE)["services"]
+
+
+def test_cpu_stack_is_loopback_only(cpu_services):
+    """Host networking, nothing published, every listener on 127.0.0.1: no traffic leaves loopback."""
+    assert set(cpu_services) == {"vllm", "prometheus"}
+    for name, service in cpu_services.items():
+        assert service["network_mode"] == "host", name
+        assert "ports" not in service and "networks" not in service, name
+        assert service["profiles"] == ["cpu"], name
+        assert service["pull_policy"] == "never", name  # built here from BASE_IMAGE, never pulled
+        assert service["build"]["network"] == "host", name
+        assert "BASE_IMAGE" in service["build"]["args"], name
+    command = _command(cpu_services["vllm"])
+    assert _flag_value(command, "--host") == "127.0.0.1"
+    env = cpu_services["prometheus"]["environment"]
+    assert _interpolate(env["SCRAPE_TARGET"]) == "127.0.0.1:8000"
+    assert _interpolate(env["LISTEN_ADDRESS"]) == "127.0.0.1:9090"
+    assert _interpolate(env["SCRAPE_TARGET"], {"VLLM_PORT": "18000"}) == "127.0.0.1:18000"
+
+
+@pytest.mark.parametrize("config", sorted(CPU_OVERRIDES))
+def test_cpu_overrides_only_add_their_flags(cpu_services, config):
+    base = _command(cpu_services["vllm"])
+    override = _command(_load_yaml(CPU_OVERRIDES[config])["services"]["vllm"])
+    added = CPU_ADDED[config]
+    assert override[len(override) - len(added):] == added
+    rest = override[: len(override) - len(added)]
+    if config == "preempt":  # the small pool needs a context that fits it; nothing else differs
+        assert _flag_value(rest, "--max-model-len") == "7600"
+        rest[rest.index("--max-model-len") + 1] = _flag_value(base, "--max-model-len")
+    assert rest == base
+
+
+def test_cpu_stack_matches_the_embedded_flags(cpu_services):
+    """The compose CPU server and the embedded one are the same server, another wiring."""
+    from tailgate.cli import EMBEDDED_BASE_FLAGS, EMBEDDED_NOCHUNK_FLAGS, EMBEDDED_PREEMPT_FLAGS
+
+    command = _command(cpu_services["vllm"])
+    assert all(flag in command for flag in EMBEDDED_BASE_FLAGS)
+    assert CPU_ADDED["nochunk"] == EMBEDDED_NOCHUNK_FLAGS
+    assert ["--max-model-len", "7600", *CPU_ADDED["preempt"]] == EMBEDDED_PREEMPT_FLAGS
+    for flag in ("--load-format", "--dtype", "--max-model-len", "--served-model-name"):
+        assert flag in command
+
+
+def _compose_cli():
+    """`docker compose` when it runs here (config needs no engine); CI as root must have it."""
+    import os
+
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    if os.environ.get("CI") and os.geteuid() == 0:
+        pytest.fail("docker compose is not installed (scripts/setup.sh installs it)")
+    pytest.skip("docker compose is not installed (scripts/setup.sh installs it)")
+
+
+@pytest.mark.parametrize(
+    "files",
+    [["docker-compose.yml"], ["docker-compose.yml", "docker-compose.nochunk.yml"],
+     ["docker-compose.yml", "docker-compose.preempt.yml"], ["docker-compose.cpu.yml"],
+     ["docker-compose.cpu.yml", "deploy/cpu/compose.nochunk.yml"],
+     ["docker-compose.cpu.yml", "deploy/cpu/compose.preempt.yml"]],
+    ids=lambda f: "+".join(Path(x).name for x in f),
+)  # fmt: skip
+def test_docker_compose_config_accepts(files):
+    """Compose itself resolves every arm of both stacks, profiles included."""
+    argv = [*_compose_cli(), "--project-directory", str(ROOT)]
+    for f in files:
+        argv += ["-f", str(ROOT / f)]
+    done = subprocess.run([*argv, "--profile", "cpu", "--profile", "grafana", "config", "--format", "json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    assert "vllm" in services and "prometheus" in services
+    nochunk = any("nochunk" in f for f in files)
+    assert ("--no-enable-chunked-prefill" in services["vllm"]["command"]) == nochunk

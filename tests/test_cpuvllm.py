@@ -22,6 +22,7 @@ import pytest
 
 from tailgate.servers import (
     ComposeServer,
+    ComposeSetupError,
     LocalVllmServer,
     ManualServer,
     ServerController,
@@ -327,6 +328,77 @@ def test_compose_describe_reports_image_and_digest() -> None:
     assert facts["repo_digests"] == ["vllm/vllm-openai@sha256:def"]
     assert ["docker", "image", "inspect", "vllm/vllm-openai:v0.24.0"] in [c[0] for c in runner.calls]
     json.dumps(facts)
+
+
+def test_compose_describe_reads_the_running_container() -> None:
+    """The command recorded is the one the container runs (docker inspect), not the files' one."""
+    files = json.dumps({"services": {"vllm": {"image": "img:file", "command": ["--model", "from-the-file"]}}})
+    container = json.dumps([{
+        "Id": "c0ffee", "Name": "/tailgate-vllm-1", "Image": "sha256:live", "Path": "/opt/venv/bin/python",
+        "Args": ["-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--api-key", "sk-live"],
+        "Config": {"Image": "img:live", "Env": ["VLLM_API_KEY=sk-env"]}, "State": {"StartedAt": "t0"}}])  # fmt: skip
+    runner = FakeRunner({"ps -q --status running vllm": (0, "c0ffee\n"), "docker inspect c0ffee": (0, container),
+                         "config --format json": (0, files)})  # fmt: skip
+    facts = ComposeServer("vllm", ["c.yaml"], base_url="http://127.0.0.1:1", runner=runner).describe()
+    assert facts["effective_command_from"] == "docker inspect"
+    assert facts["effective_command"] == [
+        "/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--api-key", "<redacted>"
+    ]  # fmt: skip
+    assert (facts["image"], facts["image_id"], facts["container"]["id"]) == ("img:live", "sha256:live", "c0ffee")
+    assert "sk-" not in json.dumps(facts) and "from-the-file" not in json.dumps(facts)
+
+
+def _compose_config(service: dict[str, Any]) -> str:
+    return json.dumps({"services": {"vllm": service}})
+
+
+def test_compose_preflight_engine_not_running() -> None:
+    runner = FakeRunner({"docker info": (1, "")})
+    with pytest.raises(ComposeSetupError, match=r"engine is not running.*boom"):
+        ComposeServer("vllm", ["c.yaml"], runner=runner).preflight()
+    assert [c[0][:2] for c in runner.calls] == [["docker", "info"]]  # nothing else was tried
+
+
+def test_compose_preflight_without_docker() -> None:
+    def no_docker(argv: Sequence[str], env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
+        raise FileNotFoundError(2, "No such file or directory")
+
+    with pytest.raises(ComposeSetupError, match="install Docker"):
+        ComposeServer("vllm", runner=no_docker).preflight()
+
+
+def test_compose_preflight_missing_local_image() -> None:
+    config = _compose_config({"image": "tailgate/vllm-cpu:local", "pull_policy": "never"})
+    runner = FakeRunner({"config --format json": (0, config), "image inspect": (1, "")})
+    with pytest.raises(ComposeSetupError, match=r"tailgate/vllm-cpu:local \(service vllm\) is not on this machine"):
+        ComposeServer("vllm", ["c.yaml"], runner=runner).preflight()
+    # an image compose may pull (the GPU file's) is not required to be here already
+    pulled = FakeRunner({"config --format json": (0, _compose_config({"image": "vllm/vllm-openai:v0.24.0"})),
+                         "image inspect": (1, "")})  # fmt: skip
+    ComposeServer("vllm", ["c.yaml"], base_url=f"http://127.0.0.1:{free_port()}", runner=pulled).preflight()
+
+
+def test_compose_preflight_port_taken_unless_the_service_holds_it() -> None:
+    import socket
+
+    config = _compose_config({"image": "img", "network_mode": "host"})
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        url = f"http://127.0.0.1:{holder.getsockname()[1]}"
+        runner = FakeRunner({"config --format json": (0, config)})
+        with pytest.raises(ComposeSetupError, match="is taken by another process"):
+            ComposeServer("vllm", ["c.yaml"], base_url=url, runner=runner).preflight()
+        # the service's own running container holds it: that is the server to re-create, not a conflict
+        ours = FakeRunner({"config --format json": (0, config), "ps -q": (0, "abc\n"),
+                           "docker inspect abc": (0, json.dumps([{"Id": "abc"}]))})  # fmt: skip
+        ComposeServer("vllm", ["c.yaml"], base_url=url, runner=ours).preflight()
+
+
+def test_compose_preflight_unknown_service() -> None:
+    runner = FakeRunner({"config --format json": (0, json.dumps({"services": {"other": {}}}))})
+    with pytest.raises(ComposeSetupError, match="has no service 'vllm'"):
+        ComposeServer("vllm", ["c.yaml"], runner=runner).preflight()
 
 
 def test_compose_describe_survives_missing_docker() -> None:

@@ -15,7 +15,7 @@ not pull in gevent's monkey-patching or pandas.
 
 
 from .base import CHUNKED_OFF_FLAG, HOST, ServerController, ServerError
-from .compose import ComposeByConfig, ComposeServer
+from .compose import ComposeByConfig, ComposeServer, ComposeSetupError
 from .fixed import FixedServer
 from .install import default_vllm_python, ensure_tiny_model, ensure_vllm_venv, tailgate_home
 from .local import LocalVllmServer, group_members, vllm_server_argv
@@ -27,6 +27,7 @@ __all__ = [
     "HOST",
     "ComposeByConfig",
     "ComposeServer",
+    "ComposeSetupError",
     "FixedServer",
     "LocalVllmServer",
     "ManualServer",

@@ -7,8 +7,10 @@ import contextlib
 import json
 import os
 import shlex
+import socket
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,13 @@ from .base import CHUNKED_OFF_FLAG, ServerError, redact_argv
 from .net import http_json, is_healthy
 
 # --------------------------------------------------------------------------------------------- compose
+
+IMAGE_HINT = "build it first (scripts/compose-images.sh builds the CPU stack's images) or pull it"
+
+
+class ComposeSetupError(ServerError):
+    """The compose path cannot start at all: no engine, an image that is not there, a port held by
+    another process. Bad input to be fixed by the user (exit 2), not a run that failed."""
 
 Runner = Callable[[Sequence[str], Mapping[str, str] | None], "subprocess.CompletedProcess[str]"]
 
@@ -122,6 +131,45 @@ class ComposeServer:
         self._check(argv, env)
         self.last_up = argv
 
+    def preflight(self, check_port: bool = True) -> None:
+        """Say in one line why ``up`` cannot work, before anything is started or stopped.
+
+        Without this, a stopped engine or a missing image surfaces as a multi-line compose error, and a
+        port held by another process (host networking: the server cannot bind) as a 15-minute wait for
+        a health check that never passes.
+        """
+        try:
+            info = self.runner([self.docker, "info", "--format", "{{.ServerVersion}}"], None)
+        except OSError as e:
+            raise ComposeSetupError(f"{self.docker} cannot run ({e.strerror or e}): install Docker") from None
+        if info.returncode != 0:
+            raise ComposeSetupError(f"the Docker engine is not running or not reachable: {_first_line(info.stderr)}")
+        service, extra_files, rest = self._variant(self._extra_args)
+        files = " ".join([*self.files, *extra_files]) or "the default compose file"
+        done = self.runner(
+            [*self._base(extra_files), "config", "--format", "json", service], {"TAILGATE_VLLM_ARGS": shlex.join(rest)}
+        )
+        if done.returncode != 0:
+            raise ComposeSetupError(f"docker compose cannot read {files}: {_first_line(done.stderr)}")
+        try:
+            found = json.loads(done.stdout)["services"].get(service)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ComposeSetupError(f"docker compose config of {files} is not the JSON expected") from None
+        if not isinstance(found, dict):
+            raise ComposeSetupError(f"{files} has no service {service!r}")
+        image = found.get("image")
+        local_only = found.get("pull_policy") in ("never", "build") or "build" in found
+        if image and local_only and self.runner([self.docker, "image", "inspect", str(image)], None).returncode:
+            raise ComposeSetupError(f"image {image} (service {service}) is not on this machine; {IMAGE_HINT}")
+        if check_port and self.running_container() is None:
+            url = urllib.parse.urlsplit(self.base_url)
+            host, port = url.hostname or "127.0.0.1", url.port or 80
+            if port_taken(host, port):
+                raise ComposeSetupError(
+                    f"{host}:{port} is taken by another process (no running {service} container holds it); "
+                    "free it, or move the server (VLLM_PORT for the compose file, --host for the suite)"
+                )
+
     def stop(self) -> None:
         """``docker compose stop`` the service(s); stopping a stopped service is harmless."""
         self._check(self.stop_command())
@@ -149,8 +197,9 @@ class ComposeServer:
         """The active service as compose resolves it (files merged, variables filled in) from
         ``docker compose config``, with the same environment ``up`` got; None if compose cannot say."""
         service, extra_files, rest = self._variant(self._extra_args)
+        # naming the service resolves it even when it sits in a profile that is not enabled
         done = self.runner(
-            [*self._base(extra_files), "config", "--format", "json"], {"TAILGATE_VLLM_ARGS": shlex.join(rest)}
+            [*self._base(extra_files), "config", "--format", "json", service], {"TAILGATE_VLLM_ARGS": shlex.join(rest)}
         )
         if done.returncode != 0:
             return None
@@ -177,8 +226,28 @@ class ComposeServer:
             return {}
         return {"image_id": info.get("Id"), "repo_digests": info.get("RepoDigests") or []}
 
+    def running_container(self) -> dict[str, Any] | None:
+        """``docker inspect`` of the service's running container; None when none runs or docker cannot say.
+
+        The files say what compose was asked to run; the container says what runs. A stale container
+        that ``up`` did not re-create, or a file edited after ``up``, shows here and not in the files.
+        """
+        service, extra_files, _ = self._variant(self._extra_args)
+        done = self.runner([*self._base(extra_files), "ps", "-q", "--status", "running", service], None)
+        ids = (done.stdout or "").split() if done.returncode == 0 else []
+        if len(ids) != 1:
+            return None
+        inspected = self.runner([self.docker, "inspect", ids[0]], None)
+        if inspected.returncode != 0:
+            return None
+        try:
+            info = json.loads(inspected.stdout)[0]
+        except (ValueError, IndexError, KeyError, TypeError):
+            return None
+        return info if isinstance(info, dict) else None
+
     def describe(self) -> dict[str, Any]:
-        """Service, files, the last ``up`` command, image and digest where docker can tell."""
+        """Service, files, the last ``up`` command, the running container's command, image and digest."""
         service, extra_files, rest = self._variant(self._extra_args)
         facts: dict[str, Any] = {
             "kind": "compose",
@@ -191,9 +260,28 @@ class ComposeServer:
             "image": None,
         }
         with contextlib.suppress(OSError):
-            found = self.effective_service()
+            container = self.running_container()
+            if container:
+                config = container.get("Config") or {}
+                facts["effective_command"] = redact_argv(
+                    [str(container.get("Path") or ""), *_as_list(container.get("Args"))]
+                    if container.get("Path")
+                    else [*_as_list(config.get("Entrypoint")), *_as_list(config.get("Cmd"))]
+                )
+                facts["effective_command_from"] = "docker inspect"
+                facts["container"] = {"id": container.get("Id"), "name": str(container.get("Name", "")).lstrip("/"),
+                                      "started": (container.get("State") or {}).get("StartedAt")}  # fmt: skip
+                image = config.get("Image")
+                facts["image"] = str(image) if image else None
+                facts["image_id"] = container.get("Image")
+                if image:
+                    facts["repo_digests"] = self.image_digest(str(image)).get("repo_digests", [])
+                found = None
+            else:
+                found = self.effective_service()
             if found:
-                # what the container really runs: the merged files' entrypoint and command. Only these:
+                facts["effective_command_from"] = "docker compose config (no running container)"
+                # what the container would run: the merged files' entrypoint and command. Only these:
                 # the environment holds VLLM_API_KEY and HF_TOKEN after interpolation
                 facts["effective_command"] = redact_argv(
                     [*_as_list(found.get("entrypoint")), *_as_list(found.get("command"))]
@@ -205,6 +293,23 @@ class ComposeServer:
         version = http_json(self.base_url + "/version", timeout=2.0)
         facts["vllm_version"] = version.get("version") if isinstance(version, dict) else None
         return facts
+
+
+def _first_line(text: str | None) -> str:
+    """The first non-empty line of a tool's error output: the one that says what is wrong."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[0] if lines else "(no message)"
+
+
+def port_taken(host: str, port: int) -> bool:
+    """True when a listener already holds ``host:port``; a bind test, so nothing is sent to it."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 def _as_list(value: Any) -> list[str]:
@@ -220,7 +325,7 @@ class ComposeByConfig:
     """Compose cannot pass flags to ``up``: each server configuration is a set of compose files.
 
     ``flags_in_files`` tells the suite not to record flags of its own: what runs is what the files say,
-    and :meth:`describe` reports it from ``docker compose config``.
+    and :meth:`describe` reports it from the running container (``docker inspect``).
     """
 
     restarts = True
@@ -251,6 +356,11 @@ class ComposeByConfig:
 
     def stop(self) -> None:
         self.current.stop()
+
+    def preflight(self, configs: Sequence[str]) -> None:
+        """Check every configuration the suite will use; the port only for the first, started first."""
+        for i, config in enumerate(configs):
+            self.servers[config].preflight(check_port=i == 0)
 
     def describe(self) -> dict[str, Any]:
         return self.current.describe()
