@@ -120,8 +120,12 @@ def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> dict[str, Any
     result = config.get("result") or {}
     at = _probe(config, result.get("first_fail_rate"))
     if at is None:
-        return {"mechanism": "none", "text": "the SLO held at every rate probed; no limit was reached",
-                "evidence": {}}  # fmt: skip
+        probes = config.get("probes", [])
+        if any(p.get("verdict") == "pass" for p in probes):
+            text = "the SLO held at every rate decided; no limit was reached"
+        else:  # nothing passed and nothing failed: the data said nothing about a limit
+            text = "no rate was decided (not enough data at this n): no limit, and no mechanism, can be named"
+        return {"mechanism": "none", "text": text, "evidence": {}}
     probes = sorted(config.get("probes", []), key=lambda p: p["rate"])
     base = probes[0] if probes and probes[0] is not at else None
     attempts = at.get("attempts", [])
@@ -284,6 +288,12 @@ def recommendation(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
     that overlap, or a search that never closed one, do not rank (the difference is not resolved at
     this n, however the passing rates compare)."""
     if not any(r["best_rate"] is not None for r in rows):
+        if not any(r["first_fail_rate"] is not None for r in rows):
+            undecided = "; ".join(f"{r['config']} at {', '.join(_rate(u) for u in r['uncertain']) or 'no rate'}"
+                                  for r in rows)  # fmt: skip
+            return (f"No answer at this n: no probe passed or failed {slo} ({undecided} req/s: not enough data, "
+                    "the tail bound needs more requests than the probes held). Run longer probes (--duration, --n) "
+                    "before comparing configurations.")  # fmt: skip
         return f"No configuration met {slo} at any rate probed; the binding limits and mechanisms are in the table."
     brackets = {r["config"]: _bracket(r) for r in rows}
     shown = "; ".join(_bracket_text(r) for r in rows)
