@@ -15,8 +15,25 @@ from pathlib import Path
 
 import pytest
 
-from tailgate.load.workload import TraceItem, save_jsonl
-from tailgate.servers import LocalVllmServer, ensure_tiny_model, ensure_vllm_venv
+
+def _import_locust_unpatched() -> None:
+    """Import Locust once, before any test starts a thread, without its gevent monkey-patching.
+
+    A few tests use Locust's option parser or the run coordinator in this process. Importing Locust later,
+    from inside a test, would monkey-patch a process that already runs real threads (the tests' small
+    servers), and their module locks then deadlock the next import. Real Locust runs are child processes,
+    which do not inherit the variable and are patched as usual."""
+    os.environ["LOCUST_SKIP_MONKEY_PATCH"] = "1"
+    try:
+        import locust  # noqa: F401
+    finally:
+        del os.environ["LOCUST_SKIP_MONKEY_PATCH"]
+
+
+_import_locust_unpatched()
+
+from tailgate.load.workload import TraceItem, save_jsonl  # noqa: E402
+from tailgate.servers import LocalVllmServer, ensure_tiny_model, ensure_vllm_venv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCUST = [sys.executable, "-m", "locust"]

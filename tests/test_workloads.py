@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, load_records, load_summaries, run_locust
 
+from tailgate.contracts import Order
 from tailgate.load.arrivals import gamma_offsets, load_trace
 from tailgate.load.options import OptionError, add_arguments, validate
 from tailgate.load.plan import poisson_offsets
@@ -51,8 +52,10 @@ def test_default_schedule_and_order_are_unchanged(tmp_path: Path) -> None:
     stage = s.stages()[0]
     assert [a.offset_s for a in stage.arrivals] == poisson_offsets(55, 10.0, 7)
     assert all(a.prompt is None for a in stage.arrivals)
-    assert order_item(stage.arrivals[3]) == [3, stage.arrivals[3].item.prompt_tokens,
-                                             stage.arrivals[3].item.max_tokens, stage.arrivals[3].offset_s, None]
+    # on the wire a seed item stays the five-element list it always was
+    wire = Order(items=[order_item(stage.arrivals[3])]).to_dict()["items"][0]
+    assert wire == [3, stage.arrivals[3].item.prompt_tokens, stage.arrivals[3].item.max_tokens,
+                    stage.arrivals[3].offset_s, None]
 
 
 def test_gamma_burstiness_sets_the_spread_not_the_rate() -> None:
