@@ -113,7 +113,7 @@ def test_the_web_ui_code_stays_out_of_the_analysis_stack() -> None:
 
 def test_a_report_cut_short_by_quitting_says_so(tmp_path: Path) -> None:
     """Quitting the web UI while a report builds ends the build and leaves a line saying so, and how to build it."""
-    from tailgate.load.session import REPORT_LOG, RunSession
+    from tailgate.shapes.session import REPORT_LOG, RunSession
 
     run = RunSession.__new__(RunSession)
     run.folder, run.run_id = tmp_path, "r1"
