@@ -15,11 +15,25 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tailgate.postprocess.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED, min_n_for_difference, percentile_difference
+from tailgate.postprocess.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED
+from tailgate.postprocess.cellstats import (
+    MIN_N_P99_CI,
+    _at,
+    _Cells,
+    _ci_text,
+    _compare,
+    _continuous,
+    _f,
+    _ms,
+    _ratio,
+    _resolved,
+    _span,
+    _x,
+)
 from tailgate.postprocess.load import rate_text
-from tailgate.postprocess.prompts import long_prompt_threshold
-from tailgate.postprocess.summarize import measured_mask, stage_warmups
+from tailgate.postprocess.prompt_ab import PROMPT_AB_QUESTION, prompt_ab
 from tailgate.postprocess.table import choose_decision_rate, summary_table
+from tailgate.postprocess.timeline import _increment_windows, _overlaps, prefill_attribution
 from tailgate.resultfiles import RUN_META
 
 QUESTIONS: tuple[str, ...] = (
@@ -43,134 +57,9 @@ GAP_GROWTH = 2.0
 """Across the ramp, a median worst gap growing this much while TTFT p50 grows under
 :data:`TTFT_FLAT_GROWTH` is prefill insertion."""
 TTFT_FLAT_GROWTH = 1.5
-MIN_N_P99_CI = min_n_for_difference(99.0, 0.95)
-"""A distribution-free 95% interval of a p99 difference needs this many requests per cell (437): fewer, and
-no order statistic bounds a p99 at the 98.75% each side needs. Below it, the diagnosis gives the point
-values and says the interval was not computed (a bootstrap would give one that looks precise and is not)."""
 STALL_FACTOR = 2.0
 """A worst gap this many times its stage's median worst gap counts as a stall (question 4)."""
 MAX_LISTED = 100
-
-
-def _f(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
-def _ratio(a: Any, b: Any) -> float | None:
-    a, b = _f(a), _f(b)
-    if a is None or b is None or b <= 0:
-        return None
-    return round(a / b, 3)
-
-
-def _ms(x: Any) -> str:
-    v = _f(x)
-    return "n/a" if v is None else f"{v:.1f} ms"
-
-
-def _x(r: float | None) -> str:
-    return "n/a" if r is None else f"{r:.2f}×"
-
-
-class _Cells:
-    """The measured records of each cell, indexed once."""
-
-    def __init__(self, table: pd.DataFrame, records: pd.DataFrame, summaries: pd.DataFrame) -> None:
-        self.table = table
-        self.records = records
-        self.index: dict[tuple[str, int], np.ndarray] = {}
-        self.all_index: dict[tuple[str, int], np.ndarray] = {}
-        self.measured = records
-        if records.empty:
-            return
-        warm, rules = stage_warmups(summaries)
-        mask = measured_mask(records, warm, rules)
-        self.measured = records.loc[mask.to_numpy()]
-        self.index = {
-            (str(k[0]), int(k[1])): v
-            for k, v in self.measured.groupby(["run_dir", "stage"], observed=True).indices.items()
-        }
-        self.all_index = {
-            (str(k[0]), int(k[1])): v
-            for k, v in records.groupby(["run_dir", "stage"], observed=True).indices.items()
-        }
-
-    def values(self, row: pd.Series, column: str) -> np.ndarray:
-        idx = self.index.get((str(row["run_dir"]), int(row["stage"])))
-        if idx is None:
-            return np.array([], dtype=float)
-        return self.measured[column].to_numpy(dtype=float)[idx]
-
-    def frame(self, row: pd.Series, measured: bool = True) -> pd.DataFrame:
-        key = (str(row["run_dir"]), int(row["stage"]))
-        if measured:
-            idx = self.index.get(key)
-            return self.measured.iloc[idx] if idx is not None else self.measured.iloc[:0]
-        idx = self.all_index.get(key)
-        return self.records.iloc[idx] if idx is not None else self.records.iloc[:0]
-
-
-def _span(lo: pd.Series, hi: pd.Series) -> str:
-    return f"{rate_text(lo['rate_or_batch'])}→{rate_text(hi['rate_or_batch'])} req/s"
-
-
-def _primary_prompts(table: pd.DataFrame) -> str:
-    """The prompt source the five questions read: the seed's when it was measured, else the commonest."""
-    p = table["prompts"].fillna("seed").astype(str) if "prompts" in table.columns else pd.Series(["seed"])
-    return "seed" if (p == "seed").any() or p.empty else str(p.mode().iloc[0])
-
-
-def _continuous(table: pd.DataFrame, config: str | None = None, prompts: str | None = None) -> pd.DataFrame:
-    d = table.loc[(table["arm"] == "continuous") & ~table["cell"].astype(str).str.contains("~")]
-    if "prompts" in d.columns:
-        d = d.loc[d["prompts"].fillna("seed").astype(str) == (prompts or _primary_prompts(table))]
-    if config is not None:
-        d = d.loc[d["config"] == config]
-    return d.sort_values("rate_or_batch")
-
-
-def _at(table: pd.DataFrame, config: str, rate: float) -> pd.Series | None:
-    d = _continuous(table, config)
-    d = d.loc[np.isclose(d["rate_or_batch"].astype(float), rate)]
-    return d.iloc[0] if len(d) else None
-
-
-def _compare(cells: _Cells, a: pd.Series, b: pd.Series, resamples: int, seed: int) -> dict[str, Any]:
-    """Bootstrap p99 differences (``b - a``) of worst gap and TTFT between two cells."""
-    out: dict[str, Any] = {"a": a["cell"], "b": b["cell"]}
-    for name, col in (("gap_p99", "worst_gap_ms"), ("ttft_p99", "ttft_ms")):
-        va, vb = cells.values(a, col), cells.values(b, col)
-        na, nb = int(np.isfinite(va).sum()), int(np.isfinite(vb).sum())
-        if min(na, nb) < MIN_N_P99_CI:
-            out[name] = {"n_a": na, "n_b": nb, "ci": None,
-                         "why_no_ci": f"n = {na} and {nb}; a p99 interval needs at least {MIN_N_P99_CI} per cell"}
-            continue
-        d = percentile_difference(va, vb, 99.0, resamples=resamples, seed=seed)
-        out[name] = d.as_dict() if d is not None else None
-    return out
-
-
-def _ci_text(d: Mapping[str, Any] | None) -> str:
-    if not d:
-        return "no records to bootstrap"
-    if d.get("why_no_ci"):
-        return f"no interval: {d['why_no_ci']}"
-    if d.get("ci_low") is None or d.get("ci_high") is None:
-        return f"p99 difference {d['diff']:+.1f} ms, no closed interval at n = {d['n_a']} and {d['n_b']}"
-    return (f"p99 difference {d['diff']:+.1f} ms, 95% CI [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}] "
-            "(order statistics), "
-            f"n = {d['n_a']} and {d['n_b']}")  # fmt: skip
-
-
-def _resolved(d: Mapping[str, Any] | None) -> bool | None:
-    """True when a 95% interval was computed and excludes 0; None when there is no interval."""
-    if not d or d.get("why_no_ci") or "ci_includes_zero" not in d:
-        return None
-    return not d["ci_includes_zero"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,79 +148,6 @@ def _q1_admission(
         verdict = (f"no: no cell's TTFT ratio reached {ADMISSION_TTFT_RATIO:g}× (gated) or {OVERLOAD_TTFT_GROWTH:g}× "
                    "(ramp) with the gap ratio under its threshold")  # fmt: skip
     return {"evidence": ev, "verdict": verdict, "lines": lines}
-
-
-def _covered(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Merge intervals; returns merged starts, ends and the covered length before each start."""
-    order = np.argsort(starts)
-    s, e = starts[order], ends[order]
-    run_end = np.maximum.accumulate(e)
-    new = np.r_[True, s[1:] > run_end[:-1]]
-    group = np.cumsum(new) - 1
-    ms = s[new]
-    me = np.zeros(ms.size)
-    np.maximum.at(me, group, e)
-    before = np.r_[0.0, np.cumsum(me - ms)[:-1]]
-    return ms, me, before
-
-
-def _covered_until(t: np.ndarray, ms: np.ndarray, me: np.ndarray, before: np.ndarray) -> np.ndarray:
-    """Covered length of the merged intervals up to each time in ``t``."""
-    j = np.searchsorted(ms, t, side="right") - 1
-    jj = np.clip(j, 0, None)
-    inside = np.clip(t - ms[jj], 0.0, me[jj] - ms[jj])
-    return np.where(j >= 0, before[jj] + inside, 0.0)
-
-
-def prefill_attribution(stage: pd.DataFrame) -> dict[str, Any] | None:
-    """Did streams have their worst gap while another request's large prompt was prefilling?
-
-    A prefill runs from a request's send to its first chunk; long prompts (the rule chart 3 marks them
-    by, :func:`~tailgate.postprocess.prompts.long_prompt_threshold`) are the ones whose prefill can
-    stall everyone else. Among streams that were producing while
-    such a prefill ran, count those whose worst gap overlaps one, and compare with chance: the
-    share of each stream's lifetime covered by those prefills. Far above chance means the
-    prefills caused the stalls.
-    """
-    ok = stage.loc[stage["error_class"].isna()]
-    prompt = ok["prompt_tokens_planned"].to_numpy(dtype=float)
-    if ok.empty or np.unique(prompt).size < 2:
-        return None
-    # the same cut-off as chart 3's long-prompt marks, so the chart and this count can be checked together
-    big = prompt >= long_prompt_threshold(prompt)
-    if not big.any():
-        return None
-    p0 = ok["sent_s"].to_numpy(dtype=float)[big]
-    p1 = ok["first_chunk_s"].to_numpy(dtype=float)[big]
-    keep = np.isfinite(p0) & np.isfinite(p1) & (p1 >= p0)
-    if not keep.any():
-        return None
-    ms, me, before = _covered(p0[keep], p1[keep])
-    first = ok["first_chunk_s"].to_numpy(dtype=float)
-    last = ok["last_chunk_s"].to_numpy(dtype=float)
-    gap = ok["worst_gap_ms"].to_numpy(dtype=float)
-    g_end = ok["worst_gap_end_s"].to_numpy(dtype=float)
-    valid = np.isfinite(first) & np.isfinite(last) & np.isfinite(gap) & np.isfinite(g_end) & (last > first)
-    windows = np.column_stack([ms, me])
-    live = valid & _overlaps(first, last, windows)
-    hit = live & _overlaps(g_end - gap / 1000.0, g_end, windows)
-    cover = np.zeros(len(ok))
-    span = np.where(valid, last - first, 1.0)
-    cover[valid] = (
-        _covered_until(last[valid], ms, me, before) - _covered_until(first[valid], ms, me, before)
-    ) / (span[valid])
-    n_live = int(live.sum())
-    return {
-        "big_prompt_min_tokens": int(prompt[big].min()),
-        "streams_live_during_big_prefill": n_live,
-        "worst_gap_inside_big_prefill": int(hit.sum()),
-        "share": round(float(hit.sum() / n_live), 3) if n_live else None,
-        "share_by_chance": round(float(cover[live].mean()), 3) if n_live else None,
-        "median_worst_gap_inside_ms": round(float(np.median(gap[hit])), 1) if hit.any() else None,
-        "median_worst_gap_other_ms": round(float(np.median(gap[valid & ~hit])), 1)
-        if (valid & ~hit).any()
-        else None,
-    }
 
 
 def _q2_prefill(table: pd.DataFrame, cells: _Cells, rate: float | None) -> dict[str, Any]:
@@ -478,30 +294,6 @@ def _q3_chunked(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -
         verdict = (f"no difference resolved: worst-gap p99 off/on {ratios} (under {SMALL_RATIO:g}× or an "
                    "interval that includes 0)")  # fmt: skip
     return {"evidence": ev, "verdict": verdict, "lines": lines}
-
-
-def _increment_windows(series: pd.DataFrame, run_dir: str, start: float, end: float) -> np.ndarray:
-    """``[(t_prev, t)]`` for every sample whose preemption counter rose, within the stage window."""
-    if series is None or series.empty or "preemptions_inc" not in series.columns:
-        return np.empty((0, 2))
-    s = series.loc[series["run_dir"] == run_dir] if "run_dir" in series.columns else series
-    s = s.sort_values("t")
-    t = s["t"].to_numpy(dtype=float)
-    inc = s["preemptions_inc"].to_numpy(dtype=float)
-    prev = np.r_[t[0] - 1.0 if t.size else 0.0, t[:-1]]
-    m = np.isfinite(inc) & (inc > 0) & (t >= start) & (t <= end + (t[1] - t[0] if t.size > 1 else 1.0))
-    return np.column_stack([prev[m], t[m], inc[m]]) if m.any() else np.empty((0, 3))
-
-
-def _overlaps(a0: np.ndarray, a1: np.ndarray, windows: np.ndarray) -> np.ndarray:
-    """Which intervals ``[a0, a1]`` overlap any window ``(w0, w1]``."""
-    if windows.size == 0:
-        return np.zeros(a0.shape, dtype=bool)
-    order = np.argsort(windows[:, 0])
-    w0 = windows[order, 0]
-    w1 = np.maximum.accumulate(windows[order, 1])
-    j = np.searchsorted(w0, a1, side="left") - 1
-    return (j >= 0) & (w1[np.clip(j, 0, None)] >= a0)
 
 
 def _worst_first(ids: np.ndarray, gap: np.ndarray, mask: np.ndarray) -> tuple[list[int], list[float]]:
@@ -715,69 +507,6 @@ def _jsonable(x: Any) -> Any:
     if x is pd.NA or x is pd.NaT:
         return None
     return x
-
-
-PROMPT_AB_QUESTION = "Do realistic prompts change the answer? (the same arrival schedule, seed vs other prompts)"
-
-
-def prompt_ab(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -> dict[str, Any] | None:
-    """Each cell measured with the seed's prompts and with another source at the same config and rate
-    (one seed, so one arrival schedule and one length sequence), compared with the bootstrap intervals
-    question 3 uses for chunked prefill on vs off; None when no such pair exists."""
-    if "prompts" not in table.columns:
-        return None
-    d = table.loc[(table["arm"] == "continuous") & ~table["cell"].astype(str).str.contains("~")]
-    prompts = d["prompts"].fillna("seed").astype(str)
-    pairs = []
-    for (config, rate), g in d.groupby(["config", "rate_or_batch"], sort=True):
-        gp = prompts.loc[g.index]
-        if not (gp == "seed").any():
-            continue
-        a = g.loc[gp == "seed"].iloc[0]
-        for _, b in g.loc[gp != "seed"].iterrows():
-            pairs.append((str(config), float(rate), a, b))
-    if not pairs:
-        return None
-    items, lines = [], []
-    for config, rate, a, b in pairs:
-        boot = _compare(cells, a, b, resamples, seed)
-        ratio = _ratio(b["gap_p99"], a["gap_p99"])
-        item = {
-            "config": config, "rate": rate, "seed": a["cell"], "other": b["cell"], "other_prompts": b["prompts"],
-            "gap_p99": [a["gap_p99"], b["gap_p99"]], "gap_p99_ratio": ratio,
-            "ttft_p99": [a["ttft_p99"], b["ttft_p99"]], "ttft_p99_ratio": _ratio(b["ttft_p99"], a["ttft_p99"]),
-            "prefix_hit_rate": [_f(a.get("prefix_hit_rate")), _f(b.get("prefix_hit_rate"))],
-            "bootstrap": boot, "interval": _resolved(boot["gap_p99"]),
-        }  # fmt: skip
-        items.append(item)
-        hit = item["prefix_hit_rate"]
-        hits = "" if hit[0] is None and hit[1] is None else (
-            " (prefix-cache hit rate " + " vs ".join("n/a" if h is None else f"{100 * h:.0f}%" for h in hit) + ")")
-        lines.append(
-            f"{config} at {rate_text(rate)} req/s: worst-gap p99 {_ms(a['gap_p99'])} seed vs {_ms(b['gap_p99'])} "
-            f"{b['prompts']} ({_x(ratio)}; {_ci_text(boot['gap_p99'])}); TTFT p99 {_x(item['ttft_p99_ratio'])} "
-            f"({_ci_text(boot['ttft_p99'])}){hits}."
-        )
-    resolved = [i for i in items if i["interval"]]
-    if resolved:
-        verdict = "yes: " + "; ".join(
-            f"{i['config']} {rate_text(i['rate'])} req/s worst-gap p99 ×{i['gap_p99_ratio']:.2f} with "
-            f"{i['other_prompts']} prompts" for i in resolved)  # fmt: skip
-    elif any(i["interval"] is None for i in items):
-        verdict = "not enough data: at least one pair has no interval (too few requests per cell)"
-    else:
-        verdict = "no difference resolved: every interval of the worst-gap p99 difference includes 0"
-    # does chunked on/off keep its direction under the other prompts?
-    by = {(i["config"], i["rate"]): i for i in items}
-    flips = []
-    for (config, rate), i in by.items():
-        if config == "chunked" and ("nochunk", rate) in by:
-            j = by["nochunk", rate]
-            seed_r, other_r = _ratio(j["gap_p99"][0], i["gap_p99"][0]), _ratio(j["gap_p99"][1], i["gap_p99"][1])
-            flips.append({"rate": rate, "off_on_seed": seed_r, "off_on_other": other_r})
-            lines.append(f"Chunked off/on worst-gap p99 at {rate_text(rate)} req/s: {_x(seed_r)} with seed prompts, "
-                         f"{_x(other_r)} with {i['other_prompts']} prompts.")  # fmt: skip
-    return {"evidence": {"pairs": items, "chunked_off_on": flips}, "verdict": verdict, "lines": lines}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,10 +30,10 @@ from tailgate.postprocess.diagnosis import (
     GAP_GROWTH,
     OVERLOAD_TTFT_GROWTH,
     TTFT_FLAT_GROWTH,
-    prefill_attribution,
 )
 from tailgate.postprocess.html import render
 from tailgate.postprocess.load import ResultsError
+from tailgate.postprocess.timeline import prefill_attribution
 from tailgate.resultfiles import SLO_ANALYSIS
 from tailgate.resultfiles import SLO_META as SLO_FILE
 

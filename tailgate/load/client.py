@@ -13,93 +13,68 @@ Every outcome is classified: a request either completes with ``[DONE]`` or ends 
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import ssl
-import struct
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
+from tailgate.load.payloads import ENDPOINT_PATHS, build_chat_payload, build_payload, build_request
+from tailgate.load.rxstamp import (
+    CHUNK_STAMP_ENV,
+    CHUNK_STAMPS,
+    DEFAULT_CHUNK_STAMP,
+    PAIR_NS,
+    REFRESH_NS,
+    SO_TIMESTAMPNS,
+    SOL_SOCKET,
+    TIMESPEC,
+    TS_SPACE,
+    WALL,
+    WallToClock,
+    chunk_stamp_mode,
+    enable_rx_timestamps,
+)
 from tailgate.load.sse import ChunkedDecoder, SSEParser, StreamFormatError
+from tailgate.load.target import Target, TargetError, Timeouts
+
+__all__ = [  # the request's parts live beside this module; their names stay importable from here
+    "CHUNK_STAMPS",
+    "CHUNK_STAMP_ENV",
+    "DEFAULT_CHUNK_STAMP",
+    "ENDPOINT_PATHS",
+    "LATE_READ_NS",
+    "PAIR_NS",
+    "RECV_BYTES",
+    "REFRESH_NS",
+    "SO_TIMESTAMPNS",
+    "TEMPLATE_ATTEMPTS",
+    "CooperativeReads",
+    "StreamTiming",
+    "Target",
+    "TargetError",
+    "Timeouts",
+    "WallToClock",
+    "build_chat_payload",
+    "build_payload",
+    "build_request",
+    "chunk_stamp_mode",
+    "content_template",
+    "stream_completion",
+]
 
 RECV_BYTES = 65536
 
-SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
-"""Linux's receive-timestamp option (``SO_TIMESTAMPNS_OLD``, 35; Python does not name it). With it, every
-``recvmsg`` on a TCP socket also returns when the kernel received the newest bytes it hands over."""
-_TS_SPACE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
-_TIMESPEC = struct.Struct("qq")
 LATE_READ_NS = 1_000_000
 """A read this long after its newest bytes arrived is late: the client, not the server, set its events' times.
 Matches the self-check's 1 ms bound on the client-added error."""
-
-CHUNK_STAMPS = ("recv", "kernel")
-CHUNK_STAMP_ENV = "TAILGATE_CHUNK_STAMP"
-DEFAULT_CHUNK_STAMP = "kernel"
-"""Which instant stamps a read's events: ``kernel`` (the kernel's receive time of the newest bytes in the
-read, the default) or ``recv`` (when ``recvmsg`` returned). A read without a kernel stamp (TLS) falls back
-to ``recv``. The self-check reports both from the same reads; the kernel stamp's error was lower at every
-percentile (benchmarks/results/chunk-stamp.md), because it does not include the time the loop took to
-come back to the socket."""
 
 _JSON_STRING = re.compile(rb'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')
 """One JSON string literal, exactly as ``json.loads`` accepts it (no raw control characters)."""
 _TEXT_KEY = b'"text":'
 TEMPLATE_ATTEMPTS = 3
 """Decoded content chunks that may propose a fast-path template before a stream gives up on one."""
-
-
-class TargetError(ValueError):
-    """A server URL that cannot be used."""
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """Where completions go: parsed once, so each request only formats its body."""
-
-    scheme: str
-    host: str
-    port: int
-    api_prefix: str
-    """Path prefix that ``/completions`` hangs off, normally ``/v1``."""
-
-    @classmethod
-    def parse(cls, url: str) -> Target:
-        parts = urlsplit(url.strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise TargetError(f"{url!r} is not an http(s) URL with a host")
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            raise TargetError(f"{url!r} has an invalid port") from None
-        path = parts.path.rstrip("/")
-        if not path.endswith("/v1"):
-            path = path + "/v1"
-        return cls(parts.scheme, parts.hostname, port, path)
-
-    @property
-    def root(self) -> str:
-        """Server root (where ``/metrics``, ``/health`` and ``/version`` live)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        root = f"{self.scheme}://{host}:{self.port}"
-        prefix = self.api_prefix[: -len("/v1")]
-        return root + prefix
-
-    def url(self, path: str) -> str:
-        return self.root + path
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    connect_s: float = 10.0
-    request_s: float = 600.0
-    """Whole request, as in the reference harness."""
-    stall_s: float | None = None
-    """Longest silence tolerated between two reads once headers arrived; None = request_s."""
 
 
 @dataclass(slots=True)
@@ -142,90 +117,6 @@ class StreamTiming:
     late_coalesced_reads: int = 0
     """Reads that delivered two or more content events and came more than ``LATE_READ_NS`` after their newest
     bytes arrived: events the server sent apart may have been merged by a client that read late."""
-
-
-def build_payload(
-    model: str, prompt: str, max_tokens: int, *, ignore_eos: bool = False, extra: dict | None = None
-) -> bytes:
-    body: dict = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if ignore_eos:
-        body["ignore_eos"] = True
-    if extra:
-        body.update(extra)
-    return json.dumps(body).encode()
-
-
-def build_chat_payload(
-    model: str, messages: list[dict[str, str]], max_tokens: int, *, ignore_eos: bool = False,
-    extra: dict | None = None,
-) -> bytes:
-    """A streamed chat completion with usage in its final event, as :func:`build_payload` for completions.
-
-    ``max_tokens`` (not ``max_completion_tokens``) because vLLM and the servers that copy it read both and
-    older ones only the first."""
-    body: dict = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if ignore_eos:
-        body["ignore_eos"] = True
-    if extra:
-        body.update(extra)
-    return json.dumps(body).encode()
-
-
-ENDPOINT_PATHS = {"completions": "/completions", "chat": "/chat/completions"}
-
-
-def build_request(
-    target: Target, body: bytes, api_key: str | None = None, request_id: str | None = None,
-    endpoint: str = "completions",
-) -> bytes:
-    """The complete request bytes (head and body), so a caller can build them before its send time.
-
-    ``request_id`` goes out as ``X-Request-Id``: vLLM names the request after it (``cmpl-<id>-0``) in its
-    stream and in its request log, which is how the order the server received requests in is read back.
-    ``endpoint`` picks ``/completions`` or ``/chat/completions`` under the API prefix.
-    """
-    head = _request_head(target, target.api_prefix + ENDPOINT_PATHS[endpoint], len(body), api_key, request_id)
-    return head + body
-
-
-def chunk_stamp_mode() -> str:
-    """The chunk stamp chosen through ``TAILGATE_CHUNK_STAMP`` (``DEFAULT_CHUNK_STAMP`` when unset or unknown)."""
-    mode = os.environ.get(CHUNK_STAMP_ENV, DEFAULT_CHUNK_STAMP).strip().lower()
-    return mode if mode in CHUNK_STAMPS else DEFAULT_CHUNK_STAMP
-
-
-def _request_head(
-    target: Target, path: str, body_len: int, api_key: str | None, request_id: str | None = None
-) -> bytes:
-    host = target.host if target.port in (80, 443) else f"{target.host}:{target.port}"
-    lines = [
-        f"POST {path} HTTP/1.1",
-        f"Host: {host}",
-        "User-Agent: tailgate",
-        "Content-Type: application/json",
-        "Accept: text/event-stream",
-        f"Content-Length: {body_len}",
-        "Connection: close",
-    ]
-    if api_key:
-        lines.append(f"Authorization: Bearer {api_key}")
-    if request_id:
-        lines.append(f"X-Request-Id: {request_id}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 class _Failure(Exception):
@@ -271,17 +162,6 @@ def _connect(target: Target, timeout: float) -> socket.socket:
     return sock
 
 
-def _enable_rx_timestamps(sock: socket.socket) -> bool:
-    """Ask the kernel to stamp received bytes; False where it cannot (TLS, no ``recvmsg``, not Linux)."""
-    if SO_TIMESTAMPNS is None or not _TS_SPACE or isinstance(sock, ssl.SSLSocket):
-        return False
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-    except OSError:
-        return False
-    return True
-
-
 def _read(
     sock: socket.socket, timestamps: bool, clock: Callable[[], int]
 ) -> tuple[bytes, int, int | None]:
@@ -289,18 +169,18 @@ def _read(
 
     The stamp is taken once, as the call returns, for everything the read delivered. With receive
     timestamps, the wait is the read's return minus the kernel's receive time (wall clock) of the newest
-    bytes read, put on ``clock`` with :data:`_WALL` (no clock read beyond ``clock()`` on most reads).
+    bytes read, put on ``clock`` with :data:`rxstamp.WALL` (no clock read beyond ``clock()`` on most reads).
     """
     if not timestamps:
         data = sock.recv(RECV_BYTES)
         return data, clock(), None
-    data, ancillary, _, _ = sock.recvmsg(RECV_BYTES, _TS_SPACE)
+    data, ancillary, _, _ = sock.recvmsg(RECV_BYTES, TS_SPACE)
     now = clock()
     if ancillary:
         level, kind, payload = ancillary[0]
-        if kind == SO_TIMESTAMPNS and level == _SOL_SOCKET and len(payload) >= 16:
-            sec, nsec = _TIMESPEC.unpack_from(payload)
-            return data, now, max(0, now - _WALL.to_clock(sec * 1_000_000_000 + nsec, now))
+        if kind == SO_TIMESTAMPNS and level == SOL_SOCKET and len(payload) >= 16:
+            sec, nsec = TIMESPEC.unpack_from(payload)
+            return data, now, max(0, now - WALL.to_clock(sec * 1_000_000_000 + nsec, now))
     return data, now, None
 
 
@@ -379,56 +259,6 @@ class CooperativeReads:
             self._timer.close()
             self._timer = None
         self._io.close()
-
-
-_SOL_SOCKET = socket.SOL_SOCKET
-PAIR_NS = 20_000
-"""Two reads of the clock around a wall-clock read closer than this make a pair to convert with."""
-REFRESH_NS = 20_000_000
-"""How long a measured offset between the wall clock and ``perf_counter_ns`` is used before it is
-measured again. Only a slewing wall clock moves it: NTP slews at most 500 ppm, 10 us over this
-interval, and in practice a few ppm (well under 0.1 us)."""
-
-
-class WallToClock:
-    """Converts the kernel's wall-clock receive stamps to ``perf_counter_ns`` ticks.
-
-    Measuring the offset costs three clock reads and must be a tight pair (a preemption between the
-    reads would shift it by milliseconds on a busy machine), so it is measured at most every
-    ``REFRESH_NS`` and shared by every stream of the process, instead of once per read.
-    """
-
-    __slots__ = ("_clock", "_measured", "_offset")
-
-    def __init__(self, clock: Callable[[], int] = time.perf_counter_ns) -> None:
-        self._clock = clock
-        self._offset = 0
-        self._measured = -(1 << 62)
-
-    def to_clock(self, wall_ns: int, now: int) -> int:
-        """``wall_ns`` on the clock, ``now`` being a current reading of it (to know when to re-measure)."""
-        if now - self._measured > REFRESH_NS:
-            self.measure()
-        return wall_ns - self._offset
-
-    def measure(self) -> None:
-        """The tightest of up to five (clock, wall, clock) triples sets the offset (wall minus clock)."""
-        clock, wall = self._clock, time.time_ns
-        best_width = best_offset = 0
-        for attempt in range(5):
-            before = clock()
-            real = wall()
-            after = clock()
-            width = after - before
-            if attempt == 0 or width < best_width:
-                best_width, best_offset = width, real - (before + after) // 2
-            if width <= PAIR_NS:
-                break
-        self._offset = best_offset
-        self._measured = after
-
-
-_WALL = WallToClock()
 
 
 def _error_message(body: bytes) -> str:
@@ -546,7 +376,7 @@ def stream_completion(
             raise _Failure("connect_error", f"{type(e).__name__}: {e}") from None
         timing.connected_ns = clock()
         phase = "headers"
-        timestamps = _enable_rx_timestamps(sock)
+        timestamps = enable_rx_timestamps(sock)
         if write is None:
             sock.sendall(request)
             timing.written_ns = clock()

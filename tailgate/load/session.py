@@ -19,13 +19,9 @@ from __future__ import annotations
 
 import gevent
 from gevent.event import Event
-from locust import __version__ as locust_version
 
 import dataclasses
-import json
 import logging
-import os
-import platform
 import subprocess
 import time
 import uuid
@@ -33,29 +29,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import tailgate
 from tailgate.arms import arm as arm_of
 from tailgate.contracts import Order, StageSummary
-from tailgate.load import distributed
 from tailgate.load.console import summary_line
 from tailgate.load.distributed import DEADLINE_MARGIN_S, WORKER_LOST, ClockSync, MasterSink
 from tailgate.load.metrics import Snapshot, scrape
 from tailgate.load.options import Settings
 from tailgate.load.plan import Stage, share
 from tailgate.load.processes import processes_for
+from tailgate.load.roster import WorkerRoster, WorkersLost
+from tailgate.load.runfiles import iso, run_metadata, stage_accounting, write_json
 from tailgate.load.sidecars import (
     REPORT_INTERRUPTED,
     launch_report,
     report_error,
     report_state,
-    server_info,
     start_sampler,
     stop_helper,
 )
 from tailgate.load.stage_workload import order_item, stage_arrivals, workload_summary
 from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
-from tailgate.load.workload import mix_of
-from tailgate.records import lost_in_flight, read_records, read_sent
+from tailgate.records import lost_in_flight, read_records
 from tailgate.resultfiles import REPORT_LOG, RUN_META, report_html, summary_file
 from tailgate.stats import summarize_stage
 
@@ -65,30 +59,13 @@ START_LEAD_S = 0.25
 """Orders carry an absolute start time this far ahead, so every process has it before t0."""
 DRAIN_TIMEOUT_S = 15.0
 """How long a stop waits for load processes to record the streams it cancelled."""
-READY_TIMEOUT_S = 60.0
-"""How long a run waits for every expected load process to report ready before it goes with those that did."""
 
 
 class StageDeadline(Exception):
     """A single-process stage outlived its deadline: its streams were cancelled and the run ends."""
 
 
-class WorkersLost(Exception):
-    """No load process is left to take a stage."""
-
-
-def iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Whole-file replace, so a reader (the live tab, a report) never sees half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
-class RunSession:
+class RunSession(WorkerRoster):
     """A single run: owns its folder, coordinator, sampler and, in the web UI, its report build."""
 
     def __init__(
@@ -163,7 +140,7 @@ class RunSession:
 
     # -- life cycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        self.meta = self._metadata()
+        self.meta = run_metadata(self.settings, self.run_id, self.started, self.stages, self._nodes_expected())
         write_json(self.folder / RUN_META, self.meta)
         self._sampler = self._start_sampler()
         self._coordinator = gevent.spawn(self._coordinate)
@@ -272,112 +249,6 @@ class RunSession:
             log.exception("tailgate run failed")
         self.natural_end = True
         self._end(status)
-
-    def _wait_ready(self) -> list[str]:
-        expected = self._nodes_expected()
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while len(self._ready) + len(self.refused) < expected and (not self._ready or time.monotonic() < deadline):
-            self._ready_event.clear()
-            self._ready_event.wait(timeout=1.0)
-        if len(self._ready) < expected:
-            log.warning("tailgate: %d of %d load process(es) ready after %.0f s; going with those",
-                        len(self._ready), expected, READY_TIMEOUT_S)  # fmt: skip
-        return sorted(self._ready)
-
-    def on_ready(self, node_id: str, worker: str) -> None:
-        if self._local or not self.settings.api_key:
-            self._ready[node_id] = worker
-            self._ready_event.set()
-            return
-        if node_id in self._ready or node_id in self._nonces:
-            return
-        # the key never goes to a worker: one that holds it proves so before it is given any order
-        self._nonces[node_id] = (distributed.new_nonce(), worker)
-        self.runner.send_message(distributed.CHALLENGE_MESSAGE, {"nonce": self._nonces[node_id][0]},
-                                 client_id=node_id)  # fmt: skip
-
-    def on_proof(self, node_id: str, data: dict[str, Any]) -> None:
-        pending = self._nonces.pop(node_id, None)
-        if pending is None or node_id in self._ready:
-            return
-        nonce, worker = pending
-        if data.get("nonce") == nonce and distributed.proof_ok(self.settings.api_key, nonce, data.get("proof")):
-            self._ready[node_id] = worker
-        else:
-            why = "has no key" if data.get("proof") is None else "holds another key"
-            self.refused[node_id] = f"{worker} {why}"
-            log.error("tailgate: load process %s %s: given no orders (set %s in its environment)",
-                      worker, why, distributed.API_KEY_ENV)  # fmt: skip
-        self._ready_event.set()
-
-    def _lost_reason(self, node: str) -> str | None:
-        """Why a worker can no longer take part (Locust's heartbeat marked it missing, or it left)."""
-        if self._local or node in self.lost:
-            return self.lost.get(node)
-        client = self.runner.clients.get(node)
-        if client is None:
-            return "disconnected from the master"
-        if client.state == "missing":
-            return "stopped sending heartbeats (missing)"
-        return None
-
-    def _stage_nodes(self, stage: Stage) -> list[str]:
-        """The processes that take this stage: every ready one not lost; one that joined since the
-        last stage starts here, after its clock is measured (never in the middle of a stage)."""
-        for node in sorted(self._ready):
-            reason = None if node in self.lost else self._lost_reason(node)
-            if reason:  # went between stages: nothing of it was in flight
-                self.lost[node] = reason
-                if node in self.workers:
-                    self.workers[node]["lost"] = f"before {stage.label}: {reason}"
-                log.error("tailgate: load process %s lost before %s (%s)", self._ready[node], stage.label, reason)
-                if self.on_worker_loss == "stop":
-                    raise WorkersLost(f"load process {self._ready[node]} lost before {stage.label} "
-                                      "(--on-worker-loss stop)")  # fmt: skip
-        nodes = sorted(n for n in self._ready if n not in self.lost)
-        if not nodes:
-            raise WorkersLost("no load process left")
-        if self._local:
-            return nodes
-        for node in nodes:
-            # a fresh round trip from every process this stage is split over, just before it: one lost in the
-            # settle (Locust notices after seconds) is left out instead of given a share it never sends, and the
-            # offset follows a drifting clock
-            joined = node not in self.workers
-            measured = self.clock.measure(node)
-            if measured is None:
-                reason = "did not answer a clock round trip before the stage"
-                self.lost[node] = reason
-                if not joined:
-                    self.workers[node]["lost"] = f"before {stage.label}: {reason}"
-                log.error("tailgate: load process %s %s %s; left out", self._ready[node], reason, stage.label)
-                if self.on_worker_loss == "stop" and not joined:
-                    raise WorkersLost(f"load process {self._ready[node]} lost before {stage.label} "
-                                      "(--on-worker-loss stop)")  # fmt: skip
-                continue
-            offset_ms, rtt_ms = round(measured["offset_s"] * 1000, 3), round(measured["rtt_s"] * 1000, 3)
-            if joined:
-                self.workers[node] = {
-                    "worker": self._ready[node], "clock_offset_ms": offset_ms, "clock_rtt_ms": rtt_ms,
-                    "clock_rounds": measured["rounds"], "joined_stage": stage.label, "lost": None,
-                    "clock_by_stage": [], "clock_drift_ppm": None,
-                }  # fmt: skip
-                log.info("tailgate: load process %s: clock offset %+.3f ms (RTT %.3f ms)", self._ready[node],
-                         offset_ms, rtt_ms)  # fmt: skip
-            w = self.workers[node]
-            w["clock_offset_ms"], w["clock_rtt_ms"] = offset_ms, rtt_ms
-            history = w.setdefault("clock_by_stage", [])
-            history.append({"stage": stage.label, "t": round(time.time(), 3), "offset_ms": offset_ms, "rtt_ms": rtt_ms})
-            if len(history) > 1 and history[-1]["t"] > history[0]["t"]:
-                span = history[-1]["t"] - history[0]["t"]
-                moved_s = (history[-1]["offset_ms"] - history[0]["offset_ms"]) / 1000
-                w["clock_drift_ppm"] = round(moved_s / span * 1e6, 1)
-        self.meta["workers"] = self.workers
-        write_json(self.folder / RUN_META, self.meta)
-        nodes = [n for n in nodes if n not in self.lost]
-        if not nodes:
-            raise WorkersLost("no load process left")
-        return nodes
 
     def on_done(self, node_id: str, data: dict[str, Any]) -> None:
         if data.get("run_id") not in (None, self.run_id):
@@ -543,7 +414,7 @@ class RunSession:
                 "target_rate": stage.rate_or_batch if arm_of(stage.arm).open_loop else None,
             }
         )  # fmt: skip
-        summary.update(self._accounting(stage, records))
+        summary.update(stage_accounting(self.folder, stage, records))
         summary.update(workload_summary(s, stage, records, before, after))
         if summary.get("prefix_cache_warning"):
             log.warning("tailgate: %s: %s", stage.label, summary["prefix_cache_warning"])
@@ -590,21 +461,6 @@ class RunSession:
         log.warning("tailgate: %s: a load process written off sent more; summary reconciled: %d sent, %d recorded, "
                     "%d lost in flight, %d never sent", stage.label, summary["sent"], summary["recorded"],
                     summary["lost_in_flight"], summary["never_sent"])  # fmt: skip
-
-    def _accounting(self, stage: Stage, records: list[dict[str, Any]]) -> dict[str, Any]:
-        """Where every planned arrival of a stage went: ``planned = recorded + lost_in_flight + never_sent``.
-
-        ``sent`` is the send journal (written before each send; by the master for workers), so a stopped
-        or broken stage says how much of its plan never went out, not only what was recorded."""
-        sent = {key for key in read_sent(self.folder) if key[0] == stage.index}
-        keys = {(r.get("stage"), r.get("trace_id")) for r in records}
-        lost = sum(1 for r in records if r.get("error_class") == WORKER_LOST)
-        return {
-            "planned": stage.size, "sent": len(sent), "recorded": len(records) - lost,
-            "lost_in_flight": lost + len(sent - keys), "never_sent": stage.size - len(sent),
-            # the stage did not run as planned: part of it never went out or never came back
-            "ran_short": len(sent) < stage.size or lost + len(sent - keys) > 0,
-        }  # fmt: skip
 
     def _progress(self, stage: Stage, baseline: tuple[int, int]) -> None:
         """Requests sent and ended so far in this stage, counted in memory by the load processes."""
@@ -664,21 +520,3 @@ class RunSession:
             with open(self.folder / REPORT_LOG, "a", encoding="utf-8") as out:
                 out.write(f"\n{REPORT_INTERRUPTED}: {note}\n")
             log.warning("tailgate: run %s: %s", self.run_id, note)
-
-    # -- metadata -----------------------------------------------------------------------------------
-    def _metadata(self) -> dict[str, Any]:
-        s = self.settings
-        measured = s.trace[s.warmup :]
-        return {
-            "run_id": self.run_id, "arm": s.arm, "config": s.config_label, "host": s.host, "model": s.model,
-            "prometheus_url": s.prometheus_url, "metrics_url": s.metrics_url, "started": iso(self.started),
-            "ended": None, "status": "running", "stop_reason": None,
-            "trace": {"seed": s.seed, "warmup": s.warmup, "n": s.n, "source": s.trace_source,
-                      "mix": mix_of(measured), "mix_with_warmup": mix_of(s.trace)},
-            "stages_planned": [x.label for x in self.stages], "ignore_eos": s.ignore_eos,
-            "options": s.public(), "load_processes": self._nodes_expected(), "workload": s.workload(),
-            "versions": {"tailgate": tailgate.__version__, "locust": locust_version,
-                         "python": platform.python_version()},
-            "load_host": platform.node(), "pid": os.getpid(),
-            "server": server_info(s),
-        }  # fmt: skip

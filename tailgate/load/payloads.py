@@ -1,0 +1,89 @@
+"""The bytes of one streamed completion request: its JSON body and its HTTP/1.1 head.
+
+Built before the request's send time (the worker prepares them ahead), so nothing here runs between a
+send and its stamps; the streaming client only writes what it is given.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tailgate.load.target import Target
+
+
+def build_payload(
+    model: str, prompt: str, max_tokens: int, *, ignore_eos: bool = False, extra: dict | None = None
+) -> bytes:
+    body: dict = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if ignore_eos:
+        body["ignore_eos"] = True
+    if extra:
+        body.update(extra)
+    return json.dumps(body).encode()
+
+
+def build_chat_payload(
+    model: str, messages: list[dict[str, str]], max_tokens: int, *, ignore_eos: bool = False,
+    extra: dict | None = None,
+) -> bytes:
+    """A streamed chat completion with usage in its final event, as :func:`build_payload` for completions.
+
+    ``max_tokens`` (not ``max_completion_tokens``) because vLLM and the servers that copy it read both and
+    older ones only the first."""
+    body: dict = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if ignore_eos:
+        body["ignore_eos"] = True
+    if extra:
+        body.update(extra)
+    return json.dumps(body).encode()
+
+
+ENDPOINT_PATHS = {"completions": "/completions", "chat": "/chat/completions"}
+
+
+def build_request(
+    target: Target, body: bytes, api_key: str | None = None, request_id: str | None = None,
+    endpoint: str = "completions",
+) -> bytes:
+    """The complete request bytes (head and body), so a caller can build them before its send time.
+
+    ``request_id`` goes out as ``X-Request-Id``: vLLM names the request after it (``cmpl-<id>-0``) in its
+    stream and in its request log, which is how the order the server received requests in is read back.
+    ``endpoint`` picks ``/completions`` or ``/chat/completions`` under the API prefix.
+    """
+    head = _request_head(target, target.api_prefix + ENDPOINT_PATHS[endpoint], len(body), api_key, request_id)
+    return head + body
+
+
+def _request_head(
+    target: Target, path: str, body_len: int, api_key: str | None, request_id: str | None = None
+) -> bytes:
+    host = target.host if target.port in (80, 443) else f"{target.host}:{target.port}"
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {host}",
+        "User-Agent: tailgate",
+        "Content-Type: application/json",
+        "Accept: text/event-stream",
+        f"Content-Length: {body_len}",
+        "Connection: close",
+    ]
+    if api_key:
+        lines.append(f"Authorization: Bearer {api_key}")
+    if request_id:
+        lines.append(f"X-Request-Id: {request_id}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

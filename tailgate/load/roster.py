@@ -1,0 +1,158 @@
+"""Which load processes take a stage: the ready handshake (a worker proves it holds the API key by HMAC
+before any order, the key never sent), losses noticed between stages, and the clock round trip measured
+from every process just before each stage.
+
+A part of :class:`~tailgate.load.session.RunSession` of its own because it answers one question (who is
+in, with which clock) apart from running the stages; the session holds the state it reads and writes.
+"""
+
+from __future__ import annotations
+
+from gevent.event import Event
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tailgate.load import distributed
+from tailgate.load.distributed import ClockSync
+from tailgate.load.options import Settings
+from tailgate.load.plan import Stage
+from tailgate.load.runfiles import write_json
+from tailgate.resultfiles import RUN_META
+
+log = logging.getLogger("tailgate")
+
+READY_TIMEOUT_S = 60.0
+"""How long a run waits for every expected load process to report ready before it goes with those that did."""
+
+
+class WorkersLost(Exception):
+    """No load process is left to take a stage."""
+
+
+class WorkerRoster:
+    """The session's ready, proof and clock bookkeeping (mixed into ``RunSession``, which sets every field)."""
+
+    runner: Any
+    settings: Settings
+    folder: Path
+    meta: dict[str, Any]
+    clock: ClockSync
+    on_worker_loss: str
+    workers: dict[str, dict[str, Any]]
+    lost: dict[str, str]
+    refused: dict[str, str]
+    _local: bool
+    _nodes_expected: Callable[[], int]
+    _ready: dict[str, str]
+    _ready_event: Event
+    _nonces: dict[str, tuple[str, str]]
+
+    def _wait_ready(self) -> list[str]:
+        expected = self._nodes_expected()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while len(self._ready) + len(self.refused) < expected and (not self._ready or time.monotonic() < deadline):
+            self._ready_event.clear()
+            self._ready_event.wait(timeout=1.0)
+        if len(self._ready) < expected:
+            log.warning("tailgate: %d of %d load process(es) ready after %.0f s; going with those",
+                        len(self._ready), expected, READY_TIMEOUT_S)  # fmt: skip
+        return sorted(self._ready)
+
+    def on_ready(self, node_id: str, worker: str) -> None:
+        if self._local or not self.settings.api_key:
+            self._ready[node_id] = worker
+            self._ready_event.set()
+            return
+        if node_id in self._ready or node_id in self._nonces:
+            return
+        # the key never goes to a worker: one that holds it proves so before it is given any order
+        self._nonces[node_id] = (distributed.new_nonce(), worker)
+        self.runner.send_message(distributed.CHALLENGE_MESSAGE, {"nonce": self._nonces[node_id][0]},
+                                 client_id=node_id)  # fmt: skip
+
+    def on_proof(self, node_id: str, data: dict[str, Any]) -> None:
+        pending = self._nonces.pop(node_id, None)
+        if pending is None or node_id in self._ready:
+            return
+        nonce, worker = pending
+        if data.get("nonce") == nonce and distributed.proof_ok(self.settings.api_key, nonce, data.get("proof")):
+            self._ready[node_id] = worker
+        else:
+            why = "has no key" if data.get("proof") is None else "holds another key"
+            self.refused[node_id] = f"{worker} {why}"
+            log.error("tailgate: load process %s %s: given no orders (set %s in its environment)",
+                      worker, why, distributed.API_KEY_ENV)  # fmt: skip
+        self._ready_event.set()
+
+    def _lost_reason(self, node: str) -> str | None:
+        """Why a worker can no longer take part (Locust's heartbeat marked it missing, or it left)."""
+        if self._local or node in self.lost:
+            return self.lost.get(node)
+        client = self.runner.clients.get(node)
+        if client is None:
+            return "disconnected from the master"
+        if client.state == "missing":
+            return "stopped sending heartbeats (missing)"
+        return None
+
+    def _stage_nodes(self, stage: Stage) -> list[str]:
+        """The processes that take this stage: every ready one not lost; one that joined since the
+        last stage starts here, after its clock is measured (never in the middle of a stage)."""
+        for node in sorted(self._ready):
+            reason = None if node in self.lost else self._lost_reason(node)
+            if reason:  # went between stages: nothing of it was in flight
+                self.lost[node] = reason
+                if node in self.workers:
+                    self.workers[node]["lost"] = f"before {stage.label}: {reason}"
+                log.error("tailgate: load process %s lost before %s (%s)", self._ready[node], stage.label, reason)
+                if self.on_worker_loss == "stop":
+                    raise WorkersLost(f"load process {self._ready[node]} lost before {stage.label} "
+                                      "(--on-worker-loss stop)")  # fmt: skip
+        nodes = sorted(n for n in self._ready if n not in self.lost)
+        if not nodes:
+            raise WorkersLost("no load process left")
+        if self._local:
+            return nodes
+        for node in nodes:
+            # a fresh round trip from every process this stage is split over, just before it: one lost in the
+            # settle (Locust notices after seconds) is left out instead of given a share it never sends, and the
+            # offset follows a drifting clock
+            joined = node not in self.workers
+            measured = self.clock.measure(node)
+            if measured is None:
+                reason = "did not answer a clock round trip before the stage"
+                self.lost[node] = reason
+                if not joined:
+                    self.workers[node]["lost"] = f"before {stage.label}: {reason}"
+                log.error("tailgate: load process %s %s %s; left out", self._ready[node], reason, stage.label)
+                if self.on_worker_loss == "stop" and not joined:
+                    raise WorkersLost(f"load process {self._ready[node]} lost before {stage.label} "
+                                      "(--on-worker-loss stop)")  # fmt: skip
+                continue
+            offset_ms, rtt_ms = round(measured["offset_s"] * 1000, 3), round(measured["rtt_s"] * 1000, 3)
+            if joined:
+                self.workers[node] = {
+                    "worker": self._ready[node], "clock_offset_ms": offset_ms, "clock_rtt_ms": rtt_ms,
+                    "clock_rounds": measured["rounds"], "joined_stage": stage.label, "lost": None,
+                    "clock_by_stage": [], "clock_drift_ppm": None,
+                }  # fmt: skip
+                log.info("tailgate: load process %s: clock offset %+.3f ms (RTT %.3f ms)", self._ready[node],
+                         offset_ms, rtt_ms)  # fmt: skip
+            w = self.workers[node]
+            w["clock_offset_ms"], w["clock_rtt_ms"] = offset_ms, rtt_ms
+            history = w.setdefault("clock_by_stage", [])
+            history.append({"stage": stage.label, "t": round(time.time(), 3), "offset_ms": offset_ms, "rtt_ms": rtt_ms})
+            if len(history) > 1 and history[-1]["t"] > history[0]["t"]:
+                span = history[-1]["t"] - history[0]["t"]
+                moved_s = (history[-1]["offset_ms"] - history[0]["offset_ms"]) / 1000
+                w["clock_drift_ppm"] = round(moved_s / span * 1e6, 1)
+        self.meta["workers"] = self.workers
+        write_json(self.folder / RUN_META, self.meta)
+        nodes = [n for n in nodes if n not in self.lost]
+        if not nodes:
+            raise WorkersLost("no load process left")
+        return nodes

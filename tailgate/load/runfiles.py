@@ -1,0 +1,73 @@
+"""What a run writes about itself outside the records: ``run.json``'s opening metadata, a stage's
+accounting of where every planned arrival went, and the whole-file JSON replace both are written with.
+
+Plain functions of the settings and the files, kept apart from the coordinator's greenlets and messages.
+"""
+
+from __future__ import annotations
+
+from locust import __version__ as locust_version
+
+import json
+import os
+import platform
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import tailgate
+from tailgate.load.distributed import WORKER_LOST
+from tailgate.load.options import Settings
+from tailgate.load.plan import Stage
+from tailgate.load.sidecars import server_info
+from tailgate.load.workload import mix_of
+from tailgate.records import read_sent
+
+
+def iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Whole-file replace, so a reader (the live tab, a report) never sees half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def stage_accounting(folder: Path, stage: Stage, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where every planned arrival of a stage went: ``planned = recorded + lost_in_flight + never_sent``.
+
+    ``sent`` is the send journal (written before each send; by the master for workers), so a stopped
+    or broken stage says how much of its plan never went out, not only what was recorded."""
+    sent = {key for key in read_sent(folder) if key[0] == stage.index}
+    keys = {(r.get("stage"), r.get("trace_id")) for r in records}
+    lost = sum(1 for r in records if r.get("error_class") == WORKER_LOST)
+    return {
+        "planned": stage.size, "sent": len(sent), "recorded": len(records) - lost,
+        "lost_in_flight": lost + len(sent - keys), "never_sent": stage.size - len(sent),
+        # the stage did not run as planned: part of it never went out or never came back
+        "ran_short": len(sent) < stage.size or lost + len(sent - keys) > 0,
+    }  # fmt: skip
+
+
+def run_metadata(
+    settings: Settings, run_id: str, started: float, stages: Sequence[Stage], load_processes: int
+) -> dict[str, Any]:
+    """``run.json`` as a run starts: what was asked, of which server, from which versions (its end is added later)."""
+    s = settings
+    measured = s.trace[s.warmup :]
+    return {
+        "run_id": run_id, "arm": s.arm, "config": s.config_label, "host": s.host, "model": s.model,
+        "prometheus_url": s.prometheus_url, "metrics_url": s.metrics_url, "started": iso(started),
+        "ended": None, "status": "running", "stop_reason": None,
+        "trace": {"seed": s.seed, "warmup": s.warmup, "n": s.n, "source": s.trace_source,
+                  "mix": mix_of(measured), "mix_with_warmup": mix_of(s.trace)},
+        "stages_planned": [x.label for x in stages], "ignore_eos": s.ignore_eos,
+        "options": s.public(), "load_processes": load_processes, "workload": s.workload(),
+        "versions": {"tailgate": tailgate.__version__, "locust": locust_version,
+                     "python": platform.python_version()},
+        "load_host": platform.node(), "pid": os.getpid(),
+        "server": server_info(s),
+    }  # fmt: skip
