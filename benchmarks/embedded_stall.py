@@ -138,6 +138,7 @@ def run_mode(mode: str, seconds: float, clients: int, log_dir: Path) -> dict[str
         started = time.monotonic() - t0
         stop = threading.Event()
         results: list[list[float]] = []
+
         def client() -> None:
             results.append(drive(server.base_url, "tiny-llama", stop, 1500, 64))
 

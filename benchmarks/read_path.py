@@ -77,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeat):
             used, chunks = run_once(server.base_url, args.rate, args.n, args.tokens, args.stamp)
             per_chunk.append(used / chunks * 1e6)
-        print(f"read path, {args.stamp} stamp, {args.rate:g} req/s x {args.tokens} chunks: CPU per chunk "
-              f"{' / '.join(f'{v:.1f}' for v in per_chunk)} us (median {statistics.median(per_chunk):.1f})")
+        print(
+            f"read path, {args.stamp} stamp, {args.rate:g} req/s x {args.tokens} chunks: CPU per chunk "
+            f"{' / '.join(f'{v:.1f}' for v in per_chunk)} us (median {statistics.median(per_chunk):.1f})"
+        )
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()

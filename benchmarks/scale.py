@@ -142,9 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     counts = [int(x) for x in str(args.processes).split(",") if x.strip()]
     base = [("this", ROOT)] + [(t.split("=", 1)[0], Path(t.split("=", 1)[1])) for t in args.tree]
-    trees = [
-        (label if counts == [1] else f"{label} p{count}", tree, count) for label, tree in base for count in counts
-    ]
+    trees = [(label if counts == [1] else f"{label} p{count}", tree, count) for label, tree in base for count in counts]
     rates = [float(x) for x in args.rates.split(",") if x.strip()]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="scale-") as tmp:

@@ -140,8 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--truth", type=float, default=0.0, help="the true capacity, when computed before (req/s)")
     p.add_argument("--e2e", action="store_true", help="also one real search through Locust")
     p.add_argument("--e2e-duration", type=float, default=75.0)
-    p.add_argument("--e2e-slowdown", type=float, default=4.0,
-                   help="the end-to-end engine runs this many times slower (capacity / this), to suit one machine")
+    p.add_argument(
+        "--e2e-slowdown",
+        type=float,
+        default=4.0,
+        help="the end-to-end engine runs this many times slower (capacity / this), to suit one machine",
+    )
     p.add_argument("--e2e-only", action="store_true", help="skip the many-seed part")
     p.add_argument("--e2e-min-n", type=int, default=300)
     p.add_argument("--e2e-seed", type=int, default=7)
@@ -180,8 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             widths.append((out.first_fail - out.best) / capacity)
         else:
             unresolved += 1
-        print(f"  search {sum(statuses.values())}/{args.seeds}: [{out.best}, {out.first_fail}] "
-              f"{'holds' if ok else 'MISSES'}", flush=True)
+        print(
+            f"  search {sum(statuses.values())}/{args.seeds}: [{out.best}, {out.first_fail}] "
+            f"{'holds' if ok else 'MISSES'}",
+            flush=True,
+        )
         if not ok:
             print(f"  seed {seed}: bracket [{out.best}, {out.first_fail}] misses {capacity:.3f}; "
                   f"steps {[(s.rate, s.verdict) for s in out.steps]}")  # fmt: skip

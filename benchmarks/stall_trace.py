@@ -68,9 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     if "error" in result:
         sys.stderr.write(f"stall_trace: error: {result['error']}\n")
         return 2
-    print(f"stage {result['stage_s']} s, {result['records']} records; full collections in the stage: "
-          f"{result['full_collections']} {result['full_collection_ms']} ms; generation-1: {result['gen1_collections']} "
-          f"(longest {result['gen1_max_ms']} ms); greenlet turns over the threshold: {result['long_turns']}")
+    print(
+        f"stage {result['stage_s']} s, {result['records']} records; full collections in the stage: "
+        f"{result['full_collections']} {result['full_collection_ms']} ms; generation-1: {result['gen1_collections']} "
+        f"(longest {result['gen1_max_ms']} ms); greenlet turns over the threshold: {result['long_turns']}"
+    )
     print(f"merged (client_coalesced) streams, sent at s: {result['merged_streams_sent_at_s']}")
     for e in result["events"][: args.max_events]:
         if e["kind"] == "gc":

@@ -68,8 +68,7 @@ class _Cells:
             for k, v in self.measured.groupby(["run_dir", "stage"], observed=True).indices.items()
         }
         self.all_index = {
-            (str(k[0]), int(k[1])): v
-            for k, v in records.groupby(["run_dir", "stage"], observed=True).indices.items()
+            (str(k[0]), int(k[1])): v for k, v in records.groupby(["run_dir", "stage"], observed=True).indices.items()
         }
 
     def values(self, row: pd.Series, column: str) -> np.ndarray:
@@ -119,8 +118,12 @@ def _compare(cells: _Cells, a: pd.Series, b: pd.Series, resamples: int, seed: in
         va, vb = cells.values(a, col), cells.values(b, col)
         na, nb = int(np.isfinite(va).sum()), int(np.isfinite(vb).sum())
         if min(na, nb) < MIN_N_P99_CI:
-            out[name] = {"n_a": na, "n_b": nb, "ci": None,
-                         "why_no_ci": f"n = {na} and {nb}; a p99 interval needs at least {MIN_N_P99_CI} per cell"}
+            out[name] = {
+                "n_a": na,
+                "n_b": nb,
+                "ci": None,
+                "why_no_ci": f"n = {na} and {nb}; a p99 interval needs at least {MIN_N_P99_CI} per cell",
+            }
             continue
         d = percentile_difference(va, vb, 99.0, resamples=resamples, seed=seed)
         out[name] = d.as_dict() if d is not None else None

@@ -197,9 +197,7 @@ def chart2_cells(table: pd.DataFrame, decision_rate: float) -> list[tuple[str, p
     return out
 
 
-def chart2(
-    table: pd.DataFrame, decision_rate: float, out_dir: str | Path, name: str = "chart2"
-) -> list[Path]:
+def chart2(table: pd.DataFrame, decision_rate: float, out_dir: str | Path, name: str = "chart2") -> list[Path]:
     """p99 bars per contender at the decision rate: who pays at the door, who pays mid-stream."""
     cells = chart2_cells(table, decision_rate)
     metrics = (
@@ -215,9 +213,7 @@ def chart2(
     for j, (col, label, key) in enumerate(metrics):
         ys = [float(row[col]) if row is not None and pd.notna(row[col]) else np.nan for _, row in cells]
         values += ys
-        bars = ax.bar(
-            x + (j - 1) * width, np.nan_to_num(ys, nan=0.0), width, label=label, color=METRIC_COLORS[key]
-        )
+        bars = ax.bar(x + (j - 1) * width, np.nan_to_num(ys, nan=0.0), width, label=label, color=METRIC_COLORS[key])
         for rect, y in zip(bars, ys, strict=True):
             if np.isfinite(y):
                 ax.annotate(
@@ -245,9 +241,7 @@ def chart2(
         ax.set_ylabel("p99 latency (ms)")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(loc="upper left", fontsize=9)
-    ax.set_title(
-        f"Chart 2 · p99 at the decision point ({rate_text(decision_rate)} req/s) against gated admission"
-    )
+    ax.set_title(f"Chart 2 · p99 at the decision point ({rate_text(decision_rate)} req/s) against gated admission")
     return _save(fig, Path(out_dir), name)
 
 
@@ -267,9 +261,7 @@ def _stage_records(records: pd.DataFrame, stage: pd.Series) -> pd.DataFrame:
     return rec.loc[rec["stage"] == stage["stage"]]
 
 
-def _binned(
-    s: pd.DataFrame, t0: float, max_points: int = MAX_SERIES_POINTS
-) -> tuple[pd.DataFrame, float | None]:
+def _binned(s: pd.DataFrame, t0: float, max_points: int = MAX_SERIES_POINTS) -> tuple[pd.DataFrame, float | None]:
     """Series on at most ``max_points`` time bins: gauges keep each bin's peak, increments their sum.
 
     A long stage sampled every second has tens of thousands of points, more than a chart has
@@ -289,9 +281,7 @@ def _binned(
     return out.reset_index(drop=True), float(edges[1] - edges[0])
 
 
-def _server_panels(
-    axes: Sequence[Axes], top: Axes, s: pd.DataFrame, t0: float, t1: float, source: str
-) -> None:
+def _server_panels(axes: Sequence[Axes], top: Axes, s: pd.DataFrame, t0: float, t1: float, source: str) -> None:
     s, width = _binned(s, t0)
     tt = s["t"].to_numpy(dtype=float)
     src = f"  [{source}]" if source else ""

@@ -28,9 +28,7 @@ def _parser() -> _Parser:
         prog=PROG,
         description="Table, charts, diagnosis and a self-contained HTML report from a results folder.",
     )
-    p.add_argument(
-        "results_dir", metavar="RESULTS_DIR", help="a run folder, or a suite folder of run folders"
-    )
+    p.add_argument("results_dir", metavar="RESULTS_DIR", help="a run folder, or a suite folder of run folders")
     p.add_argument("--out", metavar="DIR", help="where to write the report (default: RESULTS_DIR/report)")
     p.add_argument(
         "--prometheus-url",
@@ -72,9 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tailgate.postprocess.report import build_report
 
     try:
-        paths = build_report(
-            args.results_dir, out_dir=args.out, prometheus_url=url, decision_rate=args.decision_rate
-        )
+        paths = build_report(args.results_dir, out_dir=args.out, prometheus_url=url, decision_rate=args.decision_rate)
     except ResultsError as e:
         return _fail(str(e))
     except OSError as e:

@@ -66,9 +66,7 @@ MAX_LISTED = 100
 # the five questions
 
 
-def _q1_admission(
-    table: pd.DataFrame, cells: _Cells, rate: float | None, resamples: int, seed: int
-) -> dict[str, Any]:
+def _q1_admission(table: pd.DataFrame, cells: _Cells, rate: float | None, resamples: int, seed: int) -> dict[str, Any]:
     ev: dict[str, Any] = {"gated_vs_continuous": [], "ramp": []}
     lines = []
     gated_hit = overload_hit = False
@@ -95,9 +93,7 @@ def _q1_admission(
             "bootstrap": _compare(cells, ref, g, resamples, seed),
         }
         ev["gated_vs_continuous"].append(item)
-        hit = (item["ttft_p50_ratio"] or 0) >= ADMISSION_TTFT_RATIO and (
-            item["gap_p99_ratio"] or 9
-        ) <= FLAT_GAP_RATIO
+        hit = (item["ttft_p50_ratio"] or 0) >= ADMISSION_TTFT_RATIO and (item["gap_p99_ratio"] or 9) <= FLAT_GAP_RATIO
         gated_hit |= hit
         lines.append(
             f"{g['cell']} vs {ref['cell']}: TTFT p50 {_ms(g['ttft_p50'])} vs {_ms(ref['ttft_p50'])} "
@@ -129,8 +125,11 @@ def _q1_admission(
         )
     said = []
     if gated_hit:
-        g = next(i for i in ev["gated_vs_continuous"]
-                 if (i["ttft_p50_ratio"] or 0) >= ADMISSION_TTFT_RATIO and (i["gap_p99_ratio"] or 9) <= FLAT_GAP_RATIO)
+        g = next(
+            i
+            for i in ev["gated_vs_continuous"]
+            if (i["ttft_p50_ratio"] or 0) >= ADMISSION_TTFT_RATIO and (i["gap_p99_ratio"] or 9) <= FLAT_GAP_RATIO
+        )
         said.append(f"{g['gated']} TTFT p50 {_x(g['ttft_p50_ratio'])} {g['continuous']}'s, worst-gap p99 "
                     f"{_x(g['gap_p99_ratio'])}")  # fmt: skip
     if overload_hit:
@@ -138,9 +137,13 @@ def _q1_admission(
                  and (i["gap_p99_growth"] or 9) < OVERLOAD_FLAT_GAP_GROWTH)  # fmt: skip
         said.append(f"{r['config']} ramp TTFT p99 {_x(r['ttft_p99_growth'])}, worst-gap p99 {_x(r['gap_p99_growth'])}")
     if said:
-        verdict = "yes: " + "; ".join(said) + (
-            f" (thresholds: TTFT ≥ {ADMISSION_TTFT_RATIO:g}× gated or ≥ {OVERLOAD_TTFT_GROWTH:g}× over the ramp, "
-            f"gap ≤ {FLAT_GAP_RATIO:g}× / < {OVERLOAD_FLAT_GAP_GROWTH:g}×)"
+        verdict = (
+            "yes: "
+            + "; ".join(said)
+            + (
+                f" (thresholds: TTFT ≥ {ADMISSION_TTFT_RATIO:g}× gated or ≥ {OVERLOAD_TTFT_GROWTH:g}× over the ramp, "
+                f"gap ≤ {FLAT_GAP_RATIO:g}× / < {OVERLOAD_FLAT_GAP_GROWTH:g}×)"
+            )
         )
     elif not ev["gated_vs_continuous"] and not ev["ramp"]:
         verdict = "unknown: no gated cell and no rate ramp to compare"
@@ -272,6 +275,7 @@ def _q3_chunked(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -
     if not rates:
         verdict = "not measured: no rate has both chunked prefill on and off"
     elif clear:
+
         def one(i: Mapping[str, Any]) -> str:
             g = i["bootstrap"]["gap_p99"] or {}
             if i["interval"]:
@@ -279,16 +283,14 @@ def _q3_chunked(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -
                         f"[{g['ci_low']:+.1f}, {g['ci_high']:+.1f}] ms)")  # fmt: skip
             return f"{i['gap_p99_ratio']:.2f}× at {rate_text(i['rate'])} req/s (n = {g.get('n_a')}, {g.get('n_b')})"
 
-        lead = "yes" if any(i["interval"] for i in clear) else (
-            f"yes by the point values only (fewer than {MIN_N_P99_CI} requests per cell: no interval)"
+        lead = (
+            "yes"
+            if any(i["interval"] for i in clear)
+            else (f"yes by the point values only (fewer than {MIN_N_P99_CI} requests per cell: no interval)")
         )
         verdict = f"{lead}: chunked prefill off multiplies the worst-gap p99 by " + "; ".join(one(i) for i in clear)
         if len(clear) < len(rates):
-            verdict += (
-                "; not at "
-                + ", ".join(rate_text(i["rate"]) for i in ev["by_rate"] if i["small"])
-                + " req/s"
-            )
+            verdict += "; not at " + ", ".join(rate_text(i["rate"]) for i in ev["by_rate"] if i["small"]) + " req/s"
     else:
         ratios = ", ".join(f"{_x(i['gap_p99_ratio'])} at {rate_text(i['rate'])} req/s" for i in ev["by_rate"])
         verdict = (f"no difference resolved: worst-gap p99 off/on {ratios} (under {SMALL_RATIO:g}× or an "
@@ -387,7 +389,8 @@ def _q4_preemption(table: pd.DataFrame, cells: _Cells, series: pd.DataFrame | No
             if i["moved"]
         ]
         verdict = (
-            "yes: the counter rose in " + ", ".join(moved)
+            "yes: the counter rose in "
+            + ", ".join(moved)
             + "; preemption is fixed with KV headroom or max_num_seqs, not batching"
         )
     elif unknown_all:
@@ -397,9 +400,7 @@ def _q4_preemption(table: pd.DataFrame, cells: _Cells, series: pd.DataFrame | No
     return {"evidence": ev, "verdict": verdict, "lines": lines}
 
 
-def _q5_mix(
-    records: pd.DataFrame, run_meta: Mapping[str, Mapping[str, Any]] | None, cells: _Cells
-) -> dict[str, Any]:
+def _q5_mix(records: pd.DataFrame, run_meta: Mapping[str, Mapping[str, Any]] | None, cells: _Cells) -> dict[str, Any]:
     ev: dict[str, Any] = {"runs": {}}
     mixes = []
     for name, meta in (run_meta or {}).items():
@@ -423,17 +424,13 @@ def _q5_mix(
             total[k] = total.get(k, 0) + v
     prompts = sorted({int(k.split("→")[0]) for k in total})
     n = sum(total.values())
-    shares = ", ".join(
-        f"{k} {v / n:.0%}" for k, v in sorted(total.items(), key=lambda kv: int(kv[0].split("→")[0]))
-    )
+    shares = ", ".join(f"{k} {v / n:.0%}" for k, v in sorted(total.items(), key=lambda kv: int(kv[0].split("→")[0])))
     ev["prompt_classes"] = prompts
     ev["combined"] = total
     distinct = len({tuple(sorted(m.items())) for m in mixes})
     line = f"Prompt→max-token classes ({source}, all runs): {shares}."
     if len(mixes) > 1:
-        line += " " + (
-            "Every run used the same mix." if distinct == 1 else f"{distinct} different mixes across runs."
-        )
+        line += " " + ("Every run used the same mix." if distinct == 1 else f"{distinct} different mixes across runs.")
     if len(prompts) >= 2 and prompts[-1] >= 5 * prompts[0]:
         verdict = f"yes: mixed-length ({len(prompts)} prompt classes, {prompts[0]}–{prompts[-1]} tokens)"
     elif len(prompts) >= 2:

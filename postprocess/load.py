@@ -128,9 +128,7 @@ def find_run_dirs(results_dir: str | Path) -> list[RunDir]:
         # hidden folders hold set-aside incomplete runs; report/ is our own output
         candidates = [(p, p.name) for p in children if not p.name.startswith(".") and _is_run_dir(p)]
     if not candidates:
-        raise ResultsError(
-            f"{root} holds no runs (no run.json or summary-*.json in it or in its immediate subfolders)"
-        )
+        raise ResultsError(f"{root} holds no runs (no run.json or summary-*.json in it or in its immediate subfolders)")
     runs = []
     for path, name in candidates:
         meta = _read_contract(RunMeta, path / RUN_META)
@@ -207,9 +205,7 @@ def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
         if col not in df.columns:
             df[col] = np.nan
     df["rate_or_batch"] = pd.to_numeric(df["rate_or_batch"], errors="coerce")
-    df["cell"] = [
-        cell_name(c, a, r) for c, a, r in zip(df["config"], df["arm"], df["rate_or_batch"], strict=True)
-    ]
+    df["cell"] = [cell_name(c, a, r) for c, a, r in zip(df["config"], df["arm"], df["rate_or_batch"], strict=True)]
     if "prompts" in df.columns:  # another prompt source at the same cell: its name says which
         other = df["prompts"].notna() & (df["prompts"].astype(str) != "seed")
         df.loc[other, "cell"] = df.loc[other, "cell"] + "+" + df.loc[other, "prompts"].astype(str)
@@ -289,8 +285,10 @@ def read_records_file(path: str | Path) -> tuple[pd.DataFrame, int]:
     never guessed at.
     """
     rows, bad = _parse_lines(Path(path).read_bytes())
-    frame = pd.DataFrame.from_records(rows, columns=list(RECORD_COLUMNS)) if rows else pd.DataFrame(
-        columns=list(RECORD_COLUMNS)
+    frame = (
+        pd.DataFrame.from_records(rows, columns=list(RECORD_COLUMNS))
+        if rows
+        else pd.DataFrame(columns=list(RECORD_COLUMNS))
     )
     return _normalise(frame), bad
 
@@ -345,9 +343,7 @@ def _journal_lost(run: RunDir, frame: pd.DataFrame) -> dict[str, Any] | None:
     except ImportError:
         return None
     ok = frame["stage"].notna() & frame["trace_id"].notna()
-    pairs = zip(
-        frame.loc[ok, "stage"].astype("int64"), frame.loc[ok, "trace_id"].astype("int64"), strict=True
-    )
+    pairs = zip(frame.loc[ok, "stage"].astype("int64"), frame.loc[ok, "trace_id"].astype("int64"), strict=True)
     return lost_in_flight(run.path, recorded=pairs)
 
 
@@ -382,8 +378,13 @@ def _one_per_request(frame: pd.DataFrame) -> pd.DataFrame:
         return frame
     lost = (frame["error_class"] == "worker_lost") if "error_class" in frame.columns else False
     order = pd.Series(lost, index=frame.index).astype(int)
-    return frame.assign(_lost=order).sort_values("_lost", kind="stable").drop_duplicates(cols).sort_index().drop(
-        columns="_lost")
+    return (
+        frame.assign(_lost=order)
+        .sort_values("_lost", kind="stable")
+        .drop_duplicates(cols)
+        .sort_index()
+        .drop(columns="_lost")
+    )
 
 
 def read_records_frame(run: RunDir, parsed: Sequence[tuple[pd.DataFrame, int]] | None = None) -> RecordsLoad:

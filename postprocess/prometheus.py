@@ -54,9 +54,7 @@ DISAGREE_TOLERANCE = 0.5
 # counter arithmetic (pure)
 
 
-def _clean(
-    times: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def _clean(times: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     t = np.asarray(times, dtype=float)
     v = np.asarray(values, dtype=float)
     if t.shape != v.shape:
@@ -268,9 +266,7 @@ class PrometheusSource:
         raw = self.range_frame(PREEMPTION_METRIC, start, end, step)
         if len(raw):
             raw = raw.sort_values(["series", "t"], kind="stable")
-            raw["inc"] = np.concatenate(
-                [counter_increments(g["value"].to_numpy()) for _, g in raw.groupby("series")]
-            )
+            raw["inc"] = np.concatenate([counter_increments(g["value"].to_numpy()) for _, g in raw.groupby("series")])
             cols["preemptions_inc"] = raw.groupby("t")["inc"].sum()
         elif "preemptions_total" in cols:
             cols["preemptions_inc"] = pd.Series(
@@ -510,9 +506,7 @@ def collect_server_data(
                 prom_value = increase_from_increments(
                     saved_series["t"], saved_series["preemptions_inc"].fillna(0.0), start, end
                 )
-                prom_note = (
-                    f"from the saved {SERIES_FILE}" if prom_value is not None else "saved series too short"
-                )
+                prom_note = f"from the saved {SERIES_FILE}" if prom_value is not None else "saved series too short"
             direct_value, direct_from = _direct_delta(row, server)
             if prom_value is not None:
                 chosen = PROMETHEUS
@@ -535,9 +529,7 @@ def collect_server_data(
                     "preemptions_direct_from": direct_from,
                     "preemptions_source": chosen,
                     "preemptions_disagree": bool(disagree),
-                    "preemptions_note": _stage_note(
-                        prom_value, prom_note, direct_value, direct_from, disagree, url
-                    ),
+                    "preemptions_note": _stage_note(prom_value, prom_note, direct_value, direct_from, disagree, url),
                     "preemptions": prom_value if prom_value is not None else direct_value,
                     "prefix_cache_hit_rate_prometheus": prom_hit_rate,
                 }
@@ -557,11 +549,7 @@ def collect_server_data(
     if not any(s != NONE for s in run_source.values()):
         notes.append("no server series: neither Prometheus nor server-metrics.jsonl")
     pre = pd.DataFrame(rows)
-    series = (
-        pd.concat(all_series, ignore_index=True)
-        if all_series
-        else _empty_series().assign(run_dir="", source="")
-    )
+    series = pd.concat(all_series, ignore_index=True) if all_series else _empty_series().assign(run_dir="", source="")
     return ServerData(pre, series, run_source, notes, saved)
 
 

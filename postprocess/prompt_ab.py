@@ -46,8 +46,13 @@ def prompt_ab(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -> 
         }  # fmt: skip
         items.append(item)
         hit = item["prefix_hit_rate"]
-        hits = "" if hit[0] is None and hit[1] is None else (
-            " (prefix-cache hit rate " + " vs ".join("n/a" if h is None else f"{100 * h:.0f}%" for h in hit) + ")")
+        hits = (
+            ""
+            if hit[0] is None and hit[1] is None
+            else (
+                " (prefix-cache hit rate " + " vs ".join("n/a" if h is None else f"{100 * h:.0f}%" for h in hit) + ")"
+            )
+        )
         lines.append(
             f"{config} at {rate_text(rate)} req/s: worst-gap p99 {_ms(a['gap_p99'])} seed vs {_ms(b['gap_p99'])} "
             f"{b['prompts']} ({_x(ratio)}; {_ci_text(boot['gap_p99'])}); TTFT p99 {_x(item['ttft_p99_ratio'])} "

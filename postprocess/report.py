@@ -146,16 +146,16 @@ def _data_notes(
     for run in runs:
         status = run.meta.get("status")
         if status == "running" and coordinator_gone(run.meta):
-            notes.append(f"{run.name}: run.json status is 'running' but its coordinator died mid-run (process "
-                         f"{run.meta.get('pid')} on {run.meta.get('load_host')} is gone); stages without a summary "
-                         "are computed from the records, workers' unreported files included")
+            notes.append(
+                f"{run.name}: run.json status is 'running' but its coordinator died mid-run (process "
+                f"{run.meta.get('pid')} on {run.meta.get('load_host')} is gone); stages without a summary "
+                "are computed from the records, workers' unreported files included"
+            )
         elif status and status != "completed":
             notes.append(f"{run.name}: run.json status is {status!r}")
         if not run.meta:
             notes.append(f"{run.name}: no run.json; configuration taken from the summaries")
-    derived = summaries.loc[
-        summaries.get("summary_source", pd.Series(dtype=str)) == "records", "cell"
-    ].tolist()
+    derived = summaries.loc[summaries.get("summary_source", pd.Series(dtype=str)) == "records", "cell"].tolist()
     if derived:
         notes.append("summaries recomputed from records (no summary file): " + ", ".join(derived))
     notes += short_stage_notes(summaries)
@@ -165,9 +165,7 @@ def _data_notes(
         detail = ""
         if len(by_class) and isinstance(by_class.iloc[0], Mapping):
             detail = " (" + ", ".join(f"{k} {v}" for k, v in by_class.iloc[0].items()) + ")"
-        notes.append(
-            f"{row['cell']}: {int(row['errors'])} failed request(s){detail}, excluded from percentiles"
-        )
+        notes.append(f"{row['cell']}: {int(row['errors'])} failed request(s){detail}, excluded from percentiles")
     reset = summaries.get("preemption_counter_reset", pd.Series(dtype=object)).map(lambda v: v is True)
     for _, row in summaries.loc[reset.reindex(summaries.index, fill_value=False)].iterrows():
         notes.append(
@@ -259,9 +257,7 @@ def _chart_jobs(analysis: Analysis, out: Path) -> list[tuple[str, Callable[[], l
         series = analysis.server.series
         series = series.loc[series["run_dir"] == run] if len(series) else None
         source = analysis.server.sources.get(run, NONE)
-        jobs.append(
-            (name, partial(charts.chart3, analysis.records, series, row, out, name, series_source=source))
-        )
+        jobs.append((name, partial(charts.chart3, analysis.records, series, row, out, name, series_source=source)))
     return jobs
 
 
@@ -439,6 +435,4 @@ def build_report(
     html_path = out / REPORT_HTML
     sections = [slo.html] if slo is not None else []
     html_path.write_text(render_report_html(analysis, chart_paths, findings, sections), encoding="utf-8")
-    return ReportPaths(
-        out, html_path, md, csv_path, diag, chart_paths, list(analysis.server.saved), analysis.notes
-    )
+    return ReportPaths(out, html_path, md, csv_path, diag, chart_paths, list(analysis.server.saved), analysis.notes)

@@ -157,8 +157,11 @@ def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> dict[str, Any
     prefill = bool(att and att.get("share") is not None
                    and att["share"] >= 0.5 and att["share"] >= 3 * (att.get("share_by_chance") or 0.0))  # fmt: skip
     tg, gg = ev.get("ttft_p99_growth"), ev.get("gap_p99_growth")
-    admission = queued_all or queue_stop or not_sustained or (
-        tg is not None and tg >= OVERLOAD_TTFT_GROWTH and (gg or 0) < FLAT_GAP_RATIO * TTFT_FLAT_GROWTH
+    admission = (
+        queued_all
+        or queue_stop
+        or not_sustained
+        or (tg is not None and tg >= OVERLOAD_TTFT_GROWTH and (gg or 0) < FLAT_GAP_RATIO * TTFT_FLAT_GROWTH)
     )
     gaps_grew = gg is not None and gg >= GAP_GROWTH and (tg or 0) < OVERLOAD_TTFT_GROWTH
     binding = str(at.get("binding") or "")
@@ -302,18 +305,23 @@ def recommendation(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
         lows = sorted(rows, key=lambda r: -(brackets[r["config"]] or (0.0, 0.0))[0])
         top = lows[0]
         tb = brackets[top["config"]]
-        clear = tb is not None and not open_ and all(
-            (brackets[r["config"]] or (0.0, math.inf))[1] <= tb[0] for r in rows if r is not top
+        clear = (
+            tb is not None
+            and not open_
+            and all((brackets[r["config"]] or (0.0, math.inf))[1] <= tb[0] for r in rows if r is not top)
         )
         if not clear:
-            why = (f"{', '.join(open_)} did not close a bracket" if open_ else "their capacity brackets overlap")
+            why = f"{', '.join(open_)} did not close a bracket" if open_ else "their capacity brackets overlap"
             return (f"Not distinguishable at this n; run longer (more requests per probe, or a finer --resolution "
                     f"where the brackets meet): {why}. Capacity brackets under {slo}: {shown}.")  # fmt: skip
     else:
         top = rows[0]
         tb = brackets[top["config"]]
-    reach = (f"at every rate probed, up to {_rate(top['best_rate'])} req/s (the capacity may be higher)"
-             if top["status"] == "max_rate" else f"up to {_rate(top['best_rate'])} req/s")
+    reach = (
+        f"at every rate probed, up to {_rate(top['best_rate'])} req/s (the capacity may be higher)"
+        if top["status"] == "max_rate"
+        else f"up to {_rate(top['best_rate'])} req/s"
+    )
     text = f"Run {top['config']} ({top['flags']}): it met {slo} {reach}. "
     if len(rows) > 1:
         text += f"Its capacity bracket lies above every other configuration's ({shown}). "

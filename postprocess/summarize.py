@@ -157,12 +157,8 @@ def summaries_from_records(
                 "warmup_rule": rule,
                 "errors_by_class": dict(sorted(classes.get(tuple(key), {}).items())),
                 **{pr.key: _r1(row[pr.key]) for pr in PERCENTILE_RULES if pr.key not in SEED_SUMMARY_KEYS},
-                "achieved_rate": None
-                if pd.isna(row["achieved_rate"])
-                else round(float(row["achieved_rate"]), 3),
-                "completion_tokens": int(row["completion_tokens"])
-                if pd.notna(row["completion_tokens"])
-                else 0,
+                "achieved_rate": None if pd.isna(row["achieved_rate"]) else round(float(row["achieved_rate"]), 3),
+                "completion_tokens": int(row["completion_tokens"]) if pd.notna(row["completion_tokens"]) else 0,
                 "client_coalesced_streams": int(row["client_coalesced_streams"])
                 if pd.notna(row["client_coalesced_streams"])
                 else 0,

@@ -86,8 +86,18 @@ def summary_table(summaries: pd.DataFrame, preemptions: pd.DataFrame | None = No
 def _fmt(column: str, value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    if column in ("n", "errors", "sent", "lost_in_flight", "stage", "warmup", "planned", "recorded", "never_sent",
-                  "client_coalesced_streams"):
+    if column in (
+        "n",
+        "errors",
+        "sent",
+        "lost_in_flight",
+        "stage",
+        "warmup",
+        "planned",
+        "recorded",
+        "never_sent",
+        "client_coalesced_streams",
+    ):
         return str(int(value))
     if column.startswith("prefix_") and "hit_rate" in column and isinstance(value, (int, float, np.floating)):
         return f"{100 * float(value):.1f}%"

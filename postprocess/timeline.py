@@ -71,9 +71,9 @@ def prefill_attribution(stage: pd.DataFrame) -> dict[str, Any] | None:
     hit = live & _overlaps(g_end - gap / 1000.0, g_end, windows)
     cover = np.zeros(len(ok))
     span = np.where(valid, last - first, 1.0)
-    cover[valid] = (
-        _covered_until(last[valid], ms, me, before) - _covered_until(first[valid], ms, me, before)
-    ) / (span[valid])
+    cover[valid] = (_covered_until(last[valid], ms, me, before) - _covered_until(first[valid], ms, me, before)) / (
+        span[valid]
+    )
     n_live = int(live.sum())
     return {
         "big_prompt_min_tokens": int(prompt[big].min()),
@@ -82,9 +82,7 @@ def prefill_attribution(stage: pd.DataFrame) -> dict[str, Any] | None:
         "share": round(float(hit.sum() / n_live), 3) if n_live else None,
         "share_by_chance": round(float(cover[live].mean()), 3) if n_live else None,
         "median_worst_gap_inside_ms": round(float(np.median(gap[hit])), 1) if hit.any() else None,
-        "median_worst_gap_other_ms": round(float(np.median(gap[valid & ~hit])), 1)
-        if (valid & ~hit).any()
-        else None,
+        "median_worst_gap_other_ms": round(float(np.median(gap[valid & ~hit])), 1) if (valid & ~hit).any() else None,
     }
 
 

@@ -77,8 +77,11 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nochunk-rates", default="",
                    help=f"chunked-prefill-off arm rates (default {rates_text(DEFAULTS['nochunk_rates'])}; "
                         "'none' skips)")  # fmt: skip
-    p.add_argument("--preempt-rate", default="",
-                   help=f"rate of the small-KV-pool cell (default {DEFAULTS['preempt_rate']:g}; 'none' skips)")
+    p.add_argument(
+        "--preempt-rate",
+        default="",
+        help=f"rate of the small-KV-pool cell (default {DEFAULTS['preempt_rate']:g}; 'none' skips)",
+    )
     p.add_argument(
         "--preempt-flags",
         default="",
@@ -96,22 +99,41 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus-url", default="", help="a Prometheus scraping the server (compose: :9090)")
     p.add_argument("--compose-file", action="append", default=[], help="compose file(s) (default docker-compose.yml)")
     p.add_argument("--compose-service", default="vllm")
-    p.add_argument("--nochunk-compose-file", default="docker-compose.nochunk.yml",
-                   help="override file whose vllm command turns chunked prefill off")
-    p.add_argument("--preempt-compose-file", default="docker-compose.preempt.yml",
-                   help="override file whose vllm command has the small KV pool of the preemption cell")
+    p.add_argument(
+        "--nochunk-compose-file",
+        default="docker-compose.nochunk.yml",
+        help="override file whose vllm command turns chunked prefill off",
+    )
+    p.add_argument(
+        "--preempt-compose-file",
+        default="docker-compose.preempt.yml",
+        help="override file whose vllm command has the small KV pool of the preemption cell",
+    )
     p.add_argument("--locust-arg", action="append", default=[], help="extra option for every Locust run")
-    p.add_argument("--prompts", default="seed",
-                   help="prompt source(s), comma-separated: seed, unique, dataset, prefix; two or more run every "
-                   "open-loop cell once per source on the same arrival schedule (a paired A/B in the report)")
-    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
-                   help="completions or chat completions (streamed, usage in both)")
-    p.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson",
-                   help="open-loop arrival process (gamma: --burstiness; a trace: "
-                   "--locust-arg=--arrival-trace=F with --no-gated)")
+    p.add_argument(
+        "--prompts",
+        default="seed",
+        help="prompt source(s), comma-separated: seed, unique, dataset, prefix; two or more run every "
+        "open-loop cell once per source on the same arrival schedule (a paired A/B in the report)",
+    )
+    p.add_argument(
+        "--endpoint",
+        choices=("completions", "chat"),
+        default="completions",
+        help="completions or chat completions (streamed, usage in both)",
+    )
+    p.add_argument(
+        "--arrivals",
+        choices=("poisson", "gamma"),
+        default="poisson",
+        help="open-loop arrival process (gamma: --burstiness; a trace: --locust-arg=--arrival-trace=F with --no-gated)",
+    )
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma arrivals: shape of the gaps (<1 burstier)")
-    p.add_argument("--configs", default="chunked,nochunk,preempt",
-                   help="server configurations to run; with --server url, the one the server has now")
+    p.add_argument(
+        "--configs",
+        default="chunked,nochunk,preempt",
+        help="server configurations to run; with --server url, the one the server has now",
+    )
     p.add_argument("--no-report", action="store_true", help="skip the report at the end")
     p.add_argument("--placement", choices=("isolated", "shared"), default="isolated",
                    help="local server: 'isolated' keeps it off the first core, nices its autogroup and runs Locust "
@@ -334,6 +356,7 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
     except OptionError as e:
         return usage_error(prog, str(e))
     from tailgate.runner import signal_guard
+
     if args.server == "compose":
         from tailgate.servers import ComposeSetupError
 

@@ -285,8 +285,10 @@ class Order(Contract):
             ):
                 items.append(OrderItem(*raw))
                 continue
-            expected = ("[trace_id int, prompt_tokens int, max_tokens int, offset_s float, batch int or null"
-                        "(, [text, messages, tokens])]")
+            expected = (
+                "[trace_id int, prompt_tokens int, max_tokens int, offset_s float, batch int or null"
+                "(, [text, messages, tokens])]"
+            )
             raise ContractError(f"{where}order item {i} should be {expected}, got {_show(raw)}")
         OrderConfig.from_dict(order.config, source=f"{source or 'order'} config")
         return replace(order, items=items)

@@ -624,7 +624,7 @@ def test_cpu_overrides_only_add_their_flags(cpu_services, config):
     base = _command(cpu_services["vllm"])
     override = _command(_load_yaml(CPU_OVERRIDES[config])["services"]["vllm"])
     added = CPU_ADDED[config]
-    assert override[len(override) - len(added):] == added
+    assert override[len(override) - len(added) :] == added
     rest = override[: len(override) - len(added)]
     if config == "preempt":  # the small pool needs a context that fits it; nothing else differs
         assert _flag_value(rest, "--max-model-len") == "7600"

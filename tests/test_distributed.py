@@ -382,7 +382,6 @@ def test_kill9_worker_mid_stage_ends_within_deadline(cluster: Cluster, tmp_path:
     assert len(cluster.server_log()["requests"]) == s["sent"]
 
 
-
 @needs_root
 def test_worker_loss_stops_the_run_when_asked(cluster: Cluster, tmp_path: Path) -> None:
     """``--on-worker-loss stop``: the stage with the loss is summarized, accounted, and the run ends there."""
@@ -442,6 +441,7 @@ def test_kill9_of_a_local_worker_process_does_not_hang(tmp_path: Path) -> None:
     assert len(s["workers_lost"]) == 1
     run = json.loads((results / "run.json").read_text())
     assert run["status"] == "completed" and len(run["workers_lost"]) == 1
+
 
 WORKER_FAILS = """
 import json, sys, gevent

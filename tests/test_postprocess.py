@@ -75,9 +75,7 @@ def test_fixture_is_small_and_reproducible(tmp_path: Path) -> None:
     stale = "the fixture is out of date with its generator: run python tests/fixtures/make_fixture.py"
     for p in FIXTURE.rglob("*"):
         if p.is_file():
-            assert (tmp_path / "again" / p.relative_to(FIXTURE)).read_bytes() == p.read_bytes(), (
-                f"{p}: {stale}"
-            )
+            assert (tmp_path / "again" / p.relative_to(FIXTURE)).read_bytes() == p.read_bytes(), f"{p}: {stale}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,9 +164,7 @@ def test_records_reader_equals_line_by_line_json(path: Path) -> None:
         "worst_gap_end_s",
         "chunks",
     ):
-        np.testing.assert_array_equal(
-            fast[col].to_numpy(dtype=float), ref[col].to_numpy(dtype=float), err_msg=col
-        )
+        np.testing.assert_array_equal(fast[col].to_numpy(dtype=float), ref[col].to_numpy(dtype=float), err_msg=col)
     assert fast["ignore_eos"].tolist() == ref["ignore_eos"].tolist()
     assert fast["stage_label"].astype(str).tolist() == ref["stage_label"].tolist()
     assert fast["error_class"].astype(object).where(fast["error_class"].notna(), None).tolist() == [
@@ -195,9 +191,7 @@ def test_reader_falls_back_for_lines_it_cannot_take(tmp_path: Path) -> None:
     assert len(df) == len(lines) - 2
     assert set(df["run_id"].astype(str)) == {"2026-08-04T08:00:00Z"}
     chunks = tmp_path / "records-y-1.jsonl"
-    chunks.write_text(
-        "\n".join(json.dumps({**json.loads(x), "chunk_offsets_ms": [1.0, 2.0]}) for x in lines) + "\n"
-    )
+    chunks.write_text("\n".join(json.dumps({**json.loads(x), "chunk_offsets_ms": [1.0, 2.0]}) for x in lines) + "\n")
     df2, bad2 = read_records_file(chunks)
     assert (bad2, len(df2)) == (0, len(lines))
 
@@ -440,8 +434,7 @@ def test_diagnosis_is_deterministic_and_says_small_effects_plainly() -> None:
     summaries = pd.DataFrame(summaries_from_records(records))
     summaries["config"] = summaries["run_dir"].map({"on": "chunked", "off": "nochunk"})
     summaries["cell"] = [
-        cell_name(c, "continuous", r)
-        for c, r in zip(summaries["config"], summaries["rate_or_batch"], strict=True)
+        cell_name(c, "continuous", r) for c, r in zip(summaries["config"], summaries["rate_or_batch"], strict=True)
     ]
     a = diagnose(summaries, records)
     b = diagnose(summaries, records)
@@ -587,8 +580,11 @@ def test_question_2_says_when_gaps_inside_long_prefills_were_shorter() -> None:
         for i in range(60):
             t = base + i
             big_gap = 0.1 * (1 + stage)
-            clear = [e for e in (0.5, 2.5, 4.5)  # a gap end whose interval touches no long prefill
-                     if not any(w - 0.05 <= i + e and i + e - big_gap <= w + 2.05 for w in (10.0, 30.0, 50.0))]
+            clear = [
+                e
+                for e in (0.5, 2.5, 4.5)  # a gap end whose interval touches no long prefill
+                if not any(w - 0.05 <= i + e and i + e - big_gap <= w + 2.05 for w in (10.0, 30.0, 50.0))
+            ]
             inside = i % 3 == 0 and any(w <= i + 2.5 <= w + 2.0 for w in (10.0, 30.0, 50.0))
             if not inside and not clear:
                 continue

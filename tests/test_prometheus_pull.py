@@ -103,9 +103,7 @@ def test_increase_of_a_monotone_counter_is_last_minus_first(steps: list[int]) ->
 
 
 @given(
-    st.lists(
-        st.lists(st.integers(min_value=0, max_value=4), min_size=1, max_size=10), min_size=1, max_size=5
-    ),
+    st.lists(st.lists(st.integers(min_value=0, max_value=4), min_size=1, max_size=10), min_size=1, max_size=5),
 )
 def test_increase_across_resets_is_the_sum_of_segments(segments: list[list[int]]) -> None:
     # each segment is a fresh process whose counter starts from 0
@@ -187,9 +185,7 @@ class FakePrometheus:
             values = [[t, repr(v)] for t, v in sorted(totals.items())]
             return {"resultType": "matrix", "result": [{"metric": {}, "values": values}]}
         result = [
-            {"metric": labels, "values": [[t, repr(v)] for t, v in points]}
-            for labels, points in per_series
-            if points
+            {"metric": labels, "values": [[t, repr(v)] for t, v in points]} for labels, points in per_series if points
         ]
         return {"resultType": "matrix", "result": result}
 
@@ -359,10 +355,7 @@ def test_unreachable_prometheus_falls_back_and_says_so(results: Path) -> None:
     assert table["preemptions_prometheus"].isna().all()
     diagnosis = json.loads(paths.diagnosis_json.read_text())
     assert any("did not answer" in n for n in diagnosis["notes"])
-    assert any(
-        n.startswith("no Prometheus data: preemption deltas from direct /metrics scrapes")
-        for n in paths.notes
-    )
+    assert any(n.startswith("no Prometheus data: preemption deltas from direct /metrics scrapes") for n in paths.notes)
     html = paths.html.read_text()
     assert "did not answer" in html and "direct /metrics scrapes" in html
     assert not (results / "preempt" / SERIES_FILE).exists()

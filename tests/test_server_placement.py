@@ -17,8 +17,10 @@ import pytest
 from tailgate.load.processes import set_realtime
 from tailgate.servers.local import LocalVllmServer, server_cpus
 
-REPORT = "import json, os; print(json.dumps({'nice': os.nice(0), 'cpus': sorted(os.sched_getaffinity(0)), " \
+REPORT = (
+    "import json, os; print(json.dumps({'nice': os.nice(0), 'cpus': sorted(os.sched_getaffinity(0)), "
     "'autogroup': open('/proc/self/autogroup').read().strip() if os.path.exists('/proc/self/autogroup') else None}))"
+)
 
 
 def test_server_cpus_leave_the_first_core() -> None:
@@ -38,7 +40,12 @@ def test_environment_binds_openmp_to_the_server_cores(tmp_path: Path) -> None:
 def test_child_gets_the_nice_value_its_autogroup_and_its_cores(tmp_path: Path) -> None:
     cores = sorted(os.sched_getaffinity(0))
     server = LocalVllmServer(
-        "/venv/bin/python", "/models/tiny", port=1, cpus=cores[-1:], niceness=7, autogroup_nice=True,
+        "/venv/bin/python",
+        "/models/tiny",
+        port=1,
+        cpus=cores[-1:],
+        niceness=7,
+        autogroup_nice=True,
         log_path=tmp_path / "l",
     )
     out = subprocess.run(

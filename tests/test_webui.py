@@ -391,8 +391,23 @@ def test_quitting_mid_stage_leaves_a_stopped_run(server: ServerProcess, tmp_path
         folder = wait_for("the run folder", lambda: run_folders(results) and run_folders(results)[0], 30, locust)
         sig = signal.SIGTERM
     else:
-        cmd = [*LOCUST, "-f", str(ROOT / "locustfiles" / "continuous.py"), "--headless", "--only-summary",
-               "--host", server.base_url, "--results-dir", str(results), "--rates", "3", "--n", "30", "--warmup", "0"]
+        cmd = [
+            *LOCUST,
+            "-f",
+            str(ROOT / "locustfiles" / "continuous.py"),
+            "--headless",
+            "--only-summary",
+            "--host",
+            server.base_url,
+            "--results-dir",
+            str(results),
+            "--rates",
+            "3",
+            "--n",
+            "30",
+            "--warmup",
+            "0",
+        ]
         out, err = tmp_path / "locust.stdout", tmp_path / "locust.stderr"
         with open(out, "wb") as o, open(err, "wb") as e:
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=o, stderr=e, stdin=subprocess.DEVNULL)

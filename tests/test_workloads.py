@@ -54,8 +54,13 @@ def test_default_schedule_and_order_are_unchanged(tmp_path: Path) -> None:
     assert all(a.prompt is None for a in stage.arrivals)
     # on the wire a seed item stays the five-element list it always was
     wire = Order(items=[order_item(stage.arrivals[3])]).to_dict()["items"][0]
-    assert wire == [3, stage.arrivals[3].item.prompt_tokens, stage.arrivals[3].item.max_tokens,
-                    stage.arrivals[3].offset_s, None]
+    assert wire == [
+        3,
+        stage.arrivals[3].item.prompt_tokens,
+        stage.arrivals[3].item.max_tokens,
+        stage.arrivals[3].offset_s,
+        None,
+    ]
 
 
 def test_gamma_burstiness_sets_the_spread_not_the_rate() -> None:
@@ -99,8 +104,12 @@ def test_datasets_both_formats() -> None:
         ("--dataset", "d.jsonl", '{"prompt": "a", "max_tokens": 0}\n', "max_tokens must be a positive integer"),
         ("--dataset", "d.json", '[{"id": 1}]', "entry 0: no 'conversations' list"),
         ("--arrival-trace", "t.jsonl", '{"timestamp": 0, "input_length": 5}\n', "output_length must be"),
-        ("--arrival-trace", "t.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 2}\nnope\n',
-         "line 2: not valid JSON"),
+        (
+            "--arrival-trace",
+            "t.jsonl",
+            '{"timestamp": 0, "input_length": 5, "output_length": 2}\nnope\n',
+            "line 2: not valid JSON",
+        ),
         ("--arrival-trace", "t.csv", "Timestamp,Request tokens\n1,2\n", "lacks column(s) Response tokens"),
         ("--arrival-trace", "t.csv", "Timestamp,Request tokens,Response tokens\n1,x,3\n", "line 2:"),
     ],
@@ -146,6 +155,7 @@ def test_unique_chat_vs_seed_on_one_schedule(cached_gt: ServerProcess, tmp_path:
         assert r["prompt_tokens"] == r["prompt_tokens_planned"] == r["prompt_tokens_tokenized"]
         assert r["completion_tokens"] == r["max_tokens"] and r["chunks"] == r["max_tokens"] + 1  # + role delta
     assert uniq["prompt_tokens_exact"] == uniq["prompt_tokens_checked"] == 32
+
     # one arrival schedule: the same intended offsets and lengths in both runs
     def plan(records: list[dict[str, Any]]) -> list[tuple[int, float, int]]:
         t0 = min(r["intended_s"] for r in records)

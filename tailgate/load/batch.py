@@ -85,5 +85,3 @@ class _Slot:
         self.done = Event()
         self.error: OSError | None = None
         self.written_ns = 0
-
-

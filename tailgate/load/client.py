@@ -162,9 +162,7 @@ def _connect(target: Target, timeout: float) -> socket.socket:
     return sock
 
 
-def _read(
-    sock: socket.socket, timestamps: bool, clock: Callable[[], int]
-) -> tuple[bytes, int, int | None]:
+def _read(sock: socket.socket, timestamps: bool, clock: Callable[[], int]) -> tuple[bytes, int, int | None]:
     """``(bytes, when the read returned, how long its newest bytes had waited)``; the wait is None unknown.
 
     The stamp is taken once, as the call returns, for everything the read delivered. With receive

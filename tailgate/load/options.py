@@ -140,25 +140,49 @@ def add_arguments(parser: Any) -> None:
 
 def add_workload_arguments(g: Any) -> None:
     """What each request carries and when it arrives (see tailgate/load/prompts.py and arrivals.py)."""
-    g.add_argument("--prompts", choices=PROMPT_SOURCES, default="seed",
-                   help="prompt source: seed (filler word x planned length, the reference), unique (every request "
-                   "distinct from its first token, exact length for the served tokenizer via /tokenize), dataset "
-                   "(--dataset), prefix (groups sharing a prefix: --prefix-tokens/--prefix-share/--prefix-groups)")
-    g.add_argument("--dataset", default="",
-                   help="prompts: ShareGPT JSON or JSONL with prompt or messages (optional max_tokens)")
+    g.add_argument(
+        "--prompts",
+        choices=PROMPT_SOURCES,
+        default="seed",
+        help="prompt source: seed (filler word x planned length, the reference), unique (every request "
+        "distinct from its first token, exact length for the served tokenizer via /tokenize), dataset "
+        "(--dataset), prefix (groups sharing a prefix: --prefix-tokens/--prefix-share/--prefix-groups)",
+    )
+    g.add_argument(
+        "--dataset", default="", help="prompts: ShareGPT JSON or JSONL with prompt or messages (optional max_tokens)"
+    )
     g.add_argument("--prefix-tokens", type=int, default=512, help="prefix prompts: tokens of each shared prefix")
-    g.add_argument("--prefix-share", type=float, default=0.5,
-                   help="prefix prompts: share of requests (0-1) that start with a shared prefix")
+    g.add_argument(
+        "--prefix-share",
+        type=float,
+        default=0.5,
+        help="prefix prompts: share of requests (0-1) that start with a shared prefix",
+    )
     g.add_argument("--prefix-groups", type=int, default=4, help="prefix prompts: how many distinct shared prefixes")
-    g.add_argument("--endpoint", choices=ENDPOINTS, default="completions",
-                   help="completions (/v1/completions) or chat (/v1/chat/completions), both streamed with usage")
-    g.add_argument("--arrivals", choices=ARRIVALS, default="poisson",
-                   help="continuous arm: poisson (the reference draws), gamma (--burstiness), trace (--arrival-trace)")
-    g.add_argument("--burstiness", type=float, default=1.0,
-                   help="gamma arrivals: shape of the gaps; below 1 burstier than Poisson, above 1 smoother")
-    g.add_argument("--arrival-trace", default="",
-                   help="replay a Mooncake JSONL or BurstGPT CSV trace: its timestamps and lengths (implies "
-                   "--arrivals trace; Mooncake hash_ids become shared prompt blocks)")
+    g.add_argument(
+        "--endpoint",
+        choices=ENDPOINTS,
+        default="completions",
+        help="completions (/v1/completions) or chat (/v1/chat/completions), both streamed with usage",
+    )
+    g.add_argument(
+        "--arrivals",
+        choices=ARRIVALS,
+        default="poisson",
+        help="continuous arm: poisson (the reference draws), gamma (--burstiness), trace (--arrival-trace)",
+    )
+    g.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma arrivals: shape of the gaps; below 1 burstier than Poisson, above 1 smoother",
+    )
+    g.add_argument(
+        "--arrival-trace",
+        default="",
+        help="replay a Mooncake JSONL or BurstGPT CSV trace: its timestamps and lengths (implies "
+        "--arrivals trace; Mooncake hash_ids become shared prompt blocks)",
+    )
     g.add_argument("--time-scale", type=float, default=1.0,
                    help="trace arrivals: multiply the trace's time by this (0.5 replays it twice as fast)")  # fmt: skip
 
@@ -231,7 +255,11 @@ class Settings:
             elif self.arrivals == "gamma":
                 stages = [
                     continuous_stage(
-                        i, self.trace, r, self.seed, self.warmup,
+                        i,
+                        self.trace,
+                        r,
+                        self.seed,
+                        self.warmup,
                         offsets=gamma_offsets(len(self.trace), r, self.burstiness, self.seed),
                         label=f"cont_r{rate_label(r)}_gamma{rate_label(self.burstiness)}",
                     )

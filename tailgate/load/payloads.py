@@ -30,7 +30,11 @@ def build_payload(
 
 
 def build_chat_payload(
-    model: str, messages: list[dict[str, str]], max_tokens: int, *, ignore_eos: bool = False,
+    model: str,
+    messages: list[dict[str, str]],
+    max_tokens: int,
+    *,
+    ignore_eos: bool = False,
     extra: dict | None = None,
 ) -> bytes:
     """A streamed chat completion with usage in its final event, as :func:`build_payload` for completions.
@@ -56,7 +60,10 @@ ENDPOINT_PATHS = {"completions": "/completions", "chat": "/chat/completions"}
 
 
 def build_request(
-    target: Target, body: bytes, api_key: str | None = None, request_id: str | None = None,
+    target: Target,
+    body: bytes,
+    api_key: str | None = None,
+    request_id: str | None = None,
     endpoint: str = "completions",
 ) -> bytes:
     """The complete request bytes (head and body), so a caller can build them before its send time.

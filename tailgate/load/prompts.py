@@ -264,7 +264,15 @@ def unique_prompts(
 
 
 def prefix_prompts(
-    b: Builder, targets: Sequence[int], seed: int, stage: int, offset: int, *, length: int, share: float, groups: int,
+    b: Builder,
+    targets: Sequence[int],
+    seed: int,
+    stage: int,
+    offset: int,
+    *,
+    length: int,
+    share: float,
+    groups: int,
     salt: int = 0,
 ) -> tuple[list[Prompt], list[int | None]]:
     """A share of requests start with one of ``groups`` shared prefixes of ``length`` tokens, the rest is unique.
@@ -294,8 +302,9 @@ def block_prompts(
     def block(h: int) -> list[str]:
         if h not in blocks:
             r = _rng("block", seed, salt, h)
-            blocks[h] = [b.words[(salt + h) % len(b.words)]] + [r.choice(b.words)
-                                                                 for _ in range(MOONCAKE_BLOCK_TOKENS - 1)]
+            blocks[h] = [b.words[(salt + h) % len(b.words)]] + [
+                r.choice(b.words) for _ in range(MOONCAKE_BLOCK_TOKENS - 1)
+            ]
         return blocks[h]
 
     heads = [[w for h in ids for w in block(h)] for ids in hash_ids]

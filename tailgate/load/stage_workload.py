@@ -25,9 +25,11 @@ def stage_arrivals(s: Settings, stage: Stage) -> str:
     return s.arrivals if stage.arm == "continuous" else "batches"
 
 
-SEED_CACHE_WARNING = ("seed prompts (one filler word repeated) against a server with prefix caching on: "
-                      "long prompts are largely served from cache, so the prefill stalls this suite measures "
-                      "shrink; use --prompts unique, or start the server with --no-enable-prefix-caching")
+SEED_CACHE_WARNING = (
+    "seed prompts (one filler word repeated) against a server with prefix caching on: "
+    "long prompts are largely served from cache, so the prefill stalls this suite measures "
+    "shrink; use --prompts unique, or start the server with --no-enable-prefix-caching"
+)
 
 
 def workload_summary(
@@ -54,5 +56,3 @@ def workload_summary(
     out["prompt_tokens_diff_max"] = max((abs(d) for d in diffs), default=None)
     out["prompt_tokens_diff_mean"] = round(sum(diffs) / len(diffs), 3) if diffs else None
     return out
-
-

@@ -57,4 +57,3 @@ class Timeouts:
     """Whole request, as in the reference harness."""
     stall_s: float | None = None
     """Longest silence tolerated between two reads once headers arrived; None = request_s."""
-

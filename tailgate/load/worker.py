@@ -77,6 +77,7 @@ SPIN_PRIORITY = 2
 before socket events, instead of only in iterations with nothing else pending, so a send is late by at
 most one iteration's work and never waits behind records being written."""
 
+
 def _offsets_ms(times_ns: list[int], origin_ns: int) -> list[float]:
     """Milliseconds after ``origin_ns`` to the nearest microsecond, in integer arithmetic: ``round(x, 3)``
     per chunk cost more than the rest of the record, inside the loop that times the other streams."""

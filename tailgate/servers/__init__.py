@@ -13,7 +13,6 @@ Only the standard library is used: this module runs before, and outside of, the 
 not pull in gevent's monkey-patching or pandas.
 """
 
-
 from .base import CHUNKED_OFF_FLAG, HOST, ServerController, ServerError
 from .compose import ComposeByConfig, ComposeServer, ComposeSetupError
 from .fixed import FixedServer

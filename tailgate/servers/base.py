@@ -87,5 +87,3 @@ class ServerController(Protocol):
     def describe(self) -> dict[str, Any]:
         """JSON-ready facts about the server for the run's metadata."""
         ...
-
-

@@ -1,5 +1,4 @@
-"""A vLLM server run as a ``docker compose`` service (the GPU box in practice).
-"""
+"""A vLLM server run as a ``docker compose`` service (the GPU box in practice)."""
 
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ IMAGE_HINT = "build it first (scripts/compose-images.sh builds the CPU stack's i
 class ComposeSetupError(ServerError):
     """The compose path cannot start at all: no engine, an image that is not there, a port held by
     another process. Bad input to be fixed by the user (exit 2), not a run that failed."""
+
 
 Runner = Callable[[Sequence[str], Mapping[str, str] | None], "subprocess.CompletedProcess[str]"]
 

@@ -1,5 +1,4 @@
-"""A CPU vLLM server in a child process group, started from the private environment with the tiny model.
-"""
+"""A CPU vLLM server in a child process group, started from the private environment with the tiny model."""
 
 from __future__ import annotations
 
@@ -371,5 +370,3 @@ def _group_alive(pgid: int) -> bool:
     """True while a live process remains in the group."""
     return bool(group_members(pgid))
     return True
-
-

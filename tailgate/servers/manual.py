@@ -1,5 +1,4 @@
-"""A server someone else runs: the suite names the flags it needs and waits for the restart.
-"""
+"""A server someone else runs: the suite names the flags it needs and waits for the restart."""
 
 from __future__ import annotations
 

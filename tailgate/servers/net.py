@@ -55,5 +55,3 @@ def _tail(path: Path, lines: int = 40) -> str:
     except OSError:
         return f"(no log at {path})"
     return "\n".join(text.splitlines()[-lines:])
-
-

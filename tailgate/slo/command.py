@@ -39,55 +39,100 @@ from tailgate.tailbounds import min_n_for_bound
 #: Eager mode on the CPU server: it starts in ~40 s instead of minutes of torch.compile on 2 cores.
 EMBEDDED_BASE_FLAGS = ("--enforce-eager",)
 EMBEDDED = {"start_rate": 1.0, "max_rate": 8.0, "n": 20, "warmup": 3, "max_waiting": -1, "duration": 30.0}
-GPU = {"start_rate": 5.0, "max_rate": 64.0, "n": 400, "warmup": DEFAULTS["warmup"], "max_waiting": -1,
-       "duration": 120.0}
+GPU = {
+    "start_rate": 5.0,
+    "max_rate": 64.0,
+    "n": 400,
+    "warmup": DEFAULTS["warmup"],
+    "max_waiting": -1,
+    "duration": 120.0,
+}
 #: Plan keys a resumed search must share with the folder's: a probe measured under others is another answer.
-RESUME_KEYS = ("slo", "n", "warmup", "seed", "duration", "ignore_eos", "processes", "locust_args", "base_flags",
-               "confidence")
+RESUME_KEYS = (
+    "slo",
+    "n",
+    "warmup",
+    "seed",
+    "duration",
+    "ignore_eos",
+    "processes",
+    "locust_args",
+    "base_flags",
+    "confidence",
+)
 
 
 def add_slo_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--slo", default="",
-                   help="limits from the intended send, e.g. 'ttft_p99<=300ms,gap_p99<=200ms,errors<=0.5%%'")
+    p.add_argument(
+        "--slo", default="", help="limits from the intended send, e.g. 'ttft_p99<=300ms,gap_p99<=200ms,errors<=0.5%%'"
+    )
     p.add_argument("--embedded", action="store_true", help="the CPU vLLM of this machine, scaled down")
     p.add_argument("--server", choices=("local", "compose", "manual", "url", "command"), default=None,
                    help="who restarts the server per configuration: local (CPU vLLM), compose (an override "
                         "file per configuration), manual (you), command (--restart-command), url (nobody: "
                         "one configuration, its flags recorded as declared)")  # fmt: skip
     p.add_argument("--host", default="http://127.0.0.1:8000", help="server URL (compose, manual, url, command)")
-    p.add_argument("--restart-command", default="",
-                   help="shell command that (re)starts the server; {flags} and {config} are filled in")
+    p.add_argument(
+        "--restart-command",
+        default="",
+        help="shell command that (re)starts the server; {flags} and {config} are filled in",
+    )
     p.add_argument("--stop-command", default="", help="shell command that stops the server at the end (command)")
-    p.add_argument("--config", action="append", default=[],
-                   help="a configuration: 'NAME' or 'NAME: knob=value ...' (repeat); knobs: " + ", ".join(KNOBS))
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        help="a configuration: 'NAME' or 'NAME: knob=value ...' (repeat); knobs: " + ", ".join(KNOBS),
+    )
     p.add_argument("--knob", action="append", default=[], help="knob=v1,v2: a grid over every combination (repeat)")
     p.add_argument("--sweep", default="", help="JSON or TOML file with 'configs' and/or 'grid'")
     p.add_argument("--results", default="", help="folder (default results/slo-<time>); re-use to resume")
     p.add_argument("--start-rate", type=float, default=None, help="first rate of the doubling, req/s (default 5)")
     p.add_argument("--max-rate", type=float, default=None, help="highest rate probed, req/s (default 64)")
     p.add_argument("--min-rate", type=float, default=None, help="lowest rate halving may reach (default start/8)")
-    p.add_argument("--resolution", default="25%",
-                   help="bisect until the bracket is this narrow: req/s or a %% of the rate")
+    p.add_argument(
+        "--resolution", default="25%", help="bisect until the bracket is this narrow: req/s or a %% of the rate"
+    )
     p.add_argument("--max-probes", type=int, default=8, help="rates probed per configuration at most")
-    p.add_argument("--time-budget", type=float, default=0.0,
-                   help="seconds of probing per configuration; no probe starts that would overrun it (0: none)")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=0.0,
+        help="seconds of probing per configuration; no probe starts that would overrun it (0: none)",
+    )
     p.add_argument("--reruns", type=int, default=1, help="re-runs of a probe whose interval straddles a limit")
-    p.add_argument("--confidence", type=float, default=0.95,
-                   help="one-sided confidence of every bound (Clopper-Pearson on the share over a limit)")
+    p.add_argument(
+        "--confidence",
+        type=float,
+        default=0.95,
+        help="one-sided confidence of every bound (Clopper-Pearson on the share over a limit)",
+    )
     p.add_argument("--resamples", type=int, default=2000, help=argparse.SUPPRESS)  # the bounds are exact now
-    p.add_argument("--n", type=int, default=None,
-                   help="measured requests per probe at least (default 400; with --duration, the minimum)")
-    p.add_argument("--duration", type=float, default=None,
-                   help="seconds of arrivals per probe, so every rate reaches and holds steady state "
-                        "(default 120; embedded 30; 0: --n alone)")
+    p.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="measured requests per probe at least (default 400; with --duration, the minimum)",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="seconds of arrivals per probe, so every rate reaches and holds steady state "
+        "(default 120; embedded 30; 0: --n alone)",
+    )
     p.add_argument("--warmup", type=int, default=None, help="warm-up requests per probe (default 25)")
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="trace seed; a re-run repeats the same workload")
     p.add_argument("--trace-file", default="", help="JSONL of {prompt_tokens, max_tokens} instead of the seeded mix")
     p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")
     p.add_argument("--processes", type=int, default=1, help="load-generator processes per probe")
-    p.add_argument("--max-waiting", type=int, default=None,
-                   help="stop a probe when vllm:num_requests_waiting reaches this (default: a quarter of the "
-                        "probe's requests; 0 = never)")
+    p.add_argument(
+        "--max-waiting",
+        type=int,
+        default=None,
+        help="stop a probe when vllm:num_requests_waiting reaches this (default: a quarter of the "
+        "probe's requests; 0 = never)",
+    )
     p.add_argument("--prometheus-url", default="", help="a Prometheus scraping the server")
     p.add_argument("--compose-file", action="append", default=[], help="compose file(s) (default docker-compose.yml)")
     p.add_argument("--compose-service", default="vllm")
@@ -230,8 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plan = build_plan(args)
         if not args.embedded and args.server is None:
-            raise SloError("--server: say who runs the server (local, compose, manual, url, command) "
-                           "or use --embedded")
+            raise SloError("--server: say who runs the server (local, compose, manual, url, command) or use --embedded")
         if args.server == "url" and len(plan.configs) > 1:
             raise SloError("--config: --server url cannot restart the server; name the one configuration it runs")
         if args.server == "command" and "{flags}" not in args.restart_command:

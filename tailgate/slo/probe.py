@@ -333,8 +333,10 @@ class SloRunner:
             if verdict != "not_enough_data":
                 break
             if attempt <= p.reruns:
-                self.log("[slo]   not enough data for a verdict: re-running the same workload, the runs pooled "
-                         "(each run its own block)")
+                self.log(
+                    "[slo]   not enough data for a verdict: re-running the same workload, the runs pooled "
+                    "(each run its own block)"
+                )
         pooled = [r for a in attempts for r in a["measured"]]
         entry.update({"verdict": verdict, "checks": [asdict(c) for c in checks],
                       "binding": binding_limit(checks), "p99": p99s(pooled)})  # fmt: skip

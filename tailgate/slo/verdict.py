@@ -139,8 +139,13 @@ def sustain_check(attempts: Sequence[Mapping[str, Any]], rate: float | None) -> 
             p = trend["p"] if trend["trend"] else qtrend["p"]  # type: ignore[index]
             row.update({"verdict": FAIL, "reason": f"{what} trends upward (Mann-Kendall p={p:g}): not sustained"})
         elif keep < KEEP_UP:
-            row.update({"verdict": NOT_ENOUGH, "reason": f"only {done} of {arrived} requests completed inside the "
-                        f"arrival window ({keep:.0%}): too short to tell a sustained rate from an absorbed burst"})
+            row.update(
+                {
+                    "verdict": NOT_ENOUGH,
+                    "reason": f"only {done} of {arrived} requests completed inside the "
+                    f"arrival window ({keep:.0%}): too short to tell a sustained rate from an absorbed burst",
+                }
+            )
         else:
             row.update({"verdict": PASS, "reason": f"{keep:.0%} completed inside the arrival window, no upward trend"})
         rows.append(row)
@@ -200,7 +205,7 @@ def check_probe(
             groups.append((i, _block(r, spans[i])))
         assert lim.p is not None
         c = check_tail(values, lim.p / 100.0, lim.limit, confidence=level, groups=groups, key=lim.key)
-        rnd = (lambda x: None if x is None else round(x, 1))  # noqa: E731
+        rnd = lambda x: None if x is None else round(x, 1)  # noqa: E731
         checks.append(Check(lim.key, lim.limit, rnd(c.point), rnd(c.low), rnd(c.high), c.n, c.verdict, c.reason,
                             c.n_effective, excluded))  # fmt: skip
     stopped = next((str(a["stopped_early"]) for a in attempts if a.get("stopped_early")), None)

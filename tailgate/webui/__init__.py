@@ -43,8 +43,7 @@ Locust polls until it sees the test stopped, and the answer it stops on must hol
 STATIC = Path(__file__).resolve().parent / "static"
 TAB_TITLE = "Tail latency"
 SCRIPT_TAGS = (
-    '<link rel="stylesheet" href="./tailgate/static/tail.css">'
-    '<script src="./tailgate/static/tail.js" defer></script>'
+    '<link rel="stylesheet" href="./tailgate/static/tail.css"><script src="./tailgate/static/tail.js" defer></script>'
 )
 
 

@@ -33,8 +33,18 @@ MIN_REFRESH_S = 1.0
 """A snapshot younger than this is served again: the UI polls every 2 s, possibly from several tabs."""
 SERIES_POINTS = 600
 """Server samples kept for the chart (10 minutes at the default 1 s)."""
-KEEP = ("stage", "trace_id", "end_s", "error_class", "ttft_ms", "worst_gap_ms", "total_ms", "schedule_lag_ms",
-        "client_coalesced", "run_id")
+KEEP = (
+    "stage",
+    "trace_id",
+    "end_s",
+    "error_class",
+    "ttft_ms",
+    "worst_gap_ms",
+    "total_ms",
+    "schedule_lag_ms",
+    "client_coalesced",
+    "run_id",
+)
 LATENCY_POINTS = 500
 """Newest requests drawn in the TTFT / worst-gap over time chart."""
 METRICS = (("ttft", "ttft_ms"), ("gap", "worst_gap_ms"), ("total", "total_ms"))

@@ -1,5 +1,4 @@
-"""``python -m tailgate.verify.groundtruth``: run the server on its own.
-"""
+"""``python -m tailgate.verify.groundtruth``: run the server on its own."""
 
 from __future__ import annotations
 
@@ -71,14 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gap-ms", type=float, default=DEFAULT_GAP_MS)
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--accept-any-model", action="store_true", help="do not answer 404 for other model names")
-    p.add_argument("--prefix-caching", action="store_true",
-                   help="count prefix-cache hits over 16-word blocks, as vLLM with prefix caching on")
+    p.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="count prefix-cache hits over 16-word blocks, as vLLM with prefix caching on",
+    )
     p.add_argument(
         "--engine",
         type=_engine_arg,
         default=None,
         help='serve streams from the simulated engine: "on" for its defaults, or a JSON object of its settings '
-        '(slots, step_ms, step_ms_per_seq, prefill_ms_per_token, chunked, chunk_tokens, kv_capacity_tokens)',
+        "(slots, step_ms, step_ms_per_seq, prefill_ms_per_token, chunked, chunk_tokens, kv_capacity_tokens)",
     )
     p.add_argument("--script", help='JSON file {"schedules": {"<seq>": [ttft_ms, gap_ms, ...]}}')
     return p
@@ -98,4 +100,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(args))
     return 0
-

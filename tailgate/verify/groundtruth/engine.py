@@ -330,7 +330,7 @@ def true_quantiles(
     requests (the empty-server start) is left out.
     """
     outs = simulate(model, poisson_arrivals(rate, lengths, seed))
-    outs = outs[int(len(outs) * warmup_fraction):]
+    outs = outs[int(len(outs) * warmup_fraction) :]
     return {
         "ttft": quantile([o.ttft_ms for o in outs], q),
         "gap": quantile([o.worst_gap_ms for o in outs], q),

@@ -149,5 +149,3 @@ def _compile_script(doc: Any) -> dict[int, list[int]]:
             offsets.append(acc)
         out[seq] = offsets
     return out
-
-

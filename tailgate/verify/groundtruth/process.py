@@ -1,5 +1,4 @@
-"""The server in a child process, with a small stdlib client, for tests and benchmarks.
-"""
+"""The server in a child process, with a small stdlib client, for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -192,5 +191,3 @@ def start_server_process(
             workdir.cleanup()
             raise RuntimeError(f"ground-truth server did not start (exit {proc.returncode}): {tail}")
         time.sleep(0.01)
-
-

@@ -1,5 +1,4 @@
-"""The asyncio server: connections, routing, the control endpoint and vLLM-like metrics.
-"""
+"""The asyncio server: connections, routing, the control endpoint and vLLM-like metrics."""
 
 from __future__ import annotations
 
@@ -271,8 +270,9 @@ class GroundTruthServer:
         counter("prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens_total)
         counter("generation_tokens", "Number of generation tokens processed.", generated)
         counter("request_success", "Count of successfully processed requests.", self.requests_total)
-        counter("prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-                self.prefix_queries)
+        counter(
+            "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", self.prefix_queries
+        )
         counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", self.prefix_hits)
         out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
         out.append("# TYPE vllm:cache_config_info gauge")
@@ -456,11 +456,13 @@ class GroundTruthServer:
                 f'"choices":[{{"index":0,"delta":{{"content":{json.dumps(TOKEN_TEXT)}}},"logprobs":null,'
                 f'"finish_reason":'
             ).encode()
-            st.lead = st.frame((
-                f'data: {{"id":"chat{rid}","object":"{kind}","created":{created},"model":{model_json},'
-                f'"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,'
-                f'"finish_reason":null}}]}}\n\n'
-            ).encode())
+            st.lead = st.frame(
+                (
+                    f'data: {{"id":"chat{rid}","object":"{kind}","created":{created},"model":{model_json},'
+                    f'"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,'
+                    f'"finish_reason":null}}]}}\n\n'
+                ).encode()
+            )
         else:
             prefix = (
                 f'data: {{"id":"{rid}","object":"{kind}","created":{created},"model":{model_json},'
@@ -576,5 +578,3 @@ def _add_to_plan(plan: _Plan, fault: _Fault, gap_ms: float) -> None:
     elif kind == "multi_event_writes":
         plan.group = int(p.get("events_per_write", 3))
         plan.same_http_chunk = bool(p.get("same_http_chunk", False))
-
-

@@ -1,5 +1,4 @@
-"""What the server is told to do (settings) and what it saw (the chunk log a client's stamps are compared to).
-"""
+"""What the server is told to do (settings) and what it saw (the chunk log a client's stamps are compared to)."""
 
 from __future__ import annotations
 
@@ -95,5 +94,3 @@ class ChunkLog:
             "requests": [[s, r[0], r[1] if r[1] >= 0 else None] for s, r in self.requests.items()],
             "backpressured_writes": self.backpressured,
         }
-
-

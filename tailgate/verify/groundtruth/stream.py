@@ -1,5 +1,4 @@
-"""One response on an absolute schedule: timers, the per-request plan and the stream that writes it.
-"""
+"""One response on an absolute schedule: timers, the per-request plan and the stream that writes it."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from .wire import _CHUNK_END, _SSE_DONE, _SSE_MALFORMED, _chunk_frame, _monotoni
 
 if TYPE_CHECKING:
     from .engine import EngineRequest
+
 
 class StreamConnection(Protocol):
     """The connection a stream writes to (the server's ``_Connection``)."""
@@ -43,7 +43,6 @@ class StreamServer(Protocol):
     def engine_submit(self, req: EngineRequest) -> None: ...
 
     def engine_cancel(self, req: EngineRequest) -> None: ...
-
 
 
 # ------------------------------------------------------------------------------------------- streams
@@ -408,5 +407,3 @@ class _Stream:
     @property
     def kv_tokens(self) -> int:
         return self.prompt_tokens + self.k if self.running else 0
-
-

@@ -210,5 +210,3 @@ def _chunk_frame(payload: bytes) -> bytes:
 
 def _raw_frame(payload: bytes) -> bytes:
     return payload
-
-
