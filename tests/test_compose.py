@@ -593,7 +593,7 @@ CPU_COMPOSE = ROOT / "docker-compose.cpu.yml"
 CPU_OVERRIDES = {"nochunk": ROOT / "deploy" / "cpu" / "compose.nochunk.yml",
                  "preempt": ROOT / "deploy" / "cpu" / "compose.preempt.yml"}  # fmt: skip
 CPU_ADDED = {"nochunk": ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"],
-             "preempt": ["--num-gpu-blocks-override", "64"]}  # fmt: skip
+             "preempt": ["--num-gpu-blocks-override", "58"]}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -627,7 +627,7 @@ def test_cpu_overrides_only_add_their_flags(cpu_services, config):
     assert override[len(override) - len(added) :] == added
     rest = override[: len(override) - len(added)]
     if config == "preempt":  # the small pool needs a context that fits it; nothing else differs
-        assert _flag_value(rest, "--max-model-len") == "7600"
+        assert _flag_value(rest, "--max-model-len") == "7200"
         rest[rest.index("--max-model-len") + 1] = _flag_value(base, "--max-model-len")
     assert rest == base
 
@@ -639,7 +639,7 @@ def test_cpu_stack_matches_the_embedded_flags(cpu_services):
     command = _command(cpu_services["vllm"])
     assert all(flag in command for flag in EMBEDDED_BASE_FLAGS)
     assert CPU_ADDED["nochunk"] == EMBEDDED_NOCHUNK_FLAGS
-    assert ["--max-model-len", "7600", *CPU_ADDED["preempt"]] == EMBEDDED_PREEMPT_FLAGS
+    assert ["--max-model-len", "7200", *CPU_ADDED["preempt"]] == EMBEDDED_PREEMPT_FLAGS
     for flag in ("--load-format", "--dtype", "--max-model-len", "--served-model-name"):
         assert flag in command
 
