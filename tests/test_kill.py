@@ -24,6 +24,7 @@ from tailgate.postprocess.load import load_records, load_summaries
 from tailgate.postprocess.report import build_report
 from tailgate.records import (
     RECORD_FIELDS,
+    WORKLOAD_DEFAULTS,
     RecordWriter,
     RequestRecord,
     SendJournal,
@@ -61,7 +62,9 @@ def complete_lines_parse(path: Path) -> tuple[int, bytes]:
     lines = data[:cut].splitlines()
     for line in lines:
         obj = json.loads(line)
-        missing = set(RECORD_FIELDS) - {"chunk_offsets_ms", "chunk_read_delays_ms"} - set(obj)
+        # optional on disk: the per-chunk lists, and the workload fields a seed run leaves at their defaults
+        optional = {"chunk_offsets_ms", "chunk_read_delays_ms", *WORKLOAD_DEFAULTS}
+        missing = set(RECORD_FIELDS) - optional - set(obj)
         assert not missing, sorted(missing)
     return len(lines), data[cut:]
 
