@@ -69,12 +69,31 @@ def simulated_probe(
     return {"measured": measured, "sent": len(recs), "errors": 0, "stopped_early": None}
 
 
+probe_seconds = [0.0]
+"""Seconds of arrivals every search so far would have taken on a real server."""
+
+
 def one_search(
     model: EngineModel, limits: Sequence[slo.Limit], seed: int, args: argparse.Namespace
 ) -> slo.SearchOutcome:
+    looks = 1 + args.extend
+    level = 1.0 - (1.0 - args.confidence) / looks  # as ``tailgate slo`` shares its error across the looks
+
     def probe(rate: float, phase: str) -> str:
-        attempt = simulated_probe(model, rate, seed=seed, duration=args.duration, min_n=args.min_n, warmup=args.warmup)
-        return slo.check_probe([attempt], limits, level=args.confidence, rate=rate)[0]
+        # A re-run of the same workload on this deterministic engine would repeat itself exactly (and the
+        # verdicts cluster it as such); the extensions draw new samples of the workload, as the command does.
+        attempts: list[dict[str, Any]] = []
+        verdict = "not_enough_data"
+        for k in range(looks):
+            s = seed + 1000 * k
+            attempt = simulated_probe(model, rate, seed=s, duration=args.duration, min_n=args.min_n,
+                                      warmup=args.warmup)  # fmt: skip
+            attempts.append({**attempt, "workload": s})
+            probe_seconds[0] += attempt["sent"] / rate
+            verdict = slo.check_probe(attempts, limits, level=level, rate=rate)[0]
+            if verdict != "not_enough_data":
+                break
+        return verdict
 
     return slo.search(probe, start=args.start, max_rate=args.max_rate, min_rate=args.start / 8,
                       resolution=slo.Resolution.parse(args.resolution), max_probes=args.max_probes)  # fmt: skip
@@ -102,7 +121,7 @@ def e2e(model: EngineModel, limits_text: str, args: argparse.Namespace) -> dict[
             "--config", "engine", "--slo", limits_text, "--results", str(out / "slo"), "--no-report",
             "--start-rate", f"{args.start:g}", "--max-rate", f"{args.max_rate:g}", "--resolution", args.resolution,
             "--duration", f"{args.e2e_duration:g}", "--n", str(args.e2e_min_n), "--warmup", str(args.warmup),
-            "--seed", str(args.e2e_seed), "--max-probes", str(args.max_probes), "--reruns", "0",
+            "--seed", str(args.e2e_seed), "--max-probes", str(args.max_probes), "--reruns", "0", "--extend", str(args.extend),
             "--confidence", f"{args.confidence:g}",
         ]  # fmt: skip
         t0 = time.monotonic()
@@ -136,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-rate", type=float, default=64.0)
     p.add_argument("--resolution", default="10%")
     p.add_argument("--max-probes", type=int, default=10)
+    p.add_argument("--extend", type=int, default=1, help="extensions of an undecided probe (tailgate slo --extend)")
     p.add_argument("--truth-requests", type=int, default=40000)
     p.add_argument("--truth", type=float, default=0.0, help="the true capacity, when computed before (req/s)")
     p.add_argument("--e2e", action="store_true", help="also one real search through Locust")
@@ -198,9 +218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seeds:
         print(f"{args.seeds} searches ({time.monotonic() - t0:.0f} s): coverage {covered / args.seeds:.1%} "
               f"(target >= {args.confidence:.0%}); bracket width / capacity: median {med:.1%}, 90th pct "
-              f"{p90:.1%} (target <= 15%); no closed bracket in {unresolved}; statuses {statuses}")  # fmt: skip
+              f"{p90:.1%} (target <= 15%); no closed bracket in {unresolved}; statuses {statuses}; "
+              f"probing time per search {probe_seconds[0] / args.seeds / 60:.0f} min")  # fmt: skip
     print(f"probe: {args.duration:g} s of Poisson arrivals, at least {args.min_n} measured (+{args.warmup} warm-up); "
-          f"resolution {args.resolution}")  # fmt: skip
+          f"resolution {args.resolution}; {args.extend} extension(s) of an undecided probe")  # fmt: skip
     if args.e2e:
         f = args.e2e_slowdown
         e2e_model = slowed(model, f)

@@ -184,6 +184,9 @@ def test_sigterm_of_slo_mid_probe_stops_the_locust_tree(gt: ServerProcess, tmp_p
         assert code == 128 + signal.SIGTERM, output[-3000:]
         assert "Traceback" not in output and "[slo] SIGTERM: stopping everything" in output, output[-3000:]
         assert _alive({p.pid for p in tree}) == []
+        state = json.loads((results / "slo.json").read_text())  # never left "running" by a gone process
+        assert [c["status"] for c in state["configs"]] == ["interrupted"] and state["ended"]
+        assert state["configs"][0]["error"].startswith("SIGTERM")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -98,6 +98,22 @@ def _attempt(values: list[float], errors: int = 0, stopped: str | None = None, r
     return {"measured": recs, "sent": len(values) + errors, "errors": errors, "stopped_early": stopped}
 
 
+def test_a_repeated_workload_is_not_new_evidence_but_a_new_sample_is() -> None:
+    """Two runs of one workload on a server that repeats itself exactly carry the evidence of one: their
+    build-ups fall in the same blocks. A second sample of the workload (another seed) is independent."""
+    limits = slo.parse_slo("ttft_p99<=300ms")
+    rng = np.random.default_rng(3)
+    vals = rng.uniform(50, 100, 2000)
+    vals[400:440] = 450.0  # one queue build-up: 2% of the requests over the limit, all in one stretch
+    once = slo.check_probe([_attempt(vals.tolist())], limits, sustained=False)[1][0]
+    same = [{**_attempt(vals.tolist()), "workload": 7}, {**_attempt(vals.tolist()), "workload": 7}]
+    twice = slo.check_probe(same, limits, sustained=False)[1][0]
+    assert twice.n == 2 * once.n and twice.n_effective == pytest.approx(once.n_effective, rel=0.05)
+    other = np.roll(vals, 1000)  # the same build-up elsewhere in another sample
+    new = [{**_attempt(vals.tolist()), "workload": 7}, {**_attempt(other.tolist()), "workload": 1007}]
+    assert slo.check_probe(new, limits, sustained=False)[1][0].n_effective > 1.5 * once.n_effective
+
+
 def test_verdicts_carry_distribution_free_bounds() -> None:
     limits = slo.parse_slo("ttft_p99<=300ms,errors<=5%")
     rng = np.random.default_rng(1)
@@ -315,8 +331,10 @@ def test_runner_records_reruns_and_resumes(tmp_path: Path) -> None:
     assert c["result"]["best_rate"] < 12 <= c["result"]["first_fail_rate"]
     assert c["result"]["binding"] == "ttft_p99"
     undecided = [p for p in c["probes"] if p["verdict"] == "not_enough_data"]
-    assert undecided and all(len(p["attempts"]) == 2 for p in undecided)  # re-run once, attempts pooled
-    assert all(a["seed"] == 7 for p in c["probes"] for a in p["attempts"])  # a re-run repeats the workload
+    # re-run once (the same workload), then extended once (a new sample), the attempts pooled
+    assert undecided and all([a["seed"] for a in p["attempts"]] == [7, 7, 1007] for p in undecided)
+    assert all(a["seed"] == 7 for p in c["probes"] for a in p["attempts"][:2])  # a re-run repeats the workload
+    assert state["plan"]["look_confidence"] == pytest.approx(1 - 0.05 / 3, abs=1e-5)
     assert all(0.8 * 300 * len(p["attempts"]) <= p["checks"][0]["n"] <= 300 * len(p["attempts"]) for p in c["probes"])
     # a second run finds every attempt on disk and never restarts the server
     again, ctl2 = _fake_runner(tmp_path, capacity=12, edge=0.6)
@@ -327,7 +345,7 @@ def test_runner_records_reruns_and_resumes(tmp_path: Path) -> None:
 
 def test_runner_time_budget_keeps_the_bracket(tmp_path: Path) -> None:
     # 2, 4, 8 req/s take 150 + 75 + 37.5 s of arrivals plus overheads; 16 req/s would not fit in 330 s
-    runner, _ = _fake_runner(tmp_path, capacity=12, edge=0.0, time_budget=330)
+    runner, _ = _fake_runner(tmp_path, capacity=12, edge=0.0, time_budget=330, reruns=0, extend=0)
     runner.run()
     c = json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"][0]
     assert [p["rate"] for p in c["probes"]] == [2, 4, 8]

@@ -59,6 +59,8 @@ RESUME_KEYS = (
     "locust_args",
     "base_flags",
     "confidence",
+    "reruns",
+    "extend",
 )
 
 
@@ -101,6 +103,10 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds of probing per configuration; no probe starts that would overrun it (0: none)",
     )
     p.add_argument("--reruns", type=int, default=1, help="re-runs of a probe whose interval straddles a limit")
+    p.add_argument("--extend", type=int, default=1,
+                   help="then further attempts on new samples of the workload (seed + 1000 each) while the probe "
+                        "stays undecided; each look's confidence is shared out so the verdict holds at "
+                        "--confidence")  # fmt: skip
     p.add_argument(
         "--confidence",
         type=float,
@@ -175,6 +181,8 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         raise SloError(f"--max-probes: must be at least 1, got {args.max_probes}")
     if args.reruns < 0:
         raise SloError(f"--reruns: must be 0 or more, got {args.reruns}")
+    if args.extend < 0:
+        raise SloError(f"--extend: must be 0 or more, got {args.extend}")
     if not 0.5 <= args.confidence < 1:
         raise SloError(f"--confidence: must be in [0.5, 1), got {args.confidence:g}")
     if args.resamples < 100:
@@ -200,6 +208,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
     return SloPlan(
         limits=limits, configs=configs, start_rate=start, max_rate=max_rate, min_rate=min_rate,
         resolution=Resolution.parse(args.resolution), max_probes=args.max_probes, reruns=args.reruns,
+        extend=args.extend,
         confidence=args.confidence, resamples=args.resamples, n=n, warmup=warmup, seed=args.seed,
         ignore_eos=args.ignore_eos or args.embedded, processes=args.processes, max_waiting=max_waiting,
         time_budget=args.time_budget, duration=0.0 if args.trace_file else duration,
@@ -395,17 +404,14 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
         log(f"[slo] {stop.name}: stopping everything this search started")
         if runner is not None:
             runner.interrupt()
+            runner.close_running("interrupted", f"{stop.name}: finished probes are kept; the same command resumes")
         log("[slo] interrupted: finished probes are kept; run the same command again to resume")
         return stop.exit_code
     except (SloRunError, servers.ServerError, OSError) as e:
         guard.disarm()
         log(f"[slo] failed: {e}")
-        if runner is not None and runner.state:
-            for c in runner.state.get("configs", []):
-                if c.get("status") == "running":
-                    c["status"] = "failed"
-                    c["error"] = str(e).splitlines()[0]
-            runner._save()
+        if runner is not None:
+            runner.close_running("failed", str(e).splitlines()[0])
         return EXIT_FAILED
     finally:
         guard.disarm()

@@ -39,6 +39,9 @@ class SloPlan:
     resolution: Resolution = field(default_factory=lambda: Resolution(0.25, True))
     max_probes: int = 8
     reruns: int = 1
+    extend: int = 1
+    """Further attempts, each a new sample of the workload (another seed), for a probe still undecided after
+    its re-runs: more independent evidence where the capacity is, instead of longer probes everywhere."""
     confidence: float = 0.95
     resamples: int = 2000
     n: int = 200
@@ -63,6 +66,7 @@ class SloPlan:
             "slo": slo_text(self.limits), "limits": [asdict(lim) for lim in self.limits],
             "start_rate": self.start_rate, "max_rate": self.max_rate, "min_rate": self.min_rate,
             "resolution": str(self.resolution), "max_probes": self.max_probes, "reruns": self.reruns,
+            "extend": self.extend, "look_confidence": round(self.look_confidence, 5),
             "confidence": self.confidence, "resamples": self.resamples, "n": self.n, "warmup": self.warmup,
             "seed": self.seed, "ignore_eos": self.ignore_eos, "processes": self.processes,
             "max_waiting": self.max_waiting, "duration": self.duration,
@@ -73,6 +77,22 @@ class SloPlan:
                         "and runs; sustained load by completions inside the arrival window and Mann-Kendall "
                         "trend tests on TTFT and the waiting queue",
         }  # fmt: skip
+
+    @property
+    def looks(self) -> int:
+        """The most verdicts one probe can take on its growing data (first run, re-runs, extensions)."""
+        return 1 + self.reruns + self.extend
+
+    @property
+    def look_confidence(self) -> float:
+        """The confidence of each look: the probe stops at the first decided one, so its error is spent
+        across the looks (Bonferroni) and the verdict it ends on holds at ``confidence``."""
+        return 1.0 - (1.0 - self.confidence) / self.looks
+
+    def attempt_seed(self, attempt: int) -> int:
+        """The trace seed of an attempt (1-based): re-runs repeat the plan's seed, extensions draw new ones."""
+        extra = attempt - 1 - self.reruns
+        return self.seed if extra <= 0 else self.seed + EXTEND_SEED_STEP * extra
 
     def probe_n(self, rate: float) -> int:
         """Measured requests of a probe at ``rate``: by duration, with ``n`` the minimum."""
@@ -85,6 +105,8 @@ class SloPlan:
         return max(4, math.ceil(QUEUE_STOP_SHARE * (self.probe_n(rate) + self.warmup)))
 
 
+EXTEND_SEED_STEP = 1000
+"""Seed distance of an extension's workload from the plan's (far from the suite's own seed + 100 re-draws)."""
 QUEUE_STOP_SHARE = 0.25
 """A quarter of a probe's requests waiting at once: no server that keeps up queues that many."""
 
@@ -288,9 +310,9 @@ class SloRunner:
         attempts: list[dict[str, Any]] = []
         entry: dict[str, Any] = {"index": index, "rate": rate, "phase": phase, "attempts": []}
         verdict, checks = "not_enough_data", []
-        for attempt in range(1, p.reruns + 2):
+        for attempt in range(1, p.looks + 1):
             out = self.root / probe_dir_name(config.name, rate, attempt)
-            seed = p.seed  # a re-run repeats the same workload: the same trace, the same arrival gaps
+            seed = p.attempt_seed(attempt)  # a re-run repeats the workload; an extension draws a new sample
             mark_path = out / PROBE_MARK
             if mark_path.exists():
                 mark = json.loads(mark_path.read_text())
@@ -310,8 +332,11 @@ class SloRunner:
                          f"(~{est:.0f} s of arrivals)")  # fmt: skip
                 mark = self._run_child(config, rate, seed, out)
             data = self._attempt_data(out, mark)
+            # a trace file fixes the requests whatever the seed: its extensions only redraw the arrival gaps,
+            # so they are clustered with the first run, never counted as a new sample
+            data["workload"] = p.seed if "--trace-file" in p.locust_args else seed
             attempts.append(data)
-            verdict, checks = check_probe(attempts, p.limits, level=p.confidence, rate=rate)
+            verdict, checks = check_probe(attempts, p.limits, level=p.look_confidence, rate=rate)
             s = data["summary"]
             waits = data.get("waiting_series") or []
             entry["attempts"].append({
@@ -333,10 +358,11 @@ class SloRunner:
             if verdict != "not_enough_data":
                 break
             if attempt <= p.reruns:
-                self.log(
-                    "[slo]   not enough data for a verdict: re-running the same workload, the runs pooled "
-                    "(each run its own block)"
-                )
+                self.log("[slo]   not enough data for a verdict: re-running the same workload, the runs pooled "
+                         "(a block of every run of it counts as one cluster)")  # fmt: skip
+            elif attempt < p.looks:
+                self.log(f"[slo]   not enough data for a verdict: extending with a new sample of the workload "
+                         f"(seed {p.attempt_seed(attempt + 1)}), pooled as blocks of their own")  # fmt: skip
         pooled = [r for a in attempts for r in a["measured"]]
         entry.update({"verdict": verdict, "checks": [asdict(c) for c in checks],
                       "binding": binding_limit(checks), "p99": p99s(pooled)})  # fmt: skip
@@ -392,6 +418,18 @@ class SloRunner:
         self.state["ended"] = _iso(time.time())
         self._save()
         return done
+
+    def close_running(self, status: str, reason: str) -> None:
+        """Mark configurations still searching as ended by ``status`` (``interrupted``, ``failed``), with why:
+        a slo.json left "running" after its process is gone would read as a search still under way."""
+        if not self.state:
+            return
+        for c in self.state.get("configs", []):
+            if c.get("status") == "running":
+                c["status"] = status
+                c["error"] = reason
+        self.state["ended"] = _iso(time.time())
+        self._save()
 
     def interrupt(self) -> None:
         """Stop the Locust child and every process it started (in-flight requests are written as cancelled)."""

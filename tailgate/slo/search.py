@@ -123,33 +123,47 @@ def search(
             hi = rate
     if lo is None:
         return outcome(None, "probe_limit")
-    while not resolution.narrow(lo, hi):  # bisection
-        if len(steps) >= max_probes:
-            return outcome(lo, "probe_limit")
-        mid = round((lo + hi) / 2, 3)
-        if mid in (lo, hi):
-            break
-        if run(mid, "bisect"):
-            lo = mid
-        else:
-            hi = mid
-    # A rate with not enough data cannot close the bracket: step above the highest undecided rate, by the
-    # resolution, until a rate fails (or the budget ends), so the bracket has a failing upper end.
+    # Narrow the bracket [highest pass, lowest fail]. A rate with not enough data cannot end it, but the
+    # capacity is probably near it (undecided means "close to a limit"): probe the wider of the gaps on
+    # either side of the undecided rates, or, while nothing above them has failed, step above the highest
+    # by the resolution, so the bracket gets a failing upper end.
     while len(steps) < max_probes:
         ff = first_failed(lo)
         if ff is not None and resolution.narrow(lo, ff):
             break
-        undecided = [s.rate for s in steps if s.verdict not in ("pass", "fail") and s.rate > lo
-                     and (ff is None or s.rate < ff)]  # fmt: skip
+        undecided = sorted({s.rate for s in steps if s.verdict not in ("pass", "fail") and s.rate > lo
+                            and (ff is None or s.rate < ff)})  # fmt: skip
         if not undecided:
+            if ff is None:
+                break
+            rate, phase = round((lo + ff) / 2, 3), "bisect"
+        elif ff is None:
+            top = undecided[-1]
+            rate, phase = round(min(top + _step(resolution, top), max_rate), 3), "above"
+            if rate <= top:
+                break
+        else:
+            gaps = []
+            if not resolution.narrow(lo, undecided[0]):
+                gaps.append((undecided[0] - lo, (lo + undecided[0]) / 2))
+            if not resolution.narrow(undecided[-1], ff):
+                gaps.append((ff - undecided[-1], (undecided[-1] + ff) / 2))
+            if not gaps:
+                break  # every gap is within the resolution: only longer probes can narrow it further
+            rate, phase = round(max(gaps)[1], 3), "bisect"
+        if any(s.rate == rate for s in steps):
             break
-        top = max(undecided)
-        rate = round(min(top + (resolution.value * top if resolution.relative else resolution.value), max_rate), 3)
-        if rate <= top or (ff is not None and rate >= ff):
-            break
-        if run(rate, "above"):
+        if run(rate, phase):
             lo = rate
+    else:
+        ff = first_failed(lo)
+        if ff is None or not resolution.narrow(lo, ff):
+            return outcome(lo, "probe_limit")
     return outcome(lo, "bracketed")
+
+
+def _step(resolution: Resolution, rate: float) -> float:
+    return resolution.value * rate if resolution.relative else resolution.value
 
 
 def _outcome_so_far(probes: Sequence[Mapping[str, Any]]) -> SearchOutcome:

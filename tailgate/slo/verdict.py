@@ -171,8 +171,9 @@ def check_probe(
     """Pool the attempts of one probe and check every limit; the probe's verdict and the checks.
 
     Each attempt is ``{"measured": [records], "sent": int, "errors": int, "stopped_early": str|None}``
-    (optionally ``waiting_series``). Requests are grouped by (attempt, time block) for the design effect:
-    re-runs count as separate runs, stalls that hit many requests in one block count once. A probe stopped
+    (optionally ``waiting_series`` and ``workload``, the seed of its trace). Requests are grouped by
+    (workload, time block) for the design effect: stalls that hit many requests in one block count once, and
+    so does a block that every re-run of the same workload repeats. A probe stopped
     early (queue without bound, error budget spent) fails whatever its percentiles say. With ``sustained``
     the steady-state check is a ``sustained`` row of the checks. ``resamples``/``seed`` are accepted for
     older callers; the bounds are exact and draw nothing.
@@ -194,6 +195,10 @@ def check_probe(
         groups: list[tuple[int, int]] = []
         excluded = 0
         spans = _spans(attempts)
+        # Re-runs of one workload send the same requests at the same offsets, so the same queue build-ups
+        # recur in the same blocks: a block of every run of a workload is one cluster, and a re-run adds
+        # evidence only as far as the server behaved differently. Another workload's blocks are their own.
+        workloads = [a.get("workload", 0) for a in attempts]
         for i, r in steady:
             v = r.get(fld)
             if not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -202,7 +207,7 @@ def check_probe(
                 excluded += 1  # the client merged chunks: its gaps are not a measurement of the server
                 continue
             values.append(float(v))
-            groups.append((i, _block(r, spans[i])))
+            groups.append((workloads[i], _block(r, spans[i])))
         assert lim.p is not None
         c = check_tail(values, lim.p / 100.0, lim.limit, confidence=level, groups=groups, key=lim.key)
         rnd = lambda x: None if x is None else round(x, 1)  # noqa: E731
