@@ -121,8 +121,8 @@ def e2e(model: EngineModel, limits_text: str, args: argparse.Namespace) -> dict[
             "--config", "engine", "--slo", limits_text, "--results", str(out / "slo"), "--no-report",
             "--start-rate", f"{args.start:g}", "--max-rate", f"{args.max_rate:g}", "--resolution", args.resolution,
             "--duration", f"{args.e2e_duration:g}", "--n", str(args.e2e_min_n), "--warmup", str(args.warmup),
-            "--seed", str(args.e2e_seed), "--max-probes", str(args.max_probes), "--reruns", "0", "--extend", str(args.extend),
-            "--confidence", f"{args.confidence:g}",
+            "--seed", str(args.e2e_seed), "--max-probes", str(args.max_probes), "--reruns", "0",
+            "--extend", str(args.extend), "--confidence", f"{args.confidence:g}",
         ]  # fmt: skip
         t0 = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
