@@ -439,7 +439,7 @@ def _rate_axis(ax: Any) -> None:
 
 
 def _errors_panel(ax: Any, state: Mapping[str, Any], lim: Mapping[str, Any], names: Sequence[str]) -> None:
-    """Error rate (errors and dropped arrivals over arrivals) per probe, Wilson interval, and its limit."""
+    """Error rate (errors and dropped arrivals over arrivals) per probe, one-sided Clopper-Pearson bounds, and its limit."""
     for c in state.get("configs", []):
         probes = sorted(c.get("probes", []), key=lambda p: p["rate"])
         color = charts.config_color(c["name"], names)
@@ -455,7 +455,7 @@ def _errors_panel(ax: Any, state: Mapping[str, Any], lim: Mapping[str, Any], nam
     ax.axhline(100 * float(lim.get("limit", 0)), color="#a02020", ls="--", lw=1)
     _rate_axis(ax)
     ax.set_ylabel("errors + dropped arrivals (% of arrivals)")
-    ax.set_title("error rate (Wilson interval)")
+    ax.set_title("error rate (Clopper-Pearson bounds)")
 
 
 # ---------------------------------------------------------------------------------------------- build
