@@ -439,7 +439,7 @@ def _rate_axis(ax: Any) -> None:
 
 
 def _errors_panel(ax: Any, state: Mapping[str, Any], lim: Mapping[str, Any], names: Sequence[str]) -> None:
-    """Error rate (errors and dropped arrivals over arrivals) per probe, one-sided Clopper-Pearson bounds, and its limit."""
+    """Error rate (errors and dropped arrivals over arrivals) per probe, its Clopper-Pearson bounds, the limit."""
     for c in state.get("configs", []):
         probes = sorted(c.get("probes", []), key=lambda p: p["rate"])
         color = charts.config_color(c["name"], names)
