@@ -227,6 +227,17 @@ def test_search_edges() -> None:
     assert out.status == "unresolved" and 8 in out.unresolved
 
 
+def test_search_narrows_on_both_sides_of_an_undecided_band() -> None:
+    """Probes within 3% of the capacity cannot decide; the search closes in on that band from both sides,
+    so the bracket ends within a resolution step of it (not at the doubling's coarse steps)."""
+    probe, seen = _fake(16.5, uncertain_band=0.5)
+    out = slo.search(probe, start=2, max_rate=64, min_rate=1, resolution=slo.Resolution(0.05, True), max_probes=14)
+    assert out.best is not None and out.first_fail is not None
+    assert out.best <= 16.5 < out.first_fail and (out.first_fail - out.best) / 16.5 <= 0.15, seen
+    assert 16 in out.unresolved and any(s.phase == "above" for s in out.steps)
+    assert len(set(seen)) == len(seen)  # no rate probed twice
+
+
 # ---------------------------------------------------------------------------------------- controllers
 
 

@@ -30,9 +30,11 @@ class ChunkedDecoder:
         self.done = False
 
     def feed(self, data: bytes) -> bytes:
+        out: list[bytes] = []
         if self._state == self._SIZE and not self._buf and not self.done:
-            # One read holding exactly one whole chunk (how servers flush each event) skips the
-            # state machine; anything else (extensions, bare LF, a split or a second chunk) takes it.
+            # Whole chunks at the start of a read (how servers flush each event; a late read holds
+            # several) skip the state machine; the rest (extensions, bare LF, a split chunk, the last
+            # chunk) takes it from where they end.
             nl = data.find(b"\r\n", 0, 18)
             if nl > 0 and data[-2:] == b"\r\n" and data[:nl].isalnum():
                 try:
@@ -40,9 +42,26 @@ class ChunkedDecoder:
                 except ValueError:
                     size = 0
                 if size > 0 and len(data) == nl + size + 4:
-                    return data[nl + 2 : -2]
+                    return data[nl + 2 : -2]  # exactly one chunk: the usual read
+            pos, n = 0, len(data)
+            while pos < n:
+                nl = data.find(b"\r\n", pos, pos + 18)
+                if nl <= pos or not data[pos:nl].isalnum():
+                    break
+                try:
+                    size = int(data[pos:nl], 16)
+                except ValueError:
+                    break
+                end = nl + 2 + size
+                if size <= 0 or end + 2 > n or data[end : end + 2] != b"\r\n":
+                    break
+                out.append(data[nl + 2 : end])
+                pos = end + 2
+            if pos == n:
+                return out[0] if len(out) == 1 else b"".join(out)
+            if pos:
+                data = data[pos:]
         buf = self._buf + data if self._buf else data
-        out: list[bytes] = []
         pos = 0
         n = len(buf)
         while pos < n and not self.done:
@@ -109,6 +128,11 @@ class SSEParser:
         ):
             # Exactly one single-line event, ``data: <payload>\n\n``: what vLLM sends per token.
             return [data[6:-2]]
+        if not self._buf and not self._data and data[:6] == b"data: " and data[-2:] == b"\n\n" and b"\r" not in data:
+            # Several such events in one read (a read that came late): split them without the line loop.
+            parts = data[:-2].split(b"\n\n")
+            if all(p[:6] == b"data: " and b"\n" not in p for p in parts):
+                return [p[6:] for p in parts]
         buf = self._buf + data if self._buf else data
         events: list[bytes] = []
         pos = 0
