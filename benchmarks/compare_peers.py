@@ -615,12 +615,15 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             cols = " | ".join(both(k) for k in (*keys, "itl_p50", "itl_p99"))
             out.append(f"| {rate:g} | {tool} | {cols} |")
     out += ["", "(reported / true)", "", "## Machine load during each run", ""]
-    out.append("| req/s | tool | load avg 1 min before | others' CPU during the run (cores of 2) |")
-    out.append("|---|---|---|---|")
+    out.append("| req/s | tool | load avg 1 min before | others' CPU during the run (cores of 2) | CPU time stolen "
+               "by the host |")  # fmt: skip
+    out.append("|---|---|---|---|---|")
     for r in results:
         cpu = r.get("cpu") or {}
         others = _f(cpu.get("others_busy_cores"), 2, False)
-        out.append(f"| {r['rate']:g} | {r['tool']} | {r['loadavg_before']:.2f} | {others} |")
+        steal = cpu.get("host_steal_share")
+        stolen = "–" if steal is None else f"{100 * steal:.1f}%"
+        out.append(f"| {r['rate']:g} | {r['tool']} | {r['loadavg_before']:.2f} | {others} | {stolen} |")
     notes = {(r["tool"], n) for r in results for n in r["notes"]}
     if notes or meta.get("skipped"):
         out += ["", "## Notes", ""]

@@ -171,8 +171,13 @@ def test_selfcheck_joins_a_real_locust_run_exactly(tmp_path: Path) -> None:
     assert result["interarrival_ks"]["n"] == 19
     assert result["locust"]["exit_code"] == 0
     assert result["cpu"] is not None and result["cpu"]["load_cpu_s"] > 0
+    assert 0.0 <= result["cpu"]["host_steal_share"] <= 1.0  # the hypervisor's share, apart from busy time
     table = render(result)
     assert "client-added error per chunk" in table and "verdict:" in table
+    assert "stolen by the host" in table
+    stolen = render({**result, "cpu": {**result["cpu"], "host_steal_share": 0.2}})
+    calm = render({**result, "cpu": {**result["cpu"], "host_steal_share": 0.0}})
+    assert "HOST STEAL: the hypervisor held back 20%" in stolen and "HOST STEAL" not in calm
     json.dumps(result)  # the --json document is plain JSON
     records = (tmp_path / "run" / "results").glob("records-*.jsonl")
     rows = [json.loads(line) for path in records for line in path.read_text().splitlines()]

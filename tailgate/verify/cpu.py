@@ -16,13 +16,19 @@ SAMPLE_INTERVAL_S = 0.2
 # ------------------------------------------------------------------------------------------- machine
 
 
-def _proc_stat() -> tuple[float, float]:
-    """(busy, total) CPU seconds over all CPUs since boot."""
+def _proc_stat() -> tuple[float, float, float]:
+    """(busy, total, stolen) CPU seconds over all CPUs since boot.
+
+    Stolen time is when the hypervisor ran something else instead of this machine's CPUs: to every process
+    in it, a pause it cannot see coming. It is not busy time of this machine, so it is kept apart; a late
+    read during a stage with much of it is the host's doing, not the load generator's.
+    """
     import psutil
 
     times = psutil.cpu_times()
     total = sum(times)
-    return total - times.idle - getattr(times, "iowait", 0.0), total
+    steal = getattr(times, "steal", 0.0)
+    return total - times.idle - getattr(times, "iowait", 0.0) - steal, total, steal
 
 
 def machine_facts() -> dict[str, Any]:
@@ -42,8 +48,8 @@ class CpuSampler(threading.Thread):
         self.root_pid = root_pid
         self.other_pids = list(other_pids)
         self.interval_s = interval_s
-        self.samples: list[tuple[float, float, float, float, float]] = []
-        """(wall time, tree CPU s, other pids' CPU s, machine busy CPU s, machine total CPU s)."""
+        self.samples: list[tuple[float, float, float, float, float, float]] = []
+        """(wall time, tree CPU s, other pids' CPU s, machine busy CPU s, machine total CPU s, stolen CPU s)."""
         self._seen: dict[int, float] = {}
         self._others: dict[int, float] = {}
         self._halt = threading.Event()
@@ -68,8 +74,8 @@ class CpuSampler(threading.Thread):
                 self._others[pid] = t.user + t.system
             except psutil.Error:
                 pass
-        busy, total = _proc_stat()
-        self.samples.append((time.time(), sum(self._seen.values()), sum(self._others.values()), busy, total))
+        busy, total, steal = _proc_stat()
+        self.samples.append((time.time(), sum(self._seen.values()), sum(self._others.values()), busy, total, steal))
 
     def run(self) -> None:
         while not self._halt.is_set():
@@ -92,7 +98,8 @@ class CpuSampler(threading.Thread):
         if wall <= 0:
             return None
         cores = os.cpu_count() or 1
-        machine = (b[3] - a[3]) / max(1, b[4] - a[4]) * cores
+        span = max(1e-9, b[4] - a[4])
+        machine = (b[3] - a[3]) / span * cores
         return {
             "wall_s": wall,
             "load_cpu_s": b[1] - a[1],
@@ -101,4 +108,5 @@ class CpuSampler(threading.Thread):
             "server_cores": (b[2] - a[2]) / wall,
             "machine_busy_cores": machine,
             "others_busy_cores": machine - (b[1] - a[1] + b[2] - a[2]) / wall,
+            "host_steal_share": (b[5] - a[5]) / span,
         }

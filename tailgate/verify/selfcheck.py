@@ -280,6 +280,10 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
+HOST_STEAL_NOTE = 0.05
+"""Share of the machine's CPU time stolen by the hypervisor during a stage from which the check says so."""
+
+
 def render(result: Mapping[str, Any]) -> str:
     """The human-readable table of one self-check."""
     c = result["config"]
@@ -292,7 +296,8 @@ def render(result: Mapping[str, Any]) -> str:
         f"machine: {m0['cores']} cores, load average {m0['loadavg_1m']:.2f} before / {m1['loadavg_1m']:.2f} after"
         + (
             f"; {cpu['machine_busy_cores']:.2f} cores busy during the stage, "
-            f"{max(0.0, cpu['others_busy_cores']):.2f} of them other processes"
+            f"{max(0.0, cpu['others_busy_cores']):.2f} of them other processes, "
+            f"{cpu.get('host_steal_share', 0.0):.0%} of the CPU time stolen by the host"
             if cpu
             else ""
         ),
@@ -343,10 +348,17 @@ def render(result: Mapping[str, Any]) -> str:
             f"{result['chunks_per_s']:.0f} chunks/s); server {100 * cpu['server_cores']:.1f}%"
         )
     merged = result.get("client_coalesced_streams")
+    steal = cpu.get("host_steal_share")
     if merged:
         lines.append(
             f"CLIENT BEHIND: {merged} stream(s) merged chunks in late reads (client_coalesced): "
             "their gaps describe the load generator"
+        )
+    if steal is not None and steal >= HOST_STEAL_NOTE:
+        lines.append(
+            f"HOST STEAL: the hypervisor held back {steal:.0%} of this machine's CPU time during the stage; "
+            "every process here was paused meanwhile, so late reads are the host's as much as the client's: "
+            "measure again on a quieter host"
         )
     lines.append(
         f"locust: exit {result['locust']['exit_code']}, {result['locust']['cpu_s_total']:.2f} s CPU in all "
