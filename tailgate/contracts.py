@@ -367,6 +367,8 @@ class StageSummary(Contract):
     chunks_per_s: float | None = None
     load_processes: int | None = None
     processes_to_keep_up: int | None = None
+    host_steal_share: float | None = None
+    """Share of the coordinating machine's CPU time the hypervisor stole during the stage (None: unknown)."""
 
     def seed_row(self) -> dict[str, Any]:
         """The seed's twelve keys only, in its order: what a comparison with the reference harness reads."""

@@ -16,9 +16,11 @@ import resource
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from tailgate.hoststeal import cpu_counters, steal_share
 from tailgate.load import stagegc
 from tailgate.load.client import REFRESH_NS, WallToClock
 from tailgate.load.console import client_behind, summary_line
@@ -137,6 +139,21 @@ def test_the_console_names_merged_streams_and_stays_quiet_without_them() -> None
     assert client_behind(summary(0)) == "" and "CLIENT BEHIND" not in summary_line(summary(0))
     line = summary_line(summary(7))
     assert "CLIENT BEHIND: 7 of 200 streams" in line and "client_coalesced" in line
+    assert "more --processes" in line
+    stolen = summary_line({**summary(7), "host_steal_share": 0.18})  # the host paused every process at once
+    assert "the host stole 18%" in stolen and "more --processes" not in stolen
+
+
+def test_host_steal_is_read_from_the_kernels_counters(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 50 0 25 400 5 0 2 18 0 0\n")
+    before = cpu_counters(stat)
+    assert before == (35, 1000)
+    stat.write_text("cpu  200 0 100 1500 20 0 10 170 0 0\n")
+    assert steal_share(before, cpu_counters(stat)) == round(135 / 1000, 4)
+    assert cpu_counters(tmp_path / "absent") is None and steal_share(None, before) is None
+    live = cpu_counters()
+    assert live is None or 0 <= live[0] <= live[1]
 
 
 def test_the_tab_counts_merged_streams_per_stage() -> None:

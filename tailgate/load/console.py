@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tailgate.hoststeal import NOTABLE_SHARE
+
 
 def summary_line(s: dict[str, Any]) -> str:
     return (
@@ -18,11 +20,19 @@ def summary_line(s: dict[str, Any]) -> str:
 
 
 def client_behind(s: dict[str, Any]) -> str:
-    """The console's warning that a cell measured the client too: '' when no stream was merged by a late read."""
+    """The console's warning that a cell measured the client too: '' when no stream was merged by a late read.
+
+    When the hypervisor stole a notable share of the machine's CPU meanwhile, the line says so: more load
+    processes cannot help with a host that pauses all of them."""
     merged = s.get("client_coalesced_streams") or 0
     if not merged:
         return ""
+    steal = s.get("host_steal_share")
+    if steal is not None and steal >= NOTABLE_SHARE:
+        cure = f"the host stole {steal:.0%} of this machine's CPU time meanwhile: a quieter host, not more processes"
+    else:
+        cure = "more --processes, or a quieter machine"
     return (
         f"; CLIENT BEHIND: {merged} of {s['n']} streams merged chunks in late reads (client_coalesced); "
-        f"their gaps describe the load generator, not the server (more --processes, or a quieter machine)"
+        f"their gaps describe the load generator, not the server ({cure})"
     )

@@ -31,6 +31,7 @@ from typing import Any
 
 from tailgate.arms import arm as arm_of
 from tailgate.contracts import Order, StageSummary
+from tailgate.hoststeal import cpu_counters, steal_share
 from tailgate.load.console import summary_line
 from tailgate.load.distributed import DEADLINE_MARGIN_S, WORKER_LOST, ClockSync, MasterSink
 from tailgate.load.metrics import Snapshot, scrape
@@ -102,6 +103,7 @@ class RunSession(WorkerRoster):
         self.stopping = False
         self.current: Stage | None = None
         self.stage_started: dict[int, float] = {}
+        self.stage_cpu: dict[int, tuple[int, int] | None] = {}
         self.before: dict[int, Snapshot | None] = {}
         self.summaries: dict[int, dict[str, Any]] = {}
         self.dropped: dict[int, int] = {}
@@ -292,6 +294,7 @@ class RunSession(WorkerRoster):
         s = self.settings
         self.before[stage.index] = scrape(s.metrics_url) if s.metrics_url else None
         self.stage_started[stage.index] = time.time()
+        self.stage_cpu[stage.index] = cpu_counters()
         self.current = stage
         baseline = self._sent_ended()
         lost_here: list[str] = []
@@ -431,6 +434,8 @@ class RunSession(WorkerRoster):
         summary["load_processes"] = 1 if self._local else len(self.workers)
         # what the report suggests when this stage fell behind its schedule
         summary["processes_to_keep_up"] = processes_for(chunks / span) if span > 0 else None
+        # this machine's CPU time the hypervisor took during the stage (the coordinator's host)
+        summary["host_steal_share"] = steal_share(self.stage_cpu.get(stage.index), cpu_counters())
         if delta is not None and delta < 0:
             # the counter went backwards: the server restarted mid-stage; a negative delta is meaningless
             summary["preemptions_delta"] = None

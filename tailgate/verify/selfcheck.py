@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tailgate.hoststeal import NOTABLE_SHARE
 from tailgate.lifecycle import Stopped
 from tailgate.records import read_records
 from tailgate.runner import ChildRunner, LocustRun, prepare_results, signal_guard
@@ -280,10 +281,6 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-HOST_STEAL_NOTE = 0.05
-"""Share of the machine's CPU time stolen by the hypervisor during a stage from which the check says so."""
-
-
 def render(result: Mapping[str, Any]) -> str:
     """The human-readable table of one self-check."""
     c = result["config"]
@@ -354,7 +351,7 @@ def render(result: Mapping[str, Any]) -> str:
             f"CLIENT BEHIND: {merged} stream(s) merged chunks in late reads (client_coalesced): "
             "their gaps describe the load generator"
         )
-    if steal is not None and steal >= HOST_STEAL_NOTE:
+    if steal is not None and steal >= NOTABLE_SHARE:
         lines.append(
             f"HOST STEAL: the hypervisor held back {steal:.0%} of this machine's CPU time during the stage; "
             "every process here was paused meanwhile, so late reads are the host's as much as the client's: "
