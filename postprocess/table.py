@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
+from tailgate.hoststeal import NOTABLE_SHARE
 from tailgate.resultfiles import TABLE_CSV, TABLE_MD
 
 TABLE_COLUMNS: tuple[str, ...] = (
@@ -31,7 +32,7 @@ CSV_EXTRA: tuple[str, ...] = (
     "lost_in_flight", "achieved_rate", "sent", "warmup", "warmup_rule", "summary_source",
     "planned", "recorded", "never_sent", "endpoint", "arrivals", "prefix_cache_hit_rate",
     "prefix_cache_hit_rate_prometheus", "prefix_cache_queries_delta", "prefix_cache_hits_delta",
-    "prompt_tokens_checked", "prompt_tokens_exact", "prompt_tokens_diff_max",
+    "prompt_tokens_checked", "prompt_tokens_exact", "prompt_tokens_diff_max", "host_steal_share",
 )  # fmt: skip
 ACCOUNTING_COLUMNS: tuple[str, ...] = ("cell", "planned", "sent", "recorded", "lost_in_flight", "never_sent")
 """Where each cell's planned requests went (``postprocess/accounting.py``): a second table."""
@@ -118,9 +119,11 @@ def table_markdown(table: pd.DataFrame) -> str:
     head = "| " + " | ".join(HEADERS.get(c, c) for c in cols) + " |"
     align = "|" + "|".join("---" if c in ("cell", "config", "arm", "prompts") else "---:" for c in cols) + "|"
     lines = [head, align]
-    for row in table[cols].itertuples(index=False):
-        cells = [_fmt(c, v) for c, v in zip(cols, row, strict=True)]
-        cells[0] += _measurement_mark(row._asdict())
+    marks = [*cols, "host_steal_share"] if "host_steal_share" in table.columns else cols
+    for row in table[marks].itertuples(index=False):
+        d = row._asdict()
+        cells = [_fmt(c, d[c]) for c in cols]
+        cells[0] += _measurement_mark(d)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -138,12 +141,18 @@ laptop screen (1400 px) without scrolling sideways; the caption says every figur
 
 
 def _measurement_mark(row: dict[str, Any]) -> str:
-    """:data:`NOT_A_MEASUREMENT` for a cell with streams the client coalesced (absent counts: old records)."""
+    """:data:`NOT_A_MEASUREMENT` for a cell with streams the client coalesced (absent counts: old records),
+    naming the host when the hypervisor stole a notable share of the machine's CPU during the cell."""
     value = row.get("client_coalesced_streams")
     try:
-        return NOT_A_MEASUREMENT if value is not None and float(value) > 0 else ""
+        if value is None or not float(value) > 0:
+            return ""
     except (TypeError, ValueError):
         return ""
+    steal = row.get("host_steal_share")
+    if isinstance(steal, (int, float, np.floating)) and math.isfinite(steal) and steal >= NOTABLE_SHARE:
+        return f"{NOT_A_MEASUREMENT[:-1]}: the host stole {float(steal):.0%} of the CPU)"
+    return NOT_A_MEASUREMENT
 
 
 def _rows(table: pd.DataFrame, cols: list[str]) -> list[dict[str, Any]]:

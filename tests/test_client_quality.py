@@ -96,3 +96,6 @@ def test_table_marks_a_cell_with_coalesced_streams() -> None:
     assert lines[0].startswith("| chunked_cont_r5 |")
     assert lines[1].startswith(f"| chunked_cont_r10{NOT_A_MEASUREMENT} |") and "| 3 |" in lines[1]
     assert "coalesced by client" in md
+    stolen = summaries.assign(host_steal_share=[0.0, 0.22])  # the hypervisor paused the machine in that cell
+    row = next(x for x in table_markdown(summary_table(stolen)).splitlines() if x.startswith("| chunked_cont_r10"))
+    assert row.startswith("| chunked_cont_r10 (not a measurement: the host stole 22% of the CPU) |")
