@@ -231,6 +231,7 @@ def slo_rows(state: Mapping[str, Any], records: pd.DataFrame | None = None) -> l
             "evidence": mech["evidence"],
             "probes": len(c.get("probes", [])),
             "attempts": sum(len(p.get("attempts", [])) for p in c.get("probes", [])),
+            "seeds": _seeds(c),
             "uncertain": (r.get("not_enough_data_rates") or r.get("uncertain_rates")) or [],
         })  # fmt: skip
     return rows
@@ -247,11 +248,25 @@ def _best_text(row: Mapping[str, Any]) -> str:
     return f"≥ {_rate(row['best_rate'])}" if row["status"] == "max_rate" else _rate(row["best_rate"])
 
 
+def _seeds(config: Mapping[str, Any]) -> list[int]:
+    """The workload seeds a configuration's attempts ran (re-runs repeat one; extensions add others)."""
+    return sorted({a["seed"] for p in config.get("probes", []) for a in p.get("attempts", [])
+                   if isinstance(a.get("seed"), int)})  # fmt: skip
+
+
+def _probes_text(row: Mapping[str, Any]) -> str:
+    """Probes (attempts), and the workload seeds when extensions drew more than one: pooled samples of
+    several seeds are reported as such."""
+    seeds = row.get("seeds") or []
+    extra = f"; seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else ""
+    return f"{row['probes']} ({row['attempts']}{extra})"
+
+
 def _cells(row: Mapping[str, Any]) -> list[str]:
     return [
         row["config"], row["flags"], _best_text(row), _rate(row["first_fail_rate"]),
         _ms(row["p99"].get("ttft")), _ms(row["p99"].get("gap")), _ms(row["p99"].get("total")),
-        row["binding"] or "–", row["mechanism"], f"{row['probes']} ({row['attempts']})",
+        row["binding"] or "–", row["mechanism"], _probes_text(row),
         ", ".join(_rate(u) for u in row["uncertain"]) or "–",
     ]  # fmt: skip
 

@@ -402,7 +402,7 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, args: list[str], option: str)
 
 
 def test_report_section_from_synthetic_state(tmp_path: Path) -> None:
-    from tailgate.postprocess.slo import recommendation, slo_rows, slo_section
+    from tailgate.postprocess.slo import recommendation, slo_rows, slo_section, table_markdown
 
     def probe(i: int, rate: float, verdict: str, ttft: float) -> dict[str, Any]:
         check = {"key": "ttft_p99", "limit": 300.0, "point": ttft, "low": ttft * 0.9, "high": ttft * 1.1,
@@ -444,6 +444,9 @@ def test_report_section_from_synthetic_state(tmp_path: Path) -> None:
     assert (tmp_path / "report" / "slo_rate.png").stat().st_size > 0
     assert (tmp_path / "report" / "slo_p99.svg").stat().st_size > 0
     assert "| a |" in section.table_md.read_text()
+    # an extension drew a second sample of the workload: the table names both seeds
+    state["configs"][0]["probes"][1]["attempts"] += [{"dir": "x_r10_a2", "seed": 7}, {"dir": "x_r10_a3", "seed": 1007}]
+    assert "3 (5; seeds 7, 1007)" in table_markdown(slo_rows(state, pd.DataFrame()), "ttft_p99<=300ms")
 
 
 # ------------------------------------------------------------------------------------ end to end, CPU vLLM
