@@ -371,10 +371,11 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
             f"{plan.max_rate:g}, bisecting to {plan.resolution}; n={plan.n} (+{plan.warmup} warm-up) "
             "per probe")  # fmt: skip
         pct = [lim for lim in plan.limits if lim.p is not None]
-        need = max((min_n_for_bound(lim.p / 100.0, plan.confidence) for lim in pct), default=0)
+        need = max((min_n_for_bound(lim.p / 100.0, plan.look_confidence) for lim in pct), default=0)
         if plan.probe_n(plan.start_rate) < need:
             log(f"[slo] note: {plan.probe_n(plan.start_rate)} measured requests per probe at {plan.start_rate:g} "
-                f"req/s is below the {need} a {plan.confidence:.0%} bound on "
+                f"req/s is below the {need} a {plan.look_confidence:.1%} bound (each of a probe's {plan.looks} "
+                f"looks) on "
                 f"{max(pct, key=lambda lim: lim.p or 0).key} needs: such probes can only fail or have not enough "
                 "data; raise --n or --duration for a pass")  # fmt: skip
         runner.run()
