@@ -333,7 +333,7 @@ def _fake_runner(tmp_path: Path, capacity: float, edge: float, **plan: Any) -> t
 
 
 def test_runner_records_reruns_and_resumes(tmp_path: Path) -> None:
-    runner, ctl = _fake_runner(tmp_path, capacity=12, edge=0.6)
+    runner, ctl = _fake_runner(tmp_path, capacity=12, edge=0.6, reruns=1)
     runner.run()
     state = json.loads((tmp_path / slo.SLO_FILE).read_text())
     c = state["configs"][0]
@@ -348,7 +348,7 @@ def test_runner_records_reruns_and_resumes(tmp_path: Path) -> None:
     assert state["plan"]["look_confidence"] == pytest.approx(1 - 0.05 / 3, abs=1e-5)
     assert all(0.8 * 300 * len(p["attempts"]) <= p["checks"][0]["n"] <= 300 * len(p["attempts"]) for p in c["probes"])
     # a second run finds every attempt on disk and never restarts the server
-    again, ctl2 = _fake_runner(tmp_path, capacity=12, edge=0.6)
+    again, ctl2 = _fake_runner(tmp_path, capacity=12, edge=0.6, reruns=1)
     again.run()
     assert ctl2.restarted == []
     assert json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"][0]["result"] == c["result"]

@@ -18,10 +18,11 @@
 #   configuration's flags are then recorded as declared, not applied.
 #
 # The search: the seed's trace (seed 7), SLO TTFT p99 <= 300 ms and worst-gap p99 <= 200 ms (TTFT from the intended
-# send), doubling from 5 req/s (5, 10, 20, 40), bisecting to 2.5 req/s, one re-run of a probe whose interval
-# straddles a limit, halving no lower than 2.5 req/s. A probe of 225 requests takes 225/rate s plus ~15 s
-# (5 req/s: ~60 s, 10: ~38 s, 20: ~26 s, 40: ~21 s): a typical configuration is 3-4 probes and 1-2 re-runs,
-# ~3-4.5 min, plus ~80-100 s of server start: about 6 minutes per call, under the 10-minute command limit.
+# send), doubling from START (default 5) req/s, narrowing to RESOLUTION (default 15%), one extension of a probe
+# without a verdict (a new sample of the workload, seed 1007; no re-run of the same one: it would be clustered
+# with the first run), halving no lower than 2.5 req/s. A probe lasts DURATION s of arrivals (default 90) plus
+# ~15 s; TIME_BUDGET_S bounds the probing, and the server's start (~80-100 s) comes on top: keep the two under
+# the 10-minute command limit.
 #
 # Device calls (../shared/gpu/README.md: `prepare.sh .gpu` here first, with the suite's wheels as for device.sh):
 #   carry [.gpu/p1, .gpu/s]:    bash .gpu/s/go.sh env; bash .gpu/s/go.sh stage 1      (then stage K for each chunk)
@@ -55,7 +56,7 @@ t0=$(date +%s)
 python3 -m tailgate.cli slo "${server[@]}" --host "$HOST" --results "$R" --config "$config: $knobs" \
   --slo "$SLO" --n "$n" --duration "${DURATION:-90}" --warmup 25 --seed 7 --ignore-eos \
   --start-rate "${START:-5}" --max-rate 40 --min-rate 2.5 --resolution "${RESOLUTION:-15%}" --max-probes 8 \
-  --reruns 1 --time-budget "$budget" --no-report 2>&1 | grep -vE "in flight, about|^\s*$"
+  --reruns 0 --extend 1 --time-budget "$budget" --no-report 2>&1 | grep -vE "in flight, about|^\s*$"
 rc=${PIPESTATUS[0]}
 echo "slo $config exit $rc after $(( $(date +%s) - t0 )) s"
 bash "$GO" log >/dev/null 2>&1   # the server logs (scheduler stats every 5 s) travel with the results

@@ -102,7 +102,9 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="seconds of probing per configuration; no probe starts that would overrun it (0: none)",
     )
-    p.add_argument("--reruns", type=int, default=1, help="re-runs of a probe whose interval straddles a limit")
+    p.add_argument("--reruns", type=int, default=0,
+                   help="re-runs of the same workload for a probe without a verdict (clustered with the first run: "
+                        "they add evidence only as far as the server behaved differently)")  # fmt: skip
     p.add_argument("--extend", type=int, default=1,
                    help="then further attempts on new samples of the workload (seed + 1000 each) while the probe "
                         "stays undecided; each look's confidence is shared out so the verdict holds at "

@@ -38,7 +38,9 @@ class SloPlan:
     min_rate: float = 0.5
     resolution: Resolution = field(default_factory=lambda: Resolution(0.25, True))
     max_probes: int = 8
-    reruns: int = 1
+    reruns: int = 0
+    """Re-runs of the same workload for a probe without a verdict: they add evidence only as far as the
+    server behaves differently on the same arrivals, so none by default; extensions add new samples."""
     extend: int = 1
     """Further attempts, each a new sample of the workload (another seed), for a probe still undecided after
     its re-runs: more independent evidence where the capacity is, instead of longer probes everywhere."""
