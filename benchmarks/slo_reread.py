@@ -28,16 +28,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(args.results)
     state = json.loads((root / slo.SLO_FILE).read_text())
     limits = slo.parse_slo(state["plan"]["slo"])
-    plan = SloPlan(limits=limits, configs=[], n=state["plan"]["n"], warmup=state["plan"]["warmup"])
+    plan = SloPlan(limits=limits, configs=[], n=state["plan"]["n"], warmup=state["plan"]["warmup"],
+                   reruns=int(state["plan"].get("reruns", 0)), extend=int(state["plan"].get("extend", 0)))  # fmt: skip
     reader = SloRunner(plan, None, root, log=lambda _line: None)
-    print(f"SLO {state['plan']['slo']}; confidence {plan.confidence:.0%} one-sided")
+    print(f"SLO {state['plan']['slo']}; confidence {plan.confidence:.0%} one-sided, each of a probe's "
+          f"{plan.looks} looks at {plan.look_confidence:.1%}")  # fmt: skip
     print("| configuration | rate | verdict then | verdict now | attempts (seeds) | why, per check |")
     print("|---|---:|---|---|---|---|")
     for c in state["configs"]:
         for pr in sorted(c["probes"], key=lambda x: x["rate"]):
             folders = [root / a["dir"] for a in pr["attempts"]]
-            attempts = [reader._attempt_data(d, json.loads((d / slo.PROBE_MARK).read_text())) for d in folders]
-            verdict, checks = slo.check_probe(attempts, limits, rate=pr["rate"])
+            attempts = [
+                {**reader._attempt_data(d, json.loads((d / slo.PROBE_MARK).read_text())), "workload": a.get("seed")}
+                for d, a in zip(folders, pr["attempts"], strict=True)
+            ]  # runs of one seed are one workload: their blocks are clustered together
+            verdict, checks = slo.check_probe(attempts, limits, level=plan.look_confidence, rate=pr["rate"])
             why = "; ".join(f"{ch.key}: {ch.verdict} (n {ch.n}, effective {ch.n_effective})" if ch.n_effective
                             is not None else f"{ch.key}: {ch.verdict}" for ch in checks)  # fmt: skip
             seeds = ", ".join(str(a.get("seed")) for a in pr["attempts"])
