@@ -186,6 +186,11 @@ def check_probe(
     for i, a in enumerate(attempts):
         part, _ = steady_part(a)
         steady += [(i, r) for r in part]
+    spans = _spans(attempts)
+    # Re-runs of one workload send the same requests at the same offsets, so the same queue build-ups
+    # recur in the same blocks: a block of every run of a workload is one cluster, and a re-run adds
+    # evidence only as far as the server behaved differently. Another workload's blocks are their own.
+    workloads = [a.get("workload", 0) for a in attempts]
     for lim in limits:
         if lim.metric == "errors":
             checks.append(error_check(errors, sent, lim.limit, level, lim.key))
@@ -194,11 +199,6 @@ def check_probe(
         values: list[float] = []
         groups: list[tuple[int, int]] = []
         excluded = 0
-        spans = _spans(attempts)
-        # Re-runs of one workload send the same requests at the same offsets, so the same queue build-ups
-        # recur in the same blocks: a block of every run of a workload is one cluster, and a re-run adds
-        # evidence only as far as the server behaved differently. Another workload's blocks are their own.
-        workloads = [a.get("workload", 0) for a in attempts]
         for i, r in steady:
             v = r.get(fld)
             if not isinstance(v, (int, float)) or not math.isfinite(v):
