@@ -379,6 +379,7 @@ def test_runner_time_budget_keeps_the_bracket(tmp_path: Path) -> None:
         (["--slo", "ttft_p99<=1s", "--resolution", "0"], "--resolution"),
         (["--slo", "ttft_p99<=1s", "--server", "command"], "--restart-command"),
         (["--slo", "ttft_p99<=1s", "--server", "url", "--host", "ftp://x"], "--host"),
+        (["--slo", "ttft_p99<=1s", "--server", "url", "--host", "http://[::1"], "--host"),
         (["--slo", "ttft_p99<=1s", "--server", "url", "--start-rate", "8", "--max-rate", "4"], "--max-rate"),
         (["--slo", "ttft_p99<=1s", "--server", "url", "--n", "0"], "--n"),
         (["--slo", "ttft_p99<=1s", "--server", "url", "--n", "10", "--warmup", "25"], "--n"),

@@ -312,8 +312,6 @@ def _check_url(option: str, url: str) -> str:
         Target.parse(url)
     except TargetError as e:
         raise OptionError(f"{option}: {e}") from None
-    except ValueError as e:  # urlsplit's own complaints, e.g. "Invalid IPv6 URL" for http://[::1
-        raise OptionError(f"{option}: {url!r} is not a valid URL ({e})") from None
     return url.rstrip("/")
 
 

@@ -26,7 +26,10 @@ class Target:
 
     @classmethod
     def parse(cls, url: str) -> Target:
-        parts = urlsplit(url.strip())
+        try:
+            parts = urlsplit(url.strip())
+        except ValueError as e:  # urlsplit's own complaints, e.g. "Invalid IPv6 URL" for http://[::1
+            raise TargetError(f"{url!r} is not a valid URL ({e})") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise TargetError(f"{url!r} is not an http(s) URL with a host")
         try:
