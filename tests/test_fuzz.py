@@ -10,6 +10,7 @@ bad values with one line and exit 2 before they start anything.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import re
@@ -401,6 +402,63 @@ def test_suite_refuses_bad_values_before_starting_anything(
     assert_one_line_error(done, "tailgate suite", *fragments)
     assert done.stdout == ""  # no progress line: nothing was started
     assert not results.exists()
+
+
+WORKLOADS = ROOT / "tests" / "fixtures" / "workloads"
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--prompts", "dataset"], ["--prompts dataset", "--dataset"]),
+        (["--prompts", "seed,dataset", "--dataset", "{bad}"], ["--dataset", "not valid JSON"]),
+        (["--prompts", "prefix", "--prefix-share", "2"], ["--prefix-share"]),
+        (["--locust-arg=--arrival-trace=/nonexistent/t.jsonl"], ["--arrival-trace", "does not exist"]),
+        ([f"--locust-arg=--arrival-trace={WORKLOADS / 'mooncake-small.jsonl'}"], ["--arrival-trace", "--no-gated"]),
+    ],
+    ids=["dataset-without-file", "dataset-not-json", "prefix-share", "trace-missing", "trace-with-gated"],
+)
+def test_suite_checks_the_workload_before_any_server_starts(
+    tmp_path: Path, args: list[str], fragments: list[str]
+) -> None:
+    """Found by each Locust run anyway, but only after a server start (minutes on a GPU box)."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("root:x:0:0\n")
+    args = [str(bad) if a == "{bad}" else a for a in args]
+    results = tmp_path / "suite"
+    done = tailgate("suite", "--embedded", "--results", str(results), *args)
+    assert_one_line_error(done, "tailgate suite", *fragments)
+    assert done.stdout == ""  # no vLLM install, no server start
+    assert not results.exists() or not any(results.iterdir())
+
+
+def test_suite_forwards_the_workload_options_to_every_locust_run(tmp_path: Path) -> None:
+    from tailgate.cli import add_suite_arguments, build_plan
+
+    parser = argparse.ArgumentParser()
+    add_suite_arguments(parser)
+    dataset = WORKLOADS / "sharegpt-small.json"
+    plan = build_plan(parser.parse_args(["--prompts", "seed,dataset", "--dataset", str(dataset.relative_to(ROOT)),
+                                         "--prefix-groups", "2"]))  # fmt: skip
+    args = plan.locust_args
+    assert args[args.index("--dataset") + 1] == str(dataset)  # absolute: Locust may run elsewhere
+    assert args[args.index("--prefix-groups") + 1] == "2" and "--prefix-tokens" not in args
+
+
+def test_suite_against_a_url_nobody_answers_is_one_line_and_leaves_no_folder(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = tmp_path / "suite"
+    done = tailgate("suite", "--server", "url", "--configs", "chunked", "--host", f"http://127.0.0.1:{port}",
+                    "--results", str(results))  # fmt: skip
+    assert_one_line_error(done, "tailgate suite", "--host", "does not answer")
+    assert not results.exists()
+
+
+def test_make_model_into_a_folder_that_cannot_exist() -> None:
+    done = tailgate("make-model", "/proc/no-such-folder/model")
+    assert_one_line_error(done, "tailgate make-model", "cannot create")
 
 
 def test_suite_refuses_a_results_path_that_is_a_file(tmp_path: Path) -> None:

@@ -385,6 +385,8 @@ def test_runner_time_budget_keeps_the_bracket(tmp_path: Path) -> None:
         (["--slo", "ttft_p99<=1s", "--server", "url", "--n", "10", "--warmup", "25"], "--n"),
         (["--slo", "ttft_p99<=1s", "--server", "url", "--trace-file", "/nonexistent/t.jsonl"], "--trace-file"),
         (["--slo", "ttft_p99<=1s", "--server", "warp"], "--server"),
+        (["--slo", "ttft_p99<=1s", "--server", "url", "--locust-arg=--prompts=dataset"], "--dataset"),
+        (["--slo", "ttft_p99<=1s", "--server", "url", "--locust-arg=--prompts=bogus"], "--prompts"),
     ],
 )
 def test_bad_input_one_line_exit_2(tmp_path: Path, args: list[str], option: str) -> None:

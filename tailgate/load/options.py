@@ -8,10 +8,12 @@ entry points can print one line and exit 2.
 
 from __future__ import annotations
 
+import argparse
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tailgate import arms
 from tailgate.contracts import RunMeta
@@ -408,6 +410,27 @@ def validate(opts: Any, *, arm: str | None = None, now: str = "") -> Settings:
         sample_metrics=opts.sample_metrics, prometheus_url=prometheus_url, settle=opts.settle,
         stop_on_errors=opts.stop_on_errors, realtime=bool(getattr(opts, "realtime", False)), **workload,
     )  # fmt: skip
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """argparse that raises :class:`OptionError` instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise OptionError(message)
+
+
+def check_workload(locust_args: Sequence[str], cells: Sequence[tuple[str | None, str]]) -> None:
+    """The workload options a suite or an SLO search hands to its Locust runs, checked as each run will
+    check them, before any server starts: a missing dataset or a bad trace must not cost a server start
+    (minutes on a GPU box) to find. ``cells`` are the (prompt source, arm) pairs that will run; a source
+    of ``None`` keeps whatever ``--prompts`` the Locust options name."""
+    parser = _RaisingParser(add_help=False)
+    add_workload_arguments(parser)
+    opts, _ = parser.parse_known_args(list(locust_args))
+    for source, arm in cells:
+        if source is not None:
+            opts.prompts = source
+        _validate_workload(opts, arm)
 
 
 def _validate_workload(opts: Any, arm: str) -> dict[str, Any]:

@@ -55,3 +55,16 @@ def _tail(path: Path, lines: int = 40) -> str:
     except OSError:
         return f"(no log at {path})"
     return "\n".join(text.splitlines()[-lines:])
+
+
+def unreachable(url: str) -> str | None:
+    """Why the server at ``url`` cannot be reached now (None: it answered), checked before anything
+    starts: a server someone else runs that is down is a wrong ``--host`` as far as this run can tell."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=5.0):
+            return None
+    except urllib.error.HTTPError:
+        return None  # it answered: authentication or routing is the load generator's to report
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        return f"{url} does not answer ({reason}); start the server or fix the URL"

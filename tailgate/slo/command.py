@@ -207,6 +207,12 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         if len(lines) <= warmup:
             raise SloError(f"--trace-file: {len(lines)} items leave nothing after --warmup {warmup}")
         n = len(lines) - warmup
+    from tailgate.load.options import check_workload
+
+    try:
+        check_workload(locust_args, [(None, "continuous")])
+    except OptionError as e:
+        raise SloError(str(e)) from None
     return SloPlan(
         limits=limits, configs=configs, start_rate=start, max_rate=max_rate, min_rate=min_rate,
         resolution=Resolution.parse(args.resolution), max_probes=args.max_probes, reruns=args.reruns,
@@ -225,21 +231,6 @@ def _check_url(option: str, url: str) -> None:
         Target.parse(url)
     except TargetError as e:
         raise SloError(f"{option}: {e}") from None
-
-
-def _unreachable(url: str) -> str | None:
-    """Why the server at ``url`` cannot be reached now (None: it answered): checked before any probe."""
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=5.0):
-            return None
-    except urllib.error.HTTPError:
-        return None  # it answered: authentication or routing is the load generator's to report
-    except (OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        return f"{url} does not answer ({reason}); start the server or fix the URL"
 
 
 def resume_refusal(root: Path, plan: SloPlan) -> str | None:
@@ -356,7 +347,9 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
             sys.stderr.write(f"tailgate slo: error: --results: {refusal}\n")
             return EXIT_USAGE
         if args.server in ("url", "manual", "compose", "command") and not args.embedded:
-            unreachable = _unreachable(args.host)
+            from tailgate.servers.net import unreachable as server_unreachable
+
+            unreachable = server_unreachable(args.host)
             if unreachable and args.server == "url":
                 sys.stderr.write(f"tailgate slo: error: --host: {unreachable}\n")
                 return EXIT_USAGE
