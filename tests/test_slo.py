@@ -98,6 +98,21 @@ def _attempt(values: list[float], errors: int = 0, stopped: str | None = None, r
     return {"measured": recs, "sent": len(values) + errors, "errors": errors, "stopped_early": stopped}
 
 
+def test_requests_the_early_stop_cut_off_are_not_in_the_error_share() -> None:
+    """Six errors, then the error budget stops the run and cuts off the seventh in flight: it has no outcome,
+    so the share is 6 of 6, not 6 of 7 (which would understate the server's error rate)."""
+    limits = slo.parse_slo("ttft_p99<=1s,errors<=10%")
+    attempt = {**_attempt([], errors=7, stopped="error budget spent"), "cancelled": 1}
+    attempt["errors"] = 6
+    check = slo.check_probe([attempt], limits, sustained=False)[1][1]
+    assert (check.key, check.n, check.point) == ("errors", 6, 1.0) and check.verdict == "fail"
+    older = {k: v for k, v in attempt.items() if k != "cancelled"}  # records written before the field existed
+    assert slo.check_probe([older], limits, sustained=False)[1][1].n == 7
+    all_cut = {**attempt, "errors": 0, "cancelled": 7}  # the stop came before anything ended
+    verdict, checks = slo.check_probe([all_cut], limits, sustained=False)
+    assert checks[1].verdict == "not_enough_data" and verdict == "fail"  # failed for stopping, not on errors
+
+
 def test_a_repeated_workload_is_not_new_evidence_but_a_new_sample_is() -> None:
     """Two runs of one workload on a server that repeats itself exactly carry the evidence of one: their
     build-ups fall in the same blocks. A second sample of the workload (another seed) is independent."""

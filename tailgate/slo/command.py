@@ -389,8 +389,11 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
         if not met and erred:
             c = erred[0]
             first = c["probes"][0]["attempts"][0] if c.get("probes") and c["probes"][0].get("attempts") else {}
+            cut = int(first.get("cancelled") or 0)
+            ended = int(first["sent"]) - cut if isinstance(first.get("sent"), int) else "?"
+            also = f", {cut} more cut off by its early stop" if cut else ""
             log(f"[slo] errors bind, not latency: '{c['name']}' failed every probe on errors "
-                f"({first.get('errors', '?')} of {first.get('sent', '?')} requests at the first probe); "
+                f"({first.get('errors', '?')} of {ended} requests that ended at the first probe{also}); "
                 "check the server and the request (model name, max tokens, authentication)")  # fmt: skip
             return EXIT_FAILED
         return EXIT_OK if met else EXIT_NOT_MET

@@ -299,6 +299,7 @@ class SloRunner:
         return {
             "measured": measured_records(recs, self.plan.warmup),
             "sent": len(scan.records) + dropped,
+            "cancelled": len(scan.records) - len(recs),
             "errors": errors,
             "stopped_early": mark.get("stopped_early"),
             "waiting_series": mark.get("waiting_series") or [],
@@ -344,7 +345,7 @@ class SloRunner:
             entry["attempts"].append({
                 "dir": out.name, "seed": seed, "seconds": mark.get("seconds"),
                 "stopped_early": mark.get("stopped_early"), "waiting_max": mark.get("waiting_max"),
-                "sent": data["sent"], "errors": data["errors"],
+                "sent": data["sent"], "cancelled": data.get("cancelled", 0), "errors": data["errors"],
                 "n_measured": len(data["measured"]), "achieved_rate": s.get("achieved_rate"),
                 "ttft_p99_from_send": s.get("ttft_p99"), "preemptions_delta": s.get("preemptions_delta"),
                 "schedule_lag_p99": s.get("schedule_lag_p99"),

@@ -171,7 +171,8 @@ def check_probe(
     """Pool the attempts of one probe and check every limit; the probe's verdict and the checks.
 
     Each attempt is ``{"measured": [records], "sent": int, "errors": int, "stopped_early": str|None}``
-    (optionally ``waiting_series`` and ``workload``, the seed of its trace). Requests are grouped by
+    (optionally ``cancelled``, the requests its own early stop cut off, which have no outcome and so are
+    not in the error share, ``waiting_series`` and ``workload``, the seed of its trace). Requests are grouped by
     (workload, time block) for the design effect: stalls that hit many requests in one block count once, and
     so does a block that every re-run of the same workload repeats. A probe stopped
     early (queue without bound, error budget spent) fails whatever its percentiles say. With ``sustained``
@@ -180,7 +181,7 @@ def check_probe(
     """
     del resamples, seed
     checks: list[Check] = []
-    sent = sum(int(a["sent"]) for a in attempts)
+    sent = sum(int(a["sent"]) - int(a.get("cancelled") or 0) for a in attempts)
     errors = sum(int(a["errors"]) for a in attempts)
     steady: list[tuple[int, Mapping[str, Any]]] = []
     for i, a in enumerate(attempts):
@@ -193,7 +194,11 @@ def check_probe(
     workloads = [a.get("workload", 0) for a in attempts]
     for lim in limits:
         if lim.metric == "errors":
-            checks.append(error_check(errors, sent, lim.limit, level, lim.key))
+            if sent <= 0 < sum(int(a["sent"]) for a in attempts):
+                why = "every request sent was cut off by the early stop: none ended to count"
+                checks.append(Check(lim.key, lim.limit, None, None, None, 0, NOT_ENOUGH, why))
+            else:
+                checks.append(error_check(errors, sent, lim.limit, level, lim.key))
             continue
         fld = METRIC_FIELDS[lim.metric]
         values: list[float] = []
