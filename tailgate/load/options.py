@@ -140,6 +140,10 @@ def add_arguments(parser: Any) -> None:
     add_workload_arguments(g)
 
 
+PREFIX_DEFAULTS: dict[str, Any] = {"prefix_tokens": 512, "prefix_share": 0.5, "prefix_groups": 4}
+"""The prefix source's shape when not given: one table for Locust's options, the suite's and validation."""
+
+
 def add_workload_arguments(g: Any) -> None:
     """What each request carries and when it arrives (see tailgate/load/prompts.py and arrivals.py)."""
     g.add_argument(
@@ -153,14 +157,24 @@ def add_workload_arguments(g: Any) -> None:
     g.add_argument(
         "--dataset", default="", help="prompts: ShareGPT JSON or JSONL with prompt or messages (optional max_tokens)"
     )
-    g.add_argument("--prefix-tokens", type=int, default=512, help="prefix prompts: tokens of each shared prefix")
+    g.add_argument(
+        "--prefix-tokens",
+        type=int,
+        default=PREFIX_DEFAULTS["prefix_tokens"],
+        help="prefix prompts: tokens of each shared prefix",
+    )
     g.add_argument(
         "--prefix-share",
         type=float,
-        default=0.5,
+        default=PREFIX_DEFAULTS["prefix_share"],
         help="prefix prompts: share of requests (0-1) that start with a shared prefix",
     )
-    g.add_argument("--prefix-groups", type=int, default=4, help="prefix prompts: how many distinct shared prefixes")
+    g.add_argument(
+        "--prefix-groups",
+        type=int,
+        default=PREFIX_DEFAULTS["prefix_groups"],
+        help="prefix prompts: how many distinct shared prefixes",
+    )
     g.add_argument(
         "--endpoint",
         choices=ENDPOINTS,
@@ -479,8 +493,9 @@ def _validate_workload(opts: Any, arm: str) -> dict[str, Any]:
             raise OptionError(f"--dataset: {e}") from None
     else:
         dataset = ""  # only the dataset source reads it (a suite A/B passes it to every cell)
-    prefix_tokens, prefix_share = int(get("prefix_tokens", 512)), float(get("prefix_share", 0.5))
-    prefix_groups = int(get("prefix_groups", 4))
+    prefix_tokens = int(get("prefix_tokens", PREFIX_DEFAULTS["prefix_tokens"]))
+    prefix_share = float(get("prefix_share", PREFIX_DEFAULTS["prefix_share"]))
+    prefix_groups = int(get("prefix_groups", PREFIX_DEFAULTS["prefix_groups"]))
     if prompts == "prefix":
         if prefix_tokens < 1:
             raise OptionError(f"--prefix-tokens: must be at least 1, got {prefix_tokens}")
