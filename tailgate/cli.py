@@ -24,7 +24,7 @@ from typing import Any
 
 from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, ArgumentParser, Stopped, usage_error
 from tailgate.load.client import Target, TargetError
-from tailgate.load.options import API_KEY_ENV, PREFIX_DEFAULTS, check_workload
+from tailgate.load.options import API_KEY_ENV, PREFIX_DEFAULTS, add_prefix_arguments, check_workload
 from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate, parse_rates, rates_text
 from tailgate.resultfiles import SUITE_META
 
@@ -130,20 +130,7 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma arrivals: shape of the gaps (<1 burstier)")
     p.add_argument("--dataset", default="", help="--prompts dataset: ShareGPT JSON, or JSONL with prompt or messages")
-    p.add_argument(
-        "--prefix-tokens",
-        type=int,
-        default=PREFIX_DEFAULTS["prefix_tokens"],
-        help="--prompts prefix: tokens of each shared prefix",
-    )
-    p.add_argument(
-        "--prefix-share",
-        type=float,
-        default=PREFIX_DEFAULTS["prefix_share"],
-        help="--prompts prefix: share of requests with one",
-    )
-    p.add_argument("--prefix-groups", type=int, default=PREFIX_DEFAULTS["prefix_groups"],
-                   help="--prompts prefix: how many distinct prefixes")  # fmt: skip
+    add_prefix_arguments(p)
     p.add_argument(
         "--configs",
         default="chunked,nochunk,preempt",

@@ -144,19 +144,8 @@ PREFIX_DEFAULTS: dict[str, Any] = {"prefix_tokens": 512, "prefix_share": 0.5, "p
 """The prefix source's shape when not given: one table for Locust's options, the suite's and validation."""
 
 
-def add_workload_arguments(g: Any) -> None:
-    """What each request carries and when it arrives (see tailgate/load/prompts.py and arrivals.py)."""
-    g.add_argument(
-        "--prompts",
-        choices=PROMPT_SOURCES,
-        default="seed",
-        help="prompt source: seed (filler word x planned length, the reference), unique (every request "
-        "distinct from its first token, exact length for the served tokenizer via /tokenize), dataset "
-        "(--dataset), prefix (groups sharing a prefix: --prefix-tokens/--prefix-share/--prefix-groups)",
-    )
-    g.add_argument(
-        "--dataset", default="", help="prompts: ShareGPT JSON or JSONL with prompt or messages (optional max_tokens)"
-    )
+def add_prefix_arguments(g: Any) -> None:
+    """The prefix source's shape, for Locust's options and the suite's alike."""
     g.add_argument(
         "--prefix-tokens",
         type=int,
@@ -175,6 +164,22 @@ def add_workload_arguments(g: Any) -> None:
         default=PREFIX_DEFAULTS["prefix_groups"],
         help="prefix prompts: how many distinct shared prefixes",
     )
+
+
+def add_workload_arguments(g: Any) -> None:
+    """What each request carries and when it arrives (see tailgate/load/prompts.py and arrivals.py)."""
+    g.add_argument(
+        "--prompts",
+        choices=PROMPT_SOURCES,
+        default="seed",
+        help="prompt source: seed (filler word x planned length, the reference), unique (every request "
+        "distinct from its first token, exact length for the served tokenizer via /tokenize), dataset "
+        "(--dataset), prefix (groups sharing a prefix: --prefix-tokens/--prefix-share/--prefix-groups)",
+    )
+    g.add_argument(
+        "--dataset", default="", help="prompts: ShareGPT JSON or JSONL with prompt or messages (optional max_tokens)"
+    )
+    add_prefix_arguments(g)
     g.add_argument(
         "--endpoint",
         choices=ENDPOINTS,
