@@ -378,8 +378,10 @@ def test_kill9_worker_mid_stage_ends_within_deadline(cluster: Cluster, tmp_path:
     assert set(keys) == read_sent(cluster.results)  # every announced send has exactly one record
     assert sum(r["error_class"] == WORKER_LOST for r in records) == s["lost_in_flight"]
     assert len(records) == s["sent"] == n - s["never_sent"]
-    # the server saw exactly the requests that were sent, no more (nothing never-sent went out)
-    assert len(cluster.server_log()["requests"]) == s["sent"]
+    # the server saw no request that was not sent (nothing never-sent went out), and every one that ended
+    # there; a send announced just before the kill may not have reached the wire, so it is lost in flight
+    received = len(cluster.server_log()["requests"])
+    assert s["sent"] - s["lost_in_flight"] <= received <= s["sent"], (received, s)
 
 
 @needs_root
@@ -539,7 +541,9 @@ def test_partition_from_the_master_loses_nothing(cluster: Cluster, tmp_path: Pat
     records = read_records(cluster.results).records
     keys = [(r["stage"], r["trace_id"]) for r in records]
     assert len(keys) == len(set(keys)) and set(keys) == read_sent(cluster.results)
-    assert len(cluster.server_log()["requests"]) == first["sent"] + second["sent"]  # the server agrees
+    received = len(cluster.server_log()["requests"])  # the server agrees, but for a stream the stop cut off
+    cut = sum(r["error_class"] == "cancelled" for r in records)  # before its request was written
+    assert first["sent"] + second["sent"] - cut <= received <= first["sent"] + second["sent"], (received, cut)
 
 
 @needs_root
@@ -568,7 +572,11 @@ def test_workers_stop_on_their_own_when_the_master_dies(cluster: Cluster, tmp_pa
     assert last_arrival_s < 6.0, last_arrival_s  # nothing sent after they gave up on the master
     records = read_records(cluster.results).records
     keys = {(r["stage"], r["trace_id"]) for r in records}
-    assert len(keys) == len(records) == len(log["requests"]) < n  # one record for each request received
+    # one record for each request received; a stream cancelled by the stop before its request was written
+    # has a record the server never saw, and nothing else may differ
+    cancelled = sum(r["error_class"] == "cancelled" for r in records)
+    assert len(keys) == len(records) < n
+    assert len(records) - cancelled <= len(log["requests"]) <= len(records), (len(log["requests"]), len(records))
     assert keys == read_sent(cluster.results)
     assert any(r["error_class"] == "cancelled" for r in records)
     run = json.loads((cluster.results / "run.json").read_text())
@@ -754,4 +762,6 @@ def test_worker_frozen_mid_stage_is_reconciled_when_it_thaws(cluster: Cluster, t
     records = read_records(cluster.results).records
     keys = [(r["stage"], r["trace_id"]) for r in records]
     assert len(keys) == len(set(keys)) and set(keys) == read_sent(cluster.results)
-    assert len(cluster.server_log()["requests"]) == first["sent"] + second["sent"]
+    received = len(cluster.server_log()["requests"])  # the server agrees, but for a stream the stop cut off
+    cut = sum(r["error_class"] == "cancelled" for r in records)  # before its request was written
+    assert first["sent"] + second["sent"] - cut <= received <= first["sent"] + second["sent"], (received, cut)
