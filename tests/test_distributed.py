@@ -40,9 +40,11 @@ from tailgate.records import read_records, read_sent
 
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 SHIFT_S = 7
-SCHEDULE_BOUND_MS = 50.0
-"""Largest |arrival - schedule| at the server tolerated on this (shared, 2-core) machine; one process
-is held to the same bound."""
+SCHEDULE_BOUND_MS = 500.0
+"""Largest |arrival - schedule| at the server tolerated here. It tells an arrival placed on the right clock
+from one off by the worker's shifted clock (``SHIFT_S``, seconds), not a precise dispatcher from a loose one:
+with master, three workers and the server on two cores kept busy by stress-ng, 83 ms of lag was seen. The
+dispatcher's precision is held to milliseconds by the ground-truth and self-check tests."""
 JOIN_WHEN_TOLD = """
 import sys, time
 from pathlib import Path
@@ -697,7 +699,9 @@ def test_worker_frozen_in_the_settle_is_left_out_of_the_next_stage(cluster: Clus
     assert len({r["worker"] for r in read_records(cluster.results).records if r["stage"] == 1}) == 1
     run = json.loads((cluster.results / "run.json").read_text())
     assert run["status"] == "completed" and len(run["workers_lost"]) == 1, run
-    assert "round trip" in next(iter(run["workers_lost"].values()))
+    # the fresh round trip the stage starts with leaves it out; on a loaded machine the missed heartbeats
+    # may have written it off first, in the settle, and the stage is split without it all the same
+    assert any(why in next(iter(run["workers_lost"].values())) for why in ("round trip", "heartbeats")), run
     time.sleep(1.0)
     assert len(cluster.server_log()["requests"]) == 2 * n  # the thawed worker sent nothing more
 
