@@ -27,6 +27,7 @@ from tailgate.load.client import Target, TargetError
 from tailgate.load.options import API_KEY_ENV, PREFIX_DEFAULTS, add_prefix_arguments, check_workload
 from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate, parse_rates, rates_text
 from tailgate.resultfiles import SUITE_META
+from tailgate.servers.spec import SERVER_KINDS, ServerSpec, add_server_arguments, make_controller, server_spec
 
 # ---------------------------------------------------------------------------------------- suite
 
@@ -57,10 +58,7 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embedded", action="store_true",
                    help="run everything here: install the CPU vLLM, build the tiny model, start the server "
                         "(and Prometheus when installed), a scaled-down suite, the report")  # fmt: skip
-    p.add_argument("--server", choices=("local", "compose", "manual", "url"), default=None,
-                   help="who restarts the server between arms: local (CPU vLLM), compose, manual (you), "
-                        "url (nobody: name the configuration it runs with --configs)")  # fmt: skip
-    p.add_argument("--host", default="http://127.0.0.1:8000", help="server URL (compose, manual, url)")
+    add_server_arguments(p)
     p.add_argument("--results", default="", help="suite folder (default results/suite-<time>); must be new or empty")
     p.add_argument("--resume", action="store_true",
                    help="continue the suite in --results: finished cells are kept, the others run")  # fmt: skip
@@ -97,8 +95,6 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
                    help="load processes per cell, or auto (the default: from the cores and the cell's expected "
                         "chunk rate, so each process stays within what it times exactly)")  # fmt: skip
     p.add_argument("--prometheus-url", default="", help="a Prometheus scraping the server (compose: :9090)")
-    p.add_argument("--compose-file", action="append", default=[], help="compose file(s) (default docker-compose.yml)")
-    p.add_argument("--compose-service", default="vllm")
     p.add_argument(
         "--nochunk-compose-file",
         default="docker-compose.nochunk.yml",
@@ -137,9 +133,6 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
         help="server configurations to run; with --server url, the one the server has now",
     )
     p.add_argument("--no-report", action="store_true", help="skip the report at the end")
-    p.add_argument("--placement", choices=("isolated", "shared"), default="isolated",
-                   help="local server: 'isolated' keeps it off the first core, nices its autogroup and runs Locust "
-                        "at SCHED_FIFO where allowed; 'shared' does none of that (for comparison)")  # fmt: skip
 
 
 def _rates_or_none(text: str, default: tuple[float, ...], option: str) -> tuple[float, ...]:
@@ -300,7 +293,7 @@ def validate_suite_args(args: argparse.Namespace) -> tuple[Any, list[str], Path,
         raise OptionError(f"--server: --embedded starts its own CPU server; it cannot be combined "
                           f"with --server {args.server}")  # fmt: skip
     if not args.embedded and args.server is None:
-        raise OptionError("--server: say who runs the server (local, compose, manual, url), or use --embedded")
+        raise OptionError(f"--server: say who runs the server ({', '.join(SERVER_KINDS)}), or use --embedded")
     if args.server == "compose" and (args.nochunk_flags or args.preempt_flags):
         option = "--nochunk-flags" if args.nochunk_flags else "--preempt-flags"
         raise OptionError(f"{option}: compose takes a configuration's flags from its compose file "
@@ -322,7 +315,10 @@ def validate_suite_args(args: argparse.Namespace) -> tuple[Any, list[str], Path,
         for config, text in (("nochunk", args.nochunk_flags), ("preempt", args.preempt_flags))
         if text
     }
-    if args.server in ("compose", "manual", "url"):
+    problems = suite_server(args, Path(".")).problems()
+    if problems:
+        raise OptionError(problems[0])
+    if args.server and SERVER_KINDS[args.server].has_url and not args.embedded:
         try:
             Target.parse(args.host)
         except TargetError as e:
@@ -345,18 +341,10 @@ def validate_suite_args(args: argparse.Namespace) -> tuple[Any, list[str], Path,
     return plan, configs, root, api_key
 
 
-def compose_controller(args: argparse.Namespace) -> Any:
-    """One compose file set per server configuration: the base files, plus the configuration's override."""
-    from tailgate import servers
-
-    files = args.compose_file or ["docker-compose.yml"]
-    return servers.ComposeByConfig(
-        {
-            config: servers.ComposeServer(args.compose_service, [*files, *extra], base_url=args.host)
-            for config, extra in (("chunked", []), ("nochunk", [args.nochunk_compose_file]),
-                                  ("preempt", [args.preempt_compose_file]))
-        }
-    )  # fmt: skip
+def suite_server(args: argparse.Namespace, root: Path) -> ServerSpec:
+    """The suite's server: compose gives each of its fixed configurations the override file that sets its flags."""
+    overrides = {"chunked": (), "nochunk": (args.nochunk_compose_file,), "preempt": (args.preempt_compose_file,)}
+    return server_spec(args, root, tag="[suite]", config_overrides=overrides)
 
 
 def run_suite(args: argparse.Namespace, prog: str) -> int:
@@ -377,7 +365,7 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
 
         # the engine, the images and the server's port, before the suite stops or starts anything
         try:
-            compose_controller(args).preflight(configs)
+            make_controller(suite_server(args, root), log=_printer()).preflight(configs)  # type: ignore[attr-defined]
         except ComposeSetupError as e:
             try:
                 root.rmdir()  # refused before anything ran: no empty results folder left behind
@@ -385,7 +373,7 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
                 pass
             return usage_error(prog, str(e))
 
-    if args.server == "url":  # nobody here starts it: down now is a wrong --host as far as the suite can tell
+    if SERVER_KINDS[args.server or "local"].up_already:  # down now is a wrong --host as far as the suite can tell
         from tailgate.servers.net import unreachable
 
         reason = unreachable(args.host)
@@ -411,19 +399,9 @@ def _run_suite(args: argparse.Namespace, plan: Any, root: Path, api_key: str | N
     runner: suite.Suite | None = None
     prom_url = args.prometheus_url or None
     status, code, detail = "failed", EXIT_ERRORS, None
+    spec = suite_server(args, root)
     try:
-        if args.embedded or args.server == "local":
-            log("[suite] preparing the CPU vLLM (installed once into ~/.cache/tailgate)")
-            python = servers.ensure_vllm_venv(log=log)
-            model = servers.ensure_tiny_model(python=python)
-            placement: dict[str, Any] = {} if args.placement == "isolated" else {"cpus": None, "autogroup_nice": False}
-            controller = servers.LocalVllmServer(python, model, log_path=root / "server.log", **placement)
-        elif args.server == "compose":
-            controller = compose_controller(args)
-        elif args.server == "manual":
-            controller = servers.ManualServer(args.host, out=log)
-        else:
-            controller = servers.FixedServer(args.host)
+        controller = make_controller(spec, log)
         if args.embedded and not prom_url:
             if find_prometheus():
                 prometheus = LocalPrometheus(controller.base_url, root / "prometheus")
@@ -484,7 +462,7 @@ def _run_suite(args: argparse.Namespace, plan: Any, root: Path, api_key: str | N
         cleanup_started = time.monotonic()
         if runner is not None:
             runner.interrupt(why=detail or status)
-        if controller is not None and (args.embedded or args.server == "local"):
+        if controller is not None and spec.server_kind.stopped_at_end:
             controller.stop()
         if prometheus is not None:
             prometheus.stop()

@@ -24,7 +24,6 @@ from tailgate.slo.command import (
     add_slo_arguments,
     build_plan,
     main,
-    make_controller,
     print_table,
     run,
 )
@@ -86,7 +85,6 @@ __all__ = [
     "error_check",
     "knob_flags",
     "main",
-    "make_controller",
     "mser5_cut",
     "p99s",
     "parse_config",

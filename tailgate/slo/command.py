@@ -17,6 +17,7 @@ from typing import Any
 from tailgate.lifecycle import ArgumentParser, SignalGuard, Stopped
 from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate
 from tailgate.runner import signal_guard
+from tailgate.servers.spec import SERVER_KINDS, add_server_arguments, make_controller, server_spec
 from tailgate.slo.probe import SloPlan, SloRunError, SloRunner
 from tailgate.slo.search import Resolution
 from tailgate.slo.spec import (
@@ -69,17 +70,7 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         "--slo", default="", help="limits from the intended send, e.g. 'ttft_p99<=300ms,gap_p99<=200ms,errors<=0.5%%'"
     )
     p.add_argument("--embedded", action="store_true", help="the CPU vLLM of this machine, scaled down")
-    p.add_argument("--server", choices=("local", "compose", "manual", "url", "command"), default=None,
-                   help="who restarts the server per configuration: local (CPU vLLM), compose (an override "
-                        "file per configuration), manual (you), command (--restart-command), url (nobody: "
-                        "one configuration, its flags recorded as declared)")  # fmt: skip
-    p.add_argument("--host", default="http://127.0.0.1:8000", help="server URL (compose, manual, url, command)")
-    p.add_argument(
-        "--restart-command",
-        default="",
-        help="shell command that (re)starts the server; {flags} and {config} are filled in",
-    )
-    p.add_argument("--stop-command", default="", help="shell command that stops the server at the end (command)")
+    add_server_arguments(p)
     p.add_argument(
         "--config",
         action="append",
@@ -142,8 +133,6 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         "probe's requests; 0 = never)",
     )
     p.add_argument("--prometheus-url", default="", help="a Prometheus scraping the server")
-    p.add_argument("--compose-file", action="append", default=[], help="compose file(s) (default docker-compose.yml)")
-    p.add_argument("--compose-service", default="vllm")
     p.add_argument("--locust-arg", action="append", default=[], help="extra option for every Locust run")
     p.add_argument("--no-report", action="store_true", help="skip the report at the end")
 
@@ -277,12 +266,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plan = build_plan(args)
         if not args.embedded and args.server is None:
-            raise SloError("--server: say who runs the server (local, compose, manual, url, command) or use --embedded")
+            raise SloError(f"--server: say who runs the server ({', '.join(SERVER_KINDS)}) or use --embedded")
         if args.server == "url" and len(plan.configs) > 1:
             raise SloError("--config: --server url cannot restart the server; name the one configuration it runs")
-        if args.server == "command" and "{flags}" not in args.restart_command:
-            raise SloError("--restart-command: give a shell command with a {flags} placeholder")
-        if args.server in ("compose", "manual", "url", "command"):
+        problems = server_spec(args, Path("."), tag="[slo]").problems()
+        if problems:
+            raise SloError(problems[0])
+        if args.server and SERVER_KINDS[args.server].has_url and not args.embedded:
             _check_url("--host", args.host)
         if args.prometheus_url:
             _check_url("--prometheus-url", args.prometheus_url)
@@ -309,25 +299,6 @@ def _printer() -> Log:
     return log
 
 
-def make_controller(args: argparse.Namespace, root: Path, log: Log) -> Any:
-    from tailgate import servers
-    from tailgate.servers.sweep import CommandServer, ComposeWithFlags
-
-    if args.embedded or args.server == "local":
-        log("[slo] preparing the CPU vLLM (installed once into ~/.cache/tailgate)")
-        python = servers.ensure_vllm_venv(log=log)
-        model = servers.ensure_tiny_model(python=python)
-        return servers.LocalVllmServer(python, model, log_path=root / "server.log")
-    if args.server == "compose":
-        return ComposeWithFlags(args.compose_service, args.compose_file or ["docker-compose.yml"],
-                                root / "compose", base_url=args.host)  # fmt: skip
-    if args.server == "manual":
-        return servers.ManualServer(args.host, out=log)
-    if args.server == "command":
-        return CommandServer(args.host, args.restart_command, stop_command=args.stop_command)
-    return servers.FixedServer(args.host)
-
-
 def run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log) -> int:
     """The search inside one cleanup path: SIGINT, SIGTERM and SIGHUP raise, so the same ``finally``
     stops the Locust child with its processes and the server this command started."""
@@ -341,19 +312,20 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
     started = time.monotonic()
     controller: Any = None
     runner: SloRunner | None = None
+    spec = server_spec(args, root, tag="[slo]")
     try:
         refusal = resume_refusal(root, plan)
         if refusal:
             sys.stderr.write(f"tailgate slo: error: --results: {refusal}\n")
             return EXIT_USAGE
-        if args.server in ("url", "manual", "compose", "command") and not args.embedded:
+        if spec.server_kind.has_url:
             from tailgate.servers.net import unreachable as server_unreachable
 
             unreachable = server_unreachable(args.host)
-            if unreachable and args.server == "url":
+            if unreachable and spec.server_kind.up_already:
                 sys.stderr.write(f"tailgate slo: error: --host: {unreachable}\n")
                 return EXIT_USAGE
-        controller = make_controller(args, root, log)
+        controller = make_controller(spec, log)
         from tailgate.suite import host_facts
 
         runner = SloRunner(
@@ -416,5 +388,5 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
         guard.disarm()
         if runner is not None:
             runner.interrupt()
-        if controller is not None and (args.embedded or args.server in ("local", "command")):
+        if controller is not None and spec.server_kind.stopped_at_end:
             controller.stop()

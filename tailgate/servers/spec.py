@@ -1,0 +1,186 @@
+"""Which server a command measures and who restarts it, declared once for every command.
+
+``tailgate suite`` and ``tailgate slo`` both run cells against a server that some controller owns.
+When each built its own controller they drifted apart (placement only in one, a restart command only
+in the other), so a user who learned one command's server options could not trust them in the other.
+Here the server kinds are one registry, their options one declaration, and :func:`make_controller`
+the one constructor.
+
+Standard library only, like every controller: this runs before, and outside of, the load generator.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .base import ServerController
+
+Log = Callable[[str], None]
+
+PLACEMENTS = ("isolated", "shared")
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    """One way to own a server, with what a command must know of it beyond the controller.
+
+    ``has_url``: ``--host`` names it (every kind but local). ``stopped_at_end``: this command started
+    it, so the command's cleanup stops it. ``up_already``: nobody here starts it, so a server that does
+    not answer now is a wrong ``--host`` and the command refuses before it runs anything.
+    """
+
+    name: str
+    help: str
+    has_url: bool
+    stopped_at_end: bool
+    up_already: bool
+    build: Callable[[ServerSpec, Log], ServerController]
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """Everything needed to build a controller, checked before any server starts.
+
+    ``config_overrides`` maps a server configuration to the compose override files that give it its
+    flags (the suite's fixed chunked / nochunk / preempt cells); without it, compose writes an override
+    per flag set (the SLO search's arbitrary configurations).
+    """
+
+    kind: str
+    host: str
+    results: Path
+    tag: str = "[suite]"
+    placement: str = "isolated"
+    compose_service: str = "vllm"
+    compose_files: tuple[str, ...] = ()
+    config_overrides: Mapping[str, tuple[str, ...]] | None = None
+    restart_command: str = ""
+    stop_command: str = ""
+
+    @property
+    def server_kind(self) -> ServerKind:
+        return SERVER_KINDS[self.kind]
+
+    def problems(self) -> list[str]:
+        """One line per option that cannot work, in the words of the option (empty when all is well)."""
+        found: list[str] = []
+        if self.kind not in SERVER_KINDS:
+            found.append(f"--server: unknown kind '{self.kind}' (choose from {', '.join(SERVER_KINDS)})")
+            return found
+        if self.placement not in PLACEMENTS:
+            found.append(f"--placement: choose from {', '.join(PLACEMENTS)}")
+        if self.kind == "command" and "{flags}" not in self.restart_command:
+            found.append("--restart-command: give a shell command with a {flags} placeholder")
+        if self.kind != "command" and (self.restart_command or self.stop_command):
+            found.append("--restart-command/--stop-command: only with --server command")
+        return found
+
+
+def _local(spec: ServerSpec, log: Log) -> ServerController:
+    from .install import ensure_tiny_model, ensure_vllm_venv
+    from .local import LocalVllmServer
+
+    log(f"{spec.tag} preparing the CPU vLLM (installed once into ~/.cache/tailgate)")
+    python = ensure_vllm_venv(log=log)
+    model = ensure_tiny_model(python=python)
+    placement: dict[str, Any] = {} if spec.placement == "isolated" else {"cpus": None, "autogroup_nice": False}
+    return LocalVllmServer(python, model, log_path=spec.results / "server.log", **placement)
+
+
+def _compose(spec: ServerSpec, log: Log) -> ServerController:
+    from .compose import ComposeByConfig, ComposeServer
+    from .sweep import ComposeWithFlags
+
+    files = list(spec.compose_files) or ["docker-compose.yml"]
+    if spec.config_overrides is None:
+        return ComposeWithFlags(spec.compose_service, files, spec.results / "compose", base_url=spec.host)
+    return ComposeByConfig(
+        {
+            config: ComposeServer(spec.compose_service, [*files, *extra], base_url=spec.host)
+            for config, extra in spec.config_overrides.items()
+        }
+    )
+
+
+def _manual(spec: ServerSpec, log: Log) -> ServerController:
+    from .manual import ManualServer
+
+    return ManualServer(spec.host, out=log)
+
+
+def _command(spec: ServerSpec, log: Log) -> ServerController:
+    from .sweep import CommandServer
+
+    return CommandServer(spec.host, spec.restart_command, stop_command=spec.stop_command)
+
+
+def _url(spec: ServerSpec, log: Log) -> ServerController:
+    from .fixed import FixedServer
+
+    return FixedServer(spec.host)
+
+
+_KINDS = (
+    ServerKind("local", "the CPU vLLM of this machine, started and restarted here",
+               has_url=False, stopped_at_end=True, up_already=False, build=_local),
+    ServerKind("compose", "a docker compose service, re-created per configuration",
+               has_url=True, stopped_at_end=False, up_already=False, build=_compose),
+    ServerKind("manual", "you restart it when asked",
+               has_url=True, stopped_at_end=False, up_already=False, build=_manual),
+    ServerKind("command", "--restart-command (re)starts it, {flags} and {config} filled in",
+               has_url=True, stopped_at_end=True, up_already=False, build=_command),
+    ServerKind("url", "nobody restarts it: one configuration, its flags recorded as declared",
+               has_url=True, stopped_at_end=False, up_already=True, build=_url),
+)  # fmt: skip
+SERVER_KINDS: dict[str, ServerKind] = {kind.name: kind for kind in _KINDS}
+
+
+def add_server_arguments(p: argparse.ArgumentParser) -> None:
+    """The server options every command that runs cells shares, declared here only."""
+    kinds_help = "; ".join(f"{k.name} ({k.help})" for k in _KINDS)
+    url_kinds = ", ".join(k.name for k in _KINDS if k.has_url)
+    p.add_argument("--server", choices=tuple(SERVER_KINDS), default=None, help=f"who owns the server: {kinds_help}")
+    p.add_argument("--host", default="http://127.0.0.1:8000", help=f"server URL ({url_kinds})")
+    p.add_argument("--placement", choices=PLACEMENTS, default="isolated",
+                   help="local server: 'isolated' keeps it off the first core, nices its autogroup and runs Locust "
+                        "at SCHED_FIFO where allowed; 'shared' does none of that (for comparison)")  # fmt: skip
+    p.add_argument("--compose-file", action="append", default=[], help="compose file(s) (default docker-compose.yml)")
+    p.add_argument("--compose-service", default="vllm")
+    p.add_argument("--restart-command", default="",
+                   help="--server command: shell command that (re)starts the server; {flags} and {config} are "
+                        "filled in")  # fmt: skip
+    p.add_argument("--stop-command", default="", help="--server command: shell command that stops it at the end")
+
+
+def server_spec(
+    args: argparse.Namespace,
+    results: Path,
+    *,
+    tag: str,
+    config_overrides: Mapping[str, tuple[str, ...]] | None = None,
+) -> ServerSpec:
+    """The spec the parsed options describe; ``--embedded`` means the local CPU vLLM."""
+    return ServerSpec(
+        kind="local" if getattr(args, "embedded", False) else (args.server or ""),
+        host=args.host,
+        results=results,
+        tag=tag,
+        placement=args.placement,
+        compose_service=args.compose_service,
+        compose_files=tuple(args.compose_file),
+        config_overrides=config_overrides,
+        restart_command=args.restart_command,
+        stop_command=args.stop_command,
+    )
+
+
+def make_controller(spec: ServerSpec, log: Log) -> ServerController:
+    """The one constructor of a server controller, whichever command asks."""
+    problems = spec.problems()
+    if problems:
+        raise ValueError(problems[0])
+    return spec.server_kind.build(spec, log)
