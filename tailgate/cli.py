@@ -26,7 +26,7 @@ from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, ArgumentParser,
 from tailgate.load.client import Target, TargetError
 from tailgate.load.options import API_KEY_ENV, PREFIX_DEFAULTS, add_prefix_arguments, check_workload
 from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate, parse_rates, rates_text
-from tailgate.resultfiles import SUITE_META
+from tailgate.resultfiles import SUITE_META, WRITE_PROBE, writable_folder_problem
 from tailgate.servers.spec import SERVER_KINDS, ServerSpec, add_server_arguments, make_controller, server_spec
 
 # ---------------------------------------------------------------------------------------- suite
@@ -266,7 +266,7 @@ def check_results_folder(root: Path, resume: bool) -> None:
                           "or choose a new folder")  # fmt: skip
     if resume:
         raise OptionError(f"--resume: {root} holds no suite.json; there is nothing to resume")
-    if root.is_dir() and any(p.name != ".probe" for p in root.iterdir()):
+    if root.is_dir() and any(p.name != WRITE_PROBE for p in root.iterdir()):
         raise OptionError(f"--results: {root} is not empty and holds no suite; choose a new or empty folder")
 
 
@@ -332,12 +332,9 @@ def validate_suite_args(args: argparse.Namespace) -> tuple[Any, list[str], Path,
     check_results_folder(root, args.resume)
     if args.resume:
         _check_same_plan(root, plan)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        (root / ".probe").write_text("")
-        (root / ".probe").unlink()
-    except OSError as e:
-        raise OptionError(f"--results: {root} is not writable ({e.strerror or e})") from None
+    problem = writable_folder_problem(root)
+    if problem:
+        raise OptionError(problem)
     return plan, configs, root, api_key
 
 

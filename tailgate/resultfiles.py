@@ -63,3 +63,24 @@ def record_files(directory: str | Path) -> list[Path]:
 
 def report_html(folder: str | Path) -> Path:
     return Path(folder) / REPORT_DIR / REPORT_HTML
+
+
+WRITE_PROBE = ".probe"
+"""A file written and removed at once to learn, before anything runs, that a results folder takes writes."""
+
+
+def writable_folder_problem(root: Path) -> str | None:
+    """Create ``root`` if needed and say why it cannot hold results, or None when it can.
+
+    Every command that writes a results folder checks it before it starts a server: a folder found
+    unwritable after twenty minutes of measuring loses them.
+    """
+    if root.exists() and not root.is_dir():
+        return f"--results: {root} exists and is not a folder"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / WRITE_PROBE).write_text("")
+        (root / WRITE_PROBE).unlink()
+    except OSError as e:
+        return f"--results: {root} is not writable ({e.strerror or e})"
+    return None

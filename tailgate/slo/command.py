@@ -16,6 +16,7 @@ from typing import Any
 
 from tailgate.lifecycle import ArgumentParser, SignalGuard, Stopped
 from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate
+from tailgate.resultfiles import writable_folder_problem
 from tailgate.runner import signal_guard
 from tailgate.servers.spec import SERVER_KINDS, add_server_arguments, make_controller, server_spec
 from tailgate.slo.probe import SloPlan, SloRunError, SloRunner
@@ -277,14 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.prometheus_url:
             _check_url("--prometheus-url", args.prometheus_url)
         root = Path(args.results or f"results/slo-{time.strftime('%Y%m%d-%H%M%S')}")
-        if root.exists() and not root.is_dir():
-            raise SloError(f"--results: {root} exists and is not a folder")
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            (root / ".probe").write_text("")
-            (root / ".probe").unlink()
-        except OSError as e:
-            raise SloError(f"--results: {root} is not writable ({e.strerror or e})") from None
+        problem = writable_folder_problem(root)
+        if problem:
+            raise SloError(problem)
     except SloError as e:
         sys.stderr.write(f"{prog}: error: {e}\n")
         return EXIT_USAGE
