@@ -14,19 +14,8 @@ from tailgate.load.target import Target
 def build_payload(
     model: str, prompt: str, max_tokens: int, *, ignore_eos: bool = False, extra: dict | None = None
 ) -> bytes:
-    body: dict = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if ignore_eos:
-        body["ignore_eos"] = True
-    if extra:
-        body.update(extra)
-    return json.dumps(body).encode()
+    """A streamed completion with usage in its final event."""
+    return _streamed_body(model, {"prompt": prompt}, max_tokens, ignore_eos, extra)
 
 
 def build_chat_payload(
@@ -41,9 +30,16 @@ def build_chat_payload(
 
     ``max_tokens`` (not ``max_completion_tokens``) because vLLM and the servers that copy it read both and
     older ones only the first."""
+    return _streamed_body(model, {"messages": messages}, max_tokens, ignore_eos, extra)
+
+
+def _streamed_body(
+    model: str, content: dict[str, object], max_tokens: int, ignore_eos: bool, extra: dict | None
+) -> bytes:
+    """The fields both endpoints share, in one place, so the two can never disagree on sampling or usage."""
     body: dict = {
         "model": model,
-        "messages": messages,
+        **content,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
