@@ -5,10 +5,9 @@
 #      Prometheus and Locust;
 #   2. the fast tests that start processes or depend on timing (no vLLM, no Prometheus; not the pure
 #      analysis, fuzzing and report tests, which only cost CPU, nor the browser walk-throughs of the web UI
-#      and the report,
-#      which pass 1 runs and which costs minutes of the budget under load) again with both cores kept busy by
-#      `stress-ng --cpu 2`, so a test that only passes on an idle machine fails here rather than on a
-#      busy CI runner.
+#      and the report, which pass 1 runs and which cost minutes of the budget under load) again with both
+#      cores kept busy by `stress-ng --cpu 2`, so a test that only passes on an idle machine fails here
+#      rather than on a busy CI runner.
 # About 30 minutes on 2 cores with everything installed, about 40 on a fresh machine (the set-up's CPU vLLM,
 # OS packages and Docker images); README, "Two commands", says what each part costs.
 # TAILGATE_TEST_STRESS=0 skips pass 2; arguments go to pass 1 (e.g. a test file, -k, -x).
