@@ -99,11 +99,9 @@ def cell_folder(config: str, arm_name: str, value: float) -> str:
 
 
 def cell_name(config: str, arm_name: str, value: float) -> str:
-    """The seed's reference names: ``cont_r5``, ``gated_b16``, ``nochunk_r10``, ``preempt_r10``.
+    """A cell's one name, in the report as on disk and in the console: its suite folder (``nochunk_cont_r10``).
 
-    The engine default (chunked prefill on) carries no prefix for the continuous arm, as in the seed; any
-    other configuration prefixes its label. Unknown arms (a file from a newer version) read as gated did.
+    Unknown arms (a file from a newer version) read as gated did.
     """
     a = ARMS.get(arm_name, GATED)
-    base = f"{a.label_prefix.removeprefix(a.table_prefix)}{value_text(value)}"
-    return f"{a.table_prefix}{base}" if config == "chunked" else f"{config}_{base}"
+    return cell_folder(config, a.name, value)
