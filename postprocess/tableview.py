@@ -8,7 +8,6 @@ a column with no data in any cell is left out with a sentence saying why, and ev
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from tailgate.hoststeal import NOTABLE_SHARE
+from tailgate.postprocess.cellstats import finite
 
 NOT_A_MEASUREMENT = "not a measurement"
 PARTIAL = "partial"
@@ -100,22 +100,14 @@ CELL_NAME_KEY = (
 )
 
 
-def _number(value: Any) -> float | None:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
 def cell_marks(row: Mapping[str, Any]) -> list[str]:
     """The marks a cell carries, in the order the key explains them."""
     marks = []
-    if (_number(row.get("client_coalesced_streams")) or 0) > 0:
+    if (finite(row.get("client_coalesced_streams")) or 0) > 0:
         marks.append(NOT_A_MEASUREMENT)
     if row.get("partial") is True:
         marks.append(PARTIAL)
-    if (_number(row.get("prefix_hit_rate")) or 0) >= CACHE_MARK_SHARE:
+    if (finite(row.get("prefix_hit_rate")) or 0) >= CACHE_MARK_SHARE:
         marks.append(CACHE_HITS)
     return marks
 
@@ -126,7 +118,7 @@ def not_measured(row: Mapping[str, Any]) -> bool:
 
 
 def host_stole(row: Mapping[str, Any]) -> bool:
-    steal = _number(row.get("host_steal_share"))
+    steal = finite(row.get("host_steal_share"))
     return steal is not None and steal >= NOTABLE_SHARE
 
 
@@ -180,7 +172,7 @@ def view_context(
              "marks": marks if c.key == "cell" else []}
             for c in cols
         ]  # fmt: skip
-        lost = _number(d.get("lost_in_flight")) or 0
+        lost = finite(d.get("lost_in_flight")) or 0
         rows.append({"disagree": d.get("preemptions_disagree") is True, "lost": lost > 0, "cells": cells,
                      "stolen": host_stole(d) and NOT_A_MEASUREMENT in marks})  # fmt: skip
     key = [{"mark": m, "text": MARK_EXPLANATIONS[m]} for m in seen] if with_key else []

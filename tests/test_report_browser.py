@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browserkit import headless_chromium
 from conftest import ROOT
 
 from tailgate.postprocess.report import build_report
 from tailgate.postprocess.tableview import MARK_EXPLANATIONS
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 FIXTURES = ROOT / "tests" / "fixtures" / "results"
 WIDTHS = (1400, 390)
 
@@ -63,25 +62,8 @@ def report() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("chromium and chromium-driver are not installed (scripts/setup-test.sh installs them)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="tailgate-chromium-")
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--hide-scrollbars",
-                 f"--user-data-dir={profile}"):  # fmt: skip
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    try:
+    with headless_chromium("--hide-scrollbars") as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _open(browser: Any, html: Path, width: int) -> None:
