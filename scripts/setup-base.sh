@@ -53,7 +53,7 @@ else:
 PY
   exit 0
 fi
-say "preparing the CPU vLLM and the tiny model (first time: a few minutes)"
+say "the CPU vLLM and the tiny model (installed the first time: a few minutes; later an import check)"
 "$VENV/bin/python" - <<'PY'
 from tailgate.servers import ensure_tiny_model, ensure_vllm_venv
 python = ensure_vllm_venv(log=lambda line: print("[setup]", line, flush=True))
