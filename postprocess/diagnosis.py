@@ -237,7 +237,9 @@ def _q2_prefill(table: pd.DataFrame, cells: _Cells, rate: float | None) -> dict[
 def _q2_no(item: Mapping[str, Any]) -> str:
     """Why one ramp does not show prefill insertion, in the order a reader checks it."""
     head = f"over the {item['config']} ramp the median worst gap grew {_x(item['gap_p50_growth'])}"
-    if (item["gap_p50_growth"] or 0) < GAP_GROWTH:
+    if item["gap_p50_growth"] is None:
+        return f"over the {item['config']} ramp the median worst gaps cannot be compared (a cell has none)"
+    if item["gap_p50_growth"] < GAP_GROWTH:
         return f"{head}, under the {GAP_GROWTH:g}× that prefill insertion needs"
     return (f"{head}, but TTFT p50 grew {_x(item['ttft_p50_growth'])} too (≥ {TTFT_FLAT_GROWTH:g}×): requests "
             "waited before their first token as much as inside their streams")  # fmt: skip
