@@ -39,8 +39,6 @@ class Arm:
     name: str
     label_prefix: str
     """Stage labels are this plus the value: ``cont_r`` + ``2p5``, ``gated_b`` + ``16``."""
-    table_prefix: str
-    """The seed's cell names: ``cont_`` + ``r5`` for the default configuration."""
     locustfile: str
     """File name in ``locustfiles/``."""
     value_option: str
@@ -68,8 +66,8 @@ def _gated(trace: Sequence[TraceItem], batches: Sequence[float], seed: int, warm
     return [gated_stage(i, trace, int(b), warmup) for i, b in enumerate(batches)]
 
 
-CONTINUOUS = Arm("continuous", "cont_r", "cont_", "continuous.py", "--rates", True, False, _continuous)
-GATED = Arm("gated", "gated_b", "", "gated.py", "--batch-size", False, True, _gated)
+CONTINUOUS = Arm("continuous", "cont_r", "continuous.py", "--rates", True, False, _continuous)
+GATED = Arm("gated", "gated_b", "gated.py", "--batch-size", False, True, _gated)
 
 ARMS: dict[str, Arm] = {a.name: a for a in (CONTINUOUS, GATED)}
 OPEN_LOOP: frozenset[str] = frozenset(a.name for a in ARMS.values() if a.open_loop)
