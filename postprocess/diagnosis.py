@@ -34,7 +34,7 @@ from tailgate.postprocess.cellstats import (
 from tailgate.postprocess.load import rate_text
 from tailgate.postprocess.prompt_ab import PROMPT_AB_QUESTION, prompt_ab
 from tailgate.postprocess.table import choose_decision_rate, summary_table
-from tailgate.postprocess.tableview import CACHE_HITS, cell_marks, not_measured
+from tailgate.postprocess.tableview import IN_SHORT, cell_marks, not_measured
 from tailgate.postprocess.timeline import _increment_windows, _overlaps, prefill_attribution
 from tailgate.resultfiles import RUN_META
 
@@ -62,6 +62,8 @@ TTFT_FLAT_GROWTH = 1.5
 STALL_FACTOR = 2.0
 """A worst gap this many times its stage's median worst gap counts as a stall (question 4)."""
 MAX_LISTED = 100
+LATENCY_QUESTIONS = frozenset({1, 2, 3, 6})
+"""Answers built on cells' latencies: a cell marked not a measurement or partial weakens them (not 4's counter)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -490,8 +492,8 @@ def diagnose(
     for i, (q, p) in enumerate(zip(questions, parts, strict=True), 1):
         ev = _jsonable(p["evidence"])
         said = json.dumps(ev)
-        named = [f"{c} is {' and '.join(m for m in marks if m != CACHE_HITS)}" for c, marks in marked.items()
-                 if json.dumps(c) in said]  # fmt: skip
+        named = [f"{c} is {m} ({IN_SHORT[m]})" for c, marks in marked.items() for m in marks
+                 if m in IN_SHORT and i in LATENCY_QUESTIONS and json.dumps(c) in said]  # fmt: skip
         if i in (1, 3, 6):
             ev["bootstrap"] = {"resamples": resamples, "seed": seed, "level": 0.95, "percentile": 99}
         if i == 2 and rate is not None:
@@ -503,12 +505,7 @@ def diagnose(
                 "verdict": p["verdict"],
                 "evidence": ev,
                 "text": " ".join(p["lines"]),
-                "caveat": (
-                    f"Read with care: {'; '.join(named)} (see the table's key), so the figures this answer "
-                    "takes from it may describe the load generator rather than the server."
-                )
-                if named
-                else "",
+                "caveat": f"Read with care: {'; '.join(named)}." if named else "",
             }
         )
     return out

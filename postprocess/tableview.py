@@ -39,6 +39,11 @@ MARK_EXPLANATIONS: dict[str, str] = {
         "(--prompts unique). Chart 1 marks its values with †; chart 2 names it under its bars."
     ),
 }
+IN_SHORT: dict[str, str] = {
+    NOT_A_MEASUREMENT: "its worst gaps describe the load generator, not the server",
+    PARTIAL: "its figures cover only the requests that finished before it was stopped",
+}
+"""What a mark means for an answer that uses the cell's latencies, in one clause."""
 STEAL_EXPLANATION = (
     "the host's hypervisor took CPU from this machine during the cell (host steal), which paused the reads: "
     "more load processes cannot help."
