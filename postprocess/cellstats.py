@@ -25,12 +25,16 @@ no order statistic bounds a p99 at the 98.75% each side needs. Below it, the dia
 values and says the interval was not computed (a bootstrap would give one that looks precise and is not)."""
 
 
-def _f(x: Any) -> float | None:
+def finite(x: Any) -> float | None:
+    """``x`` as a float, or None when it is missing, not a number, or infinite (a cell the data left empty)."""
     try:
         v = float(x)
     except (TypeError, ValueError):
         return None
     return v if math.isfinite(v) else None
+
+
+_f = finite
 
 
 def _ratio(a: Any, b: Any) -> float | None:

@@ -23,6 +23,7 @@ from matplotlib.transforms import blended_transform_factory
 from tailgate.arms import GATED, OPEN_LOOP, is_open_loop
 from tailgate.postprocess.load import rate_text
 from tailgate.postprocess.prompts import long_prompt_threshold
+from tailgate.postprocess.tableview import CACHE_HITS, cell_marks, not_measured
 
 CONFIG_COLORS = {"chunked": "#1f77b4", "nochunk": "#d62728", "preempt": "#9467bd"}
 EXTRA_COLORS = ("#2ca02c", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -32,6 +33,9 @@ RASTERIZE_ABOVE = 2000
 LOG_RATIO = 20.0
 """Use a log y axis when a panel's largest value is this many times its smallest."""
 DPI = 110
+HOLLOW_LABEL = "hollow marker: not a measurement or partial (the table's key says why)"
+CACHE_LABEL = "†: prefix-cache hits ≥ 10% of prompt tokens"
+MARK_COLOR = "#c77c02"
 
 
 def config_color(config: str, seen: Sequence[str] = ()) -> str:
@@ -108,6 +112,7 @@ def chart1(table: pd.DataFrame, out_dir: str | Path, name: str = "chart1") -> li
     fig = Figure(figsize=(11, 4.8), layout="constrained")
     axes = fig.subplots(1, 2)
     configs = list(dict.fromkeys(cont["config"]))
+    marked = cache_seen = False
     panels = (
         (axes[0], "ttft_p99", "TTFT p99: time to first token"),
         (axes[1], "gap_p99", "worst-gap p99: longest stall inside a stream"),
@@ -131,12 +136,21 @@ def chart1(table: pd.DataFrame, out_dir: str | Path, name: str = "chart1") -> li
                 markersize=6,
                 label=config_label(config),
             )
-            for x, y in zip(d["rate_or_batch"], d[col], strict=True):
+            rows = d.to_dict("records")
+            hollow = np.array([not_measured(r) for r in rows], dtype=bool)
+            if hollow.any():  # the line still passes through, but the point says it is no measurement
+                ax.plot(d["rate_or_batch"].to_numpy()[hollow], d[col].to_numpy()[hollow], marker=marker,
+                        linestyle="none", markersize=9, markerfacecolor="white", markeredgecolor=color,
+                        markeredgewidth=2, zorder=4)  # fmt: skip
+                marked = True
+            for x, y, r in zip(d["rate_or_batch"], d[col], rows, strict=True):
                 if pd.notna(y):
+                    cached = CACHE_HITS in cell_marks(r)
+                    cache_seen = cache_seen or cached
                     # alternate above/below so equal values of two configs stay readable
                     dy = 8 if k % 2 == 0 else -14
                     ax.annotate(
-                        f"{y:.0f}",
+                        f"{y:.0f}" + ("†" if cached else ""),
                         (x, y),
                         textcoords="offset points",
                         xytext=(0, dy),
@@ -157,7 +171,14 @@ def chart1(table: pd.DataFrame, out_dir: str | Path, name: str = "chart1") -> li
         ax.set_xticklabels([rate_text(r) for r in rates])
         ax.set_xlabel("arrival rate (requests/s, open-loop Poisson)")
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
+    handles, _ = axes[0].get_legend_handles_labels()
+    if marked:
+        handles.append(Line2D([], [], marker="o", linestyle="none", markerfacecolor="white", markeredgecolor="#555555",
+                              markeredgewidth=2, label=HOLLOW_LABEL))  # fmt: skip
+    if cache_seen:
+        handles.append(Line2D([], [], linestyle="none", label=CACHE_LABEL))
+    if handles:  # below both panels, where it covers no point
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 3), fontsize=8)
     n = cont["n"].dropna()
     n_text = f"n = {int(n.min())}–{int(n.max())} per cell" if len(n) and n.min() != n.max() else ""
     if len(n) and not n_text:
@@ -214,6 +235,11 @@ def chart2(table: pd.DataFrame, decision_rate: float, out_dir: str | Path, name:
         ys = [float(row[col]) if row is not None and pd.notna(row[col]) else np.nan for _, row in cells]
         values += ys
         bars = ax.bar(x + (j - 1) * width, np.nan_to_num(ys, nan=0.0), width, label=label, color=METRIC_COLORS[key])
+        for rect, (_, row) in zip(bars, cells, strict=True):
+            if row is not None and not_measured(row.to_dict()):  # hatched: a figure of the client, not the server
+                rect.set_hatch("//")
+                rect.set_edgecolor(MARK_COLOR)
+                rect.set_alpha(0.6)
         for rect, y in zip(bars, ys, strict=True):
             if np.isfinite(y):
                 ax.annotate(
@@ -230,8 +256,10 @@ def chart2(table: pd.DataFrame, decision_rate: float, out_dir: str | Path, name:
         if row is None:
             ax.text(i, 0.5, "not measured", transform=below, ha="center", va="center", color="#888888")
         else:
-            text = f"{row['cell']}, n={int(row['n'])}"
-            ax.text(i, -0.17, text, transform=below, ha="center", va="top", fontsize=8, color="#555555")
+            marks = cell_marks(row.to_dict())
+            text = f"{row['cell']}, n={int(row['n'])}" + "".join(f"\n{m}" for m in marks)
+            ax.text(i, -0.17, text, transform=below, ha="center", va="top", fontsize=8,
+                    color=MARK_COLOR if not_measured(row.to_dict()) else "#555555")  # fmt: skip
     ax.set_xticks(x)
     ax.set_xticklabels([lab for lab, _ in cells])
     if _wide(values):
@@ -240,7 +268,10 @@ def chart2(table: pd.DataFrame, decision_rate: float, out_dir: str | Path, name:
     else:
         ax.set_ylabel("p99 latency (ms)")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(loc="upper left", fontsize=9)
+    handles, _ = ax.get_legend_handles_labels()
+    if any(row is not None and not_measured(row.to_dict()) for _, row in cells):
+        handles.append(Patch(facecolor="white", edgecolor=MARK_COLOR, hatch="//", label="not a measurement / partial"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=9)  # beside the bars, never on them
     ax.set_title(f"Chart 2 · p99 at the decision point ({rate_text(decision_rate)} req/s) against gated admission")
     return _save(fig, Path(out_dir), name)
 
@@ -290,7 +321,7 @@ def _server_panels(axes: Sequence[Axes], top: Axes, s: pd.DataFrame, t0: float, 
     if s["running"].notna().any() or s["waiting"].notna().any():
         a1.step(tt, s["running"], where="post", color="#4c72b0", label="running")
         a1.step(tt, s["waiting"], where="post", color="#dd8452", label="waiting")
-        a1.legend(loc="upper right", fontsize=8)
+        a1.legend(loc="upper left", bbox_to_anchor=(1.005, 1), fontsize=8, borderaxespad=0)
     else:
         _empty(a1, "no running/waiting series")
     a1.set_ylabel("requests")
@@ -404,6 +435,11 @@ def chart3(
         label="where its worst gap ended",
         rasterized=raster,
     )
+    merged = good & rec.get("client_coalesced", pd.Series(False, index=rec.index)).fillna(False).astype(bool).to_numpy()
+    if merged.any():
+        label = "stream merged by the client (its gap is the client's)"
+        ax.scatter(x_arr[merged], gap[merged], s=dot * 4 + 20, facecolors="none", edgecolors=MARK_COLOR,
+                   linewidths=1.2, zorder=4, label=label, rasterized=raster)  # fmt: skip
     long_x = np.sort(x_arr[is_long & np.isfinite(x_arr)])
     if 0 < long_x.size <= MAX_SPANS:
         for a in axes:
@@ -452,17 +488,20 @@ def chart3(
         handles.append(Line2D([], [], color="#c44e52", linestyle="--", label=label))
     if s is not None and np.nansum(s["preemptions_inc"].to_numpy(dtype=float)) > 0:
         handles.append(Patch(color="#c44e52", alpha=0.15, label="preemption counter rose"))
-    ax.legend(handles=handles, loc="upper right", fontsize=8, ncol=2, framealpha=0.9)
+    # beside the plot, not on it: a legend inside the axes hides the tallest stalls, the ones this chart is for
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1), fontsize=8, borderaxespad=0)
     ax.grid(True, alpha=0.3)
     value = rate_text(stage["rate_or_batch"])
     load = f"{value} req/s" if is_open_loop(stage["arm"]) else f"{stage['arm']}, B={value}"
     warm = stage.get("warmup")
     warm_text = f", incl. {int(warm)} warm-up" if warm is not None and pd.notna(warm) else ""
     what = f"{config_label(str(stage.get('config', '')))}, {load}"
+    marks = cell_marks(stage.to_dict())
     ax.set_title(
         f"Chart 3 · every request's worst gap: {stage['cell']} ({what}); "
-        f"{len(rec)} requests{warm_text}, {int(bad.sum())} failed",
+        f"{len(rec)} requests{warm_text}, {int(bad.sum())} failed" + "".join(f" · {m.upper()}" for m in marks),
         fontsize=10,
+        color=MARK_COLOR if not_measured(stage.to_dict()) else "black",
     )
     if s is not None:
         _server_panels(axes[1:], ax, s, t0, t1, series_source or "")

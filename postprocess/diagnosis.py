@@ -8,6 +8,7 @@ rests on a handful of them and a difference that the interval straddles is not a
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,6 +34,7 @@ from tailgate.postprocess.cellstats import (
 from tailgate.postprocess.load import rate_text
 from tailgate.postprocess.prompt_ab import PROMPT_AB_QUESTION, prompt_ab
 from tailgate.postprocess.table import choose_decision_rate, summary_table
+from tailgate.postprocess.tableview import IN_SHORT, cell_marks, not_measured
 from tailgate.postprocess.timeline import _increment_windows, _overlaps, prefill_attribution
 from tailgate.resultfiles import RUN_META
 
@@ -60,6 +62,8 @@ TTFT_FLAT_GROWTH = 1.5
 STALL_FACTOR = 2.0
 """A worst gap this many times its stage's median worst gap counts as a stall (question 4)."""
 MAX_LISTED = 100
+LATENCY_QUESTIONS = frozenset({1, 2, 3, 6})
+"""Answers built on cells' latencies: a cell marked not a measurement or partial weakens them (not 4's counter)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,8 +152,11 @@ def _q1_admission(table: pd.DataFrame, cells: _Cells, rate: float | None, resamp
     elif not ev["gated_vs_continuous"] and not ev["ramp"]:
         verdict = "unknown: no gated cell and no rate ramp to compare"
     else:
-        verdict = (f"no: no cell's TTFT ratio reached {ADMISSION_TTFT_RATIO:g}× (gated) or {OVERLOAD_TTFT_GROWTH:g}× "
-                   "(ramp) with the gap ratio under its threshold")  # fmt: skip
+        seen = [f"gated TTFT p50 was {_x(i['ttft_p50_ratio'])} continuous's" for i in ev["gated_vs_continuous"]]
+        seen += [f"over the {i['config']} ramp TTFT p99 grew {_x(i['ttft_p99_growth'])} and the worst-gap p99 "
+                 f"{_x(i['gap_p99_growth'])}" for i in ev["ramp"]]  # fmt: skip
+        verdict = (f"no: {'; '.join(seen)}. Admission delay needs TTFT ≥ {ADMISSION_TTFT_RATIO:g}× continuous's "
+                   f"(gated) or ≥ {OVERLOAD_TTFT_GROWTH:g}× over the ramp, with flat gaps")  # fmt: skip
     return {"evidence": ev, "verdict": verdict, "lines": lines}
 
 
@@ -223,11 +230,21 @@ def _q2_prefill(table: pd.DataFrame, cells: _Cells, rate: float | None) -> dict[
     elif not ev["ramp"]:
         verdict = "unknown: no rate ramp to compare"
     else:
-        verdict = (f"no: worst-gap p50 grew less than {GAP_GROWTH:g}×, or TTFT p50 grew {TTFT_FLAT_GROWTH:g}× "
-                   "or more, across the ramp")  # fmt: skip
+        verdict = "no: " + "; ".join(_q2_no(i) for i in ev["ramp"])
         if att and att.get("inside_shorter"):
             verdict += "; worst gaps inside long prefills were shorter than the rest"
     return {"evidence": ev, "verdict": verdict, "lines": lines}
+
+
+def _q2_no(item: Mapping[str, Any]) -> str:
+    """Why one ramp does not show prefill insertion, in the order a reader checks it."""
+    head = f"over the {item['config']} ramp the median worst gap grew {_x(item['gap_p50_growth'])}"
+    if item["gap_p50_growth"] is None:
+        return f"over the {item['config']} ramp the median worst gaps cannot be compared (a cell has none)"
+    if item["gap_p50_growth"] < GAP_GROWTH:
+        return f"{head}, under the {GAP_GROWTH:g}× that prefill insertion needs"
+    return (f"{head}, but TTFT p50 grew {_x(item['ttft_p50_growth'])} too (prefill insertion keeps it under "
+            f"{TTFT_FLAT_GROWTH:g}×): the first tokens were delayed as well")  # fmt: skip
 
 
 def _q3_chunked(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -> dict[str, Any]:
@@ -471,8 +488,12 @@ def diagnose(
         questions.append(PROMPT_AB_QUESTION)
         parts.append(ab)
     out = []
+    marked = {str(r["cell"]): cell_marks(r) for r in table.to_dict("records") if not_measured(r)}
     for i, (q, p) in enumerate(zip(questions, parts, strict=True), 1):
         ev = _jsonable(p["evidence"])
+        said = json.dumps(ev)
+        named = [f"{c} is {m} ({IN_SHORT[m]})" for c, marks in marked.items() for m in marks
+                 if m in IN_SHORT and i in LATENCY_QUESTIONS and json.dumps(c) in said]  # fmt: skip
         if i in (1, 3, 6):
             ev["bootstrap"] = {"resamples": resamples, "seed": seed, "level": 0.95, "percentile": 99}
         if i == 2 and rate is not None:
@@ -484,6 +505,7 @@ def diagnose(
                 "verdict": p["verdict"],
                 "evidence": ev,
                 "text": " ".join(p["lines"]),
+                "caveat": f"Read with care: {'; '.join(named)}." if named else "",
             }
         )
     return out
@@ -514,24 +536,40 @@ def render_text(findings: Sequence[Mapping[str, Any]]) -> str:
     """Plain text, one block per question, for terminals and logs."""
     blocks = []
     for f in findings:
-        blocks.append(f"{f['number']}. {f['question']}\n   → {f['verdict']}\n   {f['text']}".rstrip())
+        caveat = f"\n   {f['caveat']}" if f.get("caveat") else ""
+        blocks.append(f"{f['number']}. {f['question']}\n   → {f['verdict']}\n   {f['text']}{caveat}".rstrip())
     return "\n\n".join(blocks) + "\n"
 
 
 def findings_context(findings: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
     """Each finding's texts and its evidence as indented JSON, for ``templates/diagnosis.html.j2``."""
-    import json
-
     return [
         {
             "question": str(f["question"]),
             "verdict": str(f["verdict"]),
-            "tone": str(f["verdict"]).split(":", 1)[0].strip().lower(),
+            "tone": tone(f),
+            "kind": "describes the trace" if f.get("number") == DESCRIPTIVE else "",
             "text": str(f["text"]),
+            "caveat": str(f.get("caveat") or ""),
             "evidence": json.dumps(f["evidence"], indent=1),
         }
         for f in findings
     ]
+
+
+DESCRIPTIVE = 5
+"""Question 5 describes the trace: its answer is neither good nor bad news, so the page shows it neutral."""
+
+
+def tone(finding: Mapping[str, Any]) -> str:
+    """``found`` when a mechanism that moves the tail was found (drawn amber: look here), ``unknown`` when the
+    data could not answer, else neutral: "no" is not good news to paint green, and a description is neither."""
+    head = str(finding["verdict"]).split(":", 1)[0].strip().lower()
+    if head.startswith(("unknown", "not measured")):
+        return "unknown"
+    if finding.get("number") != DESCRIPTIVE and head.startswith(("yes", "partly")):
+        return "found"
+    return ""
 
 
 def render_html(findings: Sequence[Mapping[str, Any]]) -> str:

@@ -31,6 +31,7 @@ from tailgate.postprocess.html import render
 from tailgate.postprocess.load import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus
 from tailgate.postprocess.prometheus import NONE, ServerData, collect_server_data
 from tailgate.postprocess.table import choose_decision_rate, summary_table, table_context, write_table
+from tailgate.postprocess.tableview import NOT_A_MEASUREMENT, PARTIAL, cell_marks
 from tailgate.resultfiles import DIAGNOSIS, REPORT_DIR, REPORT_HTML
 
 PARALLEL_CHART_RECORDS = 200_000
@@ -186,6 +187,15 @@ def _data_notes(
             "it lacked CPU, so arrivals were late and the client's own timestamps may be late too; the "
             "*_from_intended figures include the lag. Give the generator its own cores or more --processes."
         )
+    for d in table.to_dict("records"):
+        marks = cell_marks(d)
+        if NOT_A_MEASUREMENT in marks:
+            notes.append(
+                f"{d['cell']}: not a measurement: the client merged chunks in {_count(d['client_coalesced_streams'])} "
+                "of its streams, so its worst-gap figures describe the load generator (the table's key says more)"
+            )
+        if PARTIAL in marks:
+            notes.append(f"{d['cell']}: partial: the stage was stopped before its end")
     warning = summaries.get("prefix_cache_warning", pd.Series(None, index=summaries.index, dtype=object))
     cached = summaries.loc[warning.map(lambda v: isinstance(v, str) and len(v) > 0).astype(bool).to_numpy()]
     if len(cached):
@@ -297,17 +307,20 @@ def draw_charts(analysis: Analysis, out_dir: str | Path) -> dict[str, list[Path]
 CAPTIONS = {
     "chart1": (
         "Chart 1. TTFT p99 (left) and worst inter-chunk gap p99 (right) against arrival rate, continuous "
-        "cells only, one line per server configuration (the preemption cell is in chart 3 and the table)."
+        "cells only, one line per server configuration (the preemption cell is in chart 3 and the table). A hollow "
+        "marker is a cell that is not a measurement or is partial; † marks prefix-cache hits (the key says why)."
     ),
     "chart2": (
         "Chart 2. p99 TTFT, worst gap and total at the decision rate: continuous with chunked prefill on, "
-        "the same with it off, and gated admission."
+        "the same with it off, and gated admission. Hatched bars are a cell that is not a measurement or is partial, "
+        "named under its bars."
     ),
     "chart3": (
         "Chart 3. Every request of one stage: its worst gap at its arrival (dots, coloured by prompt size) "
         "and where that gap ended (crosses); dashed lines are long-prompt arrivals, shaded intervals are "
         "where the preemption counter rose; below, the server's running/waiting requests, KV-cache usage "
-        "and preemption increments on the same time axis."
+        "and preemption increments on the same time axis. Orange rings are streams the client merged: their gap is "
+        "the client's, not the server's."
     ),
 }
 

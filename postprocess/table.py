@@ -32,7 +32,7 @@ CSV_EXTRA: tuple[str, ...] = (
     "lost_in_flight", "achieved_rate", "sent", "warmup", "warmup_rule", "summary_source",
     "planned", "recorded", "never_sent", "endpoint", "arrivals", "prefix_cache_hit_rate",
     "prefix_cache_hit_rate_prometheus", "prefix_cache_queries_delta", "prefix_cache_hits_delta",
-    "prompt_tokens_checked", "prompt_tokens_exact", "prompt_tokens_diff_max", "host_steal_share",
+    "prompt_tokens_checked", "prompt_tokens_exact", "prompt_tokens_diff_max", "host_steal_share", "partial",
 )  # fmt: skip
 ACCOUNTING_COLUMNS: tuple[str, ...] = ("cell", "planned", "sent", "recorded", "lost_in_flight", "never_sent")
 """Where each cell's planned requests went (``postprocess/accounting.py``): a second table."""
@@ -128,16 +128,7 @@ def table_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-HTML_HEADERS: dict[str, str] = {
-    "rate_or_batch": "rate / B",
-    "ttft_p50": "TTFT p50", "ttft_p99": "TTFT p99", "gap_p50": "gap p50", "gap_p99": "gap p99",
-    "total_p50": "total p50", "total_p99": "total p99",
-    "preemptions_prometheus": "preempt. Prom.", "preemptions_direct": "preempt. direct",
-    "ttft_from_intended_p99": "TTFT from intended p99", "schedule_lag_p99": "sched. lag p99",
-    "lost_in_flight": "lost in flight", "never_sent": "never sent", "client_coalesced_streams": "coalesced",
-}  # fmt: skip
-"""Shorter headers for the page: the Markdown table keeps the summary keys, the page must fit a
-laptop screen (1400 px) without scrolling sideways; the caption says every figure is in ms."""
+ACCOUNTING_HEADERS: dict[str, str] = {"lost_in_flight": "lost in flight", "never_sent": "never sent"}
 
 
 def _measurement_mark(row: dict[str, Any]) -> str:
@@ -155,35 +146,19 @@ def _measurement_mark(row: dict[str, Any]) -> str:
     return NOT_A_MEASUREMENT
 
 
-def _rows(table: pd.DataFrame, cols: list[str]) -> list[dict[str, Any]]:
-    rows = []
-    for row in table.itertuples(index=False):
-        d = row._asdict()
-        cells = [
-            {"text": _fmt(c, d.get(c)) + (_measurement_mark(d) if c == "cell" else ""),
-             "numeric": c not in ("cell", "config", "arm", "prompts")}
-            for c in cols
-        ]  # fmt: skip
-        flagged = bool(d.get("lost_in_flight") and d.get("lost_in_flight") == d.get("lost_in_flight"))
-        rows.append({"disagree": bool(d.get("preemptions_disagree")) is True, "lost": flagged, "cells": cells})
-    return rows
-
-
 def table_context(table: pd.DataFrame) -> dict[str, Any]:
-    """Headers and formatted cells of both tables, for ``templates/table.html.j2``."""
-    cols = list(TABLE_COLUMNS)
-    acc = [c for c in ACCOUNTING_COLUMNS if c in table.columns]
-    return {
-        "headers": [HTML_HEADERS.get(c, c) for c in cols],
-        "rows": _rows(table, cols),
-        "accounting": {"headers": [HTML_HEADERS.get(c, c) for c in acc], "rows": _rows(table, acc)},
-    }
+    """Both tables as the page shows them (``postprocess/tableview.py``), for ``templates/table.html.j2``."""
+    from tailgate.postprocess.tableview import ACCOUNTING, view_context
+
+    ctx = view_context(table, _fmt)
+    ctx["accounting"] = view_context(table, _fmt, with_key=False, columns=ACCOUNTING)
+    return ctx
 
 
 def accounting_markdown(table: pd.DataFrame) -> str:
     """Planned / sent / recorded / lost in flight / never sent per cell, as Markdown."""
     cols = list(ACCOUNTING_COLUMNS)
-    lines = ["| " + " | ".join(HTML_HEADERS.get(c, c) for c in cols) + " |",
+    lines = ["| " + " | ".join(ACCOUNTING_HEADERS.get(c, c) for c in cols) + " |",
              "|" + "|".join("---" if c == "cell" else "---:" for c in cols) + "|"]  # fmt: skip
     for row in table.itertuples(index=False):
         d = row._asdict()

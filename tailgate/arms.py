@@ -39,8 +39,6 @@ class Arm:
     name: str
     label_prefix: str
     """Stage labels are this plus the value: ``cont_r`` + ``2p5``, ``gated_b`` + ``16``."""
-    table_prefix: str
-    """The seed's cell names: ``cont_`` + ``r5`` for the default configuration."""
     locustfile: str
     """File name in ``locustfiles/``."""
     value_option: str
@@ -68,8 +66,8 @@ def _gated(trace: Sequence[TraceItem], batches: Sequence[float], seed: int, warm
     return [gated_stage(i, trace, int(b), warmup) for i, b in enumerate(batches)]
 
 
-CONTINUOUS = Arm("continuous", "cont_r", "cont_", "continuous.py", "--rates", True, False, _continuous)
-GATED = Arm("gated", "gated_b", "", "gated.py", "--batch-size", False, True, _gated)
+CONTINUOUS = Arm("continuous", "cont_r", "continuous.py", "--rates", True, False, _continuous)
+GATED = Arm("gated", "gated_b", "gated.py", "--batch-size", False, True, _gated)
 
 ARMS: dict[str, Arm] = {a.name: a for a in (CONTINUOUS, GATED)}
 OPEN_LOOP: frozenset[str] = frozenset(a.name for a in ARMS.values() if a.open_loop)
@@ -99,11 +97,9 @@ def cell_folder(config: str, arm_name: str, value: float) -> str:
 
 
 def cell_name(config: str, arm_name: str, value: float) -> str:
-    """The seed's reference names: ``cont_r5``, ``gated_b16``, ``nochunk_r10``, ``preempt_r10``.
+    """A cell's one name, in the report as on disk and in the console: its suite folder (``nochunk_cont_r10``).
 
-    The engine default (chunked prefill on) carries no prefix for the continuous arm, as in the seed; any
-    other configuration prefixes its label. Unknown arms (a file from a newer version) read as gated did.
+    Unknown arms (a file from a newer version) read as gated did.
     """
     a = ARMS.get(arm_name, GATED)
-    base = f"{a.label_prefix.removeprefix(a.table_prefix)}{value_text(value)}"
-    return f"{a.table_prefix}{base}" if config == "chunked" else f"{config}_{base}"
+    return cell_folder(config, a.name, value)

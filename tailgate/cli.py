@@ -467,7 +467,7 @@ def _run_suite(args: argparse.Namespace, plan: Any, root: Path, api_key: str | N
             runner.finish(status, code, detail)
         if status == "interrupted":
             log(f"[suite] everything stopped in {time.monotonic() - cleanup_started:.1f} s; finished cells are "
-                f"kept: add --resume to the same command to continue")  # fmt: skip
+                f"kept in {root}: add --results {root} --resume to the same command to continue")  # fmt: skip
 
 
 def _printer() -> Any:

@@ -341,10 +341,10 @@ def test_each_arm_names_its_stages_as_its_plan_builder_does() -> None:
 def test_one_naming_rule_for_stages_folders_and_table_cells() -> None:
     assert arms.stage_label("continuous", 2.5) == "cont_r2p5"
     assert arms.cell_folder("nochunk", "continuous", 10.0) == "nochunk_cont_r10"
-    assert arms.cell_name("nochunk", "continuous", 10.0) == "nochunk_r10"
-    assert arms.cell_name("chunked", "continuous", 2.5) == "cont_r2.5"
+    assert arms.cell_name("nochunk", "continuous", 10.0) == "nochunk_cont_r10"
+    assert arms.cell_name("chunked", "continuous", 2.5) == "chunked_cont_r2p5"
     assert arms.cell_folder("chunked", "gated", 16.0) == "chunked_gated_b16"
-    assert arms.cell_name("chunked", "gated", 16.0) == "gated_b16"
+    assert arms.cell_name("chunked", "gated", 16.0) == "chunked_gated_b16"
     assert arms.value_text(float("nan")) == "?"
     with pytest.raises(OptionError, match="--arm: unknown arm 'closed'; choose one of continuous, gated"):
         arms.arm("closed")

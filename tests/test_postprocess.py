@@ -34,7 +34,14 @@ from tailgate.records import read_records
 from tailgate.stats import SEED_SUMMARY_KEYS, measured_records
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
-CELLS = ["cont_r2", "cont_r8", "gated_b4", "nochunk_r2", "nochunk_r8", "preempt_r8"]
+CELLS = [
+    "chunked_cont_r2",
+    "chunked_cont_r8",
+    "chunked_gated_b4",
+    "nochunk_cont_r2",
+    "nochunk_cont_r8",
+    "preempt_cont_r8",
+]
 
 
 @pytest.fixture
@@ -104,15 +111,15 @@ def test_summaries_one_row_per_cell_with_seed_names() -> None:
     df = load_summaries(FIXTURE)
     assert df["cell"].tolist() == CELLS
     assert set(SEED_SUMMARY_KEYS) <= set(df.columns)
-    assert df.set_index("cell").loc["nochunk_r8", "config"] == "nochunk"
+    assert df.set_index("cell").loc["nochunk_cont_r8", "config"] == "nochunk"
 
 
-def test_cell_names_follow_the_reference_runs() -> None:
-    assert cell_name("chunked", "continuous", 5.0) == "cont_r5"
-    assert cell_name("chunked", "gated", 16) == "gated_b16"
-    assert cell_name("nochunk", "continuous", 10.0) == "nochunk_r10"
-    assert cell_name("preempt", "continuous", 10.0) == "preempt_r10"
-    assert cell_name("chunked", "continuous", 2.5) == "cont_r2.5"
+def test_a_cell_has_one_name_its_folder() -> None:
+    assert cell_name("chunked", "continuous", 5.0) == "chunked_cont_r5"
+    assert cell_name("chunked", "gated", 16) == "chunked_gated_b16"
+    assert cell_name("nochunk", "continuous", 10.0) == "nochunk_cont_r10"
+    assert cell_name("preempt", "continuous", 10.0) == "preempt_cont_r10"
+    assert cell_name("chunked", "continuous", 2.5) == "chunked_cont_r2p5"
     assert cell_name("mybox", "gated", 4) == "mybox_gated_b4"
 
 
@@ -291,7 +298,7 @@ def test_a_run_without_summary_files_gets_them_from_records(results: Path) -> No
         p.unlink()
     df = load_summaries(results).set_index("cell")
     files = _summary_files()
-    for cell in ("nochunk_r2", "nochunk_r8"):
+    for cell in ("nochunk_cont_r2", "nochunk_cont_r8"):
         assert df.loc[cell, "summary_source"] == "records"
         assert df.loc[cell, "gap_p99"] == pytest.approx(files[cell]["gap_p99"], abs=0.051)
 
@@ -325,14 +332,14 @@ def test_report_table_files_hold_the_same_numbers(report: ReportPaths) -> None:
     for cell, want in files.items():
         line = next(ln for ln in md.splitlines() if ln.startswith(f"| {cell} |"))
         assert f" {want['gap_p99']:.1f} " in line and f" {want['ttft_p99']:.1f} " in line
-    assert csv.loc["preempt_r8", "preemptions_direct"] == 15
-    assert csv.loc["preempt_r8", "preemptions_source"] == "direct_scrape"
+    assert csv.loc["preempt_cont_r8", "preemptions_direct"] == 15
+    assert csv.loc["preempt_cont_r8", "preemptions_source"] == "direct_scrape"
 
 
 def test_markdown_marks_missing_values() -> None:
     table = summary_table(load_summaries(FIXTURE))
     md = table_markdown(table)
-    gated = next(ln for ln in md.splitlines() if ln.startswith("| gated_b4 |"))
+    gated = next(ln for ln in md.splitlines() if ln.startswith("| chunked_gated_b4 |"))
     assert "–" in gated  # no preemption reading for the gated run
 
 
@@ -354,7 +361,7 @@ def test_decision_rate_rules() -> None:
 
 def test_report_renders_table_charts_diagnosis(report: ReportPaths) -> None:
     html = report.html.read_text()
-    assert "<table" in html and all(f"<td>{c}</td>" in html for c in CELLS)
+    assert "<table" in html and all(f'<td data-label="cell">{c}</td>' in html for c in CELLS)
     assert len(re.findall(r"<img [^>]*src=\"data:image/png;base64,", html)) >= 3
     assert "Diagnosis: the five questions" in html
     for q in QUESTIONS:
@@ -397,7 +404,7 @@ def test_diagnosis_answers_all_five_with_evidence(report: ReportPaths) -> None:
     from tailgate.postprocess.prompts import long_prompt_threshold
 
     assert q2["evidence"]["attribution"]["big_prompt_min_tokens"] == 6000 == long_prompt_threshold([200, 1000, 6000])
-    pre = next(c for c in q4["evidence"]["cells"] if c["cell"] == "preempt_r8")
+    pre = next(c for c in q4["evidence"]["cells"] if c["cell"] == "preempt_cont_r8")
     assert pre["moved"] and pre["direct"] == 15
     assert pre["requests_in_flight_during_increments"] >= pre["requests_stalled_during_increments"]
     assert pre["requests_stalled_during_increments"] >= pre["requests_whose_worst_gap_spans_an_increment"] > 0

@@ -309,7 +309,7 @@ def test_collect_uses_prometheus_saves_series_and_flags_disagreement(
     runs = find_run_dirs(results)
     summaries = load_summaries(runs)
     data = collect_server_data(runs, summaries, url)
-    row = data.preemptions.set_index("cell").loc["preempt_r8"]
+    row = data.preemptions.set_index("cell").loc["preempt_cont_r8"]
     assert row["preemptions_source"] == PROMETHEUS
     assert row["preemptions_prometheus"] == expected
     assert row["preemptions_direct"] == 15.0
@@ -317,7 +317,7 @@ def test_collect_uses_prometheus_saves_series_and_flags_disagreement(
     assert data.sources["preempt"] == PROMETHEUS
     assert (results / "preempt" / SERIES_FILE).is_file()
     # runs the fake holds nothing for keep their direct readings, and say why
-    other = data.preemptions.set_index("cell").loc["cont_r8"]
+    other = data.preemptions.set_index("cell").loc["chunked_cont_r8"]
     assert other["preemptions_source"] == DIRECT
     assert "no samples" in other["preemptions_note"]
     assert data.sources["chunked-cont"] == DIRECT
@@ -338,8 +338,8 @@ def test_saved_series_serve_a_later_report_without_prometheus(
     assert later.series_csv == []
     assert any("saved prometheus-series.csv" in n for n in later.notes)
     table = pd.read_csv(later.table_csv).set_index("cell")
-    assert table.loc["preempt_r8", "preemptions_source"] == PROMETHEUS
-    assert table.loc["preempt_r8", "preemptions_prometheus"] > 0
+    assert table.loc["preempt_cont_r8", "preemptions_source"] == PROMETHEUS
+    assert table.loc["preempt_cont_r8", "preemptions_prometheus"] > 0
 
 
 def test_unreachable_prometheus_falls_back_and_says_so(results: Path) -> None:
@@ -350,8 +350,8 @@ def test_unreachable_prometheus_falls_back_and_says_so(results: Path) -> None:
     assert time.monotonic() - t < 5.0  # no retry back-off
     paths = build_report(results, prometheus_url=url)
     table = pd.read_csv(paths.table_csv).set_index("cell")
-    assert table.loc["preempt_r8", "preemptions_source"] == DIRECT
-    assert table.loc["preempt_r8", "preemptions_direct"] == 15.0
+    assert table.loc["preempt_cont_r8", "preemptions_source"] == DIRECT
+    assert table.loc["preempt_cont_r8", "preemptions_direct"] == 15.0
     assert table["preemptions_prometheus"].isna().all()
     diagnosis = json.loads(paths.diagnosis_json.read_text())
     assert any("did not answer" in n for n in diagnosis["notes"])
@@ -375,7 +375,7 @@ def test_prefix_cache_hit_rate_per_stage_from_prometheus(
     runs = find_run_dirs(results)
     data = collect_server_data(runs, load_summaries(runs), url)
     rows = data.preemptions.set_index("cell")
-    assert rows.loc["preempt_r8", "prefix_cache_hit_rate_prometheus"] == pytest.approx(0.25)
-    assert math.isnan(rows.loc["cont_r8", "prefix_cache_hit_rate_prometheus"])  # no samples in its window
+    assert rows.loc["preempt_cont_r8", "prefix_cache_hit_rate_prometheus"] == pytest.approx(0.25)
+    assert math.isnan(rows.loc["chunked_cont_r8", "prefix_cache_hit_rate_prometheus"])  # no samples in its window
     table = summary_table(load_summaries(runs), data.preemptions).set_index("cell")
-    assert table.loc["preempt_r8", "prefix_hit_rate"] == pytest.approx(0.25)
+    assert table.loc["preempt_cont_r8", "prefix_hit_rate"] == pytest.approx(0.25)

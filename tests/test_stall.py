@@ -138,6 +138,7 @@ def summary(merged: int) -> dict:
 def test_the_console_names_merged_streams_and_stays_quiet_without_them() -> None:
     assert client_behind(summary(0)) == "" and "CLIENT BEHIND" not in summary_line(summary(0))
     line = summary_line(summary(7))
+    assert line.startswith("chunked_cont_r50: n=200")  # the cell's one name, as in its folder and the report
     assert "CLIENT BEHIND: 7 of 200 streams" in line and "client_coalesced" in line
     assert "more --processes" in line
     stolen = summary_line({**summary(7), "host_steal_share": 0.18})  # the host paused every process at once

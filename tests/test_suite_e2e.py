@@ -63,7 +63,7 @@ def test_embedded_suite_interrupt_resume_report(tmp_path: Path) -> None:
     seen.append(rest)
     output = "".join(seen)
     assert first.returncode == 130, output[-3000:]
-    assert "add --resume to the same command to continue" in output
+    assert f"add --results {results} --resume to the same command to continue" in output
     ended = json.loads((results / "suite.json").read_text())
     assert (ended["status"], ended["exit_code"], ended["end_detail"]) == ("interrupted", 130, "SIGINT")
     assert (results / "chunked_cont_r2" / "run.json").exists()

@@ -14,11 +14,9 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.request
 import zipfile
@@ -28,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browserkit import headless_chromium
 from conftest import LOCUST, ROOT, write_trace
 from runkit import LocustProcess, assert_no_traceback, summaries
 from test_kill import processes_mentioning
@@ -35,8 +34,6 @@ from test_kill import processes_mentioning
 from tailgate.records import lost_in_flight, read_records, read_sent
 from tailgate.verify.groundtruth import ServerProcess, start_server_process
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 TTFT_MS, GAP_MS = 20.0, 10.0  # the seeded mix's 100/300/600-token answers take 1/3/6 s: several in flight
 TAB_TITLE = "Planned / sent / recorded"
 
@@ -100,25 +97,8 @@ def stop_locust(locust: LocustProcess) -> int:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("chromium and chromium-driver are not installed (scripts/setup.sh installs them)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="tailgate-chromium-")
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1000", f"--user-data-dir={profile}"):  # fmt: skip
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    try:
+    with headless_chromium("--window-size=1400,1000") as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 class Page:

@@ -173,7 +173,7 @@ def test_unique_chat_vs_seed_on_one_schedule(cached_gt: ServerProcess, tmp_path:
     assert set(a.table["prompts"]) == {"seed", "unique"}
     findings = diagnose(a.summaries, a.records, run_meta=None, resamples=200)
     ab = findings[-1]
-    assert len(findings) == 6 and ab["evidence"]["pairs"][0]["other"] == "cont_r40+unique"
+    assert len(findings) == 6 and ab["evidence"]["pairs"][0]["other"] == "chunked_cont_r40+unique"
     assert ab["evidence"]["pairs"][0]["prefix_hit_rate"][1] == 0.0
 
 

@@ -11,8 +11,9 @@ from tailgate.hoststeal import NOTABLE_SHARE
 
 
 def summary_line(s: dict[str, Any]) -> str:
+    """Named as the cell is everywhere else (its suite folder, the report): configuration, then stage label."""
     return (
-        f"{s['stage_label']} [{s['config']}]: n={s['n']} errors={s['errors']} "
+        f"{s['config']}_{s['stage_label']}: n={s['n']} errors={s['errors']} "
         f"TTFT p50/p99 {s['ttft_p50']}/{s['ttft_p99']} ms, worst gap p50/p99 {s['gap_p50']}/{s['gap_p99']} ms, "
         f"total p99 {s['total_p99']} ms, preemptions {s['preemptions_delta']}, "
         f"schedule lag p99 {s['schedule_lag_p99']} ms"

@@ -473,7 +473,8 @@ class RunSession(WorkerRoster):
         sent, ended = sent_now - baseline[0], ended_now - baseline[1]
         elapsed = time.time() - self.stage_started[stage.index]
         eta = f", about {elapsed / ended * (stage.size - ended):.0f} s left" if ended else ""
-        log.info("tailgate: %s: %d/%d ended, %d in flight%s", stage.label, ended, stage.size, sent - ended, eta)
+        cell = f"{self.settings.config_label}_{stage.label}"  # the cell's one name, as in summary_line
+        log.info("tailgate: %s: %d/%d ended, %d in flight%s", cell, ended, stage.size, sent - ended, eta)
 
     def _order_config(self) -> dict[str, Any]:
         s = self.settings
