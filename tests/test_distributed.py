@@ -667,13 +667,82 @@ def test_a_stranger_on_the_master_port_learns_nothing(tmp_path: Path) -> None:
                     p.wait(10)
     got = json.loads(heard.read_text())
     kinds = {kind for kind, _ in got}
-    assert "tailgate_challenge" in kinds and "tailgate_order" not in kinds, kinds
+    # challenged at connect; never told of the run: no spawn (host, options), so no user, no ready, no order
+    assert "tailgate_challenge" in kinds and not kinds & {"spawn", "tailgate_order", "tailgate_ping"}, kinds
     assert key not in heard.read_text()
     run = json.loads((results / "run.json").read_text())
-    assert run["status"] == "completed" and list(run["workers_refused"].values()) == ["stranger holds another key"]
+    assert run["status"] == "completed"
+    assert list(run["workers_refused"].values()) == ["stranger-host_0badc0de holds another key"], run
     assert len(run["workers"]) == 1
     assert summaries(results)["cont_r10"]["recorded"] == n
     assert "given no orders" in (tmp_path / "master.out").read_text()
+
+
+def test_a_keyless_worker_hears_nothing_of_the_run(tmp_path: Path) -> None:
+    """A real Locust worker without the key connects through a relay that records every byte the master sends
+    it: it is challenged and refused, and none of the run crosses to it: no spawn, so neither the target host
+    and port, nor the results folder, trace file, config label, rates or bind address, nor the key. The run
+    goes on with the worker that holds the key."""
+    import uuid
+
+    from relay import RecordingRelay
+
+    from tailgate.verify.groundtruth import start_server_process
+
+    key = "only-the-hosts-know-this"
+    tag = uuid.uuid4().hex[:10]
+    n = 12
+    trace = write_trace(tmp_path / f"trace-{tag}.jsonl", [(8, 5)] * n)
+    port = free_port()
+    results = tmp_path / f"results-{tag}"
+    label = f"label-{tag}"
+    procs: list[subprocess.Popen[bytes]] = []
+    keyless_env = {k: v for k, v in os.environ.items() if k != "TAILGATE_API_KEY"}
+
+    def spawn(name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with open(tmp_path / f"{name}.out", "wb") as out:
+            p = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env=env)  # fmt: skip
+        procs.append(p)
+        return p
+
+    locustfile = str(ROOT / "locustfiles" / "continuous.py")
+    relay = RecordingRelay(("127.0.0.1", port))
+    with start_server_process(ttft_ms=5, gap_ms=5) as server:
+        target = server.base_url.removeprefix("http://").rstrip("/")
+        try:
+            master = spawn("master", [sys.executable, "-m", "locust", "-f", locustfile, "--master", "--headless",
+                                      "--only-summary", "--expect-workers", "2", "--master-bind-host", "127.0.0.1",
+                                      "--master-bind-port", str(port), "--host", server.base_url, "--results-dir",
+                                      str(results), "--no-metrics", "--warmup", "0", "--rates", "7.25",
+                                      "--trace-file", str(trace), "--n", str(n), "--config-label", label,
+                                      "--api-key", key], keyless_env)  # fmt: skip
+            spawn("worker", [sys.executable, "-m", "locust", "-f", locustfile, "--worker", "--master-host",
+                             "127.0.0.1", "--master-port", str(port)], {**keyless_env, "TAILGATE_API_KEY": key})  # fmt: skip
+            keyless = spawn("keyless", [sys.executable, "-m", "locust", "-f", locustfile, "--worker", "--master-host",
+                                        "127.0.0.1", "--master-port", str(relay.port)], keyless_env)  # fmt: skip
+            assert master.wait(120) == 0, (tmp_path / "master.out").read_text()[-3000:]
+            keyless.wait(30)  # the master's quit reached it too
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+            relay.close()
+    heard = relay.recorded()
+    assert relay.connections >= 1 and b"tailgate_challenge" in heard, heard[:500]  # the relay saw the master
+    assert b"\xa5spawn" not in heard  # the message type, as msgpack writes it (spawning_complete has no options)
+    for secret in (target, str(results), str(trace), label, "7.25", key, "master_bind", "results_dir", "trace_file",
+                   "host"):  # fmt: skip
+        at = heard.find(secret.encode())
+        assert at < 0, (secret, repr(heard[max(0, at - 300) : at + 300]))
+    run = json.loads((results / "run.json").read_text())
+    assert run["status"] == "completed", run
+    refused = list(run["workers_refused"].values())
+    assert len(refused) == 1 and refused[0].endswith("has no key"), refused
+    assert len(run["workers"]) == 1
+    assert summaries(results)["cont_r7p25"]["recorded"] == n
+    assert "has no key: given no orders" in (tmp_path / "master.out").read_text()
 
 
 @needs_root

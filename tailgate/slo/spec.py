@@ -16,12 +16,6 @@ from typing import Any
 
 from tailgate.resultfiles import SLO_META
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_NOT_MET = 3
-"""The search finished and no configuration met the SLO at any probed rate."""
-
 SLO_FILE = SLO_META
 PROBE_MARK = "slo-probe.json"
 
