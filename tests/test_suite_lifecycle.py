@@ -207,7 +207,8 @@ def test_stop_process_tree_ends_grandchildren_that_ignore_sigint(tmp_path: Path)
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_locust_alone_ends_cleanly_on_each_signal(gt: ServerProcess, tmp_path: Path, sig: int) -> None:
-    """A Locust run stopped by hand: every request sent has a record, run.json says interrupted, no noise."""
+    """A Locust run stopped by hand: every request sent has a record, run.json says interrupted, no noise, and
+    the exit code names the signal (130, 143, 129), as ``tailgate suite`` and ``tailgate slo`` do."""
     from runkit import start_locust
 
     from tailgate.records import lost_in_flight
@@ -218,8 +219,9 @@ def test_locust_alone_ends_cleanly_on_each_signal(gt: ServerProcess, tmp_path: P
                           "--warmup", "0")  # fmt: skip
     wait_for(lambda: records_in(out) >= 2, locust.proc, locust.stderr_path, "the first records")  # type: ignore[arg-type]
     locust.proc.send_signal(sig)
-    locust.wait(90)
+    code = locust.wait(90)
     text = locust.stdout + locust.stderr
+    assert code == 128 + sig, (code, text[-3000:])  # the rule of tailgate.exitcodes, as tailgate suite and slo
     assert "Traceback" not in text and "greenlet" not in text.lower() and "KeyboardInterrupt" not in text, text[-3000:]
     run = json.loads((out / "run.json").read_text())
     assert run["status"] in ("stopped", "interrupted") and run["ended"]
