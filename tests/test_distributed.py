@@ -749,11 +749,11 @@ def test_a_keyless_worker_hears_nothing_of_the_run(tmp_path: Path) -> None:
     heard = relay.recorded()
     assert relay.connections >= 1 and b"tailgate_challenge" in heard, heard[:500]  # the relay saw the master
     assert b"\xa5spawn" not in heard  # the message type, as msgpack writes it (spawning_complete has no options)
+    run = json.loads((results / "run.json").read_text())
     for secret in (target, str(results), str(trace), label, "7.25", key, "master_bind", "results_dir", "trace_file",
-                   "host"):  # fmt: skip
+                   "host", run["run_id"]):  # fmt: skip
         at = heard.find(secret.encode())
         assert at < 0, (secret, repr(heard[max(0, at - 300) : at + 300]))
-    run = json.loads((results / "run.json").read_text())
     assert run["status"] == "completed", run
     refused = list(run["workers_refused"].values())
     assert len(refused) == 1 and refused[0].endswith("has no key"), refused

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -367,18 +368,22 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         page.fill({"rates": "4", "n": "5", "warmup": "0"})
         page.submit()
         page.open_tab()
-        # from the Start on, the panel and the stage rows switch together: never the new run's head above the
-        # previous run's rows, nor the other way round (the rows ride on Locust's own, later, stats poll)
+        # from the Start on, the tab switches with Locust's own status: never the previous run shown as the current
+        # one while Locust says RUNNING, never the new run's head above the previous run's rows (the rows ride on
+        # Locust's own, later, stats poll), nor the other way round
         clicked, old_id, mixed, switched = time.monotonic(), run2["meta"]["run_id"], [], None
         while switched is None or time.monotonic() - switched < 3.0:
             assert time.monotonic() - clicked < 30, "the panel never showed run 3"
+            body = page._fresh(lambda: browser.find_element(page.by.TAG_NAME, "body").text)
+            status = re.search(r"Status\s*\n\s*([A-Z]+)", body)
             head = (page.panel().splitlines() or [""])[0]
             stages = {k for k, v in page.table().items() if k and v.get("State")}
             if head.startswith("Run ") and not head.startswith(f"Run {old_id}") and switched is None:
                 switched = time.monotonic()
             new_head, old_rows = switched is not None, bool(stages & {"cont_r3", "cont_r5"})
-            if (new_head and old_rows) or (not new_head and "cont_r4" in stages):
-                mixed.append((round(time.monotonic() - clicked, 2), head, sorted(stages)))
+            started = status is not None and status.group(1) in ("RUNNING", "SPAWNING")
+            if (new_head and old_rows) or (not new_head and ("cont_r4" in stages or started)):
+                mixed.append((round(time.monotonic() - clicked, 2), status and status.group(1), head, sorted(stages)))
         assert not mixed, mixed
         print(f"the panel showed run 3 {switched - clicked:.2f} s after the click on Start")
         wait_for("run 3's folder", lambda: len(run_folders(second)) == 2, 60, locust)

@@ -30,7 +30,7 @@ from tailgate.load import distributed
 
 log = logging.getLogger("tailgate")
 
-RECHALLENGE_S = 2.0
+RECHALLENGE_S = 1.0
 """An unanswered challenge is sent again this often (a worker that registered its handler late)."""
 WATCH_S = 0.5
 """How often the master looks for written-off processes that are back."""

@@ -190,8 +190,9 @@ class RunSession(WorkerRoster):
         """Stop dispatching and cancel what is in flight, in every load process."""
         if self._local:
             order_runner(self.runner.environment).cancel()
-        else:
-            self.runner.send_message(CANCEL_MESSAGE, {"run_id": self.run_id})
+        else:  # to the processes of this run only: a peer that never showed the key hears nothing of it
+            for node in sorted(self._ready):
+                self.runner.send_message(CANCEL_MESSAGE, {"run_id": self.run_id}, client_id=node)
 
     def _wait_recorded(self) -> None:
         """Every request journaled as sent has its record: a worker process cancels on its own time."""
