@@ -11,7 +11,7 @@ code  ending
 3     ``tailgate slo`` only: searched, and no configuration met the SLO.
 4     done, but part of the plan was not measured: a load process was lost (its in-flight requests are
       ``worker_lost`` records, its unsent arrivals never sent), or the run was stopped before its end
-      (Stop in the web UI, ``--run-time``).
+      (Stop in the web UI).
 1     failed: the run could not do what was asked: the server, a child run, a defect, or a run that ended
       itself early (``--stop-on-errors``, ``--on-worker-loss stop``, every load process lost).
 2     bad input, before anything was sent.

@@ -230,21 +230,6 @@ def test_locust_alone_ends_cleanly_on_each_signal(gt: ServerProcess, tmp_path: P
     assert mentioning(str(out)) == []
 
 
-def test_locust_stopped_by_its_run_time_is_incomplete(gt: ServerProcess, tmp_path: Path) -> None:
-    """``--run-time`` ends the run before its plan: it is stopped, its running stage partial, and the exit code
-    is the rule's 4 (done, part of the plan unmeasured), not 0 as if everything ran."""
-    from runkit import start_locust
-
-    trace = write_trace(tmp_path / "trace.jsonl", [(4, 25)] * 40)
-    out = tmp_path / "results"
-    locust = start_locust("continuous.py", gt.base_url, out, tmp_path, "--rates", "8", "--trace-file", str(trace),
-                          "--warmup", "0", "--run-time", "3s")  # fmt: skip
-    code = locust.wait(90)
-    run = json.loads((out / "run.json").read_text())
-    assert run["status"] == "stopped" and run["partial_stages"] == ["cont_r8"], run
-    assert code == 4, (code, locust.stderr[-3000:])
-
-
 @pytest.mark.parametrize("boundary", ["done in", "cell 2/2"], ids=["after-a-cell", "before-the-next"])
 def test_a_signal_at_a_cell_boundary_then_resume(gt: ServerProcess, tmp_path: Path, boundary: str) -> None:
     trace = write_trace(tmp_path / "trace.jsonl", [(4, 3)] * 4)

@@ -433,6 +433,26 @@ def test_the_tab_shows_the_new_run_from_the_moment_start_is_answered(server: Ser
     assert [r["run_id"] for r in live["earlier"]] == [first["run_id"]]
 
 
+def test_a_run_stopped_before_its_plan_ended_exits_incomplete(server: ServerProcess, tmp_path: Path) -> None:
+    """Stop mid-stage, then the process ends on its own (``--autostart --autoquit``): the run is stopped, its
+    stage partial, and the exit code is the rule's 4 (done, part of the plan unmeasured), not 0."""
+    results = tmp_path / "results"
+    locust, url = start_web_locust(tmp_path, "--host", server.base_url, "--results-dir", str(results), "--rates",
+                                   "3", "--n", "30", "--warmup", "0", "--autostart", "--autoquit", "1")  # fmt: skip
+    try:
+        folder = wait_for("the run folder", lambda: run_folders(results) and run_folders(results)[0], 60, locust)
+        wait_for("requests in flight", lambda: len(read_sent(folder)) >= 3, 60, locust)
+        urllib.request.urlopen(url + "/stop", data=b"", timeout=30).read()
+        code = locust.wait(90)
+    finally:
+        if locust.proc.poll() is None:
+            locust.proc.kill()
+            locust.proc.wait()
+    run = json.loads((folder / "run.json").read_text())
+    assert run["status"] == "stopped" and run["partial_stages"] == ["cont_r3"], run
+    assert code == 4, (code, locust.stderr[-3000:])
+
+
 @pytest.mark.parametrize("how", ["sigterm-web", "sigint-headless"])
 def test_quitting_mid_stage_leaves_a_stopped_run(server: ServerProcess, tmp_path: Path, how: str) -> None:
     """Ctrl-C and SIGTERM finish the run as Stop does: cancelled streams, a partial summary, status stopped."""
