@@ -230,6 +230,28 @@ def test_locust_alone_ends_cleanly_on_each_signal(gt: ServerProcess, tmp_path: P
     assert mentioning(str(out)) == []
 
 
+def test_a_cell_that_lost_a_load_process_makes_the_suite_exit_incomplete(gt: ServerProcess, tmp_path: Path) -> None:
+    """kill -9 of one of a cell's two load processes mid-stage: the cell is accounted and done, and the suite
+    exits with the rule's 4 (its own exit code combines its cells'), as Locust alone does for that run."""
+    trace = write_trace(tmp_path / "trace.jsonl", [(4, 25)] * 40)
+    results, logs = tmp_path / "suite", tmp_path / "suite.log"
+    proc = start(suite_cmd(gt, results, trace, "--processes", "2", "--locust-arg=--request-timeout=5"), logs)
+    cell = results / "chunked_cont_r8"
+
+    def sent() -> int:
+        return sum(f.read_bytes().count(b"\n") for f in cell.glob("sent-*.log")) if cell.exists() else 0
+
+    wait_for(lambda: sent() >= 10, proc, logs, "the cell under way")
+    (locust,) = psutil.Process(proc.pid).children()
+    victim = locust.children()[0]
+    victim.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=120) == 4, logs.read_text()[-3000:]
+    suite = json.loads((results / "suite.json").read_text())
+    assert (suite["status"], suite["exit_code"]) == ("completed", 4)
+    run = json.loads((cell / "run.json").read_text())
+    assert run["status"] == "completed" and len(run["workers_lost"]) == 1, run
+
+
 @pytest.mark.parametrize("boundary", ["done in", "cell 2/2"], ids=["after-a-cell", "before-the-next"])
 def test_a_signal_at_a_cell_boundary_then_resume(gt: ServerProcess, tmp_path: Path, boundary: str) -> None:
     trace = write_trace(tmp_path / "trace.jsonl", [(4, 3)] * 4)
