@@ -10,7 +10,8 @@ authentication, so the master does it here, before the run says anything:
 - **Spawn held until the proof.** While the master has a key, Locust's ``spawn`` to a peer that has not shown
   it holds the same key is held back, not sent; the newest one goes out when the proof arrives. A peer that
   cannot show it (no key, another key, no answer) never gets one, so it never runs a user, never says it is
-  ready and is never given an order: all it hears is Locust's ``ack``, heartbeats and the challenge.
+  ready and is never given an order: all it hears is Locust's ``ack``, heartbeats, the user count of
+  ``spawning_complete``, ``quit`` and the challenge.
 - **Written off means gone.** A load process a run wrote off (lost mid-stage, or before a stage) has its share
   accounted already; when it is heard again (a partition heals, a frozen process thaws) it is told to quit,
   instead of idling as a Locust worker until the run's end.
