@@ -22,7 +22,9 @@ from locust.runners import MasterRunner
 import logging
 from typing import Any, ClassVar
 
+from tailgate.exitcodes import run_exit_code
 from tailgate.load.options import OptionError, Settings
+from tailgate.load.peers import PeerGate
 from tailgate.load.session import RunSession
 
 log = logging.getLogger("tailgate")
@@ -45,6 +47,10 @@ class SuiteShape(LoadTestShape):
         self.own_folders = False
         """Web UI: each run gets its own folder under ``--results-dir`` instead of the folder itself."""
         self.quitting = False
+        self.gate: PeerGate | None = None
+        """The master's admission of peers (set when this process is a master)."""
+        self.signum: int | None = None
+        """The signal that ends this process (SIGINT, SIGTERM, SIGHUP), for its exit code."""
 
     # -- Locust hooks ---------------------------------------------------------------------
     def workers_expected(self) -> int:
@@ -85,10 +91,6 @@ class SuiteShape(LoadTestShape):
         if self.session is not None and self.session.sink is not None:
             self.session.sink.on_records(msg.node_id, msg.data)
 
-    def on_proof(self, environment: Any, msg: Any, **_: Any) -> None:
-        if self.session is not None:
-            self.session.on_proof(msg.node_id, msg.data)
-
     def on_pong(self, environment: Any, msg: Any, **_: Any) -> None:
         if self.session is not None:
             self.session.clock.on_pong(msg.node_id, msg.data)
@@ -111,6 +113,14 @@ class SuiteShape(LoadTestShape):
         run = self.runs[-1] if self.runs else None
         return bool(run and run.natural_end and str(run.status).startswith("stopped"))
 
+    def exit_code(self, *, defect: bool = False) -> int:
+        """This process's exit code under the one rule (:mod:`tailgate.exitcodes`), from its newest run."""
+        run = self.latest
+        return run_exit_code(
+            signum=self.signum, failed=defect or bool(self.failed), cut_short=self.cut_short,
+            lost=bool(run and run.lost), stopped=bool(run and run.status == "stopped"),
+        )  # fmt: skip
+
     @property
     def latest(self) -> RunSession | None:
         return self.runs[-1] if self.runs else None
@@ -123,7 +133,7 @@ class SuiteShape(LoadTestShape):
         assert settings is not None
         session = RunSession(
             self.runner, settings, nodes_expected=self.workers_expected, own_folder=self.own_folders,
-            local=not isinstance(self.runner, MasterRunner),
+            local=not isinstance(self.runner, MasterRunner), gate=self.gate,
         )  # fmt: skip
         self.session = session
         self.runs.append(session)
@@ -163,8 +173,8 @@ __all__ = ["OptionError", "SuiteShape"]
 # Headless, Ctrl-C, SIGTERM and SIGHUP all end through Locust's Ctrl-C path (the quitting event, where the
 # run session finishes the run on disk: cancelled records, partial summary, run.json), and quietly: Python's
 # own SIGINT handler would raise inside gevent's hub, which prints the KeyboardInterrupt before passing it
-# on. With the web UI, Locust's own SIGINT and SIGTERM handling already finishes the run from its quitting
-# path; only SIGHUP (a closed terminal), which would kill the process without it, is mapped.
+# on. With the web UI, Locust's own SIGTERM handling already finishes the run from its quitting path; the
+# handler only notes the signal there, for the exit code (128 + its number, as every tailgate command).
 
 
 def _interrupt_main() -> None:
@@ -176,11 +186,20 @@ def _interrupt_main() -> None:
 def _signals_as_interrupt(environment: Any, **_: Any) -> None:
     import signal
 
-    signals = [signal.SIGHUP]
-    if getattr(environment, "web_ui", None) is None:
-        signals += [signal.SIGINT, signal.SIGTERM]
-    for sig in signals:
-        gevent.signal_handler(sig, _interrupt_main)
+    web = getattr(environment, "web_ui", None) is not None
+
+    def handler(sig: int) -> Any:
+        def on_signal() -> None:
+            shape = environment.shape_class
+            if isinstance(shape, SuiteShape) and shape.signum is None:
+                shape.signum = sig  # the exit code says which signal ended the process
+            if not (web and sig == signal.SIGTERM):  # the web UI's SIGTERM: Locust's own handler shuts down
+                _interrupt_main()
+
+        return on_signal
+
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        gevent.signal_handler(sig, handler(sig))
 
 
 events.init.add_listener(_signals_as_interrupt)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tailgate.exitcodes import combine
 from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, ArgumentParser, Stopped, usage_error
 from tailgate.load.client import Target, TargetError
 from tailgate.load.options import API_KEY_ENV, PREFIX_DEFAULTS, add_prefix_arguments, check_workload
@@ -422,7 +423,7 @@ def _run_suite(args: argparse.Namespace, plan: Any, root: Path, api_key: str | N
             child_env={API_KEY_ENV: api_key} if api_key else None,
         )  # fmt: skip
         runner.run()
-        status, code = "completed", EXIT_OK
+        status, code = "completed", combine(runner.cell_codes)
         if not args.no_report:
             from tailgate.postprocess.report import build_report
 
@@ -430,7 +431,9 @@ def _run_suite(args: argparse.Namespace, plan: Any, root: Path, api_key: str | N
             paths = build_report(root, prometheus_url=prom_url)
             log(f"[suite] finished in {time.monotonic() - started:.0f} s")
             log(f"[suite] report: {getattr(paths, 'html', paths)}")
-        return EXIT_OK
+        if code != EXIT_OK:
+            log(f"[suite] exit {code}: a cell ran only part of its plan (a load process lost; see its run.json)")
+        return code
     except (KeyboardInterrupt, Stopped) as e:
         stop = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
         guard.disarm()

@@ -8,8 +8,8 @@ interpreter without running a single ``finally``. :func:`signals_raise` makes al
 holds signals back while a child is being started, so no child is ever started without a handle to
 stop it by. :func:`stop_process_tree` ends a child and everything it started.
 
-Exit codes (documented in the README): 0 finished, 1 finished with errors or failed, 2 bad input,
-128 + the signal's number when a signal ended the run (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
+Exit codes follow the one rule of :mod:`tailgate.exitcodes` (the README's table): 0 done, 4 done but
+incomplete, 1 failed, 2 bad input, 128 + the signal's number when a signal ended the run.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from typing import NoReturn
 
 import psutil
 
-EXIT_OK = 0
-EXIT_ERRORS = 1
-EXIT_USAGE = 2
+from tailgate.exitcodes import DONE as EXIT_OK
+from tailgate.exitcodes import FAILED as EXIT_ERRORS
+from tailgate.exitcodes import USAGE as EXIT_USAGE
+from tailgate.exitcodes import interrupted
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -48,7 +49,7 @@ class Stopped(BaseException):
     @property
     def exit_code(self) -> int:
         """The shell convention: 128 + the signal's number."""
-        return 128 + self.signum
+        return interrupted(self.signum)
 
 
 class SignalGuard:

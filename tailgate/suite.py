@@ -25,6 +25,7 @@ import tailgate
 from tailgate import arms
 from tailgate.arms import CONTINUOUS, GATED, cell_folder, stage_label
 from tailgate.contracts import RunMeta, StageSummary, SuiteMeta
+from tailgate.exitcodes import child_ending
 from tailgate.load.processes import auto_processes
 from tailgate.load.workload import SEED_MIX
 from tailgate.optiontable import DEFAULTS
@@ -195,6 +196,8 @@ class Suite:
         self.extra_metadata = extra_metadata or {}
         self.child = ChildRunner(log, env=child_env)
         """The one Locust child at a time, with the API key in its environment only."""
+        self.cell_codes: list[int] = []
+        """Each cell's Locust exit code this invocation ran: the suite's own exit code combines them."""
         self._config_running: str | None = None
         self._current_cell: Path | None = None
         self.knee: str | None = None
@@ -247,14 +250,15 @@ class Suite:
 
         done = self.child.run(self.locust_run(cell, out).command(), on_line=echo)
         self._current_cell = None
-        code = done.exit_code
+        ending = child_ending(done.exit_code)
         summary = load_summary(self.root, cell)
-        # Locust exits 1 when any request failed; failed requests are data (error records), so the
-        # cell counts as done whenever the run completed and wrote its summary
-        if code not in (0, 1) or summary is None or not cell_done(self.root, cell):
-            mark_run_ended(out / RUN_META, f"locust exit {code}", status="failed")
+        # failed requests are data (error records): the cell counts as done whenever its run finished and
+        # wrote its summary, complete or not (a lost load process: exit 4, combined into the suite's own)
+        if not ending.finished or summary is None or not cell_done(self.root, cell):
+            mark_run_ended(out / RUN_META, ending.describe(), status="failed")
             detail = "\n".join(done.tail[-15:])
-            raise SuiteError(f"cell {cell.name} failed (locust exit {code}); last output:\n{detail}")
+            raise SuiteError(f"cell {cell.name} failed ({ending.describe()}); last output:\n{detail}")
+        self.cell_codes.append(ending.code)
         merged = summary.get("client_coalesced_streams") or 0
         behind = f"; CLIENT BEHIND: {merged} merged stream(s), gaps show the client" if merged else ""
         self.log(f"[suite] {cell.name} done in {done.seconds:.0f} s{behind}")

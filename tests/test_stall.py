@@ -145,6 +145,15 @@ def test_the_console_names_merged_streams_and_stays_quiet_without_them() -> None
     assert "the host stole 18%" in stolen and "more --processes" not in stolen
 
 
+def test_the_console_prints_no_none() -> None:
+    """A stage where every request failed, read without a /metrics counter: nothing prints as None."""
+    empty = {**summary(0), "n": 0, "errors": 2, "preemptions_delta": None, "schedule_lag_p99": None,
+             **dict.fromkeys(("ttft_p50", "ttft_p99", "gap_p50", "gap_p99", "total_p99"))}  # fmt: skip
+    line = summary_line(empty)
+    assert "None" not in line and "n=0 errors=2 no successful request" in line and "preemptions –" in line, line
+    assert "None" not in summary_line({**summary(0), "preemptions_delta": None})
+
+
 def test_host_steal_is_read_from_the_kernels_counters(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 50 0 25 400 5 0 2 18 0 0\n")

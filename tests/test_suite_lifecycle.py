@@ -207,7 +207,8 @@ def test_stop_process_tree_ends_grandchildren_that_ignore_sigint(tmp_path: Path)
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_locust_alone_ends_cleanly_on_each_signal(gt: ServerProcess, tmp_path: Path, sig: int) -> None:
-    """A Locust run stopped by hand: every request sent has a record, run.json says interrupted, no noise."""
+    """A Locust run stopped by hand: every request sent has a record, run.json says interrupted, no noise, and
+    the exit code names the signal (130, 143, 129), as ``tailgate suite`` and ``tailgate slo`` do."""
     from runkit import start_locust
 
     from tailgate.records import lost_in_flight
@@ -218,14 +219,37 @@ def test_locust_alone_ends_cleanly_on_each_signal(gt: ServerProcess, tmp_path: P
                           "--warmup", "0")  # fmt: skip
     wait_for(lambda: records_in(out) >= 2, locust.proc, locust.stderr_path, "the first records")  # type: ignore[arg-type]
     locust.proc.send_signal(sig)
-    locust.wait(90)
+    code = locust.wait(90)
     text = locust.stdout + locust.stderr
+    assert code == 128 + sig, (code, text[-3000:])  # the rule of tailgate.exitcodes, as tailgate suite and slo
     assert "Traceback" not in text and "greenlet" not in text.lower() and "KeyboardInterrupt" not in text, text[-3000:]
     run = json.loads((out / "run.json").read_text())
     assert run["status"] in ("stopped", "interrupted") and run["ended"]
     loss = lost_in_flight(out)
     assert loss["lost"] == 0 and loss["sent"] == loss["recorded"] > 0  # in-flight requests became records
     assert mentioning(str(out)) == []
+
+
+def test_a_cell_that_lost_a_load_process_makes_the_suite_exit_incomplete(gt: ServerProcess, tmp_path: Path) -> None:
+    """kill -9 of one of a cell's two load processes mid-stage: the cell is accounted and done, and the suite
+    exits with the rule's 4 (its own exit code combines its cells'), as Locust alone does for that run."""
+    trace = write_trace(tmp_path / "trace.jsonl", [(4, 25)] * 40)
+    results, logs = tmp_path / "suite", tmp_path / "suite.log"
+    proc = start(suite_cmd(gt, results, trace, "--processes", "2", "--locust-arg=--request-timeout=5"), logs)
+    cell = results / "chunked_cont_r8"
+
+    def sent() -> int:
+        return sum(f.read_bytes().count(b"\n") for f in cell.glob("sent-*.log")) if cell.exists() else 0
+
+    wait_for(lambda: sent() >= 10, proc, logs, "the cell under way")
+    (locust,) = psutil.Process(proc.pid).children()
+    victim = locust.children()[0]
+    victim.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=120) == 4, logs.read_text()[-3000:]
+    suite = json.loads((results / "suite.json").read_text())
+    assert (suite["status"], suite["exit_code"]) == ("completed", 4)
+    run = json.loads((cell / "run.json").read_text())
+    assert run["status"] == "completed" and len(run["workers_lost"]) == 1, run
 
 
 @pytest.mark.parametrize("boundary", ["done in", "cell 2/2"], ids=["after-a-cell", "before-the-next"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -289,7 +290,9 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         # the tab reads the journal as the analysis does: its sent is the summary's, the rest never sent
         row1 = page.table()["cont_r2"]
         assert row1[TAB_TITLE] == f"22 / {s1['sent']} / {s1['recorded']}", row1
-        assert row1["Dropped / never sent / merged"].split(" / ")[1] == str(s1["never_sent"]), row1
+        # dropped is the summary's (arrivals the in-flight cap refused); one a stop took back is never sent
+        dropped, never, _ = row1["Dropped / never sent / merged"].split(" / ")
+        assert (dropped, never) == (str(s1["dropped_arrivals"]), str(s1["never_sent"])), row1
         # a stream cancelled by Stop is no Locust failure
         failures = [s["num_failures"] for s in get_json(url + "/stats/requests")["stats"] if s["name"] == "cont_r2"]
         assert failures in ([], [0]), failures
@@ -344,6 +347,25 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         page.click("New")
         page.fill({"rates": "4", "n": "5", "warmup": "0"})
         page.submit()
+        page.open_tab()
+        # from the Start on, the tab switches with Locust's own status: never the previous run shown as the current
+        # one while Locust says RUNNING, never the new run's head above the previous run's rows (the rows ride on
+        # Locust's own, later, stats poll), nor the other way round
+        clicked, old_id, mixed, switched = time.monotonic(), run2["meta"]["run_id"], [], None
+        while switched is None or time.monotonic() - switched < 3.0:
+            assert time.monotonic() - clicked < 30, "the panel never showed run 3"
+            body = page._fresh(lambda: browser.find_element(page.by.TAG_NAME, "body").text)
+            status = re.search(r"Status\s*\n\s*([A-Z]+)", body)
+            head = (page.panel().splitlines() or [""])[0]
+            stages = {k for k, v in page.table().items() if k and v.get("State")}
+            if head.startswith("Run ") and not head.startswith(f"Run {old_id}") and switched is None:
+                switched = time.monotonic()
+            new_head, old_rows = switched is not None, bool(stages & {"cont_r3", "cont_r5"})
+            started = status is not None and status.group(1) in ("RUNNING", "SPAWNING")
+            if (new_head and old_rows) or (not new_head and ("cont_r4" in stages or started)):
+                mixed.append((round(time.monotonic() - clicked, 2), status and status.group(1), head, sorted(stages)))
+        assert not mixed, mixed
+        print(f"the panel showed run 3 {switched - clicked:.2f} s after the click on Start")
         wait_for("run 3's folder", lambda: len(run_folders(second)) == 2, 60, locust)
         folder_3 = next(p for p in run_folders(second) if p != folder_2)
         page.open_tab()
@@ -353,8 +375,62 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         assert len({run1["meta"]["run_id"], run2["meta"]["run_id"], run3["meta"]["run_id"]}) == 3
     finally:
         code = stop_locust(locust)
-    assert code == 0, locust.stderr[-3000:]
+    assert code == 128 + signal.SIGTERM, locust.stderr[-3000:]  # the rule of tailgate.exitcodes
     assert_no_traceback(locust.stderr)
+
+
+def test_the_tab_shows_the_new_run_from_the_moment_start_is_answered(server: ServerProcess, tmp_path: Path) -> None:
+    """A Start after a finished run: the very first look after Locust answered it (the tab's own poll, and the
+    rows riding on Locust's stats poll) is the new run, running, never the previous one shown as completed."""
+    results = tmp_path / "results"
+    trace = write_trace(tmp_path / "trace.jsonl", [(4, 3)] * 4)
+    locust, url = start_web_locust(tmp_path, "--results-dir", str(results), "--trace-file", str(trace),
+                                   "--warmup", "0", "--settle", "0.5")  # fmt: skip
+
+    def start(rate: str) -> None:
+        form = {"host": server.base_url, "user_count": "1", "spawn_rate": "1", "rates": rate}
+        data = "&".join(f"{k}={urllib.request.quote(v)}" for k, v in form.items()).encode()
+        answer = json.loads(urllib.request.urlopen(url + "/swarm", data=data, timeout=30).read())
+        assert answer["success"], answer
+
+    try:
+        start("5")
+        first = wait_for("the first run to complete", lambda: (r := get_json(url + "/tailgate/live")["run"])
+                         and r["status"] == "completed" and r, 120, locust)  # fmt: skip
+        wait_for("Locust to see it stopped", lambda: get_json(url + "/stats/requests")["state"] == "stopped", 60,
+                 locust)  # fmt: skip
+        start("7")
+        live = get_json(url + "/tailgate/live")
+        rows = get_json(url + "/stats/requests")["extended_stats"][0]["data"]
+        wait_for("the second run to complete", lambda: get_json(url + "/tailgate/live")["run"]["status"] ==
+                 "completed", 120, locust)  # fmt: skip
+    finally:
+        stop_locust(locust)
+    run = live["run"]
+    assert run["run_id"] != first["run_id"] and run["status"] == "running" and not run["ended"], run
+    assert [st["label"] for st in run["stages"]] == ["cont_r7"] and live["busy"], live
+    assert [(r["stage"], r["state"]) for r in rows] in ([("cont_r7", "waiting")], [("cont_r7", "running")]), rows
+    assert [r["run_id"] for r in live["earlier"]] == [first["run_id"]]
+
+
+def test_a_run_stopped_before_its_plan_ended_exits_incomplete(server: ServerProcess, tmp_path: Path) -> None:
+    """Stop mid-stage, then the process ends on its own (``--autostart --autoquit``): the run is stopped, its
+    stage partial, and the exit code is the rule's 4 (done, part of the plan unmeasured), not 0."""
+    results = tmp_path / "results"
+    locust, url = start_web_locust(tmp_path, "--host", server.base_url, "--results-dir", str(results), "--rates",
+                                   "3", "--n", "30", "--warmup", "0", "--autostart", "--autoquit", "1")  # fmt: skip
+    try:
+        folder = wait_for("the run folder", lambda: run_folders(results) and run_folders(results)[0], 60, locust)
+        wait_for("requests in flight", lambda: len(read_sent(folder)) >= 3, 60, locust)
+        urllib.request.urlopen(url + "/stop", data=b"", timeout=30).read()
+        code = locust.wait(90)
+    finally:
+        if locust.proc.poll() is None:
+            locust.proc.kill()
+            locust.proc.wait()
+    run = json.loads((folder / "run.json").read_text())
+    assert run["status"] == "stopped" and run["partial_stages"] == ["cont_r3"], run
+    assert code == 4, (code, locust.stderr[-3000:])
 
 
 @pytest.mark.parametrize("how", ["sigterm-web", "sigint-headless"])
@@ -402,7 +478,8 @@ def test_quitting_mid_stage_leaves_a_stopped_run(server: ServerProcess, tmp_path
     wait_for("requests in flight", in_flight, 60, locust)
     locust.proc.send_signal(sig)
     code = locust.wait(60)
-    assert code == 0, locust.stderr[-2000:]  # streams it cancelled are records, not Locust failures
+    # the signal's code (tailgate.exitcodes); streams it cancelled are records, not Locust failures
+    assert code == 128 + sig, locust.stderr[-2000:]
     run = check_run(folder, status="stopped", host=server.base_url, options={"rates": [3.0]})
     # a headless shape run meets Ctrl-C in Locust's own wait for the shape, which stops the test before quitting
     assert run["meta"]["stop_reason"] == ("quit" if sig == signal.SIGTERM else "stop")
@@ -431,7 +508,7 @@ def test_web_ui_run_against_the_cpu_vllm(vllm_server: Any, tmp_path: Path) -> No
                         and r["report"]["state"] in ("ready", "failed") and r, 300, locust)  # fmt: skip
     finally:
         code = stop_locust(locust)
-    assert code == 0, locust.stderr[-3000:]
+    assert code == 128 + signal.SIGTERM, locust.stderr[-3000:]  # the rule of tailgate.exitcodes
     assert live["status"] == "completed" and live["report"]["state"] == "ready", live["report"]
     (stage,) = live["stages"]
     counts = (stage["state"], stage["planned"], stage["sent"], stage["recorded"], stage["errors"])

@@ -154,6 +154,14 @@ def test_the_tab_counts_sends_as_the_analysis_does(tmp_path: Path) -> None:
         ended_at=None, coordinator_alive=True, sampler_alive=False, report_state=lambda: "none",
         report_error=lambda: None,
     )  # fmt: skip
-    snap = LiveRun(session).snapshot()["stages"][0]
+    live = LiveRun(session)
+    snap = live.snapshot()["stages"][0]
     assert snap["sent"] == len(read_sent(tmp_path)) == 3 and snap["dropped"] == 2 and snap["recorded"] == 3
     assert snap["errors"] == 0  # the worker_lost record was superseded
+    # a Stop: the two take-backs were arrivals the stop cancelled, not refused by the in-flight cap; from the
+    # stop on, and in the summary, dropped is what the load processes reported refusing: one definition
+    session.stopping = True
+    assert live.snapshot()["stages"][0]["dropped"] == 0
+    session.summaries = {0: {"partial": True, "dropped_arrivals": 0, "never_sent": 3, "preemptions_delta": None}}
+    snap = live.snapshot()["stages"][0]
+    assert (snap["dropped"], snap["never_sent"]) == (0, 3)

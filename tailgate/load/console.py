@@ -9,14 +9,25 @@ from typing import Any
 
 from tailgate.hoststeal import NOTABLE_SHARE
 
+NONE = "–"
+"""What the console prints for a figure that does not exist (no successful request, no counter read)."""
+
+
+def shown(value: Any) -> str:
+    """A figure as the console prints it: never ``None``."""
+    return NONE if value is None else str(value)
+
 
 def summary_line(s: dict[str, Any]) -> str:
     """Named as the cell is everywhere else (its suite folder, the report): configuration, then stage label."""
+    head = f"{s['config']}_{s['stage_label']}: n={s['n']} errors={s['errors']} "
+    tail = f"preemptions {shown(s.get('preemptions_delta'))}, schedule lag p99 {shown(s.get('schedule_lag_p99'))} ms"
+    if s.get("ttft_p50") is None:  # no measured successful request: there is no latency to print
+        return head + f"no successful request, no latency figures; {tail}" + client_behind(s)
     return (
-        f"{s['config']}_{s['stage_label']}: n={s['n']} errors={s['errors']} "
-        f"TTFT p50/p99 {s['ttft_p50']}/{s['ttft_p99']} ms, worst gap p50/p99 {s['gap_p50']}/{s['gap_p99']} ms, "
-        f"total p99 {s['total_p99']} ms, preemptions {s['preemptions_delta']}, "
-        f"schedule lag p99 {s['schedule_lag_p99']} ms"
+        head + f"TTFT p50/p99 {shown(s['ttft_p50'])}/{shown(s['ttft_p99'])} ms, "
+        f"worst gap p50/p99 {shown(s['gap_p50'])}/{shown(s['gap_p99'])} ms, total p99 {shown(s['total_p99'])} ms, "
+        + tail
     ) + client_behind(s)
 
 

@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -45,7 +46,7 @@ from typing import Any, TextIO
 from tailgate.contracts import Order
 from tailgate.load.clock import wall
 from tailgate.load.processes import CHUNKS_PER_PROCESS, auto_processes, free_port, master_port_args
-from tailgate.records import RequestRecord
+from tailgate.records import RequestRecord, worker_name
 from tailgate.resultfiles import records_file, sent_file
 
 __all__ = ["CHUNKS_PER_PROCESS", "auto_processes", "free_port", "master_port_args"]
@@ -121,7 +122,20 @@ def proof_ok(key: str | None, nonce: str, answer: Any) -> bool:
 
 def on_challenge(environment: Any, msg: Any, **_: Any) -> None:
     nonce = str(msg.data.get("nonce") or "")
-    environment.runner.send_message(PROOF_MESSAGE, {"nonce": nonce, "proof": proof(api_key(), nonce)})
+    answer = {"nonce": nonce, "proof": proof(api_key(), nonce), "worker": worker_name()}
+    environment.runner.send_message(PROOF_MESSAGE, answer)
+
+
+def master_gone(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """The master's host refuses a connection to its port: its process is gone for good. A partition (or a
+    host that is down) answers nothing at all, which says nothing, so that is False."""
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
 
 
 # -- worker side ----------------------------------------------------------------------------------------

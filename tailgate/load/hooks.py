@@ -16,6 +16,7 @@ from locust import events
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 import argparse
+import logging
 import os
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 from tailgate.load import distributed, stallwatch
 from tailgate.load.descriptors import reserve_descriptors
 from tailgate.load.options import OptionError, add_arguments
+from tailgate.load.peers import PeerGate
 from tailgate.load.preflight import fail, settings_for
 from tailgate.load.worker import (
     CANCEL_MESSAGE,
@@ -92,8 +94,9 @@ def _on_init(environment: Any, **_: Any) -> None:
             runner.register_message(distributed.SENT_MESSAGE, shape.on_sent)
             runner.register_message(distributed.RECORDS_MESSAGE, shape.on_records)
             runner.register_message(distributed.PONG_MESSAGE, shape.on_pong)
-            runner.register_message(distributed.PROOF_MESSAGE, shape.on_proof)
             _keep_key_off_the_wire(environment)
+            shape.gate = PeerGate(runner, key=lambda: _key_in_force(environment))
+            shape.gate.install()
         opts = environment.parsed_options
         if environment.web_ui is not None:
             from tailgate.webui import WEB_RESULTS, install
@@ -133,6 +136,14 @@ def _keep_key_off_the_wire(environment: Any) -> None:
         opts.api_key = None
 
 
+def _key_in_force(environment: Any) -> str | None:
+    """The key a peer must prove: the next or running run's, else this master's own (moved to its environment)."""
+    settings = environment.shape_class.settings
+    if settings is not None:
+        return settings.api_key
+    return os.environ.get(distributed.API_KEY_ENV)
+
+
 def _watch_master(environment: Any) -> None:
     """A worker that stops hearing the master stops its load itself (see ``MASTER_SILENCE_S``), instead of
     sending its share to a server nobody records until Locust gives up on the master a minute later."""
@@ -149,11 +160,22 @@ def _watch_master(environment: Any) -> None:
         quiet = time.monotonic() - heard[0]
         return quiet if quiet > distributed.MASTER_SILENCE_S else 0.0
 
+    runner = environment.runner
+
     def watch() -> None:
         while True:
             gevent.sleep(0.5)
-            if silence():
-                order_runner(environment).master_lost(silence())
+            if not silence():
+                continue
+            order_runner(environment).master_lost(silence())
+            if distributed.master_gone(runner.master_host, runner.master_port):
+                # a partition answers nothing; a host whose master process died refuses the connection: that
+                # master is gone for good, and Locust alone would keep this process idle for a minute
+                log = logging.getLogger("tailgate")
+                log.error("tailgate: %s: the master at %s:%s refuses connections (it is gone): quitting",
+                          order_runner(environment).worker, runner.master_host, runner.master_port)  # fmt: skip
+                runner.quit()
+                return
 
     order_runner(environment).master_silence = silence
     gevent.spawn(watch)
@@ -180,8 +202,6 @@ def _cache_default_args() -> None:
 
 def _go_realtime() -> None:
     """This load process at ``SCHED_FIFO``, or a warning: the run never fails for want of the privilege."""
-    import logging
-
     from tailgate.load.processes import set_realtime
 
     log = logging.getLogger("tailgate")
@@ -229,7 +249,10 @@ def _on_quit(environment: Any, **_: Any) -> None:
     if isinstance(runner, (WorkerRunner, LocalRunner)):
         order_runner(environment).cancel()
         order_runner(environment).close()
-    if shape is not None and (getattr(shape, "failed", None) or getattr(shape, "cut_short", False)):
-        # the run failed, or ended itself before its last stage (--on-worker-loss stop, --stop-on-errors, every
-        # load process lost); a loss the run went on from (continue) or a Stop/Ctrl-C is not a failure
-        environment.process_exit_code = 1
+    if isinstance(runner, (MasterRunner, LocalRunner)) and _is_tailgate(environment):
+        # the one rule of tailgate.exitcodes, from how the newest run ended; Locust's own (1 when any request
+        # failed) would make a server's errors, which are measurements, read as a failed run
+        from locust import log as locust_log
+
+        defect = bool(runner.exceptions) or bool(locust_log.unhandled_greenlet_exception)
+        environment.process_exit_code = shape.exit_code(defect=defect)

@@ -1,6 +1,6 @@
-"""Which load processes take a stage: the ready handshake (a worker proves it holds the API key by HMAC
-before any order, the key never sent), losses noticed between stages, and the clock round trip measured
-from every process just before each stage.
+"""Which load processes take a stage: the ready handshake (only a worker that proved it holds the API key
+by HMAC, :mod:`tailgate.load.peers`, counts as ready; the key is never sent), losses noticed between stages,
+and the clock round trip measured from every process just before each stage.
 
 A part of :class:`~tailgate.load.session.RunSession` of its own because it answers one question (who is
 in, with which clock) apart from running the stages; the session holds the state it reads and writes.
@@ -19,6 +19,7 @@ from typing import Any
 from tailgate.load import distributed
 from tailgate.load.distributed import ClockSync
 from tailgate.load.options import Settings
+from tailgate.load.peers import PeerGate
 from tailgate.load.plan import Stage
 from tailgate.load.runfiles import write_json
 from tailgate.resultfiles import RUN_META
@@ -49,44 +50,46 @@ class WorkerRoster:
     _nodes_expected: Callable[[], int]
     _ready: dict[str, str]
     _ready_event: Event
-    _nonces: dict[str, tuple[str, str]]
+    gate: PeerGate | None
+    written_off: Callable[[str], None] | None
+
+    def _refusals(self) -> None:
+        """Peers that answered the challenge without the key in force: named once, listed, given nothing."""
+        if self.gate is None or self._local or not self.settings.api_key:
+            return
+        for node, why in self.gate.refusals().items():
+            if node not in self.refused and node not in self._ready:
+                self.refused[node] = why
+                log.error("tailgate: load process %s: given no orders (set %s in its environment)", why,
+                          distributed.API_KEY_ENV)  # fmt: skip
 
     def _wait_ready(self) -> list[str]:
         expected = self._nodes_expected()
         deadline = time.monotonic() + READY_TIMEOUT_S
+        self._refusals()
         while len(self._ready) + len(self.refused) < expected and (not self._ready or time.monotonic() < deadline):
             self._ready_event.clear()
-            self._ready_event.wait(timeout=1.0)
+            self._ready_event.wait(timeout=0.25)
+            self._refusals()
         if len(self._ready) < expected:
             log.warning("tailgate: %d of %d load process(es) ready after %.0f s; going with those",
                         len(self._ready), expected, READY_TIMEOUT_S)  # fmt: skip
         return sorted(self._ready)
 
     def on_ready(self, node_id: str, worker: str) -> None:
-        if self._local or not self.settings.api_key:
-            self._ready[node_id] = worker
-            self._ready_event.set()
+        """A worker's user started. It only gets Locust's spawn once it proved the key; a peer that says ready
+        without having proved it (a forged message) is not counted."""
+        if not (self._local or not self.settings.api_key or (self.gate is not None and self.gate.admitted(node_id))):
+            log.error("tailgate: %s said it is ready without showing the key: ignored", worker)
             return
-        if node_id in self._ready or node_id in self._nonces:
-            return
-        # the key never goes to a worker: one that holds it proves so before it is given any order
-        self._nonces[node_id] = (distributed.new_nonce(), worker)
-        self.runner.send_message(distributed.CHALLENGE_MESSAGE, {"nonce": self._nonces[node_id][0]},
-                                 client_id=node_id)  # fmt: skip
-
-    def on_proof(self, node_id: str, data: dict[str, Any]) -> None:
-        pending = self._nonces.pop(node_id, None)
-        if pending is None or node_id in self._ready:
-            return
-        nonce, worker = pending
-        if data.get("nonce") == nonce and distributed.proof_ok(self.settings.api_key, nonce, data.get("proof")):
-            self._ready[node_id] = worker
-        else:
-            why = "has no key" if data.get("proof") is None else "holds another key"
-            self.refused[node_id] = f"{worker} {why}"
-            log.error("tailgate: load process %s %s: given no orders (set %s in its environment)",
-                      worker, why, distributed.API_KEY_ENV)  # fmt: skip
+        self._ready[node_id] = worker
         self._ready_event.set()
+
+    def _mark_lost(self, node: str, reason: str) -> None:
+        """Written off for this run: its share is accounted, and the master tells it to quit when it is heard."""
+        self.lost[node] = reason
+        if self.written_off is not None:
+            self.written_off(node)
 
     def _lost_reason(self, node: str) -> str | None:
         """Why a worker can no longer take part (Locust's heartbeat marked it missing, or it left)."""
@@ -105,7 +108,7 @@ class WorkerRoster:
         for node in sorted(self._ready):
             reason = None if node in self.lost else self._lost_reason(node)
             if reason:  # went between stages: nothing of it was in flight
-                self.lost[node] = reason
+                self._mark_lost(node, reason)
                 if node in self.workers:
                     self.workers[node]["lost"] = f"before {stage.label}: {reason}"
                 log.error("tailgate: load process %s lost before %s (%s)", self._ready[node], stage.label, reason)
@@ -125,7 +128,7 @@ class WorkerRoster:
             measured = self.clock.measure(node)
             if measured is None:
                 reason = "did not answer a clock round trip before the stage"
-                self.lost[node] = reason
+                self._mark_lost(node, reason)
                 if not joined:
                     self.workers[node]["lost"] = f"before {stage.label}: {reason}"
                 log.error("tailgate: load process %s %s %s; left out", self._ready[node], reason, stage.label)

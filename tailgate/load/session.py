@@ -36,6 +36,7 @@ from tailgate.load.console import summary_line
 from tailgate.load.distributed import DEADLINE_MARGIN_S, WORKER_LOST, ClockSync, MasterSink
 from tailgate.load.metrics import Snapshot, scrape
 from tailgate.load.options import Settings
+from tailgate.load.peers import PeerGate
 from tailgate.load.plan import Stage, share
 from tailgate.load.processes import processes_for
 from tailgate.load.roster import WorkerRoster, WorkersLost
@@ -77,6 +78,7 @@ class RunSession(WorkerRoster):
         nodes_expected: Callable[[], int],
         own_folder: bool,
         local: bool,
+        gate: PeerGate | None = None,
     ) -> None:
         self.runner = runner
         self.run_id = uuid.uuid4().hex[:12]
@@ -131,12 +133,17 @@ class RunSession(WorkerRoster):
         """Per load process: its name, clock offset and RTT, the stage it joined at, and a loss if any."""
         self.lost: dict[str, str] = {}
         self.worker_errors: list[str] = []
-        self._nonces: dict[str, tuple[str, str]] = {}
-        """Load processes challenged for the key and not yet answered: node -> (nonce, name)."""
+        self.gate: PeerGate | None = gate
+        """The master's admission of peers (the key proof); None in one process."""
+        self.written_off: Callable[[str], None] | None = None if gate is None else gate.write_off
         self.refused: dict[str, str] = {}
         """Load processes that could not show they hold the key: never given an order."""
         self._orders: dict[str, dict[str, Any]] = {}
         """The running group's order per process: a stop closes the share of any that is gone."""
+        self.stage_nodes: dict[int, list[str]] = {}
+        """Stage index -> the processes it was split over."""
+        self.lost_in: dict[str, int] = {}
+        """Process -> the stage it was lost in (its share closed by the master)."""
         opts = getattr(getattr(runner, "environment", None), "parsed_options", None)
         self.on_worker_loss = getattr(opts, "on_worker_loss", None) or "continue"
 
@@ -183,8 +190,9 @@ class RunSession(WorkerRoster):
         """Stop dispatching and cancel what is in flight, in every load process."""
         if self._local:
             order_runner(self.runner.environment).cancel()
-        else:
-            self.runner.send_message(CANCEL_MESSAGE, {"run_id": self.run_id})
+        else:  # to the processes of this run only: a peer that never showed the key hears nothing of it
+            for node in sorted(self._ready):
+                self.runner.send_message(CANCEL_MESSAGE, {"run_id": self.run_id}, client_id=node)
 
     def _wait_recorded(self) -> None:
         """Every request journaled as sent has its record: a worker process cancels on its own time."""
@@ -297,6 +305,7 @@ class RunSession(WorkerRoster):
         self.stage_cpu[stage.index] = cpu_counters()
         self.current = stage
         baseline = self._sent_ended()
+        self.stage_nodes[stage.index] = list(nodes)
         lost_here: list[str] = []
         for group in stage.groups:
             t0 = time.time() + (START_LEAD_S if len(nodes) > 1 or group is stage.groups[0] else 0.0)
@@ -366,7 +375,8 @@ class RunSession(WorkerRoster):
         """Close a lost worker's share from what it announced: in flight -> worker_lost, the rest never sent."""
         assert self.sink is not None
         in_flight, never = self.sink.lose(node, order, reason)
-        self.lost[node] = reason
+        self._mark_lost(node, reason)
+        self.lost_in.setdefault(node, int(order["stage"]))
         name = self._ready.get(node, node)
         if node in self.workers:
             self.workers[node]["lost"] = f"{order['stage_label']}: {reason}"
@@ -431,7 +441,7 @@ class RunSession(WorkerRoster):
         span = summary["window_end_s"] - summary["window_start_s"]
         chunks = sum(int(r.get("chunks") or 0) for r in records)
         summary["chunks_per_s"] = round(chunks / span, 1) if span > 0 else None
-        summary["load_processes"] = 1 if self._local else len(self.workers)
+        summary["load_processes"] = 1 if self._local else self._ran(stage.index)
         # what the report suggests when this stage fell behind its schedule
         summary["processes_to_keep_up"] = processes_for(chunks / span) if span > 0 else None
         # this machine's CPU time the hypervisor took during the stage (the coordinator's host)
@@ -443,6 +453,10 @@ class RunSession(WorkerRoster):
         self.summaries[stage.index] = summary
         write_json(self.folder / summary_file(stage.label), StageSummary.from_dict(summary).to_dict())
         return summary
+
+    def _ran(self, stage_index: int) -> int:
+        """Processes that ran this stage to its end: those it was split over, less those lost in it."""
+        return sum(1 for n in self.stage_nodes.get(stage_index, []) if self.lost_in.get(n) != stage_index)
 
     def _on_late(self, stage_index: int) -> None:
         """A worker written off sent or recorded more for a stage (a partition healed): once the burst is in,

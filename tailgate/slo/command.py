@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tailgate.exitcodes import combine
 from tailgate.lifecycle import ArgumentParser, SignalGuard, Stopped
 from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate
 from tailgate.resultfiles import writable_folder_problem
@@ -364,7 +365,8 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
                 f"({first.get('errors', '?')} of {ended} requests that ended at the first probe{also}); "
                 "check the server and the request (model name, max tokens, authentication)")  # fmt: skip
             return EXIT_FAILED
-        return EXIT_OK if met else EXIT_NOT_MET
+        # a probe whose load process was lost measured only part of its plan: the rule's 4 outranks the answer
+        return combine([EXIT_OK if met else EXIT_NOT_MET, *runner.probe_codes])
     except (KeyboardInterrupt, Stopped) as e:
         stop = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
         guard.disarm()

@@ -18,6 +18,7 @@ from typing import Any
 
 from tailgate.arms import CONTINUOUS
 from tailgate.contracts import SloMeta, StageSummary
+from tailgate.exitcodes import child_ending
 from tailgate.jsonl import Follower
 from tailgate.load.plan import rate_label
 from tailgate.records import read_records
@@ -196,6 +197,8 @@ class SloRunner:
         self.extra = extra_metadata or {}
         self.child = ChildRunner(log, tag="[slo]   ")
         """The one Locust child at a time: its own session, stopped with its whole process tree."""
+        self.probe_codes: list[int] = []
+        """Each probe's Locust exit code this invocation ran: the command's exit code combines them."""
         self._running: str | None = None
         self._interrupted = False
         self.state: dict[str, Any] = {}
@@ -272,13 +275,16 @@ class SloRunner:
 
         done = self.child.run(self._command(config, rate, seed, out), watch=decided)
         code, stopped = done.exit_code, done.stopped_early
+        ending = child_ending(code)
         if stopped:
             self.log(f"[slo]   stopped the probe early: {stopped}")
         watch.poll()
         summaries = sorted(out.glob(SUMMARY_GLOB))
-        if stopped is None and (code not in (0, 1) or not summaries):
+        if stopped is None and (not ending.finished or not summaries):
             detail = "\n".join(done.tail[-15:])
-            raise SloRunError(f"probe {out.name} failed (locust exit {code}); last output:\n{detail}")
+            raise SloRunError(f"probe {out.name} failed ({ending.describe()}); last output:\n{detail}")
+        if stopped is None:  # a probe the search stopped itself was interrupted on purpose
+            self.probe_codes.append(ending.code)
         mark = {
             "rate": rate, "seed": seed, "exit_code": code, "seconds": round(done.seconds, 1),
             "stopped_early": stopped, "waiting_max": watch.waiting_max, "queue_stop": queue_stop,

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tailgate import exitcodes
 from tailgate.resultfiles import SLO_META
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_NOT_MET = 3
-"""The search finished and no configuration met the SLO at any probed rate."""
+EXIT_OK = exitcodes.DONE
+EXIT_FAILED = exitcodes.FAILED
+EXIT_USAGE = exitcodes.USAGE
+EXIT_NOT_MET = exitcodes.NOT_MET
+"""The search finished and no configuration met the SLO at any probed rate (the rule of tailgate.exitcodes)."""
 
 SLO_FILE = SLO_META
 PROBE_MARK = "slo-probe.json"

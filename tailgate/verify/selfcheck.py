@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tailgate.exitcodes import child_ending
 from tailgate.hoststeal import NOTABLE_SHARE
 from tailgate.lifecycle import Stopped
 from tailgate.records import read_records
@@ -209,9 +210,10 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
 
         stamp = chunk_stamp_mode()
         j = join_records(records, dump, stamp)
-        if run.exit_code != 0 and not records:
+        ending = child_ending(run.exit_code)
+        if not ending.finished and not records:
             tail = run.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
-            j.problems.append(f"locust exited {run.exit_code}: {tail}")
+            j.problems.append(f"{ending.describe()}: {tail}")
         window = _stage_window(records)
         cpu = run.stage_cpu()
         total_chunks = j.client_chunks

@@ -145,6 +145,16 @@ def install(environment: Any) -> None:
 
     web_ui.app.register_blueprint(bp)
 
+    def begin_accepted(response: Response) -> None:
+        """A Start Locust accepted opens its run now, before the answer goes out: the shape's first tick, which
+        would open it otherwise, comes a second or two later, and the tab would show the previous run as the
+        current one meanwhile."""
+        if shape.session is not None or shape.pending is None or not response.is_json:
+            return
+        answer = response.get_json(silent=True) or {}
+        if answer.get("success"):
+            shape.begin()
+
     @web_ui.app.before_request
     def check_start() -> Response | None:
         if request.endpoint != "locust.swarm" or request.method != "POST":
@@ -166,7 +176,9 @@ def install(environment: Any) -> None:
     @web_ui.app.after_request
     def decorate(response: Response) -> Response:
         endpoint = request.endpoint
-        if endpoint == "locust.index" and response.status_code == 200 and response.mimetype == "text/html":
+        if endpoint == "locust.swarm" and request.method == "POST" and response.status_code == 200:
+            begin_accepted(response)
+        elif endpoint == "locust.index" and response.status_code == 200 and response.mimetype == "text/html":
             page = response.get_data(as_text=True)
             if "tailgate/static/tail.js" not in page:
                 response.set_data(page.replace("</body>", SCRIPT_TAGS + "</body>", 1))

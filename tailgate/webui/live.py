@@ -91,6 +91,16 @@ def stage_figures(records: Sequence[dict[str, Any]], warmup: int, rule: str) -> 
     return out
 
 
+def stage_dropped(summary: dict[str, Any] | None, journaled: int, reported: int, stopping: bool) -> int:
+    """Arrivals the in-flight cap (``--max-in-flight``) refused: the summary's ``dropped_arrivals``, the one
+    definition. Arrivals a stop took back are never sent, not dropped: once the stage is summarized (or while
+    a stop ends it) the journal's take-back lines no longer count here, only what the load processes reported.
+    While it runs, the journal counts a single process's refusals at once, the reports a worker's at its end."""
+    if summary is not None:
+        return int(summary.get("dropped_arrivals") or 0)
+    return reported if stopping else max(journaled, reported)
+
+
 class LiveRun:
     """What one run's folder says right now, with the session's own state (stages, status, report)."""
 
@@ -183,7 +193,7 @@ class LiveRun:
                 preemptions = latest_preempt - pre if known else None
             if summary is not None and summary.get("ran_short") and not summary.get("partial"):
                 state += ", ran short"  # a stage that ran to its end without all of its plan (a partial one is cut)
-            dropped = max(len(view.dropped_keys), int(s.dropped.get(stage.index, 0)))
+            dropped = stage_dropped(summary, len(view.dropped_keys), int(s.dropped.get(stage.index, 0)), s.stopping)
             never = summary.get("never_sent") if summary is not None else None
             stages.append({
                 "index": stage.index, "label": stage.label, "state": state, "planned": stage.size,

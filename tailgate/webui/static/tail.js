@@ -235,10 +235,11 @@
     var panel = render(last);
     if (old) old.replaceWith(panel);
     where.parentNode.insertBefore(panel, where);
+    markRows();
   }
 
-  function poll() {
-    if (!onTab()) {
+  function poll(always) {
+    if (!onTab() && !always) {
       place();
       return;
     }
@@ -262,6 +263,43 @@
       }
     });
   }).observe(document.body, { childList: true, subtree: true });
+
+  // A Start answered: the new run exists already (the server opens it before answering), so the panel shows
+  // it now instead of at its next poll, and the stage rows, which ride on Locust's own stats poll, are hidden
+  // until a stats answer asked for after the Start arrives: never the previous run's rows under the new run.
+  var startedAt = 0;
+  var staleRows = false;
+  function markRows() {
+    var table = anchor();
+    if (!table) return;
+    if (staleRows) table.setAttribute("data-tg-stale", "1"); else table.removeAttribute("data-tg-stale");
+  }
+  var realFetch = window.fetch ? window.fetch.bind(window) : null;
+  if (realFetch) {
+    window.fetch = function (input, init) {
+      var issued = Date.now();
+      var done = realFetch(input, init);
+      var url = (typeof input === "string" ? input : (input && input.url) || "").split("?")[0];
+      var method = String((init && init.method) || (input && input.method) || "GET").toUpperCase();
+      if (method === "POST" && /\/swarm$/.test(url)) {
+        done.then(function (r) {
+          if (!r.ok) return;
+          startedAt = Date.now();
+          staleRows = true;
+          markRows();
+          poll(true);  // on the tab or not: whoever opens it next must not see the previous run's answer
+        }, function () {});
+      } else if (/\/stats\/requests$/.test(url)) {
+        done.then(function () {
+          if (staleRows && issued >= startedAt) {
+            staleRows = false;
+            window.requestAnimationFrame(markRows);
+          }
+        }, function () {});
+      }
+      return done;
+    };
+  }
 
   timer = window.setInterval(poll, POLL_MS);
   poll();
