@@ -54,9 +54,9 @@ def account(summaries: pd.DataFrame, records: pd.DataFrame, runs: Sequence[RunDi
             recorded[(str(run), int(stage))] = int(count)
     journals: dict[str, Counter[int]] = {}
     for run in runs:
-        sent = read_sent(run.path)
-        if sent:
-            journals[run.name] = Counter(stage for stage, _ in sent)
+        journal = read_sent(run.path)
+        if journal:
+            journals[run.name] = Counter(stage for stage, _ in journal)
     out = []
     for _, row in summaries.iterrows():
         run_name = str(row.get("run_dir"))

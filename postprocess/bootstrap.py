@@ -84,7 +84,7 @@ class Difference:
         hi = np.inf if self.high is None else self.high
         return bool(lo <= 0.0 <= hi)
 
-    def as_dict(self) -> dict[str, float | int | bool | None]:
+    def as_dict(self) -> dict[str, float | int | bool | str | None]:
         return {
             "a": round(self.a, 1), "b": round(self.b, 1), "diff": round(self.diff, 1),
             "ci_low": None if self.low is None else round(self.low, 1),

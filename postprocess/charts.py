@@ -351,7 +351,7 @@ def _server_panels(axes: Sequence[Axes], top: Axes, s: pd.DataFrame, t0: float, 
             padded = np.r_[False, rose, False]
             first = np.flatnonzero(padded[1:-1] & ~padded[:-2])
             last = np.flatnonzero(padded[1:-1] & ~padded[2:])
-            spans = np.column_stack([edges[first], edges[last + 1] - edges[first]])
+            spans = [(float(a), float(w)) for a, w in zip(edges[first], edges[last + 1] - edges[first], strict=True)]
             top.broken_barh(spans, (0, 1), transform=top.get_xaxis_transform(), color="#c44e52", alpha=0.09,
                             zorder=0, linewidth=0)  # fmt: skip
     else:

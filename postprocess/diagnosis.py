@@ -423,7 +423,7 @@ def _q5_mix(records: pd.DataFrame, run_meta: Mapping[str, Mapping[str, Any]] | N
     for name, meta in (run_meta or {}).items():
         trace = meta.get("trace") if isinstance(meta, Mapping) else None
         mix = trace.get("mix") if isinstance(trace, Mapping) else None
-        if isinstance(mix, Mapping) and mix:
+        if isinstance(trace, Mapping) and isinstance(mix, Mapping) and mix:
             ev["runs"][name] = {"mix": dict(mix), "from": RUN_META, "seed": trace.get("seed")}
             mixes.append({str(k): int(v) for k, v in mix.items()})
     source = RUN_META

@@ -111,7 +111,7 @@ def increase_from_increments(
 
 
 def summed_increase(
-    series: Iterable[tuple[Sequence[float], Sequence[float]]], start: float, end: float
+    series: Iterable[tuple[Sequence[float] | np.ndarray, Sequence[float] | np.ndarray]], start: float, end: float
 ) -> float | None:
     """Sum over series (``engine`` and any other label) of each one's own increase.
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-Loads = Callable[[bytes], Any]
+Loads = Callable[[bytes | str], Any]
 
 
 def parse_object(raw: bytes | str, loads: Loads = json.loads) -> dict[str, Any] | None:

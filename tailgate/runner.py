@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from tailgate import locustfiles
+import tailgate.locustfiles as locustfiles
 from tailgate.lifecycle import SignalGuard, deferred, signals_raise, stop_process_tree
 from tailgate.load.processes import master_port_args
 from tailgate.servers.base import ServerController

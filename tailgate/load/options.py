@@ -455,7 +455,10 @@ def check_workload(locust_args: Sequence[str], cells: Sequence[tuple[str | None,
 def _validate_workload(opts: Any, arm: str) -> dict[str, Any]:
     """The prompt source, endpoint and arrival options, files parsed now: a bad file stops the run before
     anything is sent. Options a parser without them (an old locust.conf) lacks take their defaults."""
-    get = lambda name, default: getattr(opts, name, default)  # noqa: E731
+
+    def get(name: str, default: Any) -> Any:
+        return getattr(opts, name, default)
+
     prompts, endpoint = get("prompts", "seed") or "seed", get("endpoint", "completions") or "completions"
     arrivals, trace_path = get("arrivals", "poisson") or "poisson", get("arrival_trace", "") or ""
     if prompts not in PROMPT_SOURCES:

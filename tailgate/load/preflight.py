@@ -69,7 +69,7 @@ def resolve_model(settings: Settings) -> str:
 def settings_for(environment: Any, opts: Any, *, contact_server: bool = True) -> Settings:
     """Validated settings for one run of this locustfile's arm; raises OptionError."""
     shape = environment.shape_class
-    given = getattr(opts, "results_dir", None)
+    given: str = getattr(opts, "results_dir", None) or ""
     existed = bool(given) and os.path.exists(given)
     settings = validate(opts, arm=shape.arm, now=time.strftime("%Y%m%d-%H%M%S"))
     if contact_server:

@@ -174,9 +174,9 @@ class RunSession(WorkerRoster):
         self._cancel_load()
         if not self._local:
             for node, order in sorted(self._orders.items()):
-                reason = None if node in self._done or node in self.lost else self._lost_reason(node)
-                if reason:  # its in-flight requests will never be recorded by it: close them now
-                    self._lose(node, order, reason)
+                lost_why = None if node in self._done or node in self.lost else self._lost_reason(node)
+                if lost_why:  # its in-flight requests will never be recorded by it: close them now
+                    self._lose(node, order, lost_why)
         self._wait_recorded()
         stage = self.current
         if stage is not None and stage.index not in self.summaries:

@@ -67,7 +67,7 @@ class StallWatch:
 
 
 def _stack(frame: Any, depth: int = 8) -> list[Any]:
-    frames = []
+    frames: list[Any] = []
     while frame is not None and len(frames) < depth:
         frames.append(frame)
         frame = frame.f_back

@@ -289,11 +289,12 @@ class OrderRunner:
             if given is not None:  # a built prompt (unique, dataset, prefix, trace blocks): one body per request
                 body = request_body(cfg, Prompt.from_order(given), max_tokens, endpoint)
             else:
-                body = bodies.get((prompt_tokens, max_tokens))
-                if body is None:
-                    body = request_body(cfg, Prompt(text=build_prompt(prompt_tokens, cfg["prompt_word"])),
-                                        max_tokens, endpoint)  # fmt: skip
-                    bodies[prompt_tokens, max_tokens] = body
+                cached = bodies.get((prompt_tokens, max_tokens))
+                if cached is None:
+                    cached = request_body(cfg, Prompt(text=build_prompt(prompt_tokens, cfg["prompt_word"])),
+                                          max_tokens, endpoint)  # fmt: skip
+                    bodies[prompt_tokens, max_tokens] = cached
+                body = cached
             rid = request_id(order.run_id, stage, trace_id)
             key = cfg.get("api_key") or distributed.api_key()
             requests.append(build_request(target, body, key, rid, endpoint))

@@ -103,6 +103,7 @@ def load_jsonl(path: str | Path) -> list[TraceItem]:
         for name, value in (("prompt_tokens", prompt), ("max_tokens", out)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise TraceError(f"trace file {p} line {lineno}: {name} must be a positive integer")
+        assert isinstance(prompt, int) and isinstance(out, int)  # checked just above
         item_id = obj.get("id", len(items))
         if not isinstance(item_id, int) or isinstance(item_id, bool):
             raise TraceError(f"trace file {p} line {lineno}: id must be an integer")

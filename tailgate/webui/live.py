@@ -190,7 +190,7 @@ class LiveRun:
                 before = s.before.get(stage.index)
                 pre = None if before is None else before.preemptions_total
                 known = running and pre is not None and latest_preempt is not None
-                preemptions = latest_preempt - pre if known else None
+                preemptions = latest_preempt - pre if known else None  # type: ignore[operator]  # known: both set
             if summary is not None and summary.get("ran_short") and not summary.get("partial"):
                 state += ", ran short"  # a stage that ran to its end without all of its plan (a partial one is cut)
             dropped = stage_dropped(summary, len(view.dropped_keys), int(s.dropped.get(stage.index, 0)), s.stopping)
