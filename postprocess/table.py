@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
+from tailgate.clientbound import merged_breached
 from tailgate.hoststeal import NOTABLE_SHARE
 from tailgate.resultfiles import TABLE_CSV, TABLE_MD
 
@@ -145,7 +146,7 @@ def _measurement_mark(row: dict[str, Any]) -> str:
     naming the host when the hypervisor stole a notable share of the machine's CPU during the cell."""
     value = row.get("client_coalesced_streams")
     try:
-        if value is None or not float(value) > 0:
+        if value is None or not merged_breached(float(value)):
             return ""
     except (TypeError, ValueError):
         return ""
