@@ -97,6 +97,41 @@ def test_kernel_stamps_convert_with_a_shared_offset_measured_again_when_stale() 
     assert len(readings) == measured + 2  # stale: measured again
 
 
+def test_a_preempted_measurement_never_moves_the_conversion_but_a_step_does() -> None:
+    """Stamps of one stream are converted with one offset: a wide (preempted) re-measurement that puts the
+    wall read off-centre must not shift them, or a kernel-stamped chunk could land before the request's
+    write, stamped on the other clock (an inversion of the send path's instants)."""
+    true_offset = 1_700_000_000 * 10**9
+    now = [0]
+    script: list[tuple[int, int]] = []  # (ns the clock advances before the wall read, ns after it)
+
+    def clock() -> int:
+        return now[0]
+
+    def wall() -> int:
+        lead, trail = script.pop(0)
+        now[0] += lead
+        real = now[0] + true_offset
+        now[0] += trail
+        return real
+
+    conv = WallToClock(clock, wall)
+    script.append((200, 200))  # a tight first measurement, 400 ns wide
+    stamp = true_offset + 5_000_000
+    first = conv.to_clock(stamp, now[0])
+    assert abs(first - 5_000_000) <= 200 and conv.uncertainty_ns is not None and conv.uncertainty_ns <= 201
+    now[0] += 2 * REFRESH_NS
+    script.extend([(100, 300_000)] * 5)  # preempted right after each wall read: midpoints 150 us off
+    assert conv.to_clock(stamp, now[0]) == first
+    now[0] += 2 * REFRESH_NS
+    script.extend([(50, 50)])  # tighter still: a better estimate of the same offset, within the old interval
+    assert abs(conv.to_clock(stamp, now[0]) - first) <= 250
+    true_offset += 5 * 10**9  # the wall clock is stepped 5 s forward
+    now[0] += 2 * REFRESH_NS
+    script.extend([(40_000, 40_000)] * 5)  # even a wide measurement reveals a step its interval excludes
+    assert abs(conv.to_clock(stamp, now[0]) - (first - 5 * 10**9)) <= 40_300
+
+
 def test_the_real_clock_conversion_is_within_microseconds() -> None:
     conv = WallToClock()
     for _ in range(100):
