@@ -19,6 +19,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from tailgate.load.payloads import ENDPOINT_PATHS, build_chat_payload, build_payload, build_request
 from tailgate.load.rxstamp import (
@@ -453,82 +454,80 @@ def stream_completion(
                 if delay is not None and (timing.max_read_delay_ns is None or delay > timing.max_read_delay_ns):
                     timing.max_read_delay_ns = delay
                 # one instant for every event of this read: when the read returned, or when the kernel
-                # received its newest bytes; parsing the read's events must not spread their stamps
+                # received its newest bytes; parsing the read's events must not spread their stamps. Only
+                # the read's first event can end a gap (the others follow it at 0), so the gap, the count
+                # and the chunk stamps are updated once per read, after its events (in a finally: a bad
+                # event still leaves the chunks before it counted)
                 now = read_ns - delay if kernel_stamp and delay is not None else read_ns
-                before = timing.chunks
+                content = 0
                 payload = decoder.feed(data) if decoder is not None else data
-                for event in parser.feed(payload) if payload else ():
-                    # fast path: a content chunk like the template (see content_template); no decode
-                    if (
-                        fixed
-                        and len(event) > fixed
-                        and event.startswith(prefix)
-                        and event.endswith(suffix)
-                        and event.isascii()
-                        and string_literal(event, len(prefix), len(event) - len(suffix)) is not None
-                    ):
-                        gap = now - timing.last_chunk_ns  # type: ignore[operator]
-                        if gap > timing.worst_gap_ns:
-                            timing.worst_gap_ns = gap
+                try:
+                    for event in parser.feed(payload) if payload else ():
+                        # fast path: a content chunk like the template (see content_template); no decode
+                        if (
+                            fixed
+                            and len(event) > fixed
+                            and event.startswith(prefix)
+                            and event.endswith(suffix)
+                            and event.isascii()
+                            and string_literal(event, len(prefix), len(event) - len(suffix)) is not None
+                        ):
+                            content += 1
+                            continue
+                        if event == b"[DONE]":
+                            timing.done = True
+                            continue
+                        try:
+                            obj = loads(event)
+                        except (ValueError, RecursionError):
+                            raise _Failure("malformed_event", f"event is not JSON: {event[:80]!r}") from None
+                        if not isinstance(obj, dict):
+                            raise _Failure("malformed_event", f"event is not a JSON object: {event[:80]!r}")
+                        if "error" in obj:
+                            message = _error_message(event) or "error event without a message"
+                            raise _Failure("server_error_event", message)
+                        usage = obj.get("usage")
+                        if usage:
+                            if not isinstance(usage, dict):
+                                raise _Failure("malformed_event", f"usage is not an object: {event[:80]!r}")
+                            timing.prompt_tokens = _token_count(usage, "prompt_tokens", event)
+                            timing.completion_tokens = _token_count(usage, "completion_tokens", event)
+                        choices = obj.get("choices")
+                        if not choices:
+                            continue  # the usage-only chunk: not a token
+                        if not isinstance(choices, list):
+                            raise _Failure("malformed_event", f"choices is not a list: {event[:80]!r}")
+                        if timing.first_chunk_ns is None:
+                            timing.first_chunk_ns = now
+                            rid = obj.get("id")
+                            timing.response_id = rid if isinstance(rid, str) else None
+                        content += 1
+                        reason = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
+                        if reason:
+                            if not isinstance(reason, str):
+                                raise _Failure("malformed_event", f"finish_reason is not a string: {event[:80]!r}")
+                            timing.finish_reason = reason
+                        elif not fixed and attempts:
+                            attempts -= 1
+                            template = content_template(event, obj)
+                            if template is not None:
+                                prefix, suffix = template
+                                fixed = len(prefix) + len(suffix)
+                finally:
+                    if content:
+                        last = timing.last_chunk_ns
+                        if last is not None and now - last > timing.worst_gap_ns:
+                            timing.worst_gap_ns = now - last
                             timing.worst_gap_end_ns = now
                         timing.last_chunk_ns = now
-                        timing.chunks += 1
+                        timing.chunks += content
                         if timing.chunk_ns is not None:
-                            timing.chunk_ns.append(now)
-                            timing.chunk_delay_ns.append(-1 if delay is None else delay)  # type: ignore[union-attr]
-                        continue
-                    if event == b"[DONE]":
-                        timing.done = True
-                        continue
-                    try:
-                        obj = loads(event)
-                    except (ValueError, RecursionError):
-                        raise _Failure("malformed_event", f"event is not JSON: {event[:80]!r}") from None
-                    if not isinstance(obj, dict):
-                        raise _Failure("malformed_event", f"event is not a JSON object: {event[:80]!r}")
-                    if "error" in obj:
-                        raise _Failure("server_error_event", _error_message(event) or "error event without a message")
-                    usage = obj.get("usage")
-                    if usage:
-                        if not isinstance(usage, dict):
-                            raise _Failure("malformed_event", f"usage is not an object: {event[:80]!r}")
-                        timing.prompt_tokens = _token_count(usage, "prompt_tokens", event)
-                        timing.completion_tokens = _token_count(usage, "completion_tokens", event)
-                    choices = obj.get("choices")
-                    if not choices:
-                        continue  # the usage-only chunk: not a token
-                    if not isinstance(choices, list):
-                        raise _Failure("malformed_event", f"choices is not a list: {event[:80]!r}")
-                    if timing.first_chunk_ns is None:
-                        timing.first_chunk_ns = now
-                        rid = obj.get("id")
-                        timing.response_id = rid if isinstance(rid, str) else None
-                    else:
-                        gap = now - timing.last_chunk_ns  # type: ignore[operator]
-                        if gap > timing.worst_gap_ns:
-                            timing.worst_gap_ns = gap
-                            timing.worst_gap_end_ns = now
-                    timing.last_chunk_ns = now
-                    timing.chunks += 1
-                    if timing.chunk_ns is not None:
-                        timing.chunk_ns.append(now)
-                        timing.chunk_delay_ns.append(-1 if delay is None else delay)  # type: ignore[union-attr]
-                    reason = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
-                    if reason:
-                        if not isinstance(reason, str):
-                            raise _Failure("malformed_event", f"finish_reason is not a string: {event[:80]!r}")
-                        timing.finish_reason = reason
-                    elif not fixed and attempts:
-                        attempts -= 1
-                        template = content_template(event, obj)
-                        if template is not None:
-                            prefix, suffix = template
-                            fixed = len(prefix) + len(suffix)
-                events = timing.chunks - before
-                if events > timing.max_events_per_read:
-                    timing.max_events_per_read = events
-                if events > 1 and delay is not None and delay > late_ns:
-                    timing.late_coalesced_reads += 1
+                            timing.chunk_ns.extend(repeat(now, content))
+                            timing.chunk_delay_ns.extend(repeat(-1 if delay is None else delay, content))  # type: ignore[union-attr]
+                        if content > timing.max_events_per_read:
+                            timing.max_events_per_read = content
+                        if content > 1 and delay is not None and delay > late_ns:
+                            timing.late_coalesced_reads += 1
                 if (decoder is not None and decoder.done) or (to_read is not None and received >= to_read):
                     break
             now_ns = clock()
