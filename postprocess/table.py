@@ -34,6 +34,7 @@ CSV_EXTRA: tuple[str, ...] = (
     "planned", "recorded", "never_sent", "endpoint", "arrivals", "prefix_cache_hit_rate",
     "prefix_cache_hit_rate_prometheus", "prefix_cache_queries_delta", "prefix_cache_hits_delta",
     "prompt_tokens_checked", "prompt_tokens_exact", "prompt_tokens_diff_max", "host_steal_share",
+    "chunk_stamp", "capture_drops",
 )  # fmt: skip
 ACCOUNTING_COLUMNS: tuple[str, ...] = ("cell", "planned", "sent", "recorded", "lost_in_flight", "never_sent")
 """Where each cell's planned requests went (``postprocess/accounting.py``): a second table."""

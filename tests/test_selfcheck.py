@@ -10,15 +10,11 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from runkit import stall_locust_mid_stage
 
 from tailgate.verify.selfcheck import (
     EXIT_USAGE,
@@ -30,8 +26,6 @@ from tailgate.verify.selfcheck import (
     render,
     run_selfcheck,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------------------------------- statistics
 
@@ -198,46 +192,9 @@ def test_selfcheck_bad_values_exit_2(capsys: pytest.CaptureFixture[str]) -> None
     assert "--n" in err and "--rate" in err
 
 
-def _locust_children(parent: int) -> list[int]:
-    """Descendants of ``parent`` whose command line runs Locust (not the ground-truth server)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"locust" in cmd:
-            found.append(int(proc.name))
-    return found
-
-
 def test_a_client_that_stalls_fails_the_self_check(tmp_path: Path) -> None:
-    """The load process is stopped (SIGSTOP) for 300 ms while streams are in flight: every stream then has a
-    worst gap the client made, so the verdict must breach its bounds and the command exit 1."""
-    keep = tmp_path / "run"
-    cmd = [sys.executable, "-m", "tailgate.verify.selfcheck", "--rate", "20", "--n", "60", "--tokens", "40",
-           "--gap-ms", "10", "--keep", str(keep)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stalled = False
-    try:
-        while proc.poll() is None and not stalled:
-            records = list((keep / "results").glob("records-*.jsonl"))
-            if records and any(p.stat().st_size for p in records):
-                for pid in _locust_children(proc.pid):
-                    os.kill(pid, signal.SIGSTOP)
-                    time.sleep(0.3)
-                    os.kill(pid, signal.SIGCONT)
-                    stalled = True
-            time.sleep(0.02)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert stalled, "the Locust process ended before it could be stalled"
-    assert proc.returncode == 1, out + err[-2000:]
+    """Every stream in flight during the stop has a worst gap the client made (kernel receive stamps), so the
+    verdict must breach its bounds and the command exit 1."""
+    out, code = stall_locust_mid_stage(tmp_path / "run", ["--chunk-stamp", "kernel"])
+    assert code == 1, out
     assert "verdict: FAIL" in out and "worst-gap error max" in out and "BREACHED" in out

@@ -36,6 +36,7 @@ import math
 import os
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -55,7 +56,9 @@ from tailgate.clientbound import (
 )
 from tailgate.hoststeal import NOTABLE_SHARE
 from tailgate.lifecycle import Stopped
+from tailgate.optiontable import STAMP_HELP, STAMP_SOURCES
 from tailgate.records import read_records
+from tailgate.resultfiles import RUN_META, SUMMARY_GLOB
 from tailgate.runner import ChildRunner, LocustRun, prepare_results, signal_guard
 from tailgate.verify.cpu import SAMPLE_INTERVAL_S, CpuSampler, machine_facts
 from tailgate.verify.join import (
@@ -102,6 +105,8 @@ class SelfCheckConfig:
     ttft_p99_ms: float = DEFAULT_LIMITS[TTFT_P99]
     merged_max: int = int(DEFAULT_LIMITS[MERGED])
     """The verdict's bounds (:mod:`tailgate.clientbound`); any one breached fails the check."""
+    chunk_stamp: str | None = None
+    """``--chunk-stamp`` of the Locust run (None: its default)."""
     keep_dir: str | None = None
     """Keep the trace, records, Locust log and chunk log here instead of a temporary folder."""
     extra_locust_args: tuple[str, ...] = ()
@@ -145,9 +150,21 @@ def locust_command(cfg: SelfCheckConfig, host: str, trace: Path, results: Path, 
     return LocustRun(
         arm="continuous", host=host, results=results, stage=("--rates", f"{cfg.rate:g}"), n=cfg.n, warmup=0,
         seed=cfg.seed, processes=cfg.processes,
+        chunk_stamp=cfg.chunk_stamp,
         extra=("--trace-file", str(trace), "--model", model, "--record-chunks", "--sample-metrics", "0",
                "--settle", "0", "--loglevel", "WARNING", *cfg.extra_locust_args),
     ).command()  # fmt: skip
+
+
+def capture_figures(results: Path) -> dict[str, Any] | None:
+    """The capture's drops and missed streams from the run's stage summaries (None: no capture ran)."""
+    drops = missed = None
+    for path in sorted(results.glob(SUMMARY_GLOB)):
+        s = json.loads(path.read_text(encoding="utf-8"))
+        if s.get("capture_drops") is not None:
+            drops = (drops or 0) + int(s["capture_drops"])
+            missed = (missed or 0) + int(s.get("capture_missed_streams") or 0)
+    return None if drops is None else {"drops": drops, "missed_streams": missed}
 
 
 def _stage_window(records: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
@@ -235,8 +252,13 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
         records = run.records
         from tailgate.load.client import chunk_stamp_mode
 
-        stamp = chunk_stamp_mode()
+        stamp = chunk_stamp_mode() if cfg.chunk_stamp in (None, "capture") else cfg.chunk_stamp
         j = join_records(records, dump, stamp)
+        used = Counter(str(r.get("chunk_stamp") or stamp) for r in records if not r.get("error_class"))
+        capture = capture_figures(work / "results")
+        meta_path = work / "results" / RUN_META
+        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+        notes = sorted(set((meta.get("chunk_stamp_notes") or {}).values()))
         if run.exit_code != 0 and not records:
             tail = run.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
             j.problems.append(f"locust exited {run.exit_code}: {tail}")
@@ -280,7 +302,10 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
             "upload_ms": distribution(j.upload_ms),
             "schedule_lag_ms": distribution(j.schedule_lag_ms),
             "server_write_lateness_ms": distribution(j.write_lateness_ms),
-            "chunk_stamp": stamp,
+            "chunk_stamp": used.most_common(1)[0][0] if used else stamp,
+            "chunk_stamps": dict(used),
+            "capture": capture,
+            "stamp_notes": notes,
             "by_stamp": {
                 mode: {f"{k}_error_ms": distribution(v) for k, v in got.items()} for mode, got in j.by_stamp.items()
             },
@@ -385,6 +410,15 @@ def render(result: Mapping[str, Any]) -> str:
             f"({_fmt(per_chunk) if per_chunk is None else f'{per_chunk:.1f}'} us per chunk, "
             f"{result['chunks_per_s']:.0f} chunks/s); server {100 * cpu['server_cores']:.1f}%"
         )
+    cap = result.get("capture")
+    if cap:
+        lines.append(
+            f"packet capture: {cap['drops']} segment(s) dropped, {cap['missed_streams']} stream(s) it could not "
+            f"account for (kept kernel stamps); stamps used: "
+            + ", ".join(f"{k} {v}" for k, v in (result.get("chunk_stamps") or {}).items())
+        )
+    for note in result.get("stamp_notes") or ():
+        lines.append(f"stamp: {note}")
     merged = result.get("client_coalesced_streams")
     steal = cpu.get("host_steal_share")
     if merged_breached(merged):
@@ -432,6 +466,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-gap-ms", type=float, default=d.gap_max_ms, help="bound on the largest worst-gap error")
     p.add_argument("--max-ttft-p99-ms", type=float, default=d.ttft_p99_ms, help="bound on the TTFT error p99")
     p.add_argument("--max-merged", type=int, default=d.merged_max, help="bound on streams merged by late reads")
+    p.add_argument("--chunk-stamp", choices=STAMP_SOURCES, default=None, help=STAMP_HELP)
     p.add_argument("--keep", default=None, help="keep trace, records, logs and chunk log in this folder")
     p.add_argument("--json", default=None, help="also write every figure to this JSON file")
 
@@ -441,7 +476,7 @@ def config_from_args(args: argparse.Namespace) -> SelfCheckConfig:
         rate=args.rate, n=args.n, tokens=args.tokens, gap_ms=args.gap_ms, ttft_ms=args.ttft_ms,
         processes=args.processes, seed=args.seed, warn_p99_ms=args.warn_ms, keep_dir=args.keep,
         gap_p99_ms=args.max_gap_p99_ms, gap_max_ms=args.max_gap_ms, ttft_p99_ms=args.max_ttft_p99_ms,
-        merged_max=args.max_merged,
+        merged_max=args.max_merged, chunk_stamp=args.chunk_stamp,
     )  # fmt: skip
 
 
