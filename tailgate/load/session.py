@@ -436,7 +436,7 @@ class RunSession(WorkerRoster):
         summary["load_processes"] = 1 if self._local else len(self.workers)
         summary.update(stamp_summary(list(self._done.values())))
         # what the report suggests when this stage fell behind its schedule
-        summary["processes_to_keep_up"] = processes_for(chunks / span) if span > 0 else None
+        summary["processes_to_keep_up"] = processes_for(chunks / span, s.chunk_stamp) if span > 0 else None
         # this machine's CPU time the hypervisor took during the stage (the coordinator's host)
         summary["host_steal_share"] = steal_share(self.stage_cpu.get(stage.index), cpu_counters())
         if delta is not None and delta < 0:
