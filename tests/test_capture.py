@@ -159,3 +159,24 @@ def test_without_cap_net_raw_the_run_falls_back_to_kernel_stamps_and_says_so(tmp
     assert any("no CAP_NET_RAW" in note for note in result["stamp_notes"])
     assert "stamp: packet capture not permitted (no CAP_NET_RAW)" in done.stdout
     assert result["capture"] is None
+
+
+@pytest.mark.skipif(not CAN_CAPTURE, reason="needs CAP_NET_RAW")
+def test_queries_from_two_greenlets_each_get_their_own_answer() -> None:
+    """The record sink and an order's final drain may ask at once: one query at a time, never a mixed answer."""
+    code = (
+        "from gevent import monkey; monkey.patch_all()\n"
+        "import gevent, socket\n"
+        "from tailgate.load.capturelink import CaptureLink\n"
+        "srv = socket.socket(); srv.bind(('127.0.0.1', 0)); srv.listen()\n"
+        "link = CaptureLink(srv.getsockname()[1])\n"
+        "keys = [f'{i:024x}' for i in range(40)]\n"
+        "got = gevent.joinall([gevent.spawn(link.ask, {'conn': k}) for k in keys] +\n"
+        "                     [gevent.spawn(link.ask, {'stats': 1}) for _ in range(10)], raise_error=True)\n"
+        "answers = [g.value for g in got]\n"
+        "assert all(a == {'isn': None, 'segs': []} for a in answers[:40]), answers\n"
+        "assert all('drops' in a for a in answers[40:]), answers\n"
+        "link.close(); print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -45,7 +45,12 @@ RCVBUF = 64 << 20
 EXPIRE_S = 300.0
 """A connection nobody asked for within this long after its last segment is forgotten."""
 SEQ_MOD = 1 << 32
-_TCP = struct.Struct("!HHIIBB")
+_V4 = struct.Struct("!2xH8x8s")
+"""IPv4: total length, then source and destination addresses."""
+_V6 = struct.Struct("!4xH2x32s")
+"""IPv6: payload length, then source and destination addresses."""
+_TCP = struct.Struct("!4xI4xH")
+"""TCP after the ports: sequence number, then data offset and flags in one 16-bit word."""
 _STATS = struct.Struct("II")
 
 
@@ -137,39 +142,41 @@ class Segments:
         self.drops = 0
         self._wall = WallToClock()
 
-    def add(self, data: bytes, wall_ns: int) -> None:
-        version = data[0] >> 4
-        if version == 4:
+    def add(self, data: bytes, wall_ns: int, now_s: float) -> None:
+        """One captured packet: ``wall_ns`` its kernel stamp, ``now_s`` about when it was read (for expiry).
+
+        Runs once per segment, so it keeps the kernel's wall-clock stamp as it is; :meth:`take` puts a
+        connection's stamps on ``perf_counter_ns`` with one offset."""
+        if data[0] == 0x45 or data[0] >> 4 == 4:
             ihl = (data[0] & 15) * 4
-            length = int.from_bytes(data[2:4], "big") - ihl
-            addrs = data[12:20]
-        elif version == 6:
+            length, addrs = _V4.unpack_from(data)
+            length -= ihl
+        elif data[0] >> 4 == 6:
             ihl = 40
-            length = int.from_bytes(data[4:6], "big")
-            addrs = data[8:40]
+            length, addrs = _V6.unpack_from(data)
         else:
             return
-        _, _, seq, _, doff, flags = _TCP.unpack_from(data, ihl)
+        seq, offflags = _TCP.unpack_from(data, ihl)
         key = addrs + data[ihl : ihl + 4]
-        now = time.perf_counter_ns()
-        ts = self._wall.to_clock(wall_ns, now)
         self.packets += 1
-        entry = self.conns.get(key)
-        if flags & 0x12 == 0x12:  # SYN-ACK: a new connection (a reused 4-tuple starts over)
-            self.conns[key] = [seq, [], now / 1e9]
+        if offflags & 0x12 == 0x12:  # SYN-ACK: a new connection (a reused 4-tuple starts over)
+            self.conns[key] = [seq, [], now_s]
             return
+        entry = self.conns.get(key)
         if entry is None:
             return
-        payload = length - (doff >> 4) * 4
+        payload = length - (offflags >> 12) * 4
         if payload > 0:
-            entry[1].append((seq, payload, ts))
-        entry[2] = now / 1e9
+            entry[1].append((seq, payload, wall_ns))
+        entry[2] = now_s
 
     def take(self, key_hex: str) -> dict[str, object]:
         entry = self.conns.pop(bytes.fromhex(key_hex), None)
         if entry is None:
             return {"isn": None, "segs": []}
-        return {"isn": entry[0], "segs": entry[1]}
+        now = time.perf_counter_ns()
+        to_clock = self._wall.to_clock
+        return {"isn": entry[0], "segs": [(seq, n, to_clock(ts, now)) for seq, n, ts in entry[1]]}
 
     def expire(self, now_s: float) -> None:
         for key in [k for k, v in self.conns.items() if now_s - v[2] > EXPIRE_S]:
@@ -179,16 +186,17 @@ class Segments:
 def drain(sock: socket.socket, segs: Segments) -> None:
     """Read every segment queued now."""
     recvmsg = sock.recvmsg
+    add = segs.add
+    unpack = TIMESPEC.unpack_from
+    now_s = time.monotonic()
     while True:
         try:
             data, anc, _, _ = recvmsg(SNAP, TS_SPACE)
         except BlockingIOError:
             return
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
-                sec, nsec = TIMESPEC.unpack_from(payload)
-                segs.add(data, sec * 1_000_000_000 + nsec)
-                break
+        if anc and len(anc[0][2]) >= 16:  # the only ancillary message asked for: SO_TIMESTAMPNS
+            sec, nsec = unpack(anc[0][2])
+            add(data, sec * 1_000_000_000 + nsec, now_s)
 
 
 def read_drops(sock: socket.socket, segs: Segments) -> None:

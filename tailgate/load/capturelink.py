@@ -15,6 +15,7 @@ import logging
 import socket
 import subprocess
 import sys
+import threading
 from typing import Any
 
 from tailgate.load.capture import chunk_times
@@ -57,6 +58,9 @@ class CaptureLink:
             theirs.close()
         self._sock = ours
         self._buf = b""
+        self._lock = threading.Lock()
+        """One query at a time: the record sink and the order's final drain may both ask (under gevent's
+        monkey-patching this lock is cooperative)."""
         ours.settimeout(READY_S)
         first = self._line()
         if not first.get("ready"):
@@ -74,8 +78,9 @@ class CaptureLink:
         return json.loads(line)
 
     def ask(self, query: dict[str, Any]) -> dict[str, Any]:
-        self._sock.sendall((json.dumps(query) + "\n").encode())
-        return self._line()
+        with self._lock:
+            self._sock.sendall((json.dumps(query) + "\n").encode())
+            return self._line()
 
     def close(self) -> None:
         self._sock.close()
@@ -129,14 +134,14 @@ class StampSource:
             return
         try:
             answer = self.link.ask({"conn": timing.conn_key})
-        except (OSError, ValueError) as e:
-            log.warning("tailgate: capture process unreachable (%s): kernel receive stamps from now on", e)
+            times = None
+            if answer.get("isn") is not None and len(timing.chunk_last_bytes) == timing.chunks:
+                times = chunk_times(answer["isn"], answer["segs"], timing.chunk_last_bytes)
+        except Exception as e:  # whatever went wrong, the record is still written, with its own stamps
+            log.warning("tailgate: capture process unusable (%s): kernel receive stamps from now on", e)
             self.capture = False
-            self.note = f"the capture process was lost mid-run ({e}): later chunks kernel-stamped"
+            self.note = f"the capture process was lost mid-run ({type(e).__name__}: {e}): later chunks kernel-stamped"
             return
-        times = None
-        if answer.get("isn") is not None and len(timing.chunk_last_bytes) == timing.chunks:
-            times = chunk_times(answer["isn"], answer["segs"], timing.chunk_last_bytes)
         if times is None:
             self.missed += 1
             return
