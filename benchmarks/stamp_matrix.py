@@ -11,7 +11,8 @@ land on one cell. Needs only the load path: no vLLM, no GPU.
         --json benchmarks/results/stamp-matrix-h200.json --report benchmarks/results/stamp-matrix-h200.md
     python benchmarks/stamp_matrix.py --rates 100 --stamps capture --stress-cpu 2     # under stress-ng --cpu 2
 
-Prints one row per cell: worst-gap error p99 and max, TTFT error p99, merged streams, CPU per chunk
+Prints one row per cell: worst-gap error p99 and max (against the server's write returns, and the part
+beyond what its write calls leave open, which the verdict judges), TTFT error p99, merged streams, CPU per chunk
 (the whole Locust process tree, capture process included), capture drops and the self-check's verdict,
 each repeat's figure side by side.
 """
@@ -43,6 +44,8 @@ def cell_figures(result: dict[str, Any]) -> dict[str, Any]:
     return {
         "gap_p99": result["worst_gap_error_ms"]["p99"],
         "gap_max": result["worst_gap_error_ms"]["max"],
+        "beyond_p99": result["worst_gap_beyond_write_ms"]["p99"],
+        "beyond_max": result["worst_gap_beyond_write_ms"]["max"],
         "ttft_p99": result["ttft_error_ms"]["p99"],
         "merged": result["client_coalesced_streams"],
         "us_per_chunk": cpu.get("load_us_per_chunk"),
@@ -52,6 +55,7 @@ def cell_figures(result: dict[str, Any]) -> dict[str, Any]:
         "stamps": result.get("chunk_stamps"),
         "ok": result["ok"],
         "exact": result["join"]["exact"],
+        "problems": result["join"]["problems"][:3],
     }
 
 
@@ -61,14 +65,16 @@ def _cell(values: list[Any], fmt: str) -> str:
 
 def table(cells: dict[tuple[str, float], list[dict[str, Any]]]) -> str:
     head = (
-        "| stamp | req/s | worst-gap error p99, ms | worst-gap error max, ms | TTFT error p99, ms | merged streams "
-        "| CPU per chunk, us | capture drops | others busy, cores | verdict |"
+        "| stamp | req/s | worst-gap error p99, ms | worst-gap error max, ms | beyond the server's writes p99 / max, "
+        "ms | TTFT error p99, ms | merged streams | CPU per chunk, us | capture drops | others busy, cores | verdict |"
     )
-    lines = [head, "|---|---:|---|---|---|---|---|---|---|---|"]
+    lines = [head, "|---|---:|---|---|---|---|---|---|---|---|---|"]
     for (stamp, rate), runs in cells.items():
         lines.append(
             f"| {stamp} | {rate:g} | {_cell([r['gap_p99'] for r in runs], '.3f')} "
-            f"| {_cell([r['gap_max'] for r in runs], '.3f')} | {_cell([r['ttft_p99'] for r in runs], '.3f')} "
+            f"| {_cell([r['gap_max'] for r in runs], '.3f')} "
+            f"| {' ; '.join(_cell([r['beyond_p99'], r['beyond_max']], '.3f') for r in runs)} "
+            f"| {_cell([r['ttft_p99'] for r in runs], '.3f')} "
             f"| {_cell([r['merged'] for r in runs], 'd')} | {_cell([r['us_per_chunk'] for r in runs], '.1f')} "
             f"| {_cell([r['drops'] for r in runs], 'd')} | {_cell([r['others_busy_cores'] for r in runs], '.2f')} "
             f"| {' / '.join('OK' if r['ok'] else 'FAIL' for r in runs)} |"

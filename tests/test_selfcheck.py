@@ -124,6 +124,8 @@ def test_join_matches_every_chunk_and_derives_the_errors() -> None:
     assert [round(t, 6) for t in j.true_ttft_ms] == [20.0, 20.0]
     assert [round(g, 6) for g in j.true_worst_gap_ms] == [10.0, 30.0]
     assert [round(e, 6) for e in j.worst_gap_error_ms] == [0.0, 1.0]
+    # each write call took 1 us: a gap up to 1 us longer than the writes' is still the server's
+    assert [round(e, 6) for e in j.worst_gap_beyond_write_ms] == [0.0, 0.999]
     assert [round(u, 6) for u in j.upload_ms] == [0.5, 0.5]
 
 

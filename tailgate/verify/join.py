@@ -105,6 +105,11 @@ class Join:
     for a correct match, that also holds when the server was descheduled inside its write."""
     ttft_error_ms: list[float] = field(default_factory=list)
     worst_gap_error_ms: list[float] = field(default_factory=list)
+    worst_gap_beyond_write_ms: list[float] = field(default_factory=list)
+    """The worst-gap error beyond what the server's own write calls leave open (logs with write begins): a
+    chunk left the server somewhere between its write call's beginning and return, so any gap between
+    ``max(begin[k+1] - return[k])`` and ``max(return[k+1] - begin[k])`` is a true worst gap. 0 inside
+    that window, else the distance to it: the part of the error only the client can have made."""
     true_ttft_ms: list[float] = field(default_factory=list)
     true_worst_gap_ms: list[float] = field(default_factory=list)
     upload_ms: list[float] = field(default_factory=list)
@@ -174,6 +179,16 @@ def _all_stamps(rec: Mapping[str, Any], offsets: Sequence[float], stamp: str) ->
     return {"capture": list(offsets), **(_both_stamps(read, delays, "kernel") or {})}
 
 
+def beyond_write_window(client_gap_ms: float, returns: Sequence[int], begins: Sequence[int]) -> float:
+    """How far a stream's client worst gap lies outside the worst gaps its server's write calls allow (ns in)."""
+    pairs = range(len(returns) - 1)
+    high = max(returns[k + 1] - begins[k] for k in pairs) / _MS
+    low = max(begins[k + 1] - returns[k] for k in pairs) / _MS
+    if client_gap_ms > high:
+        return client_gap_ms - high
+    return client_gap_ms - low if client_gap_ms < low else 0.0
+
+
 def join_records(records: Sequence[Mapping[str, Any]], dump: Mapping[str, Any], stamp: str = "recv") -> Join:
     """Match every record's chunks to the server's writes of the same sequence number and index.
 
@@ -231,6 +246,9 @@ def join_records(records: Sequence[Mapping[str, Any]], dump: Mapping[str, Any], 
         j.true_worst_gap_ms.append(true_gap)
         if rec.get("worst_gap_ms") is not None and len(ordered) > 1:
             j.worst_gap_error_ms.append(float(rec["worst_gap_ms"]) - true_gap)
+            if begins and len(mine) == max(mine) + 1:
+                starts = [begins[(seq, k)] for k in range(len(mine))]
+                j.worst_gap_beyond_write_ms.append(beyond_write_window(float(rec["worst_gap_ms"]), ordered, starts))
         if seq in received:
             j.upload_ms.append((received[seq] - sent) / _MS)
         if len(ordered) == len(offsets):
