@@ -180,3 +180,41 @@ def test_queries_from_two_greenlets_each_get_their_own_answer() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_one_option_names_the_stamp_source_for_every_kind_of_run(tmp_path: Path) -> None:
+    """``--chunk-stamp`` in Locust's own parser (and so its web UI form), the suite, the SLO search and the
+    self-check: each reaches the Locust command line, and Locust's settings record it for run.json."""
+    from locust.argument_parser import get_parser
+
+    import argparse
+
+    from tailgate.cli import add_suite_arguments
+    from tailgate.cli import build_plan as suite_plan
+    from tailgate.load.options import add_arguments, validate
+    from tailgate.runner import LocustRun
+    from tailgate.slo import add_slo_arguments
+    from tailgate.slo.command import build_plan as slo_plan
+    from tailgate.verify.selfcheck import build_parser, config_from_args, locust_command
+
+    parser = get_parser()
+    add_arguments(parser)
+    opts = parser.parse_args(["--host", "http://127.0.0.1:9", "--results-dir", str(tmp_path / "r"),
+                              "--chunk-stamp", "capture"])  # fmt: skip
+    settings = validate(opts, arm="continuous")
+    assert settings.chunk_stamp == "capture" and settings.public()["chunk_stamp"] == "capture"
+
+    suite = argparse.ArgumentParser()
+    add_suite_arguments(suite)
+    assert suite_plan(suite.parse_args(["--chunk-stamp", "capture"])).locust_args[-2:] == ["--chunk-stamp", "capture"]
+    slo = argparse.ArgumentParser()
+    add_slo_arguments(slo)
+    slo_args = slo.parse_args(["--chunk-stamp", "recv", "--slo", "ttft_p99<=300ms"])
+    assert slo_plan(slo_args).locust_args[:2] == ["--chunk-stamp", "recv"]
+    cfg = config_from_args(build_parser().parse_args(["--chunk-stamp", "capture"]))
+    cmd = locust_command(cfg, "http://127.0.0.1:9", tmp_path / "t", tmp_path / "r", "m")
+    assert cmd[cmd.index("--chunk-stamp") + 1] == "capture"
+    run = LocustRun(
+        arm="continuous", host="http://h:1", results=tmp_path, stage=("--rates", "1"), n=1, warmup=0, seed=1
+    )
+    assert "--chunk-stamp" not in run.command()  # not given: Locust's default ($TAILGATE_CHUNK_STAMP, else kernel)
