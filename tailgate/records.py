@@ -140,6 +140,8 @@ class RequestRecord:
             del d["chunk_read_delays_ms"]
         if d["chunk_read_offsets_ms"] is None:
             del d["chunk_read_offsets_ms"]
+        if d["chunk_stamp"] is None:  # a record that never met the load path's stamps (a lost worker's)
+            del d["chunk_stamp"]
         return d
 
     def to_json(self) -> str:
