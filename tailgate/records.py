@@ -153,6 +153,10 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "prompt_source": "seed", "endpoint": "completions", "arrivals": "poisson", "prompt_tokens_tokenized": None,
 }  # fmt: skip
 """Schema 3's fields and the value a record without them (schema 2, or a seed run) means."""
+OPTIONAL_ON_DISK: frozenset[str] = frozenset(
+    {"chunk_offsets_ms", "chunk_read_delays_ms", "chunk_read_offsets_ms", "chunk_stamp", *WORKLOAD_DEFAULTS}
+)
+"""Fields a record on disk may leave out: per-chunk lists not asked for, a stamp never taken, workload defaults."""
 
 
 def worker_name() -> str:
