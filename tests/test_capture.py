@@ -218,3 +218,19 @@ def test_one_option_names_the_stamp_source_for_every_kind_of_run(tmp_path: Path)
         arm="continuous", host="http://h:1", results=tmp_path, stage=("--rates", "1"), n=1, warmup=0, seed=1
     )
     assert "--chunk-stamp" not in run.command()  # not given: Locust's default ($TAILGATE_CHUNK_STAMP, else kernel)
+
+
+def test_the_report_names_the_stamp_source_and_what_the_capture_lost() -> None:
+    import pandas as pd
+
+    from tailgate.postprocess.report import capture_notes, stamp_notes
+
+    assert stamp_notes("r", {"options": {"chunk_stamp": "kernel"}}) == []
+    asked = {"options": {"chunk_stamp": "capture"}}
+    assert stamp_notes("r", asked) == ["r: chunks stamped by capture (--chunk-stamp capture)"]
+    refused = {**asked, "chunk_stamp_notes": {"w1": "not permitted", "w2": "not permitted"}}
+    assert stamp_notes("r", refused) == ["r: chunk stamps: not permitted"]
+    summaries = pd.DataFrame([{"cell": "a", "capture_drops": 3, "capture_missed_streams": 0},
+                              {"cell": "b", "capture_drops": 0, "capture_missed_streams": None}])  # fmt: skip
+    assert capture_notes(summaries) == ["a: 3 segment(s) dropped by the packet capture"]
+    assert capture_notes(pd.DataFrame({"cell": ["c"]})) == []  # summaries from before the capture existed
