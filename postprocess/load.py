@@ -31,7 +31,9 @@ from tailgate.resultfiles import RUN_META, SENT_GLOB, SERVER_METRICS, SUMMARY_GL
 
 #: Record fields left out of the analysis frame: never analysed here (per-chunk offsets, response
 #: ids, the generator's monotonic clock), and leaving them out keeps a million-record frame small.
-SKIPPED_FIELDS: tuple[str, ...] = ("chunk_offsets_ms", "chunk_read_delays_ms", "response_id", "sent_mono_ns")
+SKIPPED_FIELDS: tuple[str, ...] = (
+    "chunk_offsets_ms", "chunk_read_delays_ms", "chunk_read_offsets_ms", "response_id", "sent_mono_ns",
+)  # fmt: skip
 RECORD_COLUMNS: tuple[str, ...] = tuple(f for f in RECORD_FIELDS if f not in SKIPPED_FIELDS)
 CATEGORY_COLUMNS: tuple[str, ...] = (
     "run_id", "worker", "stage_label", "arm", "finish_reason", "error_class", "prompt_source", "endpoint", "arrivals",

@@ -134,6 +134,29 @@ def coordinator_gone(meta: Mapping[str, Any]) -> bool:
     return False
 
 
+def stamp_notes(name: str, meta: Mapping[str, Any]) -> list[str]:
+    """What stamped the run's chunks when it was not the kernel's receive stamp, and why it fell back if so
+    (run.json: the ``--chunk-stamp`` asked for, each load process's note)."""
+    asked = (meta.get("options") or {}).get("chunk_stamp")
+    fallbacks = sorted(set((meta.get("chunk_stamp_notes") or {}).values()))
+    notes = [f"{name}: chunk stamps: {note}" for note in fallbacks]
+    if asked and asked != "kernel" and not fallbacks:
+        notes.append(f"{name}: chunks stamped by {asked} (--chunk-stamp {asked})")
+    return notes
+
+
+def capture_notes(summaries: pd.DataFrame) -> list[str]:
+    """Cells whose packet capture dropped segments or could not account for a stream."""
+    notes = []
+    for col, what in (
+        ("capture_drops", "segment(s) dropped by the packet capture"),
+        ("capture_missed_streams", "stream(s) the capture could not account for (kernel stamps kept)"),
+    ):
+        counts = pd.to_numeric(summaries.get(col, pd.Series(dtype=float)), errors="coerce")
+        notes += [f"{summaries.loc[i, 'cell']}: {int(counts[i])} {what}" for i in counts[counts > 0].index]
+    return notes
+
+
 def _data_notes(
     runs: Sequence[RunDir], summaries: pd.DataFrame, records: pd.DataFrame, table: pd.DataFrame
 ) -> list[str]:
@@ -156,10 +179,12 @@ def _data_notes(
             notes.append(f"{run.name}: run.json status is {status!r}")
         if not run.meta:
             notes.append(f"{run.name}: no run.json; configuration taken from the summaries")
+        notes += stamp_notes(run.name, run.meta)
     derived = summaries.loc[summaries.get("summary_source", pd.Series(dtype=str)) == "records", "cell"].tolist()
     if derived:
         notes.append("summaries recomputed from records (no summary file): " + ", ".join(derived))
     notes += short_stage_notes(summaries)
+    notes += capture_notes(summaries)
     with_errors = table.loc[pd.to_numeric(table["errors"], errors="coerce").fillna(0) > 0]
     for _, row in with_errors.iterrows():
         by_class = summaries.loc[summaries["cell"] == row["cell"], "errors_by_class"]

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
+from tailgate.clientbound import merged_breached
 from tailgate.hoststeal import NOTABLE_SHARE
 from tailgate.resultfiles import TABLE_CSV, TABLE_MD
 
@@ -33,6 +34,7 @@ CSV_EXTRA: tuple[str, ...] = (
     "planned", "recorded", "never_sent", "endpoint", "arrivals", "prefix_cache_hit_rate",
     "prefix_cache_hit_rate_prometheus", "prefix_cache_queries_delta", "prefix_cache_hits_delta",
     "prompt_tokens_checked", "prompt_tokens_exact", "prompt_tokens_diff_max", "host_steal_share", "partial",
+    "chunk_stamp", "capture_drops",
 )  # fmt: skip
 ACCOUNTING_COLUMNS: tuple[str, ...] = ("cell", "planned", "sent", "recorded", "lost_in_flight", "never_sent")
 """Where each cell's planned requests went (``postprocess/accounting.py``): a second table."""
@@ -136,7 +138,7 @@ def _measurement_mark(row: dict[str, Any]) -> str:
     naming the host when the hypervisor stole a notable share of the machine's CPU during the cell."""
     value = row.get("client_coalesced_streams")
     try:
-        if value is None or not float(value) > 0:
+        if value is None or not merged_breached(float(value)):
             return ""
     except (TypeError, ValueError):
         return ""

@@ -26,7 +26,16 @@ from tailgate.exitcodes import combine
 from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, ArgumentParser, Stopped, usage_error
 from tailgate.load.client import Target, TargetError
 from tailgate.load.options import API_KEY_ENV, PREFIX_DEFAULTS, add_prefix_arguments, check_workload
-from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate, parse_rates, rates_text
+from tailgate.optiontable import (
+    DEFAULTS,
+    STAMP_HELP,
+    STAMP_SOURCES,
+    OptionError,
+    check_counts,
+    check_rate,
+    parse_rates,
+    rates_text,
+)
 from tailgate.resultfiles import SUITE_META, WRITE_PROBE, writable_folder_problem
 from tailgate.servers.spec import SERVER_KINDS, ServerSpec, add_server_arguments, make_controller, server_spec
 
@@ -107,6 +116,7 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
         help="override file whose vllm command has the small KV pool of the preemption cell",
     )
     p.add_argument("--locust-arg", action="append", default=[], help="extra option for every Locust run")
+    p.add_argument("--chunk-stamp", choices=STAMP_SOURCES, default=None, help=STAMP_HELP)
     p.add_argument(
         "--prompts",
         default="seed",
@@ -187,7 +197,7 @@ def build_plan(args: argparse.Namespace) -> Any:
             config: [*(EMBEDDED_BASE_FLAGS if args.embedded else []), *flags]
             for config, flags in (("chunked", []), ("nochunk", nochunk_flags), ("preempt", preempt_flags))
         },
-        locust_args=list(args.locust_arg) + workload_locust_args(args),
+        locust_args=list(args.locust_arg) + workload_locust_args(args) + stamp_locust_args(args),
         prompts=parse_prompt_sources(args.prompts),
     )  # fmt: skip
     check_workload(plan.locust_args, [(source, "continuous") for source in plan.prompts])
@@ -208,6 +218,12 @@ def parse_prompt_sources(text: str) -> tuple[str, ...]:
         raise OptionError(f"--prompts: unknown source {', '.join(bad) or '(none)'}; choose from "
                           f"{', '.join(PROMPT_SOURCES)}, comma-separated")  # fmt: skip
     return sources
+
+
+def stamp_locust_args(args: argparse.Namespace) -> list[str]:
+    """``--chunk-stamp`` for every Locust run, when given (recorded by each run in its ``run.json``)."""
+    stamp = getattr(args, "chunk_stamp", None)
+    return ["--chunk-stamp", stamp] if stamp else []
 
 
 def workload_locust_args(args: argparse.Namespace) -> list[str]:

@@ -45,6 +45,17 @@ OPTIONS: tuple[OptionDefault, ...] = (
 )
 DEFAULTS: dict[str, Any] = {o.name: o.default for o in OPTIONS}
 
+STAMP_SOURCES: tuple[str, ...] = ("capture", "kernel", "recv")
+"""What gives a chunk its time (``--chunk-stamp``): ``capture``, the arrival of the TCP segment that carried
+it, from a packet socket in a process of its own (needs CAP_NET_RAW, not over TLS); ``kernel``, the
+kernel's receive stamp of the newest bytes of the read that delivered it; ``recv``, when that read returned.
+Where capture is refused, a run falls back to ``kernel`` and says so in one line."""
+STAMP_HELP = (
+    "what gives a chunk its time: capture (the arrival of its TCP segment, from a packet socket; needs "
+    "CAP_NET_RAW, not TLS; else kernel, said in one line), kernel (the kernel's receive stamp of its read) or "
+    "recv (when its read returned)"
+)
+
 DEFAULT_MEASURED: int = DEFAULTS["n"]
 DEFAULT_WARMUP: int = DEFAULTS["warmup"]
 DEFAULT_SEED: int = DEFAULTS["seed"]

@@ -92,7 +92,12 @@ class RequestRecord:
     """Reads that delivered two or more content events more than 1 ms after their newest bytes arrived."""
     client_coalesced: bool = False
     """True when any read was late and coalesced: the client, not the server, may have merged chunks the
-    server sent apart, so this stream's gaps are not a measurement of the server."""
+    server sent apart, so this stream's gaps are not a measurement of the server. Never with capture stamps:
+    a late read no longer moves them."""
+    chunk_stamp: str | None = None
+    """What this record's chunk times are: ``capture`` (each chunk's segment's arrival, from a packet
+    socket), ``kernel`` (the kernel's receive stamp of each read's newest bytes) or ``recv`` (each read's
+    return); None in records from before the choice was recorded."""
     # workload (schema 3; older records load with these defaults: the seed's filler on completions, Poisson)
     prompt_source: str = "seed"
     """Which prompt source built this request's prompt (``seed``, ``unique``, ``dataset``, ``prefix``,
@@ -113,6 +118,8 @@ class RequestRecord:
     """Optional, with ``chunk_offsets_ms``: how long each chunk's read came after the kernel received the
     read's newest bytes (-1: unknown). The offset minus this is the kernel's stamp, the offset plus it (under
     ``TAILGATE_CHUNK_STAMP=kernel``) the ``recv`` one: the self-check compares both from one run."""
+    chunk_read_offsets_ms: list[float] | None = field(default=None)
+    """Optional, with capture stamps and ``chunk_offsets_ms``: the in-process stamps the capture replaced."""
 
     @property
     def ok(self) -> bool:
@@ -131,6 +138,10 @@ class RequestRecord:
             del d["chunk_offsets_ms"]
         if d["chunk_read_delays_ms"] is None:
             del d["chunk_read_delays_ms"]
+        if d["chunk_read_offsets_ms"] is None:
+            del d["chunk_read_offsets_ms"]
+        if d["chunk_stamp"] is None:  # a record that never met the load path's stamps (a lost worker's)
+            del d["chunk_stamp"]
         return d
 
     def to_json(self) -> str:
@@ -142,6 +153,10 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "prompt_source": "seed", "endpoint": "completions", "arrivals": "poisson", "prompt_tokens_tokenized": None,
 }  # fmt: skip
 """Schema 3's fields and the value a record without them (schema 2, or a seed run) means."""
+OPTIONAL_ON_DISK: frozenset[str] = frozenset(
+    {"chunk_offsets_ms", "chunk_read_delays_ms", "chunk_read_offsets_ms", "chunk_stamp", *WORKLOAD_DEFAULTS}
+)
+"""Fields a record on disk may leave out: per-chunk lists not asked for, a stamp never taken, workload defaults."""
 
 
 def worker_name() -> str:

@@ -69,6 +69,8 @@ class LocustRun:
     ignore_eos: bool = False
     prometheus_url: str | None = None
     realtime: bool = False
+    chunk_stamp: str | None = None
+    """``--chunk-stamp`` for the run; None leaves Locust's default ($TAILGATE_CHUNK_STAMP, else kernel)."""
     extra: tuple[str, ...] = ()
     """Passed through last (e.g. ``--trace-file``, ``--settle``), so a caller's choice wins."""
 
@@ -93,6 +95,8 @@ class LocustRun:
         cmd += master_port_args(master_port)
         if self.realtime:
             cmd.append("--realtime")
+        if self.chunk_stamp:
+            cmd += ["--chunk-stamp", self.chunk_stamp]
         return cmd + list(self.extra)
 
 

@@ -24,9 +24,11 @@ from typing import Any
 import tailgate
 from tailgate import arms
 from tailgate.arms import CONTINUOUS, GATED, cell_folder, stage_label
+from tailgate.clientbound import merged_breached
 from tailgate.contracts import RunMeta, StageSummary, SuiteMeta
 from tailgate.exitcodes import child_ending
 from tailgate.load.processes import auto_processes
+from tailgate.load.rxstamp import chunk_stamp_mode
 from tailgate.load.workload import SEED_MIX
 from tailgate.optiontable import DEFAULTS
 from tailgate.resultfiles import RUN_META, SUITE_META, summary_file
@@ -86,7 +88,18 @@ def cell_processes(cell: Cell, processes: int, locust_args: list[str] | None = N
         chunks = cell.value * per_arrival
     else:
         chunks = cell.value * GATED_STREAM_CHUNKS_PER_S
-    return auto_processes(chunks)
+    return auto_processes(chunks, stamp=stamp_of(locust_args or []))
+
+
+def stamp_of(locust_args: list[str]) -> str:
+    """The ``--chunk-stamp`` the cell's Locust runs with (the last one given), else Locust's default."""
+    stamp = None
+    for i, arg in enumerate(locust_args):
+        if arg == "--chunk-stamp" and i + 1 < len(locust_args):
+            stamp = locust_args[i + 1]
+        elif arg.startswith("--chunk-stamp="):
+            stamp = arg.split("=", 1)[1]
+    return stamp or chunk_stamp_mode()
 
 
 @dataclass(frozen=True)
@@ -260,7 +273,7 @@ class Suite:
             raise SuiteError(f"cell {cell.name} failed ({ending.describe()}); last output:\n{detail}")
         self.cell_codes.append(ending.code)
         merged = summary.get("client_coalesced_streams") or 0
-        behind = f"; CLIENT BEHIND: {merged} merged stream(s), gaps show the client" if merged else ""
+        behind = f"; CLIENT BEHIND: {merged} merged stream(s), gaps show the client" if merged_breached(merged) else ""
         self.log(f"[suite] {cell.name} done in {done.seconds:.0f} s{behind}")
         return summary
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -130,3 +132,46 @@ def check_nothing_lost(results: Path, planned: int) -> tuple[list[dict[str, Any]
 
 def classes(records: Sequence[dict[str, Any]]) -> dict[str | None, int]:
     return dict(Counter(r["error_class"] for r in records))
+
+
+def _locust_children(parent: int) -> list[int]:
+    """Descendants of ``parent`` whose command line runs Locust (not the ground-truth server)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and b"locust" in cmd:
+            found.append(int(proc.name))
+    return found
+
+
+def stall_locust_mid_stage(keep: Path, extra: list[str]) -> tuple[str, int]:
+    """Run ``tailgate selfcheck`` (20 req/s, 60 streams of 40 chunks) and stop its Locust process (SIGSTOP)
+    for 300 ms once streams are in flight; the output and exit code."""
+    cmd = [sys.executable, "-m", "tailgate.verify.selfcheck", "--rate", "20", "--n", "60", "--tokens", "40",
+           "--gap-ms", "10", "--keep", str(keep), *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stalled = False
+    try:
+        while proc.poll() is None and not stalled:
+            records = list((keep / "results").glob("records-*.jsonl"))
+            if records and any(p.stat().st_size for p in records):
+                for pid in _locust_children(proc.pid):
+                    os.kill(pid, signal.SIGSTOP)
+                    time.sleep(0.3)
+                    os.kill(pid, signal.SIGCONT)
+                    stalled = True
+            time.sleep(0.02)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert stalled, "the Locust process ended before it could be stalled"
+    return out + err[-2000:], proc.returncode

@@ -382,7 +382,8 @@ def test_one_tail_computation_skips_what_was_never_measured() -> None:
 
 def test_the_contracts_import_neither_gevent_nor_pandas() -> None:
     code = (
-        "import sys, tailgate.contracts, tailgate.resultfiles, tailgate.optiontable, tailgate.arms, tailgate.jsonl;"
+        "import sys, tailgate.contracts, tailgate.resultfiles, tailgate.optiontable, tailgate.arms, tailgate.jsonl,"
+        " tailgate.clientbound;"
         "print(sorted(m for m in ('gevent', 'pandas', 'locust', 'numpy') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

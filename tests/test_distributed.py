@@ -70,6 +70,19 @@ def test_auto_processes_from_cores_and_chunk_rate() -> None:
     assert auto_processes(1e9, cores=4) == 4
 
 
+def test_auto_processes_use_the_capacity_measured_for_the_stamp_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tailgate import suite
+    from tailgate.load import processes
+
+    monkeypatch.setitem(processes.CHUNKS_PER_PROCESS_BY_STAMP, "capture", 4 * CHUNKS_PER_PROCESS)
+    assert auto_processes(3 * CHUNKS_PER_PROCESS, cores=8, stamp="capture") == 1
+    assert auto_processes(3 * CHUNKS_PER_PROCESS, cores=8, stamp="kernel") == 3
+    cell = suite.Cell("chunked", "continuous", 3 * CHUNKS_PER_PROCESS / suite.mean_output_tokens())
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert suite.cell_processes(cell, 0, ["--chunk-stamp", "capture"]) == 1
+    assert suite.cell_processes(cell, 0, ["--chunk-stamp=kernel"]) == 3
+
+
 def test_free_port_args_move_master_and_children_together() -> None:
     args = master_port_args()
     assert args[0::2] == ["--master-bind-port", "--master-port"] and args[1] == args[3] != "5557"
@@ -797,7 +810,7 @@ def test_auto_processes_size_from_the_trace_file(tmp_path: Path, monkeypatch: py
     from tailgate import suite
 
     asked: list[float] = []
-    monkeypatch.setattr(suite, "auto_processes", lambda chunks: asked.append(chunks) or 1)
+    monkeypatch.setattr(suite, "auto_processes", lambda chunks, stamp="kernel": asked.append(chunks) or 1)
     long_outputs = write_trace(tmp_path / "long.jsonl", [(8, 4000)] * 10)
     cell = suite.Cell("chunked", "continuous", 40.0)
     suite.cell_processes(cell, 0)

@@ -23,8 +23,8 @@ from runkit import LocustProcess, count_lines, start_locust, wait_until
 from tailgate.postprocess.load import load_records, load_summaries
 from tailgate.postprocess.report import build_report
 from tailgate.records import (
+    OPTIONAL_ON_DISK,
     RECORD_FIELDS,
-    WORKLOAD_DEFAULTS,
     RecordWriter,
     RequestRecord,
     SendJournal,
@@ -62,9 +62,7 @@ def complete_lines_parse(path: Path) -> tuple[int, bytes]:
     lines = data[:cut].splitlines()
     for line in lines:
         obj = json.loads(line)
-        # optional on disk: the per-chunk lists, and the workload fields a seed run leaves at their defaults
-        optional = {"chunk_offsets_ms", "chunk_read_delays_ms", *WORKLOAD_DEFAULTS}
-        missing = set(RECORD_FIELDS) - optional - set(obj)
+        missing = set(RECORD_FIELDS) - OPTIONAL_ON_DISK - set(obj)
         assert not missing, sorted(missing)
     return len(lines), data[cut:]
 

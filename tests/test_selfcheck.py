@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 
 import pytest
+from runkit import stall_locust_mid_stage
 
 from tailgate.verify.selfcheck import (
     EXIT_USAGE,
@@ -123,6 +124,8 @@ def test_join_matches_every_chunk_and_derives_the_errors() -> None:
     assert [round(t, 6) for t in j.true_ttft_ms] == [20.0, 20.0]
     assert [round(g, 6) for g in j.true_worst_gap_ms] == [10.0, 30.0]
     assert [round(e, 6) for e in j.worst_gap_error_ms] == [0.0, 1.0]
+    # each write call took 1 us: a gap up to 1 us longer than the writes' is still the server's
+    assert [round(e, 6) for e in j.worst_gap_beyond_write_ms] == [0.0, 0.999]
     assert [round(u, 6) for u in j.upload_ms] == [0.5, 0.5]
 
 
@@ -189,3 +192,11 @@ def test_selfcheck_bad_values_exit_2(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["--rate", "0"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "--n" in err and "--rate" in err
+
+
+def test_a_client_that_stalls_fails_the_self_check(tmp_path: Path) -> None:
+    """Every stream in flight during the stop has a worst gap the client made (kernel receive stamps), so the
+    verdict must breach its bounds and the command exit 1."""
+    out, code = stall_locust_mid_stage(tmp_path / "run", ["--chunk-stamp", "kernel"])
+    assert code == 1, out
+    assert "verdict: FAIL" in out and "worst-gap error max" in out and "BREACHED" in out

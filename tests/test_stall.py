@@ -25,41 +25,37 @@ from tailgate.load import stagegc
 from tailgate.load.client import REFRESH_NS, WallToClock
 from tailgate.load.console import client_behind, summary_line
 from tailgate.load.descriptors import reserve_descriptors
-from tailgate.load.stagegc import FULL_THRESHOLD_IN_STAGE, QuietCollector
+from tailgate.load.stagegc import QuietCollector
 from tailgate.load.stallwatch import StallWatch
 from tailgate.webui.live import stage_figures, table_rows
 
 
 @pytest.fixture
 def restore_gc():
-    threshold = gc.get_threshold()
     yield
-    gc.set_threshold(*threshold)
+    gc.enable()
     gc.unfreeze()
 
 
-def test_a_stage_freezes_what_lived_before_it_and_puts_full_collections_off(restore_gc: None) -> None:
-    before = gc.get_threshold()
+def test_a_stage_freezes_what_lived_before_it_and_collects_nothing_until_it_ends(restore_gc: None) -> None:
     quiet = QuietCollector()
     quiet.start()
     assert gc.get_freeze_count() > 1000  # the interpreter's own objects at least: out of every walk
-    assert gc.get_threshold() == (before[0], before[1], FULL_THRESHOLD_IN_STAGE)
+    assert not gc.isenabled()  # no collection, young or full, while streams are timed
     cycle: list[object] = []
     cycle.append(cycle)
     del cycle
-    gc.collect(1)  # young collections still run, and still reclaim the stage's cycles
-    quiet.end()
-    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
-    quiet.end()  # a second end (cancel, then the finally) changes nothing
-    assert gc.get_threshold() == before
+    assert quiet.end() >= 1  # the stage's cycle is reclaimed once it ends
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+    assert quiet.end() == 0  # a second end (cancel, then the finally) changes nothing
+    assert gc.isenabled()
 
 
 def test_the_stage_collector_can_be_turned_off(monkeypatch: pytest.MonkeyPatch, restore_gc: None) -> None:
     monkeypatch.setenv(stagegc.STAGE_GC_ENV, "off")
-    before = gc.get_threshold()
     quiet = QuietCollector()
     quiet.start()
-    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
     quiet.end()
 
 
@@ -95,6 +91,41 @@ def test_kernel_stamps_convert_with_a_shared_offset_measured_again_when_stale() 
     assert conv.to_clock(wall, REFRESH_NS // 2) == first and len(readings) == measured  # no clock read
     conv.to_clock(wall, 2 * REFRESH_NS + 1)
     assert len(readings) == measured + 2  # stale: measured again
+
+
+def test_a_preempted_measurement_never_moves_the_conversion_but_a_step_does() -> None:
+    """Stamps of one stream are converted with one offset: a wide (preempted) re-measurement that puts the
+    wall read off-centre must not shift them, or a kernel-stamped chunk could land before the request's
+    write, stamped on the other clock (an inversion of the send path's instants)."""
+    true_offset = 1_700_000_000 * 10**9
+    now = [0]
+    script: list[tuple[int, int]] = []  # (ns the clock advances before the wall read, ns after it)
+
+    def clock() -> int:
+        return now[0]
+
+    def wall() -> int:
+        lead, trail = script.pop(0)
+        now[0] += lead
+        real = now[0] + true_offset
+        now[0] += trail
+        return real
+
+    conv = WallToClock(clock, wall)
+    script.append((200, 200))  # a tight first measurement, 400 ns wide
+    stamp = true_offset + 5_000_000
+    first = conv.to_clock(stamp, now[0])
+    assert abs(first - 5_000_000) <= 200 and conv.uncertainty_ns is not None and conv.uncertainty_ns <= 201
+    now[0] += 2 * REFRESH_NS
+    script.extend([(100, 300_000)] * 5)  # preempted right after each wall read: midpoints 150 us off
+    assert conv.to_clock(stamp, now[0]) == first
+    now[0] += 2 * REFRESH_NS
+    script.extend([(50, 50)])  # tighter still: a better estimate of the same offset, within the old interval
+    assert abs(conv.to_clock(stamp, now[0]) - first) <= 250
+    true_offset += 5 * 10**9  # the wall clock is stepped 5 s forward
+    now[0] += 2 * REFRESH_NS
+    script.extend([(40_000, 40_000)] * 5)  # even a wide measurement reveals a step its interval excludes
+    assert abs(conv.to_clock(stamp, now[0]) - (first - 5 * 10**9)) <= 40_300
 
 
 def test_the_real_clock_conversion_is_within_microseconds() -> None:

@@ -13,13 +13,14 @@ Every outcome is classified: a request either completes with ``[DONE]`` or ends 
 from __future__ import annotations
 
 import json
-import re
 import socket
 import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
 
+from tailgate.load.capture import connection_key
 from tailgate.load.payloads import ENDPOINT_PATHS, build_chat_payload, build_payload, build_request
 from tailgate.load.rxstamp import (
     CHUNK_STAMP_ENV,
@@ -36,7 +37,7 @@ from tailgate.load.rxstamp import (
     chunk_stamp_mode,
     enable_rx_timestamps,
 )
-from tailgate.load.sse import ChunkedDecoder, SSEParser, StreamFormatError
+from tailgate.load.sse import JSON_STRING, ChunkedDecoder, SSEParser, StreamFormatError, content_template, event_ends
 from tailgate.load.target import Target, TargetError, Timeouts
 
 __all__ = [  # the request's parts live beside this module; their names stay importable from here
@@ -61,6 +62,7 @@ __all__ = [  # the request's parts live beside this module; their names stay imp
     "build_request",
     "chunk_stamp_mode",
     "content_template",
+    "event_ends",
     "stream_completion",
 ]
 
@@ -70,9 +72,6 @@ LATE_READ_NS = 1_000_000
 """A read this long after its newest bytes arrived is late: the client, not the server, set its events' times.
 Matches the self-check's 1 ms bound on the client-added error."""
 
-_JSON_STRING = re.compile(rb'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')
-"""One JSON string literal, exactly as ``json.loads`` accepts it (no raw control characters)."""
-_TEXT_KEY = b'"text":'
 TEMPLATE_ATTEMPTS = 3
 """Decoded content chunks that may propose a fast-path template before a stream gives up on one."""
 
@@ -117,6 +116,15 @@ class StreamTiming:
     late_coalesced_reads: int = 0
     """Reads that delivered two or more content events and came more than ``LATE_READ_NS`` after their newest
     bytes arrived: events the server sent apart may have been merged by a client that read late."""
+    conn_key: str | None = None
+    """With packet capture: the connection as the capture process names it (``capture.connection_key``)."""
+    chunk_last_bytes: list[int] | None = None
+    """With packet capture: each content chunk's last byte, as an offset into the response, so it can be
+    given the arrival of the segment that carried it (``capture.chunk_times``)."""
+    stamp: str | None = None
+    """What the chunk times are: ``capture``, ``kernel`` or ``recv`` (set when the record is built)."""
+    read_chunk_ns: list[int] | None = None
+    """With ``chunk_ns`` and capture: the in-process stamps the capture replaced, for the self-check."""
 
 
 class _Failure(Exception):
@@ -281,38 +289,6 @@ def _token_count(usage: dict, key: str, event: bytes) -> int | None:
     raise _Failure("malformed_event", f"usage.{key} is not an integer: {event[:80]!r}")
 
 
-def content_template(event: bytes, obj: dict) -> tuple[bytes, bytes] | None:
-    """``(prefix, suffix)`` around the text of a decoded content chunk, or None if it cannot serve as one.
-
-    A stream's content chunks differ only in their text: vLLM repeats id, created, model and every
-    other field byte for byte. An event that is this prefix, one JSON string literal, then this
-    suffix therefore decodes to this chunk with another text: a content chunk, ``finish_reason``
-    null, no usage, no error. Checking that costs a fraction of ``json.loads``. The template is
-    accepted only if the skeleton with an empty text decodes to exactly the decoded chunk with an
-    empty text, so an odd layout (a ``"text":`` inside another value, whitespace, extra choices)
-    yields no template rather than a wrong one.
-    """
-    choices = obj.get("choices")
-    if not (isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict)):
-        return None
-    first = choices[0]
-    if first.get("finish_reason") is not None or not isinstance(first.get("text"), str) or obj.get("usage"):
-        return None
-    start = event.find(b'"choices":[{')
-    key = event.find(_TEXT_KEY, start) if start >= 0 else -1
-    if key < 0:
-        return None
-    literal = _JSON_STRING.match(event, key + len(_TEXT_KEY))
-    if literal is None:
-        return None
-    prefix, suffix = event[: literal.start()], event[literal.end() :]
-    try:
-        skeleton = json.loads(prefix + b'""' + suffix)
-    except (ValueError, RecursionError):
-        return None
-    return (prefix, suffix) if skeleton == {**obj, "choices": [{**first, "text": ""}]} else None
-
-
 def _redact(text: str, secret: str) -> str:
     """``text`` without ``secret`` or any start of it 8+ characters long (a message cut mid-key).
 
@@ -336,13 +312,16 @@ def stream_completion(
     request: bytes | None = None,
     write: Callable[[socket.socket, bytes], int] | None = None,
     stamp: str = DEFAULT_CHUNK_STAMP,
+    capture: bool = False,
 ) -> StreamTiming:
     """Send one streaming completion and fill ``timing``; never raises for request failures.
 
     ``request`` is the prebuilt request (:func:`build_request`), else it is built from ``body`` here.
     ``write`` hands the request bytes to whoever decides when they go out (a gated batch writes its
     requests in trace order from one place); it returns when they were written, or raises what the
-    write raised. ``stamp`` picks the instant given to a read's events (see ``CHUNK_STAMPS``).
+    write raised. ``stamp`` picks the instant given to a read's events (see ``CHUNK_STAMPS``); ``capture``
+    also notes the connection and where each chunk ends in the response, for packet-capture stamps (not
+    over TLS, whose bytes on the wire are not the response's).
 
     Only non-``Exception`` interruptions (a greenlet being killed, Ctrl-C) propagate, after
     ``timing`` is marked ``cancelled`` so the caller can still write its record.
@@ -375,6 +354,10 @@ def stream_completion(
         timing.connected_ns = clock()
         phase = "headers"
         timestamps = enable_rx_timestamps(sock)
+        last_bytes: list[int] | None = None
+        if capture and target.scheme != "https":
+            timing.conn_key = connection_key(sock.getpeername()[:2], sock.getsockname()[:2])
+            timing.chunk_last_bytes = last_bytes = []
         if write is None:
             sock.sendall(request)
             timing.written_ns = clock()
@@ -438,11 +421,13 @@ def stream_completion(
         decoder = ChunkedDecoder() if chunked else None
         parser = SSEParser()
         loads = json.loads
-        string_literal = _JSON_STRING.fullmatch
+        string_literal = JSON_STRING.fullmatch
         prefix = suffix = b""
         fixed = 0  # len(prefix) + len(suffix); 0 while there is no template
         attempts = TEMPLATE_ATTEMPTS
         data = rest
+        raw_pos = end + 4  # where ``data`` starts in the response
+        tail = b""  # the previous read's last byte: an event's blank line may be split between two reads
         received = 0
         late_ns = LATE_READ_NS
         read_timeout = -1.0  # what the socket's timeout was last set to in this loop
@@ -453,82 +438,86 @@ def stream_completion(
                 if delay is not None and (timing.max_read_delay_ns is None or delay > timing.max_read_delay_ns):
                     timing.max_read_delay_ns = delay
                 # one instant for every event of this read: when the read returned, or when the kernel
-                # received its newest bytes; parsing the read's events must not spread their stamps
+                # received its newest bytes; parsing the read's events must not spread their stamps. Only
+                # the read's first event can end a gap (the others follow it at 0), so the gap, the count
+                # and the chunk stamps are updated once per read, after its events (in a finally: a bad
+                # event still leaves the chunks before it counted)
                 now = read_ns - delay if kernel_stamp and delay is not None else read_ns
-                before = timing.chunks
+                content = others = 0
                 payload = decoder.feed(data) if decoder is not None else data
-                for event in parser.feed(payload) if payload else ():
-                    # fast path: a content chunk like the template (see content_template); no decode
-                    if (
-                        fixed
-                        and len(event) > fixed
-                        and event.startswith(prefix)
-                        and event.endswith(suffix)
-                        and event.isascii()
-                        and string_literal(event, len(prefix), len(event) - len(suffix)) is not None
-                    ):
-                        gap = now - timing.last_chunk_ns  # type: ignore[operator]
-                        if gap > timing.worst_gap_ns:
-                            timing.worst_gap_ns = gap
+                try:
+                    for event in parser.feed(payload) if payload else ():
+                        # fast path: a content chunk like the template (see content_template); no decode
+                        if (
+                            fixed
+                            and len(event) > fixed
+                            and event.startswith(prefix)
+                            and event.endswith(suffix)
+                            and event.isascii()
+                            and string_literal(event, len(prefix), len(event) - len(suffix)) is not None
+                        ):
+                            content += 1
+                            continue
+                        if event == b"[DONE]":
+                            timing.done = True
+                            others += 1
+                            continue
+                        try:
+                            obj = loads(event)
+                        except (ValueError, RecursionError):
+                            raise _Failure("malformed_event", f"event is not JSON: {event[:80]!r}") from None
+                        if not isinstance(obj, dict):
+                            raise _Failure("malformed_event", f"event is not a JSON object: {event[:80]!r}")
+                        if "error" in obj:
+                            message = _error_message(event) or "error event without a message"
+                            raise _Failure("server_error_event", message)
+                        usage = obj.get("usage")
+                        if usage:
+                            if not isinstance(usage, dict):
+                                raise _Failure("malformed_event", f"usage is not an object: {event[:80]!r}")
+                            timing.prompt_tokens = _token_count(usage, "prompt_tokens", event)
+                            timing.completion_tokens = _token_count(usage, "completion_tokens", event)
+                        choices = obj.get("choices")
+                        if not choices:
+                            others += 1
+                            continue  # the usage-only chunk: not a token
+                        if not isinstance(choices, list):
+                            raise _Failure("malformed_event", f"choices is not a list: {event[:80]!r}")
+                        if timing.first_chunk_ns is None:
+                            timing.first_chunk_ns = now
+                            rid = obj.get("id")
+                            timing.response_id = rid if isinstance(rid, str) else None
+                        content += 1
+                        reason = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
+                        if reason:
+                            if not isinstance(reason, str):
+                                raise _Failure("malformed_event", f"finish_reason is not a string: {event[:80]!r}")
+                            timing.finish_reason = reason
+                        elif not fixed and attempts:
+                            attempts -= 1
+                            template = content_template(event, obj)
+                            if template is not None:
+                                prefix, suffix = template
+                                fixed = len(prefix) + len(suffix)
+                finally:
+                    if content:
+                        last = timing.last_chunk_ns
+                        if last is not None and now - last > timing.worst_gap_ns:
+                            timing.worst_gap_ns = now - last
                             timing.worst_gap_end_ns = now
                         timing.last_chunk_ns = now
-                        timing.chunks += 1
+                        timing.chunks += content
                         if timing.chunk_ns is not None:
-                            timing.chunk_ns.append(now)
-                            timing.chunk_delay_ns.append(-1 if delay is None else delay)  # type: ignore[union-attr]
-                        continue
-                    if event == b"[DONE]":
-                        timing.done = True
-                        continue
-                    try:
-                        obj = loads(event)
-                    except (ValueError, RecursionError):
-                        raise _Failure("malformed_event", f"event is not JSON: {event[:80]!r}") from None
-                    if not isinstance(obj, dict):
-                        raise _Failure("malformed_event", f"event is not a JSON object: {event[:80]!r}")
-                    if "error" in obj:
-                        raise _Failure("server_error_event", _error_message(event) or "error event without a message")
-                    usage = obj.get("usage")
-                    if usage:
-                        if not isinstance(usage, dict):
-                            raise _Failure("malformed_event", f"usage is not an object: {event[:80]!r}")
-                        timing.prompt_tokens = _token_count(usage, "prompt_tokens", event)
-                        timing.completion_tokens = _token_count(usage, "completion_tokens", event)
-                    choices = obj.get("choices")
-                    if not choices:
-                        continue  # the usage-only chunk: not a token
-                    if not isinstance(choices, list):
-                        raise _Failure("malformed_event", f"choices is not a list: {event[:80]!r}")
-                    if timing.first_chunk_ns is None:
-                        timing.first_chunk_ns = now
-                        rid = obj.get("id")
-                        timing.response_id = rid if isinstance(rid, str) else None
-                    else:
-                        gap = now - timing.last_chunk_ns  # type: ignore[operator]
-                        if gap > timing.worst_gap_ns:
-                            timing.worst_gap_ns = gap
-                            timing.worst_gap_end_ns = now
-                    timing.last_chunk_ns = now
-                    timing.chunks += 1
-                    if timing.chunk_ns is not None:
-                        timing.chunk_ns.append(now)
-                        timing.chunk_delay_ns.append(-1 if delay is None else delay)  # type: ignore[union-attr]
-                    reason = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
-                    if reason:
-                        if not isinstance(reason, str):
-                            raise _Failure("malformed_event", f"finish_reason is not a string: {event[:80]!r}")
-                        timing.finish_reason = reason
-                    elif not fixed and attempts:
-                        attempts -= 1
-                        template = content_template(event, obj)
-                        if template is not None:
-                            prefix, suffix = template
-                            fixed = len(prefix) + len(suffix)
-                events = timing.chunks - before
-                if events > timing.max_events_per_read:
-                    timing.max_events_per_read = events
-                if events > 1 and delay is not None and delay > late_ns:
-                    timing.late_coalesced_reads += 1
+                            timing.chunk_ns.extend(repeat(now, content))
+                            timing.chunk_delay_ns.extend(repeat(-1 if delay is None else delay, content))  # type: ignore[union-attr]
+                        if content > timing.max_events_per_read:
+                            timing.max_events_per_read = content
+                        if content > 1 and delay is not None and delay > late_ns:
+                            timing.late_coalesced_reads += 1
+                        if last_bytes is not None:
+                            last_bytes += event_ends(tail + data, raw_pos - len(tail), content, content + others)
+                    raw_pos += len(data)
+                    tail = data[-1:]
                 if (decoder is not None and decoder.done) or (to_read is not None and received >= to_read):
                     break
             now_ns = clock()

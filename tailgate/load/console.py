@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tailgate.clientbound import merged_breached
 from tailgate.hoststeal import NOTABLE_SHARE
 
 NONE = "–"
@@ -37,7 +38,7 @@ def client_behind(s: dict[str, Any]) -> str:
     When the hypervisor stole a notable share of the machine's CPU meanwhile, the line says so: more load
     processes cannot help with a host that pauses all of them."""
     merged = s.get("client_coalesced_streams") or 0
-    if not merged:
+    if not merged_breached(merged):
         return ""
     steal = s.get("host_steal_share")
     if steal is not None and steal >= NOTABLE_SHARE:

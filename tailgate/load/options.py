@@ -27,7 +27,15 @@ from tailgate.load.plan import (
 )
 from tailgate.load.prompts import ENDPOINTS, PROMPT_SOURCES, DatasetEntry, Prompt, PromptError, load_dataset
 from tailgate.load.workload import PROMPT_WORD, TraceError, TraceItem, load_jsonl, make_trace
-from tailgate.optiontable import DEFAULTS, OptionError, check_counts, parse_rates, rates_text
+from tailgate.optiontable import (
+    DEFAULTS,
+    STAMP_HELP,
+    STAMP_SOURCES,
+    OptionError,
+    check_counts,
+    parse_rates,
+    rates_text,
+)
 from tailgate.resultfiles import RUN_META
 from tailgate.stats import WARMUP_RULES
 
@@ -118,6 +126,7 @@ def add_arguments(parser: Any) -> None:
         help="run the load processes at SCHED_FIFO when the system allows it (a server on the same cores "
         "cannot then delay the timestamps); refused: a warning, and the run goes on at normal priority",
     )  # fmt: skip
+    g.add_argument("--chunk-stamp", choices=STAMP_SOURCES, default=chunk_stamp_mode(), help=STAMP_HELP)
     g.add_argument("--metrics-url", default="", help="server /metrics URL (default: <host>/metrics)")
     g.add_argument(
         "--no-metrics", action="store_true", default=False, help="do not read /metrics (servers that do not expose it)"
@@ -237,6 +246,8 @@ class Settings:
     stop_on_errors: int
     realtime: bool = False
     """Load processes asked for SCHED_FIFO (whether they got it is in their log)."""
+    chunk_stamp: str = "kernel"
+    """The stamp source asked for (``--chunk-stamp``); what each process used is in ``run.json``."""
     prompts: str = "seed"
     """Prompt source (tailgate/load/prompts.py); ``mooncake`` when a Mooncake trace's hash_ids make the prompts."""
     endpoint: str = "completions"
@@ -324,7 +335,7 @@ class Settings:
             "record_chunks": self.record_chunks, "metrics_url": self.metrics_url,
             "sample_metrics": self.sample_metrics, "prometheus_url": self.prometheus_url,
             "settle": self.settle, "stop_on_errors": self.stop_on_errors, "realtime": self.realtime,
-            "chunk_stamp": chunk_stamp_mode(), **{k: v for k, v in self.workload().items() if k != "prompt_check"},
+            "chunk_stamp": self.chunk_stamp, **{k: v for k, v in self.workload().items() if k != "prompt_check"},
         }  # fmt: skip
 
 
@@ -427,7 +438,8 @@ def validate(opts: Any, *, arm: str | None = None, now: str = "") -> Settings:
         timeouts=Timeouts(opts.connect_timeout, opts.request_timeout, opts.stall_timeout or None),
         record_chunks=bool(opts.record_chunks), metrics_url=metrics_url,
         sample_metrics=opts.sample_metrics, prometheus_url=prometheus_url, settle=opts.settle,
-        stop_on_errors=opts.stop_on_errors, realtime=bool(getattr(opts, "realtime", False)), **workload,
+        stop_on_errors=opts.stop_on_errors, realtime=bool(getattr(opts, "realtime", False)),
+        chunk_stamp=getattr(opts, "chunk_stamp", None) or chunk_stamp_mode(), **workload,
     )  # fmt: skip
 
 

@@ -14,6 +14,17 @@ CHUNKS_PER_PROCESS = 15000.0
 25,000 chunks/s (250 req/s of 100-chunk streams) with worst-gap error p99 under 0.01 ms, max under 0.03 ms
 and no stream merged, in each of three runs (``benchmarks/results/stall-h200.md``), at about 33 us of CPU per
 chunk; 15,000 is half a core of that, room for a slower or busier host."""
+CHUNKS_PER_PROCESS_BY_STAMP: dict[str, float] = {
+    "kernel": CHUNKS_PER_PROCESS,
+    "recv": CHUNKS_PER_PROCESS,
+    "capture": CHUNKS_PER_PROCESS,
+}
+"""Chunks per second one load process is given, per stamp source (``--chunk-stamp``). ``kernel`` is the
+measurement above. ``capture`` stamps do not depend on the process reading on time, so its bound is CPU,
+not latency: the load process pays the same per chunk plus one query per stream, and its capture process
+(~20 us per segment on a busy 2-core host, ``benchmarks/results/stamp-matrix-2core.md``) runs beside it;
+until ``benchmarks/stamp_matrix.py`` has measured it on the 16-core host it is given no more than
+``kernel``. ``recv`` has not been measured apart from ``kernel`` and is given the same."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -29,16 +40,21 @@ def master_port_args(port: int | None = None) -> list[str]:
     return ["--master-bind-port", str(port), "--master-port", str(port)]
 
 
-def processes_for(chunks_per_s: float) -> int:
+def capacity(stamp: str = "kernel") -> float:
+    """Chunks per second one process measures exactly with this stamp source (``kernel``'s when unknown)."""
+    return CHUNKS_PER_PROCESS_BY_STAMP.get(stamp, CHUNKS_PER_PROCESS)
+
+
+def processes_for(chunks_per_s: float, stamp: str = "kernel") -> int:
     """Load processes that keep ``chunks_per_s`` within the bound, whatever the cores of this host."""
-    return max(1, math.ceil(chunks_per_s / CHUNKS_PER_PROCESS))
+    return max(1, math.ceil(chunks_per_s / capacity(stamp)))
 
 
-def auto_processes(chunks_per_s: float, cores: int | None = None) -> int:
-    """Load processes for an expected chunk rate: enough to keep each under :data:`CHUNKS_PER_PROCESS`,
-    never more than the cores (a process beyond the cores only adds scheduling delay)."""
+def auto_processes(chunks_per_s: float, cores: int | None = None, stamp: str = "kernel") -> int:
+    """Load processes for an expected chunk rate: enough to keep each under the stamp source's
+    :func:`capacity`, never more than the cores (a process beyond the cores only adds scheduling delay)."""
     cores = cores or os.cpu_count() or 1
-    return max(1, min(cores, processes_for(chunks_per_s)))
+    return max(1, min(cores, processes_for(chunks_per_s, stamp)))
 
 
 def set_realtime(priority: int = 1, probe_only: bool = False) -> bool:

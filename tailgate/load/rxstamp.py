@@ -52,26 +52,41 @@ def enable_rx_timestamps(sock: socket.socket) -> bool:
 
 PAIR_NS = 20_000
 """Two reads of the clock around a wall-clock read closer than this make a pair to convert with."""
+FIRST_ATTEMPTS = 200
+"""Triples the first measurement may take to find a tight one: every later one is judged against it."""
 REFRESH_NS = 20_000_000
-"""How long a measured offset between the wall clock and ``perf_counter_ns`` is used before it is
-measured again. Only a slewing wall clock moves it: NTP slews at most 500 ppm, 10 us over this
-interval, and in practice a few ppm (well under 0.1 us)."""
+"""How often the offset between the wall clock and ``perf_counter_ns`` is measured again, to notice a step.
+
+Linux slews ``CLOCK_REALTIME`` and ``CLOCK_MONOTONIC`` together (NTP's frequency corrections apply to
+both), so their difference changes only when the wall clock is stepped. A new measurement therefore
+replaces the offset in use only when it is tighter (a better estimate of the same offset) or cannot be
+the same offset (its interval and the current one's do not overlap: a step)."""
 
 
 class WallToClock:
-    """Converts the kernel's wall-clock receive stamps to ``perf_counter_ns`` ticks.
+    """Converts the kernel's wall-clock receive stamps to ``perf_counter_ns`` ticks, with one offset.
 
-    Measuring the offset costs three clock reads and must be a tight pair (a preemption between the
-    reads would shift it by milliseconds on a busy machine), so it is measured at most every
-    ``REFRESH_NS`` and shared by every stream of the process, instead of once per read.
+    A measurement is a (clock, wall, clock) triple: the true offset lies within half the triple's width
+    of its midpoint. On a busy machine a triple can be preempted and be hundreds of microseconds wide;
+    adopting each new one would move the conversion by up to half that between two stamps of one stream,
+    enough to put a kernel-stamped chunk before the request that caused it was written. So the offset in
+    use is the tightest measured, changed only by a tighter one or by a step of the wall clock.
+    Measured at most every ``REFRESH_NS`` and shared by every stream of the process.
     """
 
-    __slots__ = ("_clock", "_measured", "_offset")
+    __slots__ = ("_clock", "_measured", "_offset", "_wall", "_width")
 
-    def __init__(self, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+    def __init__(self, clock: Callable[[], int] = time.perf_counter_ns, wall: Callable[[], int] = time.time_ns) -> None:
         self._clock = clock
+        self._wall = wall
         self._offset = 0
+        self._width: int | None = None
         self._measured = -(1 << 62)
+
+    @property
+    def uncertainty_ns(self) -> int | None:
+        """Half the width of the measurement in use: how far the offset may be from the true one."""
+        return None if self._width is None else self._width // 2 + 1
 
     def to_clock(self, wall_ns: int, now: int) -> int:
         """``wall_ns`` on the clock, ``now`` being a current reading of it (to know when to re-measure)."""
@@ -80,20 +95,23 @@ class WallToClock:
         return wall_ns - self._offset
 
     def measure(self) -> None:
-        """The tightest of up to five (clock, wall, clock) triples sets the offset (wall minus clock)."""
-        clock, wall = self._clock, time.time_ns
-        best_width = best_offset = 0
-        for attempt in range(5):
+        """Take the tightest of up to five (clock, wall, clock) triples; keep it if it is a better estimate
+        of the offset in use, or if the wall clock was stepped since."""
+        clock, wall = self._clock, self._wall
+        width = offset = after = 0
+        for attempt in range(5 if self._width is not None else FIRST_ATTEMPTS):
             before = clock()
             real = wall()
             after = clock()
-            width = after - before
-            if attempt == 0 or width < best_width:
-                best_width, best_offset = width, real - (before + after) // 2
-            if width <= PAIR_NS:
+            w = after - before
+            if attempt == 0 or w < width:
+                width, offset = w, real - (before + after) // 2
+            if w <= PAIR_NS:
                 break
-        self._offset = best_offset
         self._measured = after
+        old = self._width
+        if old is None or width <= old or 2 * abs(offset - self._offset) > width + old + 2:
+            self._offset, self._width = offset, width
 
 
 WALL = WallToClock()

@@ -32,6 +32,7 @@ from typing import Any
 from tailgate.arms import arm as arm_of
 from tailgate.contracts import Order, StageSummary
 from tailgate.hoststeal import cpu_counters, steal_share
+from tailgate.load.capturelink import stamp_summary
 from tailgate.load.console import summary_line
 from tailgate.load.distributed import DEADLINE_MARGIN_S, WORKER_LOST, ClockSync, MasterSink
 from tailgate.load.metrics import Snapshot, scrape
@@ -274,8 +275,9 @@ class RunSession(WorkerRoster):
             self.dropped[stage] = self.dropped.get(stage, 0) + int(data.get("dropped") or 0)
         if data.get("stamp_note"):
             self.stamp_notes[str(data.get("worker", node_id))] = str(data["stamp_note"])
-        if data.get("stamp_note") and node_id in self.workers:
+        if node_id in self.workers and data.get("stamp"):
             self.workers[node_id]["chunk_stamp"] = data.get("stamp")
+        if data.get("stamp_note") and node_id in self.workers:
             self.workers[node_id]["chunk_stamp_note"] = data["stamp_note"]
         self._done[node_id] = data
         if "sent" in data:  # exact counters at the end of each order, so a stage's baseline is never stale
@@ -442,8 +444,9 @@ class RunSession(WorkerRoster):
         chunks = sum(int(r.get("chunks") or 0) for r in records)
         summary["chunks_per_s"] = round(chunks / span, 1) if span > 0 else None
         summary["load_processes"] = 1 if self._local else self._ran(stage.index)
+        summary.update(stamp_summary(list(self._done.values())))
         # what the report suggests when this stage fell behind its schedule
-        summary["processes_to_keep_up"] = processes_for(chunks / span) if span > 0 else None
+        summary["processes_to_keep_up"] = processes_for(chunks / span, s.chunk_stamp) if span > 0 else None
         # this machine's CPU time the hypervisor took during the stage (the coordinator's host)
         summary["host_steal_share"] = steal_share(self.stage_cpu.get(stage.index), cpu_counters())
         if delta is not None and delta < 0:
@@ -499,7 +502,7 @@ class RunSession(WorkerRoster):
             "prompt_word": s.prompt_word, "record_chunks": s.record_chunks, "results_dir": str(self.folder),
             "prompts": s.prompts, "endpoint": s.endpoint,
             "connect_timeout": s.timeouts.connect_s, "request_timeout": s.timeouts.request_s,
-            "stall_timeout": s.timeouts.stall_s,
+            "stall_timeout": s.timeouts.stall_s, "chunk_stamp": s.chunk_stamp,
         }  # fmt: skip
 
     # -- helper processes -------------------------------------------------------------------------

@@ -3,10 +3,15 @@
 Two layers, both fed whatever one socket read returned: HTTP chunked transfer framing (how
 uvicorn sends each event), then SSE lines. Both keep their partial state between reads, so an
 event split across reads, or several events in one read, come out exactly once, each at the
-moment its last byte was parsed.
+moment its last byte was parsed. Also what a stream needs of its events' bytes beyond decoding them: the
+template of a content chunk (to recognise the next ones without decoding) and where each event ends in the
+response (to join it to the packet that carried it).
 """
 
 from __future__ import annotations
+
+import json
+import re
 
 MAX_PENDING_BYTES = 4 * 1024 * 1024
 """A line this long without a newline is not an SSE stream we can trust; stop buffering it."""
@@ -163,3 +168,58 @@ class SSEParser:
     def pending(self) -> bool:
         """True when bytes of an unfinished event are buffered (a cut stream)."""
         return bool(self._buf or self._data)
+
+
+JSON_STRING = re.compile(rb'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')
+"""One JSON string literal, exactly as ``json.loads`` accepts it (no raw control characters)."""
+TEXT_KEY = b'"text":'
+
+
+def content_template(event: bytes, obj: dict) -> tuple[bytes, bytes] | None:
+    """``(prefix, suffix)`` around the text of a decoded content chunk, or None if it cannot serve as one.
+
+    A stream's content chunks differ only in their text: vLLM repeats id, created, model and every
+    other field byte for byte. An event that is this prefix, one JSON string literal, then this
+    suffix therefore decodes to this chunk with another text: a content chunk, ``finish_reason``
+    null, no usage, no error. Checking that costs a fraction of ``json.loads``. The template is
+    accepted only if the skeleton with an empty text decodes to exactly the decoded chunk with an
+    empty text, so an odd layout (a ``"text":`` inside another value, whitespace, extra choices)
+    yields no template rather than a wrong one.
+    """
+    choices = obj.get("choices")
+    if not (isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict)):
+        return None
+    first = choices[0]
+    if first.get("finish_reason") is not None or not isinstance(first.get("text"), str) or obj.get("usage"):
+        return None
+    start = event.find(b'"choices":[{')
+    key = event.find(TEXT_KEY, start) if start >= 0 else -1
+    if key < 0:
+        return None
+    literal = JSON_STRING.match(event, key + len(TEXT_KEY))
+    if literal is None:
+        return None
+    prefix, suffix = event[: literal.start()], event[literal.end() :]
+    try:
+        skeleton = json.loads(prefix + b'""' + suffix)
+    except (ValueError, RecursionError):
+        return None
+    return (prefix, suffix) if skeleton == {**obj, "choices": [{**first, "text": ""}]} else None
+
+
+def event_ends(raw: bytes, start: int, content: int, events: int) -> list[int]:
+    """Offsets in the response of the last byte of each of a read's first ``content`` events.
+
+    ``raw`` is the read's bytes as they came (with any chunked framing), ``start`` its offset in the
+    response, ``events`` how many events the read completed. Each event ends in a blank line; the content
+    events come before the usage chunk and ``[DONE]``. When the blank lines found are not one per event
+    (``\r\n`` line ends, a comment), every content event is given the read's last byte: the kernel stamp's
+    reading of the read (its newest bytes)."""
+    ends = []
+    i = raw.find(b"\n\n")
+    while i >= 0:
+        ends.append(start + i + 1)
+        i = raw.find(b"\n\n", i + 2)
+    if len(ends) != events:
+        return [start + len(raw) - 1] * content
+    return ends[:content]

@@ -27,6 +27,7 @@ from tailgate import arms
 from tailgate.contracts import Order
 from tailgate.load import distributed
 from tailgate.load.batch import BatchGate
+from tailgate.load.capturelink import StampSource
 from tailgate.load.client import (
     StreamTiming,
     Target,
@@ -164,8 +165,10 @@ class OrderRunner:
         """Requests started by this process, all orders together (the progress line reads these counters)."""
         self.ended = 0
         self.stamp = chunk_stamp_mode()
+        """The in-process stamp (``kernel`` or ``recv``); with capture, what a stream it missed keeps."""
         self.stamp_note: str | None = None
         """Why kernel stamps were given up in this process (its clock disagrees with the kernel's), if so."""
+        self.stamps = StampSource()
         self.orphaned = False
         """This worker lost the master mid-run and stopped its load itself."""
         self.busy = False
@@ -273,7 +276,12 @@ class OrderRunner:
         writer, journal = self._writer(cfg["results_dir"])
         if isinstance(writer, distributed.WorkerStream):
             writer.begin_order(order)
+        requested = cfg.get("chunk_stamp") or chunk_stamp_mode()
+        if self.stamp_note is None:  # not given up for good
+            self.stamp = "recv" if requested == "recv" else "kernel"
         self.check_stamps()
+        self.stamps.prepare(requested if self.stamp == "kernel" else self.stamp, target)
+        capture = self.stamps.capture
         cap = order.max_in_flight
         t0_ns = mono_ns(order.t0_wall)
         stage = order.stage
@@ -361,7 +369,8 @@ class OrderRunner:
         return {
             "order_id": order.order_id, "run_id": order.run_id, "stage": order.stage, "worker": self.worker,
             "records": finished, "dropped": dropped, "sent": self.sent, "ended": self.ended,
-            "stamp": self.stamp, "stamp_note": self.stamp_note,
+            "stamp": "capture" if capture else self.stamp, "stamp_note": self.stamp_note or self.stamps.note,
+            "capture": self.stamps.stats(),
         }  # fmt: skip
 
     def _one(
@@ -387,6 +396,7 @@ class OrderRunner:
                 target, b"", timing, timeouts=timeouts, api_key=cfg.get("api_key"),
                 record_chunks=cfg["record_chunks"], request=request,
                 write=None if gate is None else gate.writer(index), stamp=self.stamp,
+                capture=self.stamps.capture,
             )  # fmt: skip
             self.in_flight -= 1  # the moment the stream ended, not when its record is written
             live = False
@@ -417,6 +427,7 @@ class OrderRunner:
         if not self._finished:
             return
         order, plan, timing, in_flight, cfg, writer, finished = self._finished.popleft()
+        self.stamps.apply(timing, self.stamp)
         record = self._record(order, plan, timing, in_flight, cfg)
         writer.write(record)
         finished.append(record.to_dict())
@@ -475,10 +486,12 @@ class OrderRunner:
             finish_reason=t.finish_reason, status=t.status, response_id=t.response_id,
             reads=t.reads, max_events_per_read=t.max_events_per_read,
             max_read_delay_ms=None if t.max_read_delay_ns is None else round(t.max_read_delay_ns / 1e6, 3),
-            late_coalesced_reads=t.late_coalesced_reads, client_coalesced=t.late_coalesced_reads > 0,
+            late_coalesced_reads=t.late_coalesced_reads,
+            client_coalesced=t.late_coalesced_reads > 0 and t.stamp != "capture", chunk_stamp=t.stamp,
             error_class=t.error_class, error=t.error,
             chunk_offsets_ms=None if t.chunk_ns is None else _offsets_ms(t.chunk_ns, sent),
             chunk_read_delays_ms=None if t.chunk_delay_ns is None else _delays_ms(t.chunk_delay_ns),
+            chunk_read_offsets_ms=None if t.read_chunk_ns is None else _offsets_ms(t.read_chunk_ns, sent),
             prompt_source=cfg.get("prompts") or "seed", endpoint=cfg.get("endpoint") or "completions",
             arrivals=order.get("arrivals") or "poisson", prompt_tokens_tokenized=tokenized,
         )  # fmt: skip

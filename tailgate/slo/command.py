@@ -16,7 +16,7 @@ from typing import Any
 
 from tailgate.exitcodes import combine
 from tailgate.lifecycle import ArgumentParser, SignalGuard, Stopped
-from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate
+from tailgate.optiontable import DEFAULTS, STAMP_HELP, STAMP_SOURCES, OptionError, check_counts, check_rate
 from tailgate.resultfiles import writable_folder_problem
 from tailgate.runner import signal_guard
 from tailgate.servers.spec import SERVER_KINDS, add_server_arguments, make_controller, server_spec
@@ -136,6 +136,7 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--prometheus-url", default="", help="a Prometheus scraping the server")
     p.add_argument("--locust-arg", action="append", default=[], help="extra option for every Locust run")
+    p.add_argument("--chunk-stamp", choices=STAMP_SOURCES, default=None, help=STAMP_HELP)
     p.add_argument("--no-report", action="store_true", help="skip the report at the end")
 
 
@@ -186,7 +187,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         raise SloError(f"--time-budget: must be 0 (none) or more seconds, got {args.time_budget:g}")
     if args.max_waiting is not None and args.max_waiting < 0:
         raise SloError(f"--max-waiting: must be 0 (never) or more, got {max_waiting}")
-    locust_args = list(args.locust_arg)
+    locust_args = list(args.locust_arg) + (["--chunk-stamp", args.chunk_stamp] if args.chunk_stamp else [])
     if args.trace_file:
         if not Path(args.trace_file).is_file():
             raise SloError(f"--trace-file: {args.trace_file} is not a file")

@@ -105,6 +105,11 @@ class Join:
     for a correct match, that also holds when the server was descheduled inside its write."""
     ttft_error_ms: list[float] = field(default_factory=list)
     worst_gap_error_ms: list[float] = field(default_factory=list)
+    worst_gap_beyond_write_ms: list[float] = field(default_factory=list)
+    """The worst-gap error beyond what the server's own write calls leave open (logs with write begins): a
+    chunk left the server somewhere between its write call's beginning and return, so any gap between
+    ``max(begin[k+1] - return[k])`` and ``max(return[k+1] - begin[k])`` is a true worst gap. 0 inside
+    that window, else the distance to it: the part of the error only the client can have made."""
     true_ttft_ms: list[float] = field(default_factory=list)
     true_worst_gap_ms: list[float] = field(default_factory=list)
     upload_ms: list[float] = field(default_factory=list)
@@ -114,10 +119,11 @@ class Join:
     write_lateness_ms: list[float] = field(default_factory=list)
     """The server's own error, write minus its target: context for the client's."""
     by_stamp: dict[str, dict[str, list[float]]] = field(
-        default_factory=lambda: {m: {"chunk": [], "ttft": [], "gap": []} for m in ("recv", "kernel")}
+        default_factory=lambda: {m: {"chunk": [], "ttft": [], "gap": []} for m in ("capture", "recv", "kernel")}
     )
     """Chunk, TTFT and worst-gap errors as each chunk stamp would have made them, from the same reads
-    (records with ``chunk_read_delays_ms`` whose reads all had kernel stamps)."""
+    (records with ``chunk_read_delays_ms`` whose reads all had kernel stamps; with capture stamps, the
+    in-process ones they replaced, ``chunk_read_offsets_ms``)."""
 
     @property
     def exact(self) -> bool:
@@ -159,6 +165,28 @@ def _both_stamps(offsets: Sequence[float], delays: Sequence[float], stamp: str) 
     if stamp == "kernel":
         return {"kernel": list(offsets), "recv": [o + d for o, d in zip(offsets, delays, strict=True)]}
     return {"recv": list(offsets), "kernel": [o - d for o, d in zip(offsets, delays, strict=True)]}
+
+
+def _all_stamps(rec: Mapping[str, Any], offsets: Sequence[float], stamp: str) -> dict[str, list[float]]:
+    """Each chunk's offset under every stamp the record lets us rebuild: ``capture`` where it was used, and
+    the in-process ``kernel`` and ``recv`` from the same reads."""
+    delays = rec.get("chunk_read_delays_ms") or []
+    if rec.get("chunk_stamp") != "capture":
+        return _both_stamps(offsets, delays, rec.get("chunk_stamp") or stamp) or {}
+    read = rec.get("chunk_read_offsets_ms")
+    if read is None or len(read) != len(offsets):
+        return {"capture": list(offsets)}
+    return {"capture": list(offsets), **(_both_stamps(read, delays, "kernel") or {})}
+
+
+def beyond_write_window(client_gap_ms: float, returns: Sequence[int], begins: Sequence[int]) -> float:
+    """How far a stream's client worst gap lies outside the worst gaps its server's write calls allow (ns in)."""
+    pairs = range(len(returns) - 1)
+    high = max(returns[k + 1] - begins[k] for k in pairs) / _MS
+    low = max(begins[k + 1] - returns[k] for k in pairs) / _MS
+    if client_gap_ms > high:
+        return client_gap_ms - high
+    return client_gap_ms - low if client_gap_ms < low else 0.0
 
 
 def join_records(records: Sequence[Mapping[str, Any]], dump: Mapping[str, Any], stamp: str = "recv") -> Join:
@@ -218,11 +246,13 @@ def join_records(records: Sequence[Mapping[str, Any]], dump: Mapping[str, Any], 
         j.true_worst_gap_ms.append(true_gap)
         if rec.get("worst_gap_ms") is not None and len(ordered) > 1:
             j.worst_gap_error_ms.append(float(rec["worst_gap_ms"]) - true_gap)
+            if begins and len(mine) == max(mine) + 1:
+                starts = [begins[(seq, k)] for k in range(len(mine))]
+                j.worst_gap_beyond_write_ms.append(beyond_write_window(float(rec["worst_gap_ms"]), ordered, starts))
         if seq in received:
             j.upload_ms.append((received[seq] - sent) / _MS)
-        both = _both_stamps(offsets, rec.get("chunk_read_delays_ms") or [], stamp)
-        if both is not None and len(ordered) == len(offsets):
-            for mode, offs in both.items():
+        if len(ordered) == len(offsets):
+            for mode, offs in _all_stamps(rec, offsets, stamp).items():
                 got = j.by_stamp[mode]
                 got["chunk"] += [sent / _MS + off - t / _MS for off, t in zip(offs, ordered, strict=True)]
                 got["ttft"].append(offs[0] - true_ttft)

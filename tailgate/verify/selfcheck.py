@@ -36,15 +36,30 @@ import math
 import os
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tailgate.clientbound import (
+    CHUNK_P99,
+    DEFAULT_LIMITS,
+    MERGED,
+    TTFT_P99,
+    WORST_GAP_MAX,
+    WORST_GAP_P99,
+    Finding,
+    breached,
+    judge,
+    merged_breached,
+)
 from tailgate.exitcodes import child_ending
 from tailgate.hoststeal import NOTABLE_SHARE
 from tailgate.lifecycle import Stopped
+from tailgate.optiontable import STAMP_HELP, STAMP_SOURCES
 from tailgate.records import read_records
+from tailgate.resultfiles import RUN_META, SUMMARY_GLOB
 from tailgate.runner import ChildRunner, LocustRun, prepare_results, signal_guard
 from tailgate.verify.cpu import SAMPLE_INTERVAL_S, CpuSampler, machine_facts
 from tailgate.verify.join import (
@@ -62,7 +77,7 @@ EXIT_OK = 0
 EXIT_WARN = 1
 EXIT_USAGE = 2
 
-WARN_P99_MS = 1.0
+WARN_P99_MS = DEFAULT_LIMITS[CHUNK_P99]
 """A p99 chunk error above this means the generator, not the server, shapes the tail it reports."""
 KS_ALPHA = 0.01
 """Significance level of the inter-arrival test: one fixed seed should not fail it by bad luck."""
@@ -86,9 +101,22 @@ class SelfCheckConfig:
     prompt_tokens: int = 16
     seed: int = 7
     warn_p99_ms: float = WARN_P99_MS
+    gap_p99_ms: float = DEFAULT_LIMITS[WORST_GAP_P99]
+    gap_max_ms: float = DEFAULT_LIMITS[WORST_GAP_MAX]
+    ttft_p99_ms: float = DEFAULT_LIMITS[TTFT_P99]
+    merged_max: int = int(DEFAULT_LIMITS[MERGED])
+    """The verdict's bounds (:mod:`tailgate.clientbound`); any one breached fails the check."""
+    chunk_stamp: str | None = None
+    """``--chunk-stamp`` of the Locust run (None: its default)."""
     keep_dir: str | None = None
     """Keep the trace, records, Locust log and chunk log here instead of a temporary folder."""
     extra_locust_args: tuple[str, ...] = ()
+
+    def limits(self) -> dict[str, float]:
+        return {
+            WORST_GAP_P99: self.gap_p99_ms, WORST_GAP_MAX: self.gap_max_ms, TTFT_P99: self.ttft_p99_ms,
+            CHUNK_P99: self.warn_p99_ms, MERGED: self.merged_max,
+        }  # fmt: skip
 
     def check(self) -> None:
         for name, value, low in (("--rate", self.rate, 0.0), ("--gap-ms", self.gap_ms, 0.0)):
@@ -96,6 +124,11 @@ class SelfCheckConfig:
                 raise ValueError(f"{name}: must be above {low:g}, got {value:g}")
         if self.ttft_ms < 0:
             raise ValueError(f"--ttft-ms: must be 0 or more, got {self.ttft_ms:g}")
+        for name, bound in (("--warn-ms", self.warn_p99_ms), ("--max-gap-p99-ms", self.gap_p99_ms),
+                            ("--max-gap-ms", self.gap_max_ms), ("--max-ttft-p99-ms", self.ttft_p99_ms),
+                            ("--max-merged", self.merged_max)):  # fmt: skip
+            if not bound >= 0:
+                raise ValueError(f"{name}: must be 0 or more, got {bound:g}")
         for name, ivalue in (("--n", self.n), ("--tokens", self.tokens), ("--processes", self.processes)):
             if ivalue < 1:
                 raise ValueError(f"{name}: must be at least 1, got {ivalue}")
@@ -118,9 +151,21 @@ def locust_command(cfg: SelfCheckConfig, host: str, trace: Path, results: Path, 
     return LocustRun(
         arm="continuous", host=host, results=results, stage=("--rates", f"{cfg.rate:g}"), n=cfg.n, warmup=0,
         seed=cfg.seed, processes=cfg.processes,
+        chunk_stamp=cfg.chunk_stamp,
         extra=("--trace-file", str(trace), "--model", model, "--record-chunks", "--sample-metrics", "0",
                "--settle", "0", "--loglevel", "WARNING", *cfg.extra_locust_args),
     ).command()  # fmt: skip
+
+
+def capture_figures(results: Path) -> dict[str, Any] | None:
+    """The capture's drops and missed streams from the run's stage summaries (None: no capture ran)."""
+    drops = missed = None
+    for path in sorted(results.glob(SUMMARY_GLOB)):
+        s = json.loads(path.read_text(encoding="utf-8"))
+        if s.get("capture_drops") is not None:
+            drops = (drops or 0) + int(s["capture_drops"])
+            missed = (missed or 0) + int(s.get("capture_missed_streams") or 0)
+    return None if drops is None else {"drops": drops, "missed_streams": missed}
 
 
 def _stage_window(records: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
@@ -208,8 +253,13 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
         records = run.records
         from tailgate.load.client import chunk_stamp_mode
 
-        stamp = chunk_stamp_mode()
+        stamp = chunk_stamp_mode() if cfg.chunk_stamp in (None, "capture") else cfg.chunk_stamp
         j = join_records(records, dump, stamp)
+        used = Counter(str(r.get("chunk_stamp") or stamp) for r in records if not r.get("error_class"))
+        capture = capture_figures(work / "results")
+        meta_path = work / "results" / RUN_META
+        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+        notes = sorted(set((meta.get("chunk_stamp_notes") or {}).values()))
         ending = child_ending(run.exit_code)
         if not ending.finished and not records:
             tail = run.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
@@ -220,13 +270,17 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
         gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(sorted(j.sent_mono_ns))]
         ks = ks_exponential(gaps, cfg.rate) if gaps else KSResult(0.0, 0, 1.0)
         chunk = distribution(j.chunk_error_ms)
-        p99 = chunk["p99"]
-        if not j.exact:
-            verdict = "FAIL: the join is not exact, so the error figures cannot be trusted"
-        elif p99 is not None and p99 > cfg.warn_p99_ms:
-            verdict = f"WARN: p99 chunk error {p99:.3f} ms is above {cfg.warn_p99_ms:g} ms"
-        else:
-            verdict = f"OK: p99 chunk error {p99:.3f} ms is within {cfg.warn_p99_ms:g} ms"
+        gap_error = distribution(j.worst_gap_error_ms)
+        beyond = distribution(j.worst_gap_beyond_write_ms)
+        judged = beyond if beyond["n"] else gap_error
+        ttft_error = distribution(j.ttft_error_ms)
+        merged = sum(1 for r in records if r.get("client_coalesced"))
+        findings = judge(
+            {WORST_GAP_P99: judged["p99"], WORST_GAP_MAX: judged["max"], TTFT_P99: ttft_error["p99"],
+             CHUNK_P99: chunk["p99"], MERGED: merged},
+            cfg.limits(),
+        )  # fmt: skip
+        verdict, ok = verdict_of(j.exact, findings)
         stage_s = (window[1] - window[0]) if window else None
         return {
             "config": asdict(cfg),
@@ -245,14 +299,18 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
             },
             "chunk_error_ms": chunk,
             "chunk_error_begin_ms": distribution(j.chunk_error_begin_ms),
-            "ttft_error_ms": distribution(j.ttft_error_ms),
-            "worst_gap_error_ms": distribution(j.worst_gap_error_ms),
+            "ttft_error_ms": ttft_error,
+            "worst_gap_error_ms": gap_error,
+            "worst_gap_beyond_write_ms": beyond,
             "true_ttft_ms": distribution(j.true_ttft_ms),
             "true_worst_gap_ms": distribution(j.true_worst_gap_ms),
             "upload_ms": distribution(j.upload_ms),
             "schedule_lag_ms": distribution(j.schedule_lag_ms),
             "server_write_lateness_ms": distribution(j.write_lateness_ms),
-            "chunk_stamp": stamp,
+            "chunk_stamp": used.most_common(1)[0][0] if used else stamp,
+            "chunk_stamps": dict(used),
+            "capture": capture,
+            "stamp_notes": notes,
             "by_stamp": {
                 mode: {f"{k}_error_ms": distribution(v) for k, v in got.items()} for mode, got in j.by_stamp.items()
             },
@@ -266,14 +324,25 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
                 "load_us_per_chunk": 1e6 * cpu["load_cpu_s"] / total_chunks if total_chunks else None,
             },
             "locust": {"exit_code": run.exit_code, "wall_s": run.wall_s, "cpu_s_total": run.cpu_s_total},
-            "client_coalesced_streams": sum(1 for r in run.records if r.get("client_coalesced")),
+            "client_coalesced_streams": merged,
+            "bounds": [f.to_dict() for f in findings],
             "verdict": verdict,
-            "ok": j.exact and (p99 is None or p99 <= cfg.warn_p99_ms),
+            "ok": ok,
             "work_dir": str(work) if cfg.keep_dir else None,
         }
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def verdict_of(exact: bool, findings: Sequence[Finding]) -> tuple[str, bool]:
+    """The one-line verdict and whether the check passed: an exact join and no bound breached."""
+    if not exact:
+        return "FAIL: the join is not exact, so the error figures cannot be trusted", False
+    bad = breached(findings)
+    if bad:
+        return "FAIL: " + "; ".join(f.text() for f in bad), False
+    return f"OK: all {len(findings)} bounds held", True
 
 
 # ------------------------------------------------------------------------------------------- output
@@ -311,6 +380,7 @@ def render(result: Mapping[str, Any]) -> str:
         ("  the same vs write begin (upper bound)", "chunk_error_begin_ms"),
         ("TTFT error (client - true)", "ttft_error_ms"),
         ("worst-gap error (client - true)", "worst_gap_error_ms"),
+        ("  beyond the server's write calls", "worst_gap_beyond_write_ms"),
         ("schedule lag (sent - intended)", "schedule_lag_ms"),
         ("true TTFT (server 1st write - send)", "true_ttft_ms"),
         ("true worst gap (server writes)", "true_worst_gap_ms"),
@@ -346,9 +416,18 @@ def render(result: Mapping[str, Any]) -> str:
             f"({_fmt(per_chunk) if per_chunk is None else f'{per_chunk:.1f}'} us per chunk, "
             f"{result['chunks_per_s']:.0f} chunks/s); server {100 * cpu['server_cores']:.1f}%"
         )
+    cap = result.get("capture")
+    if cap:
+        lines.append(
+            f"packet capture: {cap['drops']} segment(s) dropped, {cap['missed_streams']} stream(s) it could not "
+            f"account for (kept kernel stamps); stamps used: "
+            + ", ".join(f"{k} {v}" for k, v in (result.get("chunk_stamps") or {}).items())
+        )
+    for note in result.get("stamp_notes") or ():
+        lines.append(f"stamp: {note}")
     merged = result.get("client_coalesced_streams")
     steal = cpu.get("host_steal_share")
-    if merged:
+    if merged_breached(merged):
         lines.append(
             f"CLIENT BEHIND: {merged} stream(s) merged chunks in late reads (client_coalesced): "
             "their gaps describe the load generator"
@@ -365,6 +444,7 @@ def render(result: Mapping[str, Any]) -> str:
     )
     for problem in jn["problems"][:5]:
         lines.append(f"problem: {problem}")
+    lines += [f"bound: {b['text']}" for b in result.get("bounds") or ()]
     lines.append(f"verdict: {result['verdict']}")
     return "\n".join(lines)
 
@@ -387,7 +467,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ttft-ms", type=float, default=d.ttft_ms, help="server's time to first chunk")
     p.add_argument("--processes", type=int, default=d.processes, help="Locust load processes")
     p.add_argument("--seed", type=int, default=d.seed, help="arrival schedule seed (gaps use seed + 1)")
-    p.add_argument("--warn-ms", type=float, default=d.warn_p99_ms, help="warn above this p99 chunk error")
+    p.add_argument("--warn-ms", type=float, default=d.warn_p99_ms, help="bound on the p99 chunk error (ms)")
+    p.add_argument("--max-gap-p99-ms", type=float, default=d.gap_p99_ms, help="bound on the worst-gap error p99")
+    p.add_argument("--max-gap-ms", type=float, default=d.gap_max_ms, help="bound on the largest worst-gap error")
+    p.add_argument("--max-ttft-p99-ms", type=float, default=d.ttft_p99_ms, help="bound on the TTFT error p99")
+    p.add_argument("--max-merged", type=int, default=d.merged_max, help="bound on streams merged by late reads")
+    p.add_argument("--chunk-stamp", choices=STAMP_SOURCES, default=None, help=STAMP_HELP)
     p.add_argument("--keep", default=None, help="keep trace, records, logs and chunk log in this folder")
     p.add_argument("--json", default=None, help="also write every figure to this JSON file")
 
@@ -396,6 +481,8 @@ def config_from_args(args: argparse.Namespace) -> SelfCheckConfig:
     return SelfCheckConfig(
         rate=args.rate, n=args.n, tokens=args.tokens, gap_ms=args.gap_ms, ttft_ms=args.ttft_ms,
         processes=args.processes, seed=args.seed, warn_p99_ms=args.warn_ms, keep_dir=args.keep,
+        gap_p99_ms=args.max_gap_p99_ms, gap_max_ms=args.max_gap_ms, ttft_p99_ms=args.max_ttft_p99_ms,
+        merged_max=args.max_merged, chunk_stamp=args.chunk_stamp,
     )  # fmt: skip
 
 
@@ -420,7 +507,7 @@ def run_from_args(args: argparse.Namespace, prog: str = "tailgate selfcheck") ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit 0 when the join is exact and the p99 chunk error within the bound, 1 otherwise, 2 on bad input."""
+    """Exit 0 when the join is exact and every bound held, 1 when one was breached, 2 on bad input."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     return run_from_args(args)
 
@@ -429,7 +516,7 @@ __all__ = [
     "EXIT_OK", "EXIT_USAGE", "EXIT_WARN", "KS_ALPHA", "SAMPLE_INTERVAL_S", "WARN_P99_MS", "CpuSampler", "Join",
     "KSResult", "LoadRun", "SelfCheckConfig", "distribution", "join_records", "kolmogorov_sf", "ks_exponential",
     "locust_command", "machine_facts", "main", "render", "run_load", "run_selfcheck", "server_write_begins",
-    "server_writes",
+    "server_writes", "verdict_of",
 ]  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tailgate.clientbound import behind_note
 from tailgate.jsonl import Follower as Tail
 from tailgate.records import journal_entry
 from tailgate.resultfiles import RECORDS_GLOB, SENT_GLOB, SERVER_METRICS
@@ -249,7 +250,7 @@ def table_rows(snapshot: dict[str, Any] | None) -> list[dict[str, str]]:
         lag = st.get("lag_p99")
         pre = st.get("preemptions")
         merged = st.get("client_coalesced")
-        behind = "–" if merged is None else (f"{merged} (gaps show the client)" if merged else "0")
+        behind = "–" if merged is None else (behind_note(merged) or f"{merged:g}")
         rows.append({
             "stage": st["label"], "state": st["state"], "counts": f"{st['planned']} / {st['sent']} / {st['recorded']}",
             "unsent": f"{st.get('dropped', 0)} / {'–' if st.get('never_sent') is None else st['never_sent']} / "

@@ -1,0 +1,196 @@
+"""The load process's side of packet-capture stamps: which stamp source a process uses, its capture process,
+and giving a finished stream's chunks their segments' arrival times.
+
+The stream itself is stamped in-process as always (``kernel``); only when its record is built, away from
+the path that stamps chunks, is its connection's list of segments asked for and each chunk given the
+arrival of the segment that completed it. A stream the capture cannot account for (a dropped segment, a
+capture process gone) keeps its in-process stamps and says so in its record (``chunk_stamp``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from tailgate.load.capture import chunk_times
+from tailgate.load.client import StreamTiming, Target
+
+log = logging.getLogger(__name__)
+
+READY_S = 10.0
+"""How long a capture process may take to say it is capturing before the run goes on without it."""
+QUERY_S = 5.0
+
+
+def capture_refusal(target: Target) -> str | None:
+    """Why packet capture cannot stamp this target's streams here, in one line; None when it can."""
+    if target.scheme == "https":
+        return "the stream is TLS: its bytes on the wire are not the response's"
+    if not sys.platform.startswith("linux") or not hasattr(socket, "AF_PACKET"):
+        return "packet sockets are Linux's"
+    try:
+        socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, 0).close()
+    except PermissionError:
+        return "not permitted (no CAP_NET_RAW)"
+    except OSError as e:
+        return f"no packet socket: {e}"
+    return None
+
+
+class CaptureLink:
+    """One capture process for one server port, and the socket it answers queries on."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        ours, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tailgate.load.capture", "--port", str(port), "--fd", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        finally:
+            theirs.close()
+        self._sock = ours
+        self._buf = b""
+        self._lock = threading.Lock()
+        """One query at a time: the record sink and the order's final drain may both ask (under gevent's
+        monkey-patching this lock is cooperative)."""
+        ours.settimeout(READY_S)
+        first = self._line()
+        if not first.get("ready"):
+            self.close()
+            raise OSError(str(first.get("error") or "the capture process did not start"))
+        ours.settimeout(QUERY_S)
+
+    def _line(self) -> dict[str, Any]:
+        while b"\n" not in self._buf:
+            data = self._sock.recv(1 << 20)
+            if not data:
+                raise OSError("the capture process ended")
+            self._buf += data
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def ask(self, query: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self._sock.sendall((json.dumps(query) + "\n").encode())
+            return self._line()
+
+    def close(self) -> None:
+        self._sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class StampSource:
+    """The stamp source of one load process: the one asked for, or the fallback it had to take, with why."""
+
+    def __init__(self) -> None:
+        self.link: CaptureLink | None = None
+        self.capture = False
+        self.note: str | None = None
+        self.missed = 0
+        """Streams the capture could not account for in this order (they kept their in-process stamps)."""
+        self._refused: str | None = None
+        self._seen = (0, 0)
+        """Segments and drops the capture had counted at the end of the last order."""
+
+    def prepare(self, requested: str, target: Target) -> None:
+        """Before an order: start (or keep) the capture process for ``target``'s port when capture is asked
+        for and permitted; else the in-process stamp, with one line saying why."""
+        self.missed = 0
+        if requested != "capture":
+            self.capture = False
+            return
+        if self.link is not None and (self.link.port != target.port or self.link.proc.poll() is not None):
+            self.link.close()
+            self.link = None
+        if self.link is None and self._refused is None:
+            refusal = capture_refusal(target)
+            if refusal is None:
+                try:
+                    self.link = CaptureLink(target.port)
+                except OSError as e:
+                    refusal = f"the capture process failed: {e}"
+            if refusal is not None:
+                self._refused = refusal
+                self.note = f"packet capture {refusal}: chunks stamped with kernel receive stamps instead"
+                log.warning("tailgate: %s", self.note)
+        self.capture = self.link is not None
+
+    def apply(self, timing: StreamTiming, fallback: str) -> None:
+        """Give ``timing``'s chunks their segments' arrival times, or leave the in-process ones (``fallback``)."""
+        timing.stamp = fallback
+        if not self.capture or self.link is None or timing.conn_key is None or not timing.chunk_last_bytes:
+            return
+        try:
+            answer = self.link.ask({"conn": timing.conn_key})
+            times = None
+            if answer.get("isn") is not None and len(timing.chunk_last_bytes) == timing.chunks:
+                times = chunk_times(answer["isn"], answer["segs"], timing.chunk_last_bytes)
+        except Exception as e:  # whatever went wrong, the record is still written, with its own stamps
+            log.warning("tailgate: capture process unusable (%s): kernel receive stamps from now on", e)
+            self.capture = False
+            self.note = f"the capture process was lost mid-run ({type(e).__name__}: {e}): later chunks kernel-stamped"
+            return
+        if times is None:
+            self.missed += 1
+            return
+        apply_times(timing, times)
+
+    def stats(self) -> dict[str, Any] | None:
+        """Segments the capture saw and dropped during this order, and the streams it could not account for."""
+        if not self.capture or self.link is None:
+            return None
+        try:
+            got = self.link.ask({"stats": 1})
+        except (OSError, ValueError):
+            return None
+        packets, drops = int(got.get("packets") or 0), int(got.get("drops") or 0)
+        seen, self._seen = self._seen, (packets, drops)
+        return {"packets": packets - seen[0], "drops": drops - seen[1], "missed_streams": self.missed}
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
+            self.link = None
+
+
+def stamp_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """A stage's stamp source as its load processes used it, and what their captures dropped or missed."""
+    stamps = sorted({str(r["stamp"]) for r in results if r.get("stamp")})
+    caps = [r["capture"] for r in results if r.get("capture")]
+    return {
+        "chunk_stamp": ",".join(stamps) or None,
+        "capture_drops": sum(int(c.get("drops") or 0) for c in caps) if caps else None,
+        "capture_missed_streams": sum(int(c.get("missed_streams") or 0) for c in caps) if caps else None,
+    }
+
+
+def apply_times(timing: StreamTiming, times: list[int]) -> None:
+    """Chunk times from the capture in place of the in-process ones: first, last, worst gap, every chunk.
+
+    No read can merge chunks any more, so the stream is no longer the client's to answer for
+    (``late_coalesced_reads`` still counts the late reads, for the record)."""
+    timing.stamp = "capture"
+    timing.first_chunk_ns, timing.last_chunk_ns = times[0], times[-1]
+    worst, end = 0, None
+    for a, b in itertools.pairwise(times):
+        if b - a > worst:
+            worst, end = b - a, b
+    timing.worst_gap_ns, timing.worst_gap_end_ns = worst, end
+    if timing.chunk_ns is not None:
+        timing.read_chunk_ns = timing.chunk_ns
+        timing.chunk_ns = times
+
+
+__all__ = ["CaptureLink", "StampSource", "apply_times", "capture_refusal", "stamp_summary"]
