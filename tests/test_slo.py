@@ -130,36 +130,59 @@ def test_a_repeated_workload_is_not_new_evidence_but_a_new_sample_is() -> None:
 
 
 def test_verdicts_carry_distribution_free_bounds() -> None:
+    """Fixed-n Clopper-Pearson (``sequential=False``): the order-statistic bounds of one look."""
     limits = slo.parse_slo("ttft_p99<=300ms,errors<=5%")
     rng = np.random.default_rng(1)
     low = rng.uniform(50, 100, 300).tolist()
-    verdict, checks = slo.check_probe([_attempt(low)], limits)
+    verdict, checks = slo.check_probe([_attempt(low)], limits, sequential=False)
     assert verdict == "pass", checks
     ttft = checks[0]
     assert ttft.low <= ttft.point <= ttft.high <= 300 and ttft.n == 300  # at n=300 the upper bound is the max
     assert ttft.high == pytest.approx(max(low), abs=0.05)
     assert checks[-1].key == "sustained" and checks[-1].verdict == "pass"
     high = rng.uniform(400, 500, 300).tolist()
-    verdict, checks = slo.check_probe([_attempt(high)], limits)
+    verdict, checks = slo.check_probe([_attempt(high)], limits, sequential=False)
     assert verdict == "fail" and checks[0].low > 300
     assert slo.binding_limit(checks) == "ttft_p99"
     # the tail straddles the limit: not enough data, never a silent pass
     edge = rng.uniform(50, 100, 295).tolist() + rng.uniform(250, 350, 5).tolist()
     rng.shuffle(edge)
-    verdict, checks = slo.check_probe([_attempt(edge)], limits)
+    verdict, checks = slo.check_probe([_attempt(edge)], limits, sequential=False)
     assert verdict == "not_enough_data" and checks[0].verdict == "not_enough_data" and "straddles" in checks[0].reason
     # too few requests for any 95% bound on a p99, however good they look
-    verdict, checks = slo.check_probe([_attempt(low[:200])], limits)
+    verdict, checks = slo.check_probe([_attempt(low[:200])], limits, sequential=False)
     assert verdict == "not_enough_data" and checks[0].high is None and "299" in checks[0].reason
     # errors: fail on the lower bound; a probe stopped early fails whatever its percentiles
     verdict, checks = slo.check_probe([_attempt(low, errors=60)], limits)
     assert verdict == "fail" and slo.binding_limit(checks) == "errors"
     assert slo.check_probe([_attempt(low, stopped="queue")], limits)[0] == "fail"
     # an error limit finer than n can resolve: 0 errors pass on the point, the bound is still reported
-    verdict, checks = slo.check_probe([_attempt(low, errors=0)], slo.parse_slo("ttft_p99<=300ms,errors<=0.5%"))
+    verdict, checks = slo.check_probe(
+        [_attempt(low, errors=0)], slo.parse_slo("ttft_p99<=300ms,errors<=0.5%"), sequential=False
+    )
     assert verdict == "pass" and checks[1].high > 0.005
     verdict, checks = slo.check_probe([_attempt(low, errors=2)], slo.parse_slo("ttft_p99<=300ms,errors<=0.5%"))
     assert verdict == "not_enough_data" and checks[1].verdict == "not_enough_data"
+
+
+def test_sequential_verdicts_keep_their_confidence_at_every_look() -> None:
+    """Looking after every 100 requests and stopping at the first decided verdict: with the share exactly at
+    the limit, fixed-n Clopper-Pearson passes far more often than its 5%; the confidence sequence does not."""
+    from tailgate.tailbounds import min_n_for_sequence, seq_below, share_upper
+
+    rng = np.random.default_rng(11)
+    runs, looks = 300, range(100, 3001, 100)
+    seq_false = cp_false = 0
+    for _ in range(runs):
+        over = np.cumsum(rng.random(3000) < 0.01)
+        seq_false += any(seq_below(int(over[n - 1]), n, 0.01, 0.05) for n in looks)
+        cp_false += any(share_upper(int(over[n - 1]), n, 0.05) <= 0.01 for n in looks)
+    assert seq_false / runs <= 0.07 < 0.1 <= cp_false / runs, (seq_false, cp_false)
+    # the price: a first pass needs 449 independent requests, none over, instead of 299
+    assert min_n_for_sequence(0.99, 0.95) == 449
+    low = np.random.default_rng(1).uniform(50, 100, 449).tolist()
+    assert slo.check_probe([_attempt(low)], slo.parse_slo("ttft_p99<=300ms"))[0] == "pass"
+    assert slo.check_probe([_attempt(low[:440])], slo.parse_slo("ttft_p99<=300ms"))[0] == "not_enough_data"
 
 
 def test_clustered_exceedances_count_as_less_evidence() -> None:
@@ -170,8 +193,8 @@ def test_clustered_exceedances_count_as_less_evidence() -> None:
     spread, burst = base.copy(), base.copy()
     spread[[560, 760, 960]] = 400
     burst[[760, 761, 762]] = 400
-    c_spread = slo.check_probe([_attempt(spread.tolist())], limits, sustained=False)[1][0]
-    c_burst = slo.check_probe([_attempt(burst.tolist())], limits, sustained=False)[1][0]
+    c_spread = slo.check_probe([_attempt(spread.tolist())], limits, sustained=False, sequential=False)[1][0]
+    c_burst = slo.check_probe([_attempt(burst.tolist())], limits, sustained=False, sequential=False)[1][0]
     assert c_burst.n_effective < c_spread.n_effective == c_spread.n
     assert c_spread.verdict == "pass" and c_burst.verdict != "pass"
 
@@ -233,13 +256,14 @@ def test_search_edges() -> None:
     probe, _ = _fake(13)
     out = slo.search(probe, start=2, max_rate=64, min_rate=1, resolution=slo.Resolution(0.01, False), max_probes=6)
     assert out.status == "probe_limit" and len(out.steps) == 6
-    # not enough data never counts as meeting the SLO, and never closes the bracket either
+    # not enough data never counts as meeting the SLO, and never closes the bracket either: the search probes
+    # above it until a rate fails, then narrows; what stays undecided inside the bracket is listed
     probe, _ = _fake(8.0, uncertain_band=0.1)
     out = slo.search(probe, start=2, max_rate=64, min_rate=1, resolution=slo.Resolution(1, False), max_probes=20)
-    assert out.best == 4 or out.best < 8
+    assert out.best is not None and out.best < 8 < out.first_fail  # type: ignore[operator]
     assert any(s.verdict == "not_enough_data" and s.rate == 8 for s in out.steps)
-    assert out.first_fail is None or out.first_fail > 8
-    assert out.status == "unresolved" and 8 in out.unresolved
+    assert out.status == "probe_limit" and out.undecided == [8] and len(out.steps) == 20
+    assert any(s.phase == "extend" and s.rate == 8 for s in out.steps)  # more data where the capacity is
 
 
 def test_search_narrows_on_both_sides_of_an_undecided_band() -> None:
@@ -249,8 +273,52 @@ def test_search_narrows_on_both_sides_of_an_undecided_band() -> None:
     out = slo.search(probe, start=2, max_rate=64, min_rate=1, resolution=slo.Resolution(0.05, True), max_probes=14)
     assert out.best is not None and out.first_fail is not None
     assert out.best <= 16.5 < out.first_fail and (out.first_fail - out.best) / 16.5 <= 0.15, seen
-    assert 16 in out.unresolved and any(s.phase == "above" for s in out.steps)
-    assert len(set(seen)) == len(seen)  # no rate probed twice
+    assert 16 in out.undecided and any(s.phase == "above" for s in out.steps)
+    repeats = [s for i, s in enumerate(out.steps) if s.rate in {t.rate for t in out.steps[:i]}]
+    assert all(s.phase == "extend" for s in repeats)  # a rate comes back only for more data
+
+
+def test_search_spends_its_probes_after_an_undecided_doubling_step() -> None:
+    """2 passes, 4 is undecided, 4.4 passes: the search goes on until a rate fails and the bracket meets the
+    resolution (it used to stop there with half its probes unused and an open bracket)."""
+    verdicts = {2.0: "pass", 4.0: "not_enough_data"}
+
+    def probe(rate: float, phase: str) -> str:
+        return verdicts.get(rate, "pass" if rate <= 8.07 else "fail")
+
+    out = slo.search(probe, start=2, max_rate=64, min_rate=1, resolution=slo.Resolution(0.1, True), max_probes=8)
+    assert [s.rate for s in out.steps][:4] == [2, 4, 4.4, 8.8]  # closes the open bracket by probing above
+    assert out.first_fail is not None and out.best is not None and out.best <= 8.07 < out.first_fail
+    assert out.status == "bracketed" and (out.first_fail - out.best) <= 0.1 * out.best + 1e-9
+
+
+def test_search_stops_on_the_budget_with_the_bracket_so_far() -> None:
+    calls: list[float] = []
+
+    def probe(rate: float, phase: str) -> str:
+        if len(calls) == 3:
+            raise slo.SearchStopped("no time left")
+        calls.append(rate)
+        return "pass" if rate <= 5 else "fail"
+
+    out = slo.search(probe, start=2, max_rate=64, min_rate=1, resolution=slo.Resolution(0.1, True), max_probes=20)
+    assert (out.best, out.first_fail, out.status) == (4, 8, "time_budget") and out.width == 4
+
+
+def test_pooling_across_rates_decides_what_one_rate_cannot() -> None:
+    """Two rates whose measured shares break the monotone order are one isotonic block: 5 req/s alone (0.3%
+    of 300 effective) cannot pass, but pooled with 6 req/s (no exceedance in 600) it passes, and so
+    does every rate below; a pass never comes from a lower rate's data."""
+
+    def entry(rate: float, over: int, n: int, verdict: str) -> dict[str, Any]:
+        check = {"key": "ttft_p99", "verdict": verdict, "n": n, "n_effective": float(n), "over": over}
+        return {"rate": rate, "verdict": verdict, "checks": [check]}
+
+    probes = [entry(5, 1, 300, "not_enough_data"), entry(6, 0, 600, "pass"), entry(8, 40, 400, "fail")]
+    assert [b.rates for b in slo.isotonic_blocks([(5, 1, 300), (6, 0, 600), (8, 40, 400)])] == [[5, 6], [8]]
+    assert slo.pooled_verdicts(probes, {"ttft_p99": 0.01}, 0.95) == {5: "pass", 6: "pass", 8: "fail"}
+    ordered = [entry(5, 0, 300, "not_enough_data"), entry(6, 1, 600, "not_enough_data")]
+    assert slo.pooled_verdicts(ordered, {"ttft_p99": 0.01}, 0.95) == {5: "not_enough_data", 6: "not_enough_data"}
 
 
 # ---------------------------------------------------------------------------------------- controllers
@@ -318,7 +386,7 @@ def _fake_runner(tmp_path: Path, capacity: float, edge: float, **plan: Any) -> t
     and probes within ``edge`` req/s of it straddle the limit."""
     ctl = _Controller()
     p = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=300ms"), configs=[slo.parse_config("a: max-num-seqs=8")],
-                    start_rate=2, max_rate=64, min_rate=1, resolution=slo.Resolution(1, False), n=300, warmup=0,
+                    start_rate=2, max_rate=64, min_rate=1, resolution=slo.Resolution(1, False), n=500, warmup=0,
                     resamples=300, **plan)  # fmt: skip
     runner = slo.SloRunner(p, ctl, tmp_path, log=lambda _line: None)
     now = [0.0]
@@ -326,7 +394,7 @@ def _fake_runner(tmp_path: Path, capacity: float, edge: float, **plan: Any) -> t
 
     def run_child(config: Any, rate: float, seed: int, out: Path) -> dict[str, Any]:
         out.mkdir(parents=True)
-        now[0] += 300 / rate + slo.PROBE_OVERHEAD_S  # what the probe would have taken
+        now[0] += 500 / rate + slo.PROBE_OVERHEAD_S  # what the probe would have taken
         mark = {"rate": rate, "seed": seed, "stopped_early": None, "waiting_max": 0.0, "seconds": 1.0}
         (out / slo.PROBE_MARK).write_text(json.dumps(mark))
         return mark
@@ -335,9 +403,9 @@ def _fake_runner(tmp_path: Path, capacity: float, edge: float, **plan: Any) -> t
         rate = mark["rate"]
         rng = np.random.default_rng(mark["seed"] + int(rate * 1000))
         if abs(rate - capacity) <= edge:
-            vals = rng.permutation(np.r_[rng.uniform(50, 100, 294), rng.uniform(200, 400, 6)])
+            vals = rng.permutation(np.r_[rng.uniform(50, 100, 490), rng.uniform(200, 400, 10)])
         else:
-            vals = rng.uniform(50, 100 if rate < capacity else 1000, 300)
+            vals = rng.uniform(50, 100 if rate < capacity else 1000, 500)
         data = _attempt(vals.tolist())
         data["summary"] = {}
         return data
@@ -348,35 +416,66 @@ def _fake_runner(tmp_path: Path, capacity: float, edge: float, **plan: Any) -> t
 
 
 def test_runner_records_reruns_and_resumes(tmp_path: Path) -> None:
-    runner, ctl = _fake_runner(tmp_path, capacity=12, edge=0.6, reruns=1)
+    runner, ctl = _fake_runner(tmp_path, capacity=12, edge=0.6, reruns=1, max_probes=10)
     runner.run()
     state = json.loads((tmp_path / slo.SLO_FILE).read_text())
     c = state["configs"][0]
     assert ctl.restarted == [["--max-num-seqs", "8"]] and c["server"]["flags_applied"] is True
     assert [p["rate"] for p in c["probes"]][:4] == [2, 4, 8, 16]
-    assert c["result"]["best_rate"] < 12 <= c["result"]["first_fail_rate"]
-    assert c["result"]["binding"] == "ttft_p99"
+    r = c["result"]
+    assert r["best_rate"] < 12 <= r["first_fail_rate"] and r["binding"] == "ttft_p99"
+    assert r["width"] == pytest.approx(r["first_fail_rate"] - r["best_rate"], abs=1e-6)
     undecided = [p for p in c["probes"] if p["verdict"] == "not_enough_data"]
-    # re-run once (the same workload), then extended once (a new sample), the attempts pooled
-    assert undecided and all([a["seed"] for a in p["attempts"]] == [7, 7, 1007] for p in undecided)
-    assert all(a["seed"] == 7 for p in c["probes"] for a in p["attempts"][:2])  # a re-run repeats the workload
-    assert state["plan"]["look_confidence"] == pytest.approx(1 - 0.05 / 3, abs=1e-5)
-    assert all(0.8 * 300 * len(p["attempts"]) <= p["checks"][0]["n"] <= 300 * len(p["attempts"]) for p in c["probes"])
+    # a first call re-runs once (the same workload), then extends once (a new sample), the attempts pooled;
+    # a later call at the same rate goes on with new samples, pooled with the earlier ones
+    first_calls = [p for p in undecided if p["phase"] != "extend"]
+    assert first_calls and all([a["seed"] for a in p["attempts"]] == [7, 7, 1007] for p in first_calls)
+    for p in undecided:
+        assert p["undecided_reason"] and "ttft_p99" in p["undecided_reason"]
+        assert p["pooled_attempts"] >= len(p["attempts"])
+    assert all(u["n_effective"] is not None and u["reason"] for u in r["undecided"])
+    assert state["plan"]["look_confidence"] == 0.95  # anytime-valid: no share of the error per look
+    assert all(0.8 * 500 * p["pooled_attempts"] <= p["checks"][0]["n"] <= 500 * p["pooled_attempts"]
+               for p in c["probes"])  # fmt: skip
     # a second run finds every attempt on disk and never restarts the server
-    again, ctl2 = _fake_runner(tmp_path, capacity=12, edge=0.6, reruns=1)
+    again, ctl2 = _fake_runner(tmp_path, capacity=12, edge=0.6, reruns=1, max_probes=10)
     again.run()
     assert ctl2.restarted == []
-    assert json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"][0]["result"] == c["result"]
+    assert json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"][0]["result"] == r
 
 
 def test_runner_time_budget_keeps_the_bracket(tmp_path: Path) -> None:
-    # 2, 4, 8 req/s take 150 + 75 + 37.5 s of arrivals plus overheads; 16 req/s would not fit in 330 s
-    runner, _ = _fake_runner(tmp_path, capacity=12, edge=0.0, time_budget=330, reruns=0, extend=0)
+    # 2, 4, 8 req/s take 250 + 125 + 62.5 s of arrivals plus overheads; 16 req/s would not fit in 520 s
+    runner, _ = _fake_runner(tmp_path, capacity=12, edge=0.0, time_budget=520, reruns=0, extend=0)
     runner.run()
     c = json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"][0]
     assert [p["rate"] for p in c["probes"]] == [2, 4, 8]
     r = c["result"]
     assert r["status"] == "time_budget" and r["best_rate"] == 8 and r["first_fail_rate"] is None
+
+
+def test_resume_refuses_a_changed_plan_after_an_interrupted_first_probe(tmp_path: Path) -> None:
+    """The plan is in slo.json before the first probe starts, and an attempt folder on disk is measured data:
+    a changed SLO is refused even though no probe reached the file's list."""
+    from tailgate.slo.command import resume_refusal
+
+    plan = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=300ms"), configs=[slo.parse_config("a")], n=500)
+    runner = slo.SloRunner(plan, _Controller(), tmp_path, log=lambda _line: None)
+
+    def interrupted(config: Any) -> dict[str, Any]:  # the first attempt ended, then the command was stopped
+        out = tmp_path / slo.probe_dir_name("a", plan.start_rate, 1)
+        out.mkdir()
+        (out / slo.PROBE_MARK).write_text("{}")
+        raise KeyboardInterrupt
+
+    runner.run_config = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    assert not json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"]
+    changed = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=500ms"), configs=[slo.parse_config("a")], n=800)
+    why = resume_refusal(tmp_path, changed)
+    assert why is not None and "slo" in why and "n" in why
+    assert resume_refusal(tmp_path, plan) is None
 
 
 # ------------------------------------------------------------------------------------------ bad input

@@ -10,13 +10,14 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tailgate.lifecycle import ArgumentParser, SignalGuard, Stopped
 from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate
 from tailgate.runner import signal_guard
+from tailgate.slo.answer import print_table
 from tailgate.slo.probe import SloPlan, SloRunError, SloRunner
 from tailgate.slo.search import Resolution
 from tailgate.slo.spec import (
@@ -25,6 +26,7 @@ from tailgate.slo.spec import (
     EXIT_OK,
     EXIT_USAGE,
     KNOBS,
+    PROBE_MARK,
     SLO_FILE,
     Limit,
     Log,
@@ -33,8 +35,7 @@ from tailgate.slo.spec import (
     parse_slo,
     slo_text,
 )
-from tailgate.slo.verdict import _fmt
-from tailgate.tailbounds import min_n_for_bound
+from tailgate.tailbounds import min_n_for_sequence
 
 #: Eager mode on the CPU server: it starts in ~40 s instead of minutes of torch.compile on 2 cores.
 EMBEDDED_BASE_FLAGS = ("--enforce-eager",)
@@ -242,7 +243,10 @@ def resume_refusal(root: Path, plan: SloPlan) -> str | None:
         old = json.loads((root / SLO_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not any(c.get("probes") for c in old.get("configs", [])):
+    # The plan is saved before the first probe starts, and a probe reaches the file only when its attempts
+    # end: an attempt folder on disk is measured data whatever the file's probe list says.
+    measured = any(c.get("probes") for c in old.get("configs", [])) or any(root.glob(f"*_slo_r*_a*/{PROBE_MARK}"))
+    if not measured:
         return None
     before, now = old.get("plan") or {}, plan.describe()
     changed = [k for k in RESUME_KEYS if k in before and before.get(k) != now.get(k)]
@@ -254,19 +258,6 @@ def resume_refusal(root: Path, plan: SloPlan) -> str | None:
         return (f"{root} holds probes of another plan ({', '.join(changed)} changed); use a new --results folder "
                 "or the same options")  # fmt: skip
     return None
-
-
-def print_table(state: Mapping[str, Any], log: Log) -> None:
-    """The answer in the terminal: configuration -> highest rate meeting the SLO, its p99s, the binding limit."""
-    log(f"[slo] SLO {state.get('plan', {}).get('slo')}: highest Poisson rate meeting it, per configuration")
-    for c in state.get("configs", []):
-        r = c.get("result") or {}
-        best = r.get("best_rate")
-        at = r.get("at_best") or {}
-        p99 = " ".join(f"{k} {_fmt(k, v.get('point'))}" for k, v in at.items())
-        status = r.get("status")
-        where = "none" if best is None else (f">= {best:g}" if status == "max_rate" else f"{best:g}")
-        log(f"[slo]   {c['name']:<28} {where:>8} req/s  {p99}  binding: {r.get('binding') or '-'}  ({status})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -366,13 +357,12 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
             f"{plan.max_rate:g}, bisecting to {plan.resolution}; n={plan.n} (+{plan.warmup} warm-up) "
             "per probe")  # fmt: skip
         pct = [lim for lim in plan.limits if lim.p is not None]
-        need = max((min_n_for_bound(lim.p / 100.0, plan.look_confidence) for lim in pct), default=0)
+        need = max((min_n_for_sequence(lim.p / 100.0, plan.look_confidence) for lim in pct), default=0)
         if plan.probe_n(plan.start_rate) < need:
             log(f"[slo] note: {plan.probe_n(plan.start_rate)} measured requests per probe at {plan.start_rate:g} "
-                f"req/s is below the {need} a {plan.look_confidence:.1%} bound (each of a probe's {plan.looks} "
-                f"looks) on "
+                f"req/s is below the {need} an anytime-valid {plan.look_confidence:.0%} bound on "
                 f"{max(pct, key=lambda lim: lim.p or 0).key} needs: such probes can only fail or have not enough "
-                "data; raise --n or --duration for a pass")  # fmt: skip
+                "data until extended; raise --n or --duration for a pass at the first look")  # fmt: skip
         runner.run()
         print_table(runner.state, log)
         if not args.no_report:

@@ -23,9 +23,11 @@ from tailgate.load.plan import rate_label
 from tailgate.records import read_records
 from tailgate.resultfiles import RECORDS_GLOB, SERVER_METRICS, SUMMARY_GLOB
 from tailgate.runner import ChildRunner, LocustRun, prepare_results, prepare_server
-from tailgate.slo.search import Resolution, _outcome_so_far, search
+from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
+from tailgate.slo.pooled import pooled_verdicts
+from tailgate.slo.search import Resolution, SearchStopped, search
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Limit, Log, ServerConfig, slo_text
-from tailgate.slo.verdict import _fmt, binding_limit, check_probe, p99s
+from tailgate.slo.verdict import binding_limit, check_probe, p99s
 from tailgate.stats import measured_records
 
 
@@ -75,21 +77,28 @@ class SloPlan:
             "time_budget": self.time_budget, "locust_args": self.locust_args,
             "base_flags": self.base_flags,
             "measured_from": "intended send (TTFT, total); worst gap inside the stream",
-            "verdicts": "one-sided Clopper-Pearson on the share over each limit, design effect of time blocks "
-                        "and runs; sustained load by completions inside the arrival window and Mann-Kendall "
+            "verdicts": "anytime-valid mixture-martingale confidence sequences on the share over each limit, "
+                        "design effect of time blocks and runs, pooled across rates by isotonic blocks; "
+                        "sustained load by completions inside the arrival window and Mann-Kendall "
                         "trend tests on TTFT and the waiting queue",
         }  # fmt: skip
 
     @property
     def looks(self) -> int:
-        """The most verdicts one probe can take on its growing data (first run, re-runs, extensions)."""
+        """Attempts one call of a probe takes on its growing data at most (first run, re-runs, extensions);
+        the search may come back to an undecided rate for more."""
         return 1 + self.reruns + self.extend
 
     @property
     def look_confidence(self) -> float:
-        """The confidence of each look: the probe stops at the first decided one, so its error is spent
-        across the looks (Bonferroni) and the verdict it ends on holds at ``confidence``."""
-        return 1.0 - (1.0 - self.confidence) / self.looks
+        """The confidence of each look: the verdicts are anytime-valid confidence sequences, so looking after
+        every attempt (and pooling a later probe of the same rate) costs no share of the confidence."""
+        return self.confidence
+
+    @property
+    def tails(self) -> dict[str, float]:
+        """The share allowed over each percentile limit, by key: what pooling across rates tests."""
+        return {lim.key: 1.0 - lim.p / 100.0 for lim in self.limits if lim.p is not None}
 
     def attempt_seed(self, attempt: int) -> int:
         """The trace seed of an attempt (1-based): re-runs repeat the plan's seed, extensions draw new ones."""
@@ -202,6 +211,8 @@ class SloRunner:
         self.clock: Callable[[], float] = time.monotonic
         """What the time budget is counted on (a test may substitute its own)."""
         self._config_t0 = self.clock()
+        self._by_rate: dict[float, list[dict[str, Any]]] = {}
+        """Attempt data of every rate probed in the configuration under search: a later probe pools them."""
 
     # -- state file ------------------------------------------------------------------------------
     def _save(self) -> None:
@@ -308,12 +319,16 @@ class SloRunner:
         }
 
     def probe(self, config: ServerConfig, rate: float, phase: str, index: int) -> str:
-        """One rate: run (or reuse) attempts until the verdict is certain or the re-runs are spent."""
+        """One rate: run (or reuse) attempts until the verdict is decided or this call's attempts are spent.
+
+        A rate probed again (``extend``) pools its earlier attempts: the verdicts are anytime-valid, so the
+        growing data may be looked at after every attempt at the stated confidence."""
         p = self.plan
-        attempts: list[dict[str, Any]] = []
+        attempts = self._by_rate.setdefault(rate, [])
         entry: dict[str, Any] = {"index": index, "rate": rate, "phase": phase, "attempts": []}
         verdict, checks = "not_enough_data", []
-        for attempt in range(1, p.looks + 1):
+        first = len(attempts) + 1
+        for attempt in range(first, first + p.looks):
             out = self.root / probe_dir_name(config.name, rate, attempt)
             seed = p.attempt_seed(attempt)  # a re-run repeats the workload; an extension draws a new sample
             mark_path = out / PROBE_MARK
@@ -324,12 +339,13 @@ class SloRunner:
                 est = (p.probe_n(rate) + p.warmup) / rate
                 spent = self.clock() - self._config_t0
                 if p.time_budget and spent + est + PROBE_OVERHEAD_S > p.time_budget:
-                    if attempts:  # a re-run that does not fit: the probe stays undecided, and is recorded
-                        self.log(f"[slo]   no time left in the budget for the re-run: {rate:g} req/s stays undecided")
-                        break
                     need = est + PROBE_OVERHEAD_S
-                    raise _BudgetSpent(f"{spent:.0f} s spent; a {rate:g} req/s probe needs ~{need:.0f} s more "
-                                       f"than the {p.time_budget:g} s budget allows")  # fmt: skip
+                    why = (f"{spent:.0f} s spent; a {rate:g} req/s attempt needs ~{need:.0f} s more than the "
+                           f"{p.time_budget:g} s budget allows")  # fmt: skip
+                    if attempt > first:  # an extension that does not fit: the probe stays undecided, recorded
+                        self.log(f"[slo]   no time left in the budget for more: {rate:g} req/s stays undecided")
+                        break
+                    raise SearchStopped(why)
                 self._ensure_server(config)
                 self.log(f"[slo] {config.name}: probe {index} ({phase}) {rate:g} req/s attempt {attempt} "
                          f"(~{est:.0f} s of arrivals)")  # fmt: skip
@@ -340,39 +356,32 @@ class SloRunner:
             data["workload"] = p.seed if "--trace-file" in p.locust_args else seed
             attempts.append(data)
             verdict, checks = check_probe(attempts, p.limits, level=p.look_confidence, rate=rate)
-            s = data["summary"]
-            waits = data.get("waiting_series") or []
-            entry["attempts"].append({
-                "dir": out.name, "seed": seed, "seconds": mark.get("seconds"),
-                "stopped_early": mark.get("stopped_early"), "waiting_max": mark.get("waiting_max"),
-                "sent": data["sent"], "cancelled": data.get("cancelled", 0), "errors": data["errors"],
-                "n_measured": len(data["measured"]), "achieved_rate": s.get("achieved_rate"),
-                "ttft_p99_from_send": s.get("ttft_p99"), "preemptions_delta": s.get("preemptions_delta"),
-                "schedule_lag_p99": s.get("schedule_lag_p99"),
-                "waiting_samples": len(waits),
-                "waiting_share": round(sum(1 for w in waits if w > 0) / len(waits), 3) if waits else None,
-                "client_coalesced": sum(1 for r in data["measured"] if r.get("client_coalesced")),
-            })  # fmt: skip
-            shown = ", ".join(
-                f"{c.key} {_fmt(c.key, c.point)} [{_fmt(c.key, c.low)}, {_fmt(c.key, c.high)}] {c.verdict}"
-                for c in checks
-            )
-            self.log(f"[slo]   -> {verdict.upper()}: {shown}")
+            entry["attempts"].append(attempt_row(out.name, seed, mark, data))
+            self.log(f"[slo]   -> {verdict_line(verdict, checks)}")
             if verdict != "not_enough_data":
                 break
             if attempt <= p.reruns:
                 self.log("[slo]   not enough data for a verdict: re-running the same workload, the runs pooled "
                          "(a block of every run of it counts as one cluster)")  # fmt: skip
-            elif attempt < p.looks:
+            elif attempt < first + p.looks - 1:
                 self.log(f"[slo]   not enough data for a verdict: extending with a new sample of the workload "
                          f"(seed {p.attempt_seed(attempt + 1)}), pooled as blocks of their own")  # fmt: skip
         pooled = [r for a in attempts for r in a["measured"]]
-        entry.update({"verdict": verdict, "checks": [asdict(c) for c in checks],
-                      "binding": binding_limit(checks), "p99": p99s(pooled)})  # fmt: skip
+        entry.update({"verdict": verdict, "checks": [asdict(c) for c in checks], "pooled_attempts": len(attempts),
+                      "binding": binding_limit(checks), "p99": p99s(pooled),
+                      "undecided_reason": undecided_reason(verdict, checks)})  # fmt: skip
+        if not entry["attempts"]:
+            return verdict
         cs = next(c for c in self.state["configs"] if c["name"] == config.name)
         cs["probes"].append(entry)
         self._save()
         return verdict
+
+    def _pooled(self, config: ServerConfig) -> dict[float, str]:
+        """Every rate's verdict with the evidence pooled across rates (the latest entry of each rate)."""
+        cs = self._config_state(config)
+        latest = {float(pr["rate"]): pr for pr in cs["probes"]}
+        return pooled_verdicts(list(latest.values()), self.plan.tails, self.plan.look_confidence)
 
     def run_config(self, config: ServerConfig) -> dict[str, Any]:
         p = self.plan
@@ -381,30 +390,18 @@ class SloRunner:
         self._save()
         counter = itertools.count(1)
         self._config_t0 = self.clock()
-        try:
-            outcome = search(
-                lambda rate, phase: self.probe(config, rate, phase, next(counter)),
-                start=p.start_rate, max_rate=p.max_rate, min_rate=p.min_rate,
-                resolution=p.resolution, max_probes=p.max_probes,
-            )  # fmt: skip
-        except _BudgetSpent as e:
-            self.log(f"[slo] {config.name}: time budget spent ({e}); the bracket so far is the answer")
-            outcome = _outcome_so_far(cs["probes"])
-        best_probe = next((pr for pr in reversed(cs["probes"]) if pr["rate"] == outcome.best), None)
-        fail_probe = next((pr for pr in reversed(cs["probes"]) if pr["rate"] == outcome.first_fail), None)
-        cs["result"] = {
-            "best_rate": outcome.best, "first_fail_rate": outcome.first_fail, "status": outcome.status,
-            "binding": fail_probe["binding"] if fail_probe else None,
-            "at_best": {c["key"]: c for c in best_probe["checks"]} if best_probe else None,
-            "not_enough_data_rates": [pr["rate"] for pr in cs["probes"] if pr["verdict"] == "not_enough_data"],
-            "probes": len(cs["probes"]),
-            "attempts": sum(len(pr["attempts"]) for pr in cs["probes"]),
-        }  # fmt: skip
+        self._by_rate = {}
+        outcome = search(
+            lambda rate, phase: self.probe(config, rate, phase, next(counter)),
+            start=p.start_rate, max_rate=p.max_rate, min_rate=p.min_rate,
+            resolution=p.resolution, max_probes=p.max_probes, pooled=lambda: self._pooled(config),
+        )  # fmt: skip
+        if outcome.status == "time_budget":
+            self.log(f"[slo] {config.name}: time budget spent; the bracket so far is the answer")
+        cs["result"] = result_of(outcome, cs["probes"], p)
         cs["status"] = "done"
         self._save()
-        best = "none" if outcome.best is None else f"{outcome.best:g} req/s"
-        self.log(f"[slo] {config.name}: highest rate meeting the SLO {best} ({outcome.status}; "
-                 f"binding limit above it: {cs['result']['binding'] or 'none'})")  # fmt: skip
+        self.log(f"[slo] {config.name}: {answer_line(cs['result'])}")
         return cs
 
     def run(self) -> list[dict[str, Any]]:
@@ -442,10 +439,6 @@ class SloRunner:
 
 class SloRunError(RuntimeError):
     pass
-
-
-class _BudgetSpent(Exception):
-    """The next probe would overrun the configuration's time budget."""
 
 
 PROBE_OVERHEAD_S = 15.0

@@ -45,6 +45,8 @@ class Check:
     """n divided by the design effect of time blocks and runs (correlated requests count less)."""
     excluded: int = 0
     """Requests left out of this check (client-coalesced streams for gap limits)."""
+    over: int | None = None
+    """Requests over the limit: with ``n`` and ``n_effective``, what pooling across rates adds up."""
 
 
 @dataclass
@@ -167,6 +169,7 @@ def check_probe(
     sustained: bool = True,
     resamples: int = 0,
     seed: int = 0,
+    sequential: bool = True,
 ) -> tuple[str, list[Check]]:
     """Pool the attempts of one probe and check every limit; the probe's verdict and the checks.
 
@@ -177,7 +180,9 @@ def check_probe(
     so does a block that every re-run of the same workload repeats. A probe stopped
     early (queue without bound, error budget spent) fails whatever its percentiles say. With ``sustained``
     the steady-state check is a ``sustained`` row of the checks. ``resamples``/``seed`` are accepted for
-    older callers; the bounds are exact and draw nothing.
+    older callers; the bounds are exact and draw nothing. ``sequential`` (the search's way): percentile
+    limits are decided by anytime-valid confidence sequences, so a probe extended until its data decide
+    holds at ``level`` whatever the number of looks; False: fixed-n Clopper-Pearson.
     """
     del resamples, seed
     checks: list[Check] = []
@@ -214,10 +219,11 @@ def check_probe(
             values.append(float(v))
             groups.append((workloads[i], _block(r, spans[i])))
         assert lim.p is not None
-        c = check_tail(values, lim.p / 100.0, lim.limit, confidence=level, groups=groups, key=lim.key)
+        c = check_tail(values, lim.p / 100.0, lim.limit, confidence=level, groups=groups, key=lim.key,
+                       sequential=sequential)  # fmt: skip
         rnd = lambda x: None if x is None else round(x, 1)  # noqa: E731
         checks.append(Check(lim.key, lim.limit, rnd(c.point), rnd(c.low), rnd(c.high), c.n, c.verdict, c.reason,
-                            c.n_effective, excluded))  # fmt: skip
+                            c.n_effective, excluded, c.over))  # fmt: skip
     stopped = next((str(a["stopped_early"]) for a in attempts if a.get("stopped_early")), None)
     if stopped:
         checks.append(Check("sustained", KEEP_UP, None, None, None, sum(len(a["measured"]) for a in attempts),
@@ -274,11 +280,3 @@ def binding_limit(checks: Sequence[Check] | Sequence[Mapping[str, Any]]) -> str 
 
             return str(max(cands, key=over)["key"])
     return None
-
-
-def _fmt(key: str, v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    if key == "sustained":
-        return f"{v:.0%} kept up"
-    return f"{v * 100:.2f}%" if key == "errors" else f"{v:.1f}"
