@@ -679,3 +679,67 @@ def test_mechanism_at_the_limit() -> None:
     assert m["mechanism"] != "preemption" and "7 / 0" in m["text"]
     none = mechanism({"probes": [], "result": {"best_rate": 5, "first_fail_rate": None}}, pd.DataFrame())
     assert none["mechanism"] == "none"
+
+
+def test_mechanism_needs_evidence_that_differs_from_the_passing_rate() -> None:
+    """The preemption counter rose as much at the passing rate as at the failing one: it explains neither.
+    The queue, non-empty half the time where the SLO broke and rarely where it held, names admission."""
+    from tailgate.postprocess.slo import mechanism
+
+    def probe(rate: float, verdict: str, preempt: int, share: float, ttft: float) -> dict[str, Any]:
+        attempt = {"dir": "none", "waiting_max": 9, "preemptions_delta": preempt, "n_measured": 1000,
+                   "waiting_share": share, "schedule_lag_p99": 1.0}  # fmt: skip
+        return {"rate": rate, "verdict": verdict, "binding": None if verdict == "pass" else "ttft_p99",
+                "p99": {"ttft": ttft, "gap": 20.0}, "attempts": [attempt]}  # fmt: skip
+
+    cfg = {"probes": [probe(2, "pass", 1, 0.01, 60), probe(6, "pass", 30, 0.05, 120), probe(8, "fail", 30, 0.48, 1100)],
+           "result": {"best_rate": 6, "first_fail_rate": 8}}  # fmt: skip
+    m = mechanism(cfg, pd.DataFrame())
+    assert m["mechanism"] == "admission queueing", m
+    assert "at the passing 6 req/s" in m["text"] and "30.0 here" in m["text"]
+    cfg["probes"][2]["attempts"][0].update(preemptions_delta=400, waiting_share=0.05)
+    assert mechanism(cfg, pd.DataFrame())["mechanism"] == "preemption"
+
+
+def test_terminal_and_report_show_both_ends_width_and_why_undecided(tmp_path: Path) -> None:
+    from tailgate.postprocess.slo import slo_section
+    from tailgate.slo.answer import answer_line, check_text, result_of
+
+    def check(key: str, verdict: str, point: float, n_eff: float | None = 139.0) -> dict[str, Any]:
+        return {"key": key, "limit": 500.0 if key != "sustained" else 0.9, "point": point,
+                "low": None if key == "sustained" else point * 0.8, "high": None, "n": 1875,
+                "verdict": verdict, "reason": "effective n 139 (n 1875, design effect 13.5) is below the 449 needed",
+                "n_effective": None if key == "sustained" else n_eff, "excluded": 0, "over": 12}  # fmt: skip
+
+    def probe(i: int, rate: float, verdict: str) -> dict[str, Any]:
+        checks = [check("ttft_p99", verdict, 370.3), check("sustained", "pass", 0.995)]
+        return {"index": i, "rate": rate, "phase": "double", "verdict": verdict, "checks": checks,
+                "binding": None if verdict == "pass" else "ttft_p99",
+                "undecided_reason": "ttft_p99: effective n 139" if verdict == "not_enough_data" else None,
+                "p99": {"ttft": 370.3, "gap": 3.0, "total": 900.0},
+                "attempts": [{"dir": f"d{i}", "seconds": 120.0, "n_measured": 1875, "errors": 0,
+                              "stopped_early": None}]}  # fmt: skip
+
+    probes = [probe(1, 4, "pass"), probe(2, 6, "not_enough_data"), probe(3, 8, "fail")]
+    outcome = slo.SearchOutcome(4, 8, "time_budget", [], {4: "pass", 6: "not_enough_data", 8: "fail"})
+    plan = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=500ms"), configs=[], resolution=slo.Resolution(0.1, True))
+    result = result_of(outcome, probes, plan)
+    line = answer_line(result)
+    assert "[4, 8] req/s (4 req/s wide, 100% of the lower end)" in line and "unresolved" not in line
+    assert "not enough data at 6 req/s (effective n 139 of 1875)" in line
+    sustained = check_text(probes[0]["checks"][1])
+    assert "None" not in sustained and "at least 90%" in sustained and sustained.endswith("pass")
+    logged: list[str] = []
+    slo.print_table({"plan": {"slo": "ttft_p99<=500ms"}, "configs": [{"name": "a", "result": result}]}, logged.append)
+    assert "[4, 8] req/s" in logged[1] and "ttft p99 370.3 ms" in logged[1]  # the table's own figure
+    state = {"plan": {"slo": "ttft_p99<=500ms", "limits": [{"key": "ttft_p99", "metric": "ttft", "p": 99,
+                                                              "limit": 500.0}], "start_rate": 2, "max_rate": 64,
+                      "resolution": "10%", "n": 400, "warmup": 25, "confidence": 0.95},
+             "configs": [{"name": "a", "flags": [], "server": {}, "probes": probes, "result": result}]}  # fmt: skip
+    (tmp_path / "slo.json").write_text(json.dumps(state))
+    section = slo_section(tmp_path, pd.DataFrame(), tmp_path / "report")
+    assert section is not None
+    html = str(section.html)
+    assert "None" not in html and "unresolved" not in html and "bootstrap" not in html
+    assert "lowest failing rate above it" in html and "4 req/s (100%)" in html and "370.3" in html
+    assert "effective n 139.0 of 1875" in html and "effective n 139 of 1875" in html
