@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tailgate import slo
 from tailgate.load.workload import make_trace
+from tailgate.slo.model import RateModel, binding_model
 from tailgate.verify.groundtruth import start_server_process
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate, true_capacity
 
@@ -126,11 +127,19 @@ class Search:
             return {r: p["verdict"] for r, p in self.latest.items()}
         return slo.pooled_verdicts(list(self.latest.values()), self.tails, self.args.confidence)
 
+    def rate_model(self) -> RateModel | None:
+        limits = {lim.key: lim.limit for lim in self.limits if lim.key in self.tails}
+        return binding_model(list(self.latest.values()), limits)
+
+    def guess(self) -> float | None:
+        m = None if self.args.no_model else self.rate_model()
+        return None if m is None else m.capacity
+
     def run(self) -> slo.SearchOutcome:
         a = self.args
         return slo.search(self.probe, start=a.start, max_rate=a.max_rate, min_rate=a.start / 8,
                           resolution=slo.Resolution.parse(a.resolution), max_probes=a.max_probes,
-                          pooled=self.pooled)  # fmt: skip
+                          pooled=self.pooled, guess=self.guess)  # fmt: skip
 
 
 def holds(out: slo.SearchOutcome, capacity: float) -> bool:
@@ -165,12 +174,14 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
           f"({args.truth_requests} simulated requests per rate; {time.monotonic() - t0:.0f} s)",
           flush=True)  # fmt: skip
     rng = random.Random(args.first_seed)
-    covered, widths, minutes, statuses = 0, [], [], {}
+    covered, widths, minutes, statuses, model_err = 0, [], [], {}, []
     for i in range(args.seeds):
         seed = rng.randrange(1, 2**31)
         search = Search(model, limits, seed, args)
         out = search.run()
         ok = holds(out, capacity)
+        m = search.rate_model()
+        model_err.append(math.inf if m is None or m.capacity is None else m.capacity / capacity - 1)
         covered += ok
         widths.append(width_of(out, capacity))
         minutes.append(search.seconds / 60)
@@ -186,6 +197,8 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "coverage": covered / n, "width_median": pct(widths, 0.5), "width_p90": pct(widths, 0.9),
         "width_met": sum(1 for w in widths if w <= WIDTH_TARGET) / n,
         "minutes_median": pct(minutes, 0.5), "minutes_max": max(minutes, default=math.nan), "statuses": statuses,
+        "model_error_median": pct(model_err, 0.5),
+        "model_within": sum(1 for e in model_err if abs(e) <= WIDTH_TARGET / 2) / n,
     }  # fmt: skip
     print(f"[{name}] {args.seeds} searches: coverage {row['coverage']:.0%} (target >= {args.confidence:.0%}); width / "
           f"capacity median {row['width_median']:.1%}, 90th pct {row['width_p90']:.1%}, within {WIDTH_TARGET:.0%} in "
@@ -249,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--step-ms-per-seq", type=float, default=0.1)
     p.add_argument("--prefill-ms-per-token", type=float, default=0.01)
     p.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals per attempt")
-    p.add_argument("--min-n", type=int, default=300, help="measured requests per attempt at least")
+    p.add_argument("--min-n", type=int, default=500, help="measured requests per attempt at least")
     p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--start", type=float, default=2.0)
@@ -257,9 +270,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--resolution", default="10%")
     p.add_argument("--max-probes", type=int, default=30)
     p.add_argument("--time-budget", type=float, default=1200.0, help="seconds of probing per search (0: none)")
-    p.add_argument("--extend", type=int, default=1, help="extensions of an undecided probe per call (tailgate slo)")
+    p.add_argument("--extend", type=int, default=0, help="extensions of an undecided probe per call (tailgate slo)")
     p.add_argument("--fixed", action="store_true", help="fixed-n Clopper-Pearson verdicts instead of sequences")
     p.add_argument("--no-pool", action="store_true", help="no pooling across rates")
+    p.add_argument("--no-model", action="store_true", help="no model of p99 against rate to place probes")
     p.add_argument("--truth-requests", type=int, default=40000)
     p.add_argument("--truth", type=float, default=0.0, help="the true capacity, when computed before (one shape)")
     p.add_argument("--verbose", action="store_true", help="one line per search")
@@ -284,13 +298,13 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"(+{args.warmup} warm-up); resolution {args.resolution}; {args.extend} extension(s) per call; time budget "
           f"{args.time_budget:g} s; verdicts {'fixed-n' if args.fixed else 'anytime-valid'}, "
           f"{'no ' if args.no_pool else ''}pooling")  # fmt: skip
-    print("| shape | SLO | true capacity | coverage | width median | width 90th | within 15% | minutes median | max |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| shape | SLO | true capacity | coverage | width median | width 90th | within 15% | minutes median | max "
+          "| model error median | model within ±7.5% |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(
-            f"| {r['shape']} | {r['slo']} | {r['capacity']:g} | {r['coverage']:.0%} | {r['width_median']:.1%} | "
-            f"{r['width_p90']:.1%} | {r['width_met']:.0%} | {r['minutes_median']:.1f} | {r['minutes_max']:.1f} |"
-        )
+        print(f"| {r['shape']} | {r['slo']} | {r['capacity']:g} | {r['coverage']:.0%} | {r['width_median']:.1%} | "
+              f"{r['width_p90']:.1%} | {r['width_met']:.0%} | {r['minutes_median']:.1f} | {r['minutes_max']:.1f} | "
+              f"{r['model_error_median']:+.1%} | {r['model_within']:.0%} |")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str) + "\n")
     if args.e2e:

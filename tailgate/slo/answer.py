@@ -141,6 +141,11 @@ def answer_line(result: Mapping[str, Any]) -> str:
     text = f"capacity {bracket_text(result)}; {words} ({result.get('resolution')} asked)"
     if result.get("binding"):
         text += f"; binding limit at the upper end: {result['binding']}"
+    model = result.get("model")
+    if model and model.get("capacity") is not None:
+        text += (f"\n[slo]     model estimate (not a measurement): capacity ~{model['capacity']:.3g} req/s, saturation "
+                 f"~{model['mu']:.3g} req/s; its p99 lies inside {model['consistent']} of {model['checked']} measured "
+                 "probes' intervals")  # fmt: skip
     for u in result.get("undecided") or []:
         neff = u.get("n_effective")
         eff = f"effective n {neff:g} of {u.get('n')}" if isinstance(neff, (int, float)) else "no effective n"

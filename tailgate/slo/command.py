@@ -43,7 +43,7 @@ EMBEDDED = {"start_rate": 1.0, "max_rate": 8.0, "n": 20, "warmup": 3, "max_waiti
 GPU = {
     "start_rate": 5.0,
     "max_rate": 64.0,
-    "n": 400,
+    "n": 500,
     "warmup": DEFAULTS["warmup"],
     "max_waiting": -1,
     "duration": 120.0,
@@ -106,10 +106,10 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reruns", type=int, default=0,
                    help="re-runs of the same workload for a probe without a verdict (clustered with the first run: "
                         "they add evidence only as far as the server behaved differently)")  # fmt: skip
-    p.add_argument("--extend", type=int, default=1,
-                   help="then further attempts on new samples of the workload (seed + 1000 each) while the probe "
-                        "stays undecided; each look's confidence is shared out so the verdict holds at "
-                        "--confidence")  # fmt: skip
+    p.add_argument("--extend", type=int, default=0,
+                   help="then further attempts on new samples of the workload (seed + 1000 each) at once while the "
+                        "probe stays undecided (default 0: the search itself comes back to an undecided rate when "
+                        "only its data can narrow the bracket; verdicts are anytime-valid either way)")  # fmt: skip
     p.add_argument(
         "--confidence",
         type=float,
@@ -121,7 +121,8 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         "--n",
         type=int,
         default=None,
-        help="measured requests per probe at least (default 400; with --duration, the minimum)",
+        help="measured requests per probe at least (default 500: a first-look p99 pass needs 449 independent "
+        "ones; with --duration, the minimum)",
     )
     p.add_argument(
         "--duration",

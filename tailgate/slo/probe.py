@@ -24,6 +24,7 @@ from tailgate.records import read_records
 from tailgate.resultfiles import RECORDS_GLOB, SERVER_METRICS, SUMMARY_GLOB
 from tailgate.runner import ChildRunner, LocustRun, prepare_results, prepare_server
 from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
+from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.pooled import pooled_verdicts
 from tailgate.slo.search import Resolution, SearchStopped, search
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Limit, Log, ServerConfig, slo_text
@@ -43,7 +44,7 @@ class SloPlan:
     reruns: int = 0
     """Re-runs of the same workload for a probe without a verdict: they add evidence only as far as the
     server behaves differently on the same arrivals, so none by default; extensions add new samples."""
-    extend: int = 1
+    extend: int = 0
     """Further attempts, each a new sample of the workload (another seed), for a probe still undecided after
     its re-runs: more independent evidence where the capacity is, instead of longer probes everywhere."""
     confidence: float = 0.95
@@ -383,6 +384,11 @@ class SloRunner:
         latest = {float(pr["rate"]): pr for pr in cs["probes"]}
         return pooled_verdicts(list(latest.values()), self.plan.tails, self.plan.look_confidence)
 
+    def _model(self, config: ServerConfig) -> RateModel | None:
+        """The model of the binding percentile against rate, fitted to this configuration's probes so far."""
+        limits = {lim.key: lim.limit for lim in self.plan.limits if lim.p is not None}
+        return binding_model(self._config_state(config)["probes"], limits)
+
     def run_config(self, config: ServerConfig) -> dict[str, Any]:
         p = self.plan
         cs = self._config_state(config)
@@ -395,10 +401,13 @@ class SloRunner:
             lambda rate, phase: self.probe(config, rate, phase, next(counter)),
             start=p.start_rate, max_rate=p.max_rate, min_rate=p.min_rate,
             resolution=p.resolution, max_probes=p.max_probes, pooled=lambda: self._pooled(config),
+            guess=lambda: getattr(self._model(config), "capacity", None),
         )  # fmt: skip
         if outcome.status == "time_budget":
             self.log(f"[slo] {config.name}: time budget spent; the bracket so far is the answer")
         cs["result"] = result_of(outcome, cs["probes"], p)
+        model = self._model(config)
+        cs["result"]["model"] = model.as_dict() if model is not None else None
         cs["status"] = "done"
         self._save()
         self.log(f"[slo] {config.name}: {answer_line(cs['result'])}")

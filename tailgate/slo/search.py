@@ -99,33 +99,60 @@ def bracket(verdicts: Mapping[float, str]) -> tuple[float | None, float | None]:
     return lo, (min(fails) if fails else None)
 
 
+AIM = 0.75
+"""With a model's capacity ``c``, the ends of the bracket are aimed at ``c * (1 -/+ AIM * resolution)``: close
+enough that the bracket meets about the resolution, far enough from ``c`` that a probe there can decide."""
+
+
 def next_probe(
-    verdicts: Mapping[float, str], *, start: float, max_rate: float, min_rate: float, resolution: Resolution
+    verdicts: Mapping[float, str],
+    *,
+    start: float,
+    max_rate: float,
+    min_rate: float,
+    resolution: Resolution,
+    guess: float | None = None,
 ) -> tuple[float, str] | str:
-    """The next (rate, phase) to probe given the verdicts so far, or the status the search ends with."""
+    """The next (rate, phase) to probe given the verdicts so far, or the status the search ends with.
+
+    ``guess`` is a model's capacity (a model statement, never a verdict): it only places probes, aiming the
+    ends of the bracket around it; without it the search doubles, steps and bisects."""
     if not verdicts:
         return round(min(start, max_rate), 3), "double"
     lo, hi = bracket(verdicts)
     undecided = sorted(r for r, v in verdicts.items() if v not in ("pass", "fail")
                        and (lo is None or r > lo) and (hi is None or r < hi))  # fmt: skip
+    if lo is None and hi is None and max(verdicts) < max_rate:
+        # nothing passed and nothing failed: undecided is not "too fast", so go on up until a rate fails
+        return round(min(max(verdicts) * 2, max_rate), 3), "double"
     if lo is None:  # nothing passed: halve below the lowest rate probed
         low = min(verdicts)
         rate = round(low / 2, 3)
         if rate >= min_rate:
             return rate, "halve"
         return (low, "extend") if verdicts[low] not in ("pass", "fail") else "below_min"
+    aim_hi = None if guess is None else guess + AIM * resolution.step(guess)
     if hi is None:  # open above: close it by probing higher
         if not undecided:
             if lo >= max_rate:
                 return "max_rate"
-            return round(min(lo * 2, max_rate), 3), "double"
+            rate = lo * 2 if aim_hi is None or not lo < aim_hi < lo * 2 else aim_hi
+            return round(min(rate, max_rate), 3), "double"
         top = undecided[-1]
-        rate = round(min(top + resolution.step(top), max_rate), 3)
+        # each step above the undecided rates twice the last: a server past its capacity fails fast
+        rate = top + resolution.step(top) * 2 ** (len(undecided) - 1)
+        if aim_hi is not None and aim_hi > top:
+            rate = max(rate, aim_hi)
+        rate = round(min(rate, max_rate), 3)
         return (rate, "above") if rate > top else (top, "extend")
     if resolution.narrow(lo, hi):
         return "bracketed"
     points = [lo, *undecided, hi]
     gaps = [(b - a, (a + b) / 2) for a, b in itertools.pairwise(points) if not resolution.narrow(a, b)]
+    if guess is not None and gaps:
+        aimed = _aimed(points, guess, resolution)
+        if aimed is not None and aimed not in verdicts:
+            return aimed, "bisect"
     if gaps:
         rate = round(max(gaps)[1], 3)
         if rate not in verdicts:
@@ -134,6 +161,19 @@ def next_probe(
     # nearest the middle splits it most evenly whichever way it goes
     mid = (lo + hi) / 2
     return min(undecided, key=lambda r: abs(r - mid)), "extend"
+
+
+def _aimed(points: list[float], guess: float, resolution: Resolution) -> float | None:
+    """A rate aimed at the model's capacity: just under it when the lower end is further from it than the upper
+    (relative to it), else just over it; inside a gap that is wider than the resolution, not at its edges."""
+    lo, hi = points[0], points[-1]
+    d = AIM * (resolution.step(guess) if resolution.relative else resolution.value)
+    target = guess - d if (guess - lo) >= (hi - guess) else guess + d
+    for a, b in itertools.pairwise(points):
+        if a < target < b and not resolution.narrow(a, b):
+            margin = 0.15 * (b - a)
+            return round(min(max(target, a + margin), b - margin), 3)
+    return None
 
 
 def search(
@@ -145,14 +185,17 @@ def search(
     resolution: Resolution,
     max_probes: int,
     pooled: Callable[[], Mapping[float, str]] | None = None,
+    guess: Callable[[], float | None] | None = None,
 ) -> SearchOutcome:
     """Probe until the bracket meets the resolution, the cap or floor is reached, or the probes run out.
 
     ``probe(rate, phase)`` returns ``pass``, ``fail`` or ``not_enough_data`` for the rate's data so far
     (a rate probed again pools its attempts); it may raise :class:`SearchStopped`. ``pooled()``, when
     given, returns every rate's verdict after pooling across rates under the monotone order, which may
-    decide rates their own data did not. Only ``pass`` counts as meeting the SLO; the reported upper end
-    is the lowest rate that *failed*, so the bracket holds the capacity whenever the verdicts do.
+    decide rates their own data did not. ``guess()``, when given, returns a model's capacity from the probes
+    so far, used only to place probes (:func:`next_probe`). Only ``pass`` counts as meeting the SLO; the
+    reported upper end is the lowest rate that *failed*, so the bracket holds the capacity whenever the
+    verdicts do.
     """
     steps: list[SearchStep] = []
     own: dict[float, str] = {}
@@ -162,7 +205,8 @@ def search(
 
     status = "probe_limit"
     while True:
-        nxt = next_probe(current(), start=start, max_rate=max_rate, min_rate=min_rate, resolution=resolution)
+        g = guess() if guess is not None else None
+        nxt = next_probe(current(), start=start, max_rate=max_rate, min_rate=min_rate, resolution=resolution, guess=g)
         if isinstance(nxt, str):
             status = nxt
             break
