@@ -392,7 +392,7 @@ def _fake_runner(tmp_path: Path, capacity: float, edge: float, **plan: Any) -> t
     now = [0.0]
     runner.clock = lambda: now[0]
 
-    def run_child(config: Any, rate: float, seed: int, out: Path) -> dict[str, Any]:
+    def run_child(config: Any, rate: float, seed: int, out: Path, n: int | None = None) -> dict[str, Any]:
         out.mkdir(parents=True)
         now[0] += 500 / rate + slo.PROBE_OVERHEAD_S  # what the probe would have taken
         mark = {"rate": rate, "seed": seed, "stopped_early": None, "waiting_max": 0.0, "seconds": 1.0}
@@ -401,6 +401,9 @@ def _fake_runner(tmp_path: Path, capacity: float, edge: float, **plan: Any) -> t
 
     def attempt_data(out: Path, mark: dict[str, Any]) -> dict[str, Any]:
         rate = mark["rate"]
+        if out.parent.name == "stage-warmup":  # a fresh server's first rounds stall once, then settle
+            stall = {"a_w1": 900.0, "a_w2": 80.0}.get(out.name, 70.0)
+            return {**_attempt([50.0] * 20 + [2 * stall]), "summary": {}}
         rng = np.random.default_rng(mark["seed"] + int(rate * 1000))
         if abs(rate - capacity) <= edge:
             vals = rng.permutation(np.r_[rng.uniform(50, 100, 490), rng.uniform(200, 400, 10)])
@@ -774,3 +777,27 @@ def test_rate_model_recovers_a_known_curve_and_is_checked_against_the_probes() -
     assert wrong is not None and wrong.consistent < wrong.checked
     assert fit(pts[:2], limit=500) is None
     assert "not a measurement" in m.as_dict()["label"]
+
+
+def test_stage_warmup_loads_the_highest_rate_until_no_first_time_pause(tmp_path: Path) -> None:
+    """Rounds at --max-rate before the first probe: the first round's worst gap (a first-time pause) is well
+    above the second's, the third is within 25% of the second, so the warm-up stops there; kept aside from the
+    cells, recorded, and not run again on a resume."""
+    runner, _ = _fake_runner(tmp_path, capacity=12, edge=0.0, stage_warmup=50, max_probes=2)
+    rates: list[float] = []
+    run_child = runner._run_child
+
+    def spy(config: Any, rate: float, seed: int, out: Path, n: int | None = None) -> dict[str, Any]:
+        rates.append(rate if n is None else -rate)
+        return run_child(config, rate, seed, out, n)
+
+    runner._run_child = spy  # type: ignore[method-assign]
+    runner.run()
+    c = json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"][0]
+    assert rates[:3] == [-64, -64, -64] and rates[3] == 2  # the warm-up rounds come first, at the top rate
+    warm = c["stage_warmup"]
+    assert [r["worst_gap_ms"] for r in warm["rounds"]] == [900, 80, 70] and warm["settled"] is True
+    assert (tmp_path / "stage-warmup" / "a_w1" / slo.PROBE_MARK).exists()
+    again, _ = _fake_runner(tmp_path, capacity=12, edge=0.0, stage_warmup=50, max_probes=2)
+    again.run()
+    assert json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"][0]["stage_warmup"] == warm

@@ -93,7 +93,8 @@ def test_errors_that_bind_exit_1_and_resume_refuses_another_plan(tmp_path: Path)
         server.control({"faults": [{"match": {"all": True}, "kind": "http_500"}]})
         common = ["--server", "url", "--host", server.base_url, "--slo", "ttft_p99<=1s", "--results", str(results),
                   "--n", "20", "--warmup", "0", "--duration", "0", "--start-rate", "20", "--max-rate", "20",
-                  "--max-probes", "1", "--reruns", "0", "--no-report", "--locust-arg=--settle=0"]  # fmt: skip
+                  "--max-probes", "1", "--reruns", "0", "--no-report", "--locust-arg=--settle=0",
+                  "--stage-warmup", "0"]  # fmt: skip
         done = _slo(*common)
         out = done.stdout + done.stderr
         assert done.returncode == 1, out[-3000:]
@@ -114,7 +115,8 @@ def test_queue_stop_fires_relative_to_the_probe(tmp_path: Path) -> None:
     with start_server_process(accept_any_model=True, engine=engine) as server:
         done = _slo("--server", "url", "--host", server.base_url, "--slo", "ttft_p99<=1s", "--results", str(results),
                     "--n", "60", "--warmup", "0", "--duration", "0", "--start-rate", "40", "--max-rate", "40",
-                    "--max-probes", "1", "--reruns", "0", "--no-report", "--locust-arg=--settle=0")  # fmt: skip
+                    "--max-probes", "1", "--reruns", "0", "--no-report", "--locust-arg=--settle=0",
+                    "--stage-warmup", "0")  # fmt: skip
     out = done.stdout + done.stderr
     assert done.returncode == 3 and "Traceback" not in out, out[-3000:]
     attempt = json.loads((results / "slo.json").read_text())["configs"][0]["probes"][0]["attempts"][0]

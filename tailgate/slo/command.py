@@ -39,7 +39,15 @@ from tailgate.tailbounds import min_n_for_sequence
 
 #: Eager mode on the CPU server: it starts in ~40 s instead of minutes of torch.compile on 2 cores.
 EMBEDDED_BASE_FLAGS = ("--enforce-eager",)
-EMBEDDED = {"start_rate": 1.0, "max_rate": 8.0, "n": 20, "warmup": 3, "max_waiting": -1, "duration": 30.0}
+EMBEDDED = {
+    "start_rate": 1.0,
+    "max_rate": 8.0,
+    "n": 20,
+    "warmup": 3,
+    "max_waiting": -1,
+    "duration": 30.0,
+    "stage_warmup": 0,
+}
 GPU = {
     "start_rate": 5.0,
     "max_rate": 64.0,
@@ -47,6 +55,7 @@ GPU = {
     "warmup": DEFAULTS["warmup"],
     "max_waiting": -1,
     "duration": 120.0,
+    "stage_warmup": 200,
 }
 #: Plan keys a resumed search must share with the folder's: a probe measured under others is another answer.
 RESUME_KEYS = (
@@ -132,6 +141,10 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         "(default 120; embedded 30; 0: --n alone)",
     )
     p.add_argument("--warmup", type=int, default=None, help="warm-up requests per probe (default 25)")
+    p.add_argument("--stage-warmup", type=int, default=None,
+                   help="before the first probe on a server, rounds of this many requests at --max-rate until a "
+                        "round's worst gap stops falling (first-time pauses; default 200, embedded 0; "
+                        "0: none)")  # fmt: skip
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="trace seed; a re-run repeats the same workload")
     p.add_argument("--trace-file", default="", help="JSONL of {prompt_tokens, max_tokens} instead of the seeded mix")
     p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")
@@ -191,6 +204,8 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         raise SloError(f"--confidence: must be in [0.5, 1), got {args.confidence:g}")
     if args.resamples < 100:
         raise SloError(f"--resamples: must be at least 100, got {args.resamples}")
+    if args.stage_warmup is not None and args.stage_warmup < 0:
+        raise SloError(f"--stage-warmup: must be 0 (none) or more requests, got {args.stage_warmup}")
     if args.processes < 1:
         raise SloError(f"--processes: must be at least 1, got {args.processes}")
     if not (math.isfinite(args.time_budget) and args.time_budget >= 0):
@@ -222,6 +237,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         confidence=args.confidence, resamples=args.resamples, n=n, warmup=warmup, seed=args.seed,
         ignore_eos=args.ignore_eos or args.embedded, processes=args.processes, max_waiting=max_waiting,
         time_budget=args.time_budget, duration=0.0 if args.trace_file else duration,
+        stage_warmup=args.stage_warmup if args.stage_warmup is not None else int(scaled["stage_warmup"]),
         locust_args=locust_args, base_flags=list(EMBEDDED_BASE_FLAGS) if args.embedded else [],
     )  # fmt: skip
 

@@ -60,6 +60,8 @@ class SloPlan:
     duration: float = 0.0
     """Seconds of arrivals per probe: a probe sends ``max(n, rate * duration)`` measured requests, so it
     lasts long enough to reach and hold steady state at every rate (0: ``n`` alone)."""
+    stage_warmup: int = 0
+    """Requests per stage warm-up round at ``max_rate`` before the first probe on a server (0: none)."""
     time_budget: float = 0.0
     """Seconds of probing per configuration; no probe starts that would overrun it (0: no budget)."""
     locust_args: list[str] = field(default_factory=list)
@@ -75,7 +77,7 @@ class SloPlan:
             "confidence": self.confidence, "resamples": self.resamples, "n": self.n, "warmup": self.warmup,
             "seed": self.seed, "ignore_eos": self.ignore_eos, "processes": self.processes,
             "max_waiting": self.max_waiting, "duration": self.duration,
-            "time_budget": self.time_budget, "locust_args": self.locust_args,
+            "time_budget": self.time_budget, "locust_args": self.locust_args, "stage_warmup": self.stage_warmup,
             "base_flags": self.base_flags,
             "measured_from": "intended send (TTFT, total); worst gap inside the stream",
             "verdicts": "anytime-valid mixture-martingale confidence sequences on the share over each limit, "
@@ -117,6 +119,12 @@ class SloPlan:
         return max(4, math.ceil(QUEUE_STOP_SHARE * (self.probe_n(rate) + self.warmup)))
 
 
+STAGE_WARMUP_DIR = "stage-warmup"
+"""Where the stage warm-up's runs go: a subfolder, so the report never reads them as cells."""
+STAGE_WARMUP_ROUNDS = 3
+STAGE_WARMUP_SEED = 500
+PAUSE_RATIO = 1.25
+"""A warm-up round whose worst gap is not this many times below the round before's: the stalls stopped falling."""
 EXTEND_SEED_STEP = 1000
 """Seed distance of an extension's workload from the plan's (far from the suite's own seed + 100 re-draws)."""
 QUEUE_STOP_SHARE = 0.25
@@ -239,16 +247,51 @@ class SloRunner:
         cs = self._config_state(config)
         t0 = self.clock()
         cs["server"] = prepare_server(self.controller, config.name, flags, declared=flags, log=self.log, tag="[slo] ")
-        self._config_t0 += self.clock() - t0  # the time budget is for probes, not for starts
         self._running = config.name
+        self._save()
+        self._stage_warmup(config)
+        self._config_t0 += self.clock() - t0  # the time budget is for probes, not for starts and warm-ups
+
+    def _stage_warmup(self, config: ServerConfig) -> None:
+        """Before the first measured probe on a (re)started server, load it at the highest rate the search may
+        use, in rounds, until a round's worst gap is no longer well below the round before: the first-time
+        pauses of a fresh engine (kernel compilation, graph capture, allocator growth at a new batch size) then
+        fall in the warm-up, not in the first probe's tail. Kept under ``stage-warmup/``, never a cell."""
+        p = self.plan
+        if p.stage_warmup <= 0:
+            return
+        rounds: list[dict[str, Any]] = []
+        for k in range(1, STAGE_WARMUP_ROUNDS + 1):
+            out = self.root / STAGE_WARMUP_DIR / f"{config.name}_w{k}"
+            if (out / PROBE_MARK).exists():
+                mark = json.loads((out / PROBE_MARK).read_text())
+            else:
+                self.log(f"[slo] {config.name}: stage warm-up round {k}: {p.stage_warmup} requests at "
+                         f"{p.max_rate:g} req/s, the highest rate the search may use")  # fmt: skip
+                out.parent.mkdir(parents=True, exist_ok=True)
+                mark = self._run_child(config, p.max_rate, p.seed + STAGE_WARMUP_SEED + k, out, n=p.stage_warmup)
+            gaps = [float(r["worst_gap_ms"]) for r in self._attempt_data(out, mark)["measured"]
+                    if isinstance(r.get("worst_gap_ms"), (int, float))]  # fmt: skip
+            worst = max(gaps, default=0.0)
+            rounds.append({"round": k, "dir": f"{STAGE_WARMUP_DIR}/{out.name}", "rate": p.max_rate,
+                           "worst_gap_ms": round(worst, 1), "seconds": mark.get("seconds")})  # fmt: skip
+            if k > 1 and worst * PAUSE_RATIO >= rounds[-2]["worst_gap_ms"]:
+                break  # no longer well below the round before: that round had no first-time pause either
+        settled = len(rounds) > 1 and rounds[-1]["worst_gap_ms"] * PAUSE_RATIO >= rounds[-2]["worst_gap_ms"]
+        self._config_state(config)["stage_warmup"] = {"rounds": rounds, "settled": settled}
+        shown = " -> ".join(f"{r['worst_gap_ms']:g}" for r in rounds)
+        self.log(f"[slo] {config.name}: stage warm-up worst gaps {shown} ms: "
+                 f"{'no first-time pause left' if settled else 'still falling after the last round'}")  # fmt: skip
         self._save()
 
     # -- one Locust run ----------------------------------------------------------------------------
-    def _command(self, config: ServerConfig, rate: float, seed: int, out: Path) -> list[str]:
+    def _command(self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None) -> list[str]:
         p = self.plan
+        fixed = "--trace-file" in p.locust_args  # the file sets the count
         return LocustRun(
             arm=CONTINUOUS.name, host=self.controller.base_url, results=out, stage=tuple(CONTINUOUS.value_args(rate)),
-            n=p.probe_n(rate), warmup=p.warmup, seed=seed, config_label=config.name, processes=p.processes,
+            n=p.probe_n(rate) if n is None or fixed else n, warmup=p.warmup if n is None or fixed else 0, seed=seed,
+            config_label=config.name, processes=p.processes,
             ignore_eos=p.ignore_eos, prometheus_url=self.prometheus_url, extra=tuple(p.locust_args),
         ).command()  # fmt: skip
 
@@ -265,7 +308,9 @@ class SloRunner:
             return None
         return math.floor(lim.limit * (self.plan.probe_n(rate) + self.plan.warmup))
 
-    def _run_child(self, config: ServerConfig, rate: float, seed: int, out: Path) -> dict[str, Any]:
+    def _run_child(
+        self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None
+    ) -> dict[str, Any]:
         """Run one Locust child, stopping it early when the queue or the errors already decide the probe."""
         prepare_results(out, self.root)  # an interrupted attempt: kept aside, never mixed in
         base = self.controller.base_url
@@ -282,7 +327,7 @@ class SloRunner:
                 return f"{watch.errors} errors: over the SLO's error budget of {budget} for the probe"
             return None
 
-        done = self.child.run(self._command(config, rate, seed, out), watch=decided)
+        done = self.child.run(self._command(config, rate, seed, out, n), watch=decided)
         code, stopped = done.exit_code, done.stopped_early
         if stopped:
             self.log(f"[slo]   stopped the probe early: {stopped}")
