@@ -83,7 +83,7 @@ SHAPES: dict[str, tuple[dict[str, Any], str]] = {
     # batching: a step costs nearly the same for 1 or 64 sequences, so the service rate grows with the batch;
     # chunked prefill on
     "batch64": ({"slots": 64, "step_ms": 10.0, "step_ms_per_seq": 0.05, "prefill_ms_per_token": 0.01,
-                 "chunked": True}, "ttft_p99<=300ms"),
+                 "chunked": True}, "ttft_p99<=1000ms"),
 }  # fmt: skip
 """Queueing shapes whose capacity the benchmark knows by simulation: engine settings and the SLO."""
 

@@ -125,12 +125,16 @@ def next_probe(
     if lo is None and hi is None and max(verdicts) < max_rate:
         # nothing passed and nothing failed: undecided is not "too fast", so go on up until a rate fails
         return round(min(max(verdicts) * 2, max_rate), 3), "double"
-    if lo is None:  # nothing passed: halve below the lowest rate probed
+    if lo is None:
         low = min(verdicts)
-        rate = round(low / 2, 3)
-        if rate >= min_rate:
-            return rate, "halve"
-        return (low, "extend") if verdicts[low] not in ("pass", "fail") else "below_min"
+        if verdicts[low] == "fail":  # the lowest rate probed fails: halve below it
+            rate = round(low / 2, 3)
+            return (rate, "halve") if rate >= min_rate else "below_min"
+        # undecided rates under the lowest fail: narrow the upper end while it is wide, else more data at the
+        # lowest undecided rate, the likeliest to pass
+        if hi is not None and not resolution.narrow(undecided[-1], hi):
+            return round((undecided[-1] + hi) / 2, 3), "bisect"
+        return undecided[0], "extend"
     aim_hi = None if guess is None else guess + AIM * resolution.step(guess)
     if hi is None:  # open above: close it by probing higher
         if not undecided:
