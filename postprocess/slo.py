@@ -264,6 +264,7 @@ def slo_rows(state: Mapping[str, Any], records: pd.DataFrame | None = None) -> l
             "seeds": _seeds(c),
             "uncertain": (r.get("not_enough_data_rates") or r.get("uncertain_rates")) or [],
             "undecided_detail": r.get("undecided") or [],
+            "model": r.get("model") or {},
             "bracket_text": bracket_text(r) if r else "search not finished",
         })  # fmt: skip
     return rows
@@ -467,6 +468,8 @@ def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") ->
                 marker = {"pass": "o", "fail": "X", "not_enough_data": "D", "uncertain": "D"}.get(p["verdict"], "o")
                 face = "none" if p["verdict"] in ("not_enough_data", "uncertain") else color
                 ax.plot([p["rate"]], [v], marker=marker, color=color, mfc=face, ms=7, ls="none")
+        if key:
+            _model_curves(ax, state, key, names)
         if lim:
             ax.axhline(lim["limit"], color="#a02020", ls="--", lw=1)
             ax.text(0.01, lim["limit"], f" limit {lim['limit']:g} ms", color="#a02020", fontsize=8, va="bottom",
@@ -480,12 +483,34 @@ def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") ->
     return charts._save(fig, out_dir, name)
 
 
+def _model_curves(ax: Any, state: Mapping[str, Any], key: str, names: Sequence[str]) -> None:
+    """The fitted model of this limit against rate, per configuration: dotted, labelled a model, never a measurement."""
+    for c in state.get("configs", []):
+        model = (c.get("result") or {}).get("model") or {}
+        rates = [float(p["rate"]) for p in c.get("probes", [])]
+        if model.get("key") != key or not rates or not model.get("mu"):
+            continue
+        mu, base, scale = float(model["mu"]), float(model["base"]), float(model["scale"])
+        xs = np.linspace(min(rates), min(max(rates) * 1.1, mu * 0.97), 60)
+        ys = base + scale * xs / (mu - xs)
+        ax.plot(
+            xs,
+            ys,
+            color=charts.config_color(c["name"], names),
+            ls=":",
+            lw=1.2,
+            label=f"{c['name']} (model)",
+            gid="model",
+        )
+
+
 def _rate_axis(ax: Any) -> None:
     """Log-2 rate axis labelled at the rates that were probed (a bisection's 7.5 sits between powers)."""
     from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
     ax.set_xscale("log", base=2)
-    rates = sorted({round(x, 6) for line in ax.get_lines() for x in line.get_xdata() if x > 0})
+    rates = sorted({round(x, 6) for line in ax.get_lines() if line.get_gid() != "model"
+                    for x in line.get_xdata() if x > 0})  # fmt: skip
     if rates:
         ax.xaxis.set_major_locator(FixedLocator(rates))
         ax.xaxis.set_minor_locator(NullLocator())
@@ -543,7 +568,9 @@ def slo_section(results_dir: str | Path, records: pd.DataFrame | None, out_dir: 
             ("slo_p99", paths["slo_p99"], "Each p99 against rate per configuration (the probe's pooled attempts). "
              "Where the SLO limits it, the bar is the anytime-valid distribution-free confidence interval of the "
              "p99 (order statistics, counts shrunk by the design effect); an arrow up: no upper bound exists at "
-             "that n. o pass, X fail, hollow ◇ not enough data; the dashed line is the limit."),
+             "that n. o pass, X fail, hollow ◇ not enough data; the dashed line is the limit. Dotted: the model "
+             "base + scale·rate/(saturation − rate) fitted to the probes, a model estimate and not a measurement "
+             "(its fit to each probe's interval is in slo.json)."),
         )
     ]  # fmt: skip
     plan = state.get("plan", {})

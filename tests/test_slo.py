@@ -752,10 +752,14 @@ def test_terminal_and_report_show_both_ends_width_and_why_undecided(tmp_path: Pa
                                                               "limit": 500.0}], "start_rate": 2, "max_rate": 64,
                       "resolution": "10%", "n": 400, "warmup": 25, "confidence": 0.95},
              "configs": [{"name": "a", "flags": [], "server": {}, "probes": probes, "result": result}]}  # fmt: skip
+    result["model"] = {"key": "ttft_p99", "mu": 9.0, "base": 40.0, "scale": 30.0, "capacity": 8.2,
+                       "consistent": 3, "checked": 3, "label": "model estimate, not a measurement"}  # fmt: skip
+    assert "model estimate (not a measurement): capacity ~8.2 req/s" in answer_line(result)
     (tmp_path / "slo.json").write_text(json.dumps(state))
     section = slo_section(tmp_path, pd.DataFrame(), tmp_path / "report")
     assert section is not None
     html = str(section.html)
+    assert "Dotted: the model" in html and "Model estimate (not a measurement): capacity ~8.2 req/s" in html
     assert "None" not in html and "unresolved" not in html and "bootstrap" not in html
     assert "lowest failing rate above it" in html and "4 req/s (100%)" in html and "370.3" in html
     assert "effective n 139.0 of 1875" in html and "effective n 139 of 1875" in html

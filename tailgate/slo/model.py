@@ -48,6 +48,8 @@ class RateModel:
     checked: int
     """Probes whose interval holds the model's prediction, of the probes with an interval."""
     residuals: list[dict[str, Any]] = field(default_factory=list)
+    key: str = ""
+    """The limit modelled (``ttft_p99``...)."""
 
     def predict(self, rate: float) -> float:
         return math.inf if rate >= self.mu else self.base + self.scale * rate / (self.mu - rate)
@@ -121,6 +123,11 @@ def points_of(probes: Sequence[Mapping[str, Any]], key: str) -> list[Point]:
 
 def binding_model(probes: Sequence[Mapping[str, Any]], limits: Mapping[str, float]) -> RateModel | None:
     """The model of the limit with the lowest modelled capacity: the one that binds, by the model."""
-    models = [m for key, lim in limits.items() if (m := fit(points_of(probes, key), lim)) is not None]
+    models = []
+    for key, lim in limits.items():
+        m = fit(points_of(probes, key), lim)
+        if m is not None:
+            m.key = key
+            models.append(m)
     with_cap = [m for m in models if m.capacity is not None]
     return min(with_cap, key=lambda m: m.capacity or 0.0) if with_cap else None
