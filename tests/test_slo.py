@@ -208,6 +208,20 @@ def test_absorbed_burst_is_never_a_pass() -> None:
     assert checks[0].verdict != "fail"  # the percentile alone would not have failed it
 
 
+def test_a_queue_excursion_far_under_the_limit_is_not_a_failure_to_keep_up() -> None:
+    """Near capacity a queue builds for a while: TTFT rises (a rank test calls it a trend) by 300 ms against a
+    1 s limit while every request completes in the window. Not a failure; the same rise with completions
+    falling behind is one."""
+    limits = slo.parse_slo("ttft_p99<=1s")
+    vals = [20 + 0.8 * i for i in range(500)]
+    checks = slo.check_probe([_attempt(vals, rate=10)], limits)[1]
+    assert checks[-1].key == "sustained" and checks[-1].verdict == "pass", checks[-1]
+    lagging = _attempt(vals, rate=10)
+    for r in lagging["measured"][250:]:
+        r["end_s"] += 100.0  # completions fell behind: most requests of the window end after it
+    assert slo.check_probe([lagging], limits)[1][-1].verdict == "fail"
+
+
 def test_pooled_runs_narrow_the_bounds() -> None:
     limits = slo.parse_slo("ttft_p99<=300ms")
     rng = np.random.default_rng(3)

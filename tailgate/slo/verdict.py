@@ -22,6 +22,8 @@ from tailgate.tailbounds import FAIL, NOT_ENOUGH, PASS, check_tail, share_lower,
 
 TREND_ALPHA = 0.01
 """Level of the upward-trend tests: a false trend fails a probe that held, so it is kept strict."""
+TREND_MATERIAL = 0.5
+"""Share of the tightest TTFT or total limit a TTFT trend must rise by within an attempt to fail it."""
 KEEP_UP = 0.9
 """Completions inside the arrival window over arrivals inside it, below which the server fell behind."""
 BLOCKS = 20
@@ -108,8 +110,13 @@ def steady_part(attempt: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], in
     return recs[cut:], cut
 
 
-def sustain_check(attempts: Sequence[Mapping[str, Any]], rate: float | None) -> Sustain:
-    """Every attempt must have kept up: completions tracked arrivals, no upward trend in TTFT or the queue."""
+def sustain_check(attempts: Sequence[Mapping[str, Any]], rate: float | None, material_ms: float = 0.0) -> Sustain:
+    """Every attempt must have kept up: completions tracked arrivals, no upward trend in TTFT or the queue.
+
+    ``material_ms``: a TTFT trend fails the probe only when its rise over the attempt is at least this much
+    (half the tightest TTFT or total limit), or when completions also fell behind arrivals: near its capacity
+    a queue wanders up for tens of seconds, which the rank test reads as a trend even where the tail stays far
+    under the limit and completions keep up."""
     rows: list[dict[str, Any]] = []
     verdicts: list[str] = []
     for a in attempts:
@@ -128,6 +135,9 @@ def sustain_check(attempts: Sequence[Mapping[str, Any]], rate: float | None) -> 
         ttft = [float(r.get("ttft_from_intended_ms") or 0.0) for r in recs]
         cut = mser5_cut(ttft)
         trend = upward_trend(ttft[cut:], alpha=TREND_ALPHA)
+        # a rise short of material counts only with completions falling behind arrivals: both together are
+        # a server that does not keep up; either alone near capacity is a queue's excursion
+        trend["trend"] = bool(trend["trend"] and (trend["rise"] >= material_ms or keep < KEEP_UP))
         waiting = [float(w) for w in a.get("waiting_series") or [] if isinstance(w, (int, float))]
         qtrend = upward_trend(waiting[len(waiting) * cut // max(1, len(ttft)):], alpha=TREND_ALPHA) \
             if len(waiting) >= 10 else None  # fmt: skip
@@ -229,7 +239,8 @@ def check_probe(
         checks.append(Check("sustained", KEEP_UP, None, None, None, sum(len(a["measured"]) for a in attempts),
                             FAIL, f"stopped early: {stopped}"))  # fmt: skip
     elif sustained:
-        sus = sustain_check(attempts, rate)
+        material = [lim.limit for lim in limits if lim.metric in ("ttft", "total")]
+        sus = sustain_check(attempts, rate, TREND_MATERIAL * min(material) if material else 0.0)
         keep = [r.get("keep_up") for r in sus.attempts if r.get("keep_up") is not None]
         checks.append(Check("sustained", KEEP_UP, min(keep) if keep else None, None, None,
                             sum(int(r.get("n", 0)) for r in sus.attempts), sus.verdict, sus.reason))  # fmt: skip
