@@ -123,3 +123,23 @@ def test_queue_stop_fires_relative_to_the_probe(tmp_path: Path) -> None:
     assert attempt["stopped_early"] and "waiting queue reached" in attempt["stopped_early"], attempt
     assert "stop at 15" in attempt["stopped_early"] and attempt["errors"] == 0  # the cancelled are not errors
     assert "errors bind" not in out and "binding limit at the upper end: sustained" in out, out
+
+
+def test_stage_warmup_runs_at_the_top_rate_and_is_no_cell(tmp_path: Path) -> None:
+    """The real command against the ground-truth server: warm-up rounds at --max-rate go under stage-warmup/,
+    are recorded in slo.json, and the report's run finder does not see them as cells."""
+    from tailgate.postprocess.load import find_run_dirs
+
+    results = tmp_path / "r"
+    with start_server_process(accept_any_model=True) as server:
+        done = _slo("--server", "url", "--host", server.base_url, "--slo", "ttft_p99<=5s", "--results", str(results),
+                    "--n", "20", "--warmup", "0", "--duration", "0", "--start-rate", "10", "--max-rate", "10",
+                    "--max-probes", "1", "--no-report", "--locust-arg=--settle=0", "--stage-warmup", "15")  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode in (0, 3) and "Traceback" not in out, out[-3000:]
+    config = json.loads((results / "slo.json").read_text())["configs"][0]
+    rounds = config["stage_warmup"]["rounds"]
+    assert 2 <= len(rounds) <= 3 and all(r["rate"] == 10 for r in rounds), rounds
+    assert all((results / r["dir"]).is_dir() and r["dir"].startswith("stage-warmup/") for r in rounds)
+    assert "stage warm-up round 1: 15 requests at 10 req/s" in out
+    assert [r.name for r in find_run_dirs(results)] == [a["dir"] for p in config["probes"] for a in p["attempts"]]
