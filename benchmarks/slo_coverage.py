@@ -1,23 +1,25 @@
-"""How often the SLO capacity search's bracket holds the true capacity, and how wide it is.
+"""How often the SLO capacity search's bracket holds the true capacity, how wide it is, and what it costs.
 
-The simulated engine (``tailgate/verify/groundtruth/engine.py``) has a known answer: its steady-state
-p99s at a Poisson rate follow from its model by a long simulation, so its capacity under an SLO is known
-to a fraction of a percent. This script:
+Queueing shapes with a known answer (the ground-truth server's simulated engine,
+``tailgate/verify/groundtruth/engine.py``, under four settings: see :data:`SHAPES`): their steady-state p99s
+at a Poisson rate follow from the model by a long simulation, so their capacity under an SLO is known to a
+fraction of a percent. For each shape this script:
 
 1. computes that true capacity (bisection over long simulations with common random numbers);
-2. runs the search of ``tailgate slo`` (:func:`tailgate.slo.search`, the verdicts of
-   :func:`tailgate.slo.check_probe`) many times, once per seed, each probe a fresh simulated run of the
-   seeded workload from an empty server lasting ``--duration`` seconds (at least ``--min-n`` requests);
-3. prints coverage (the share of searches whose bracket [highest pass, lowest fail] holds the true
-   capacity), the bracket's width relative to the capacity, and how often the answer was unresolved.
+2. runs the search of ``tailgate slo`` (:func:`tailgate.slo.search` with the verdicts of
+   :func:`tailgate.slo.check_probe`, pooling across rates and the model placing probes) many times, each
+   attempt a fresh simulated run of a new sample of the workload from an empty server lasting ``--duration``
+   seconds (at least ``--min-n`` requests), within ``--time-budget`` seconds of probing in virtual time;
+3. prints coverage (the share of searches whose bracket [highest pass, lowest fail] holds the truth), the
+   bracket's width relative to the truth (an open bracket is infinitely wide: a miss of the width target),
+   the probing time per search, and the model's capacity error.
 
-Targets: coverage at least the stated confidence; width within 15% of the capacity.
+Targets: coverage at least the stated confidence; width within 15%; at most 20 minutes of probing.
 
-``--e2e`` also runs one real search end to end: the ground-truth server with the engine on, driven by
-``tailgate slo --server url`` through Locust, and reports whether its bracket holds the truth computed for
-that workload (the same engine settings and the trace file it replays).
+``--e2e`` also runs one real search end to end: the ground-truth server with the custom engine on, driven by
+``tailgate slo --server url`` through Locust, and reports whether its bracket holds the truth computed for it.
 
-Run: ``python benchmarks/slo_coverage.py [--seeds 100] [--chunked] [--e2e]``.
+Run: ``python benchmarks/slo_coverage.py [--shape all] [--seeds 20] [--time-budget 1200] [--e2e]``.
 """
 
 from __future__ import annotations
@@ -233,6 +235,7 @@ def e2e(model: EngineModel, limits_text: str, args: argparse.Namespace) -> dict[
             "--start-rate", f"{args.start:g}", "--max-rate", f"{args.max_rate:g}", "--resolution", args.resolution,
             "--duration", f"{args.e2e_duration:g}", "--n", str(args.e2e_min_n), "--warmup", str(args.warmup),
             "--seed", str(args.e2e_seed), "--max-probes", str(args.max_probes), "--reruns", "0",
+            "--time-budget", f"{args.time_budget:g}",
             "--extend", str(args.extend), "--confidence", f"{args.confidence:g}",
         ]  # fmt: skip
         t0 = time.monotonic()
