@@ -214,12 +214,31 @@ def test_a_queue_excursion_far_under_the_limit_is_not_a_failure_to_keep_up() -> 
     falling behind is one."""
     limits = slo.parse_slo("ttft_p99<=1s")
     vals = [20 + 0.8 * i for i in range(500)]
-    checks = slo.check_probe([_attempt(vals, rate=10)], limits)[1]
+    excursion = _attempt(vals, rate=10)
+    for r in excursion["measured"]:  # each stream ends half a second after its first token
+        r["end_s"] = r["intended_s"] + r["ttft_from_intended_ms"] / 1000 + 0.5
+    checks = slo.check_probe([excursion], limits)[1]
     assert checks[-1].key == "sustained" and checks[-1].verdict == "pass", checks[-1]
     lagging = _attempt(vals, rate=10)
     for r in lagging["measured"][250:]:
         r["end_s"] += 100.0  # completions fell behind: most requests of the window end after it
     assert slo.check_probe([lagging], limits)[1][-1].verdict == "fail"
+
+
+def test_requests_in_flight_show_a_server_falling_behind_without_its_gauge() -> None:
+    """No waiting-queue samples: the records themselves give the requests in flight at each arrival. First
+    tokens come at once but each stream ends 0.11 s after the one before (one slot, 9 req/s served, 10 offered):
+    in flight grows without bound, and the probe fails on it."""
+    limits = slo.parse_slo("ttft_p99<=1s")
+    attempt = _attempt([30.0] * 600, rate=10)
+    end = 0.0
+    for r in attempt["measured"]:
+        end = max(end, r["intended_s"]) + 0.11
+        r["end_s"] = end
+    sustained = slo.check_probe([attempt], limits)[1][-1]
+    assert sustained.verdict == "fail" and "requests in flight trends upward" in sustained.reason, sustained
+    rows = slo.sustain_check([attempt], 10, 500).attempts[0]
+    assert rows["queue_trend"]["source"] == "requests in flight" and rows["completion_rate"] < rows["arrival_rate"]
 
 
 def test_pooled_runs_narrow_the_bounds() -> None:

@@ -11,6 +11,7 @@ as a trend or as completions lagging arrivals, never as a pass.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -110,6 +111,15 @@ def steady_part(attempt: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], in
     return recs[cut:], cut
 
 
+def in_flight(sends: Sequence[float], ends: Sequence[float]) -> list[float]:
+    """Requests in flight (sent, not yet ended) at each send, in send order: the queue a client sees."""
+    order = sorted(ends)
+    out = []
+    for i, t in enumerate(sends):  # sends are in time order: i + 1 sent so far, of which those ended by t left
+        out.append(float(i + 1 - bisect.bisect_right(order, t)))
+    return out
+
+
 def sustain_check(attempts: Sequence[Mapping[str, Any]], rate: float | None, material_ms: float = 0.0) -> Sustain:
     """Every attempt must have kept up: completions tracked arrivals, no upward trend in TTFT or the queue.
 
@@ -138,16 +148,26 @@ def sustain_check(attempts: Sequence[Mapping[str, Any]], rate: float | None, mat
         # a rise short of material counts only with completions falling behind arrivals: both together are
         # a server that does not keep up; either alone near capacity is a queue's excursion
         trend["trend"] = bool(trend["trend"] and (trend["rise"] >= material_ms or keep < KEEP_UP))
+        # the queue: the server's own waiting gauge when it was sampled, else the requests in flight at each
+        # arrival, from the records themselves (waiting plus running: it grows as the waiting queue does)
         waiting = [float(w) for w in a.get("waiting_series") or [] if isinstance(w, (int, float))]
-        qtrend = upward_trend(waiting[len(waiting) * cut // max(1, len(ttft)):], alpha=TREND_ALPHA) \
-            if len(waiting) >= 10 else None  # fmt: skip
+        source = "the waiting queue"
+        if len(waiting) < 10 and len(ends) == len(sends):
+            waiting, source = in_flight(sends, ends), "requests in flight"
+        queue = waiting[len(waiting) * cut // max(1, len(ttft)) :]
+        qtrend = upward_trend(queue, alpha=TREND_ALPHA) if len(queue) >= 10 else None
+        if qtrend is not None:  # Little's law: a TTFT rise of material_ms is about rate * material_ms / 1000 more
+            qmaterial = (rate or 0.0) * material_ms / 1000.0
+            qtrend["trend"] = bool(qtrend["trend"] and (qtrend["rise"] >= qmaterial or keep < KEEP_UP))
+            qtrend["source"] = source
         row.update({
             "window_s": round(t1 - t0, 2), "offered_rate": rate, "arrival_rate": round((arrived - 1) / (t1 - t0), 3)
-            if t1 > t0 else None, "completed_in_window": done, "arrived_in_window": arrived,
+            if t1 > t0 else None, "completion_rate": round(done / (t1 - t0), 3) if t1 > t0 else None,
+            "completed_in_window": done, "arrived_in_window": arrived,
             "keep_up": round(keep, 3), "transient_cut": cut, "ttft_trend": trend, "queue_trend": qtrend,
         })  # fmt: skip
         if trend["trend"] or (qtrend is not None and qtrend["trend"]):
-            what = "TTFT from intended" if trend["trend"] else "the waiting queue"
+            what = "TTFT from intended" if trend["trend"] else source
             p = trend["p"] if trend["trend"] else qtrend["p"]  # type: ignore[index]
             row.update({"verdict": FAIL, "reason": f"{what} trends upward (Mann-Kendall p={p:g}): not sustained"})
         elif keep < KEEP_UP:
