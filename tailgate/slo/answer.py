@@ -23,7 +23,9 @@ STATUS_WORDS = {
     "below_min": "not met even at the lowest rate allowed",
     "probe_limit": "probe count spent before the bracket met the resolution: the bracket so far",
     "time_budget": "time budget spent before the bracket met the resolution: the bracket so far",
+    "unresolved": "the bracket is wider than the resolution: the rates inside it had not enough data",
 }
+"""Every status in words (``unresolved``: written by searches before the current rules, read on a resume)."""
 MORE_DATA_CAP = 64
 """The most times a rate's data are scaled when estimating what would decide it."""
 
