@@ -778,6 +778,8 @@ def test_terminal_and_report_show_both_ends_width_and_why_undecided(tmp_path: Pa
     assert "not enough data at 6 req/s (effective n 139 of 1875)" in line
     sustained = check_text(probes[0]["checks"][1])
     assert "None" not in sustained and "at least 90%" in sustained and sustained.endswith("pass")
+    stopped = check_text({**probes[0]["checks"][1], "point": None, "verdict": "fail", "reason": "stopped early: queue"})
+    assert stopped == "sustained: stopped early: queue: fail"
     logged: list[str] = []
     slo.print_table({"plan": {"slo": "ttft_p99<=500ms"}, "configs": [{"name": "a", "result": result}]}, logged.append)
     assert "[4, 8] req/s" in logged[1] and "ttft p99 370.3 ms" in logged[1]  # the table's own figure

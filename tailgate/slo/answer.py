@@ -43,6 +43,8 @@ def check_text(c: Check | Mapping[str, Any]) -> str:
     d = c if isinstance(c, Mapping) else asdict(c)
     key, verdict = str(d["key"]), str(d["verdict"]).replace("_", " ")
     if key == "sustained":
+        if d.get("point") is None:  # stopped early, or too few timed requests: the reason says which
+            return f"sustained: {d.get('reason') or 'no completion figure'}: {verdict}"
         return f"sustained: {_fmt(key, d.get('point'))} completed in the window (at least {KEEP_UP:.0%}): {verdict}"
     low, high = d.get("low"), d.get("high")
     bounds = "" if low is None and high is None else f" [{_fmt(key, low)}, {_fmt(key, high)}]"
