@@ -391,8 +391,8 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
         log(f"[slo] finished in {time.monotonic() - started:.0f} s")
         configs = runner.state.get("configs", [])
         met = any((c.get("result") or {}).get("best_rate") is not None for c in configs)
-        erred = [c for c in configs if (c.get("result") or {}).get("best_rate") is None
-                 and (c.get("result") or {}).get("binding") == "errors"]  # fmt: skip
+        erred = [c for c in configs if (c.get("result") or {}).get("best_rate") is None and c.get("probes")
+                 and all(p["verdict"] == "fail" and p.get("binding") == "errors" for p in c["probes"])]  # fmt: skip
         if not met and erred:
             c = erred[0]
             first = c["probes"][0]["attempts"][0] if c.get("probes") and c["probes"][0].get("attempts") else {}
