@@ -1,23 +1,25 @@
-"""How often the SLO capacity search's bracket holds the true capacity, and how wide it is.
+"""How often the SLO capacity search's bracket holds the true capacity, how wide it is, and what it costs.
 
-The simulated engine (``tailgate/verify/groundtruth/engine.py``) has a known answer: its steady-state
-p99s at a Poisson rate follow from its model by a long simulation, so its capacity under an SLO is known
-to a fraction of a percent. This script:
+Queueing shapes with a known answer (the ground-truth server's simulated engine,
+``tailgate/verify/groundtruth/engine.py``, under four settings: see :data:`SHAPES`): their steady-state p99s
+at a Poisson rate follow from the model by a long simulation, so their capacity under an SLO is known to a
+fraction of a percent. For each shape this script:
 
 1. computes that true capacity (bisection over long simulations with common random numbers);
-2. runs the search of ``tailgate slo`` (:func:`tailgate.slo.search`, the verdicts of
-   :func:`tailgate.slo.check_probe`) many times, once per seed, each probe a fresh simulated run of the
-   seeded workload from an empty server lasting ``--duration`` seconds (at least ``--min-n`` requests);
-3. prints coverage (the share of searches whose bracket [highest pass, lowest fail] holds the true
-   capacity), the bracket's width relative to the capacity, and how often the answer was unresolved.
+2. runs the search of ``tailgate slo`` (:func:`tailgate.slo.search` with the verdicts of
+   :func:`tailgate.slo.check_probe`, pooling across rates and the model placing probes) many times, each
+   attempt a fresh simulated run of a new sample of the workload from an empty server lasting ``--duration``
+   seconds (at least ``--min-n`` requests), within ``--time-budget`` seconds of probing in virtual time;
+3. prints coverage (the share of searches whose bracket [highest pass, lowest fail] holds the truth), the
+   bracket's width relative to the truth (an open bracket is infinitely wide: a miss of the width target),
+   the probing time per search, and the model's capacity error.
 
-Targets: coverage at least the stated confidence; width within 15% of the capacity.
+Targets: coverage at least the stated confidence; width within 15%; at most 20 minutes of probing.
 
-``--e2e`` also runs one real search end to end: the ground-truth server with the engine on, driven by
-``tailgate slo --server url`` through Locust, and reports whether its bracket holds the truth computed for
-that workload (the same engine settings and the trace file it replays).
+``--e2e`` also runs one real search end to end: the ground-truth server with the custom engine on, driven by
+``tailgate slo --server url`` through Locust, and reports whether its bracket holds the truth computed for it.
 
-Run: ``python benchmarks/slo_coverage.py [--seeds 100] [--chunked] [--e2e]``.
+Run: ``python benchmarks/slo_coverage.py [--shape all] [--seeds 20] [--time-budget 1200] [--e2e]``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tailgate import slo
 from tailgate.load.workload import make_trace
+from tailgate.slo.model import RateModel, binding_model
 from tailgate.verify.groundtruth import start_server_process
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate, true_capacity
 
@@ -69,40 +72,150 @@ def simulated_probe(
     return {"measured": measured, "sent": len(recs), "errors": 0, "stopped_early": None}
 
 
-probe_seconds = [0.0]
-"""Seconds of arrivals every search so far would have taken on a real server."""
+SHAPES: dict[str, tuple[dict[str, Any], str]] = {
+    # the engine of the ground-truth server: 32 slots, a per-step cost that grows with the batch
+    "engine32": ({"slots": 32, "step_ms": 4.0, "step_ms_per_seq": 0.1, "prefill_ms_per_token": 0.01},
+                 "ttft_p99<=1000ms"),
+    # four slots, the step cost almost all per sequence: FIFO slots, each serving at its own pace
+    "slots4": ({"slots": 4, "step_ms": 0.5, "step_ms_per_seq": 0.5, "prefill_ms_per_token": 0.005},
+               "ttft_p99<=1000ms"),
+    # eight slots, cheaper prefill, a tighter limit
+    "slots8": ({"slots": 8, "step_ms": 1.0, "step_ms_per_seq": 0.4, "prefill_ms_per_token": 0.003},
+               "ttft_p99<=500ms"),
+    # batching: a step costs nearly the same for 1 or 64 sequences, so the service rate grows with the batch;
+    # chunked prefill on
+    "batch64": ({"slots": 64, "step_ms": 10.0, "step_ms_per_seq": 0.05, "prefill_ms_per_token": 0.01,
+                 "chunked": True}, "ttft_p99<=1000ms"),
+}  # fmt: skip
+"""Queueing shapes whose capacity the benchmark knows by simulation: engine settings and the SLO."""
 
 
-def one_search(
-    model: EngineModel, limits: Sequence[slo.Limit], seed: int, args: argparse.Namespace
-) -> slo.SearchOutcome:
-    looks = 1 + args.extend
-    level = 1.0 - (1.0 - args.confidence) / looks  # as ``tailgate slo`` shares its error across the looks
+class Search:
+    """One search as ``tailgate slo`` runs it (its search, verdicts, extensions, pooling across rates and time
+    budget), each attempt a fresh simulated run of a new sample of the workload, in virtual time."""
 
-    def probe(rate: float, phase: str) -> str:
-        # A re-run of the same workload on this deterministic engine would repeat itself exactly (and the
-        # verdicts cluster it as such); the extensions draw new samples of the workload, as the command does.
-        attempts: list[dict[str, Any]] = []
-        verdict = "not_enough_data"
-        for k in range(looks):
-            s = seed + 1000 * k
-            attempt = simulated_probe(model, rate, seed=s, duration=args.duration, min_n=args.min_n,
-                                      warmup=args.warmup)  # fmt: skip
+    def __init__(self, model: EngineModel, limits: Sequence[slo.Limit], seed: int, args: argparse.Namespace) -> None:
+        self.model, self.limits, self.seed, self.args = model, limits, seed, args
+        self.seconds = 0.0
+        """Probing time the search would have taken on a real server: arrivals plus each attempt's overhead."""
+        self.by_rate: dict[float, list[dict[str, Any]]] = {}
+        self.latest: dict[float, dict[str, Any]] = {}
+        self.tails = {lim.key: 1.0 - lim.p / 100.0 for lim in limits if lim.p is not None}
+
+    def probe(self, rate: float, phase: str) -> str:
+        a = self.args
+        attempts = self.by_rate.setdefault(rate, [])
+        verdict, checks = "not_enough_data", []
+        first = len(attempts)
+        for k in range(first, first + 1 + a.extend):
+            cost = max(a.min_n, math.ceil(rate * a.duration)) / rate + slo.PROBE_OVERHEAD_S
+            if a.time_budget and self.seconds + cost > a.time_budget:
+                if k == first:
+                    raise slo.SearchStopped(f"{self.seconds:.0f} s spent")
+                break
+            s = self.seed + 1000 * k  # each attempt a new sample of the workload, as the extensions draw
+            attempt = simulated_probe(self.model, rate, seed=s, duration=a.duration, min_n=a.min_n, warmup=a.warmup)
             attempts.append({**attempt, "workload": s})
-            probe_seconds[0] += attempt["sent"] / rate
-            verdict = slo.check_probe(attempts, limits, level=level, rate=rate)[0]
+            self.seconds += cost
+            verdict, checks = slo.check_probe(attempts, self.limits, level=a.confidence, rate=rate,
+                                              sequential=not a.fixed)  # fmt: skip
             if verdict != "not_enough_data":
                 break
+        self.latest[rate] = {"rate": rate, "verdict": verdict, "checks": [asdict(c) for c in checks]}
         return verdict
 
-    return slo.search(probe, start=args.start, max_rate=args.max_rate, min_rate=args.start / 8,
-                      resolution=slo.Resolution.parse(args.resolution), max_probes=args.max_probes)  # fmt: skip
+    def pooled(self) -> dict[float, str]:
+        if self.args.no_pool:
+            return {r: p["verdict"] for r, p in self.latest.items()}
+        return slo.pooled_verdicts(list(self.latest.values()), self.tails, self.args.confidence)
+
+    def rate_model(self) -> RateModel | None:
+        limits = {lim.key: lim.limit for lim in self.limits if lim.key in self.tails}
+        return binding_model(list(self.latest.values()), limits)
+
+    def guess(self) -> float | None:
+        m = None if self.args.no_model else self.rate_model()
+        return None if m is None else m.capacity
+
+    def run(self) -> slo.SearchOutcome:
+        a = self.args
+        return slo.search(self.probe, start=a.start, max_rate=a.max_rate, min_rate=a.start / 8,
+                          resolution=slo.Resolution.parse(a.resolution), max_probes=a.max_probes,
+                          pooled=self.pooled, guess=self.guess)  # fmt: skip
 
 
 def holds(out: slo.SearchOutcome, capacity: float) -> bool:
     lo = out.best if out.best is not None else 0.0
     hi = out.first_fail if out.first_fail is not None else math.inf
     return lo <= capacity < hi
+
+
+def width_of(out: slo.SearchOutcome, capacity: float) -> float:
+    """(upper - lower) / truth; infinite for an open bracket, which misses every width target."""
+    lo = out.best if out.best is not None else 0.0
+    return math.inf if out.first_fail is None else (out.first_fail - lo) / capacity
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    srt = sorted(values)
+    return srt[min(len(srt) - 1, int(q * len(srt)))] if srt else math.nan
+
+
+def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Many searches against one shape; coverage, width and probing time."""
+    settings, slo_text = SHAPES[name] if name != "custom" else (_custom(args), args.slo)
+    model = EngineModel(**settings)
+    limits = slo.parse_slo(slo_text)
+    limit_ms = {lim.metric: lim.limit for lim in limits if lim.metric != "errors"}
+    qs = {lim.p for lim in limits if lim.p is not None}
+    assert len(qs) == 1, "one percentile for every limit (the truth is computed at one quantile)"
+    t0 = time.monotonic()
+    capacity = args.truth or true_capacity(model, limit_ms, lengths_of(args.truth_requests, 99), q=qs.pop() / 100,
+                                           tolerance=0.002)  # fmt: skip
+    print(f"[{name}] engine {model.describe()}; SLO {slo_text}: true capacity {capacity:.3f} req/s "
+          f"({args.truth_requests} simulated requests per rate; {time.monotonic() - t0:.0f} s)",
+          flush=True)  # fmt: skip
+    rng = random.Random(args.first_seed)
+    covered, widths, minutes, statuses, model_err = 0, [], [], {}, []
+    for i in range(args.seeds):
+        seed = rng.randrange(1, 2**31)
+        search = Search(model, limits, seed, args)
+        out = search.run()
+        ok = holds(out, capacity)
+        m = search.rate_model()
+        model_err.append(math.inf if m is None or m.capacity is None else m.capacity / capacity - 1)
+        covered += ok
+        widths.append(width_of(out, capacity))
+        minutes.append(search.seconds / 60)
+        statuses[out.status] = statuses.get(out.status, 0) + 1
+        if args.verbose or not ok:
+            print(f"  [{name}] search {i + 1}: [{out.best}, {out.first_fail}] {'holds' if ok else 'MISSES'} "
+                  f"{out.status}, {search.seconds / 60:.1f} min; steps "
+                  f"{[(s.rate, s.phase, s.verdict) for s in out.steps]}",
+                  flush=True)  # fmt: skip
+    n = max(1, args.seeds)
+    row = {
+        "shape": name, "slo": slo_text, "capacity": round(capacity, 3), "searches": args.seeds,
+        "coverage": covered / n, "width_median": pct(widths, 0.5), "width_p90": pct(widths, 0.9),
+        "width_met": sum(1 for w in widths if w <= WIDTH_TARGET) / n,
+        "minutes_median": pct(minutes, 0.5), "minutes_max": max(minutes, default=math.nan), "statuses": statuses,
+        "model_error_median": pct(model_err, 0.5),
+        "model_within": sum(1 for e in model_err if abs(e) <= WIDTH_TARGET / 2) / n,
+    }  # fmt: skip
+    print(f"[{name}] {args.seeds} searches: coverage {row['coverage']:.0%} (target >= {args.confidence:.0%}); width / "
+          f"capacity median {row['width_median']:.1%}, 90th pct {row['width_p90']:.1%}, within {WIDTH_TARGET:.0%} in "
+          f"{row['width_met']:.0%} (open brackets count as misses); probing time median "
+          f"{row['minutes_median']:.1f} min, max {row['minutes_max']:.1f} min; statuses {statuses}",
+          flush=True)  # fmt: skip
+    return row
+
+
+WIDTH_TARGET = 0.15
+
+
+def _custom(args: argparse.Namespace) -> dict[str, Any]:
+    return {"slots": args.slots, "step_ms": args.step_ms, "step_ms_per_seq": args.step_ms_per_seq,
+            "prefill_ms_per_token": args.prefill_ms_per_token, "chunked": args.chunked}  # fmt: skip
 
 
 def slowed(model: EngineModel, factor: float) -> EngineModel:
@@ -122,6 +235,7 @@ def e2e(model: EngineModel, limits_text: str, args: argparse.Namespace) -> dict[
             "--start-rate", f"{args.start:g}", "--max-rate", f"{args.max_rate:g}", "--resolution", args.resolution,
             "--duration", f"{args.e2e_duration:g}", "--n", str(args.e2e_min_n), "--warmup", str(args.warmup),
             "--seed", str(args.e2e_seed), "--max-probes", str(args.max_probes), "--reruns", "0",
+            "--time-budget", f"{args.time_budget:g}",
             "--extend", str(args.extend), "--confidence", f"{args.confidence:g}",
         ]  # fmt: skip
         t0 = time.monotonic()
@@ -139,26 +253,35 @@ def e2e(model: EngineModel, limits_text: str, args: argparse.Namespace) -> dict[
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", action="append", default=[],
+                   help=f"one of {', '.join(SHAPES)}, 'all', or 'custom' (the engine options below); "
+                        "repeat")  # fmt: skip
     p.add_argument("--seeds", type=int, default=100)
     p.add_argument("--first-seed", type=int, default=1000)
-    p.add_argument("--slo", default="ttft_p99<=1000ms")
-    p.add_argument("--chunked", action="store_true", help="the engine's chunked prefill on")
+    p.add_argument("--slo", default="ttft_p99<=1000ms", help="the SLO of the custom shape")
+    p.add_argument("--chunked", action="store_true", help="the custom engine's chunked prefill on")
     p.add_argument("--slots", type=int, default=32)
     p.add_argument("--step-ms", type=float, default=4.0)
     p.add_argument("--step-ms-per-seq", type=float, default=0.1)
     p.add_argument("--prefill-ms-per-token", type=float, default=0.01)
-    p.add_argument("--duration", type=float, default=300.0, help="seconds of arrivals per probe")
-    p.add_argument("--min-n", type=int, default=300, help="measured requests per probe at least")
+    p.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals per attempt")
+    p.add_argument("--min-n", type=int, default=500, help="measured requests per attempt at least")
     p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--start", type=float, default=2.0)
     p.add_argument("--max-rate", type=float, default=64.0)
     p.add_argument("--resolution", default="10%")
-    p.add_argument("--max-probes", type=int, default=10)
-    p.add_argument("--extend", type=int, default=1, help="extensions of an undecided probe (tailgate slo --extend)")
+    p.add_argument("--max-probes", type=int, default=30)
+    p.add_argument("--time-budget", type=float, default=1200.0, help="seconds of probing per search (0: none)")
+    p.add_argument("--extend", type=int, default=0, help="extensions of an undecided probe per call (tailgate slo)")
+    p.add_argument("--fixed", action="store_true", help="fixed-n Clopper-Pearson verdicts instead of sequences")
+    p.add_argument("--no-pool", action="store_true", help="no pooling across rates")
+    p.add_argument("--no-model", action="store_true", help="no model of p99 against rate to place probes")
     p.add_argument("--truth-requests", type=int, default=40000)
-    p.add_argument("--truth", type=float, default=0.0, help="the true capacity, when computed before (req/s)")
-    p.add_argument("--e2e", action="store_true", help="also one real search through Locust")
+    p.add_argument("--truth", type=float, default=0.0, help="the true capacity, when computed before (one shape)")
+    p.add_argument("--verbose", action="store_true", help="one line per search")
+    p.add_argument("--json", default="", help="write the rows here")
+    p.add_argument("--e2e", action="store_true", help="also one real search through Locust (the custom engine)")
     p.add_argument("--e2e-duration", type=float, default=75.0)
     p.add_argument(
         "--e2e-slowdown",
@@ -166,63 +289,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=4.0,
         help="the end-to-end engine runs this many times slower (capacity / this), to suit one machine",
     )
-    p.add_argument("--e2e-only", action="store_true", help="skip the many-seed part")
     p.add_argument("--e2e-min-n", type=int, default=300)
     p.add_argument("--e2e-seed", type=int, default=7)
     args = p.parse_args(argv)
-
-    model = EngineModel(slots=args.slots, step_ms=args.step_ms, step_ms_per_seq=args.step_ms_per_seq,
-                        prefill_ms_per_token=args.prefill_ms_per_token, chunked=args.chunked)  # fmt: skip
-    limits = slo.parse_slo(args.slo)
-    limit_ms = {lim.metric: lim.limit for lim in limits if lim.metric != "errors"}
-    qs = {lim.p for lim in limits if lim.p is not None}
-    assert len(qs) == 1, "one percentile for every limit (the truth is computed at one quantile)"
-    q = qs.pop() / 100.0
-    t0 = time.monotonic()
-    if args.truth:
-        capacity = args.truth
-    else:
-        capacity = true_capacity(model, limit_ms, lengths_of(args.truth_requests, 99), q=q, tolerance=0.002)
-    print(f"engine {model.describe()}")
-    print(f"SLO {args.slo}: true capacity {capacity:.3f} req/s "
-          f"({args.truth_requests} simulated requests per rate; {time.monotonic() - t0:.0f} s)")  # fmt: skip
-    if args.e2e_only:
-        args.seeds = 0
-    rng = random.Random(args.first_seed)
-    covered = 0
-    widths: list[float] = []
-    unresolved = 0
-    statuses: dict[str, int] = {}
-    t0 = time.monotonic()
-    for _ in range(args.seeds):
-        seed = rng.randrange(1, 2**31)
-        out = one_search(model, limits, seed, args)
-        ok = holds(out, capacity)
-        covered += ok
-        statuses[out.status] = statuses.get(out.status, 0) + 1
-        if out.best is not None and out.first_fail is not None:
-            widths.append((out.first_fail - out.best) / capacity)
-        else:
-            unresolved += 1
-        print(
-            f"  search {sum(statuses.values())}/{args.seeds}: [{out.best}, {out.first_fail}] "
-            f"{'holds' if ok else 'MISSES'}",
-            flush=True,
-        )
-        if not ok:
-            print(f"  seed {seed}: bracket [{out.best}, {out.first_fail}] misses {capacity:.3f}; "
-                  f"steps {[(s.rate, s.verdict) for s in out.steps]}")  # fmt: skip
-    widths.sort()
-    med = widths[len(widths) // 2] if widths else math.nan
-    p90 = widths[min(len(widths) - 1, int(0.9 * len(widths)))] if widths else math.nan
-    if args.seeds:
-        print(f"{args.seeds} searches ({time.monotonic() - t0:.0f} s): coverage {covered / args.seeds:.1%} "
-              f"(target >= {args.confidence:.0%}); bracket width / capacity: median {med:.1%}, 90th pct "
-              f"{p90:.1%} (target <= 15%); no closed bracket in {unresolved}; statuses {statuses}; "
-              f"probing time per search {probe_seconds[0] / args.seeds / 60:.0f} min")  # fmt: skip
-    print(f"probe: {args.duration:g} s of Poisson arrivals, at least {args.min_n} measured (+{args.warmup} warm-up); "
-          f"resolution {args.resolution}; {args.extend} extension(s) of an undecided probe")  # fmt: skip
+    shapes = [s for name in (args.shape or ["all"]) for s in (list(SHAPES) if name == "all" else [name])]
+    unknown = [s for s in shapes if s not in SHAPES and s != "custom"]
+    if unknown:
+        p.error(f"--shape: unknown {unknown}; known: {', '.join(SHAPES)}, all, custom")
+    rows = [run_shape(name, args) for name in shapes if args.seeds > 0]
+    print(f"attempts: {args.duration:g} s of Poisson arrivals, at least {args.min_n} measured "
+          f"(+{args.warmup} warm-up); resolution {args.resolution}; {args.extend} extension(s) per call; time budget "
+          f"{args.time_budget:g} s; verdicts {'fixed-n' if args.fixed else 'anytime-valid'}, "
+          f"{'no ' if args.no_pool else ''}pooling")  # fmt: skip
+    print("| shape | SLO | true capacity | coverage | width median | width 90th | within 15% | minutes median | max "
+          "| model error median | model within ±7.5% |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['shape']} | {r['slo']} | {r['capacity']:g} | {r['coverage']:.0%} | {r['width_median']:.1%} | "
+              f"{r['width_p90']:.1%} | {r['width_met']:.0%} | {r['minutes_median']:.1f} | {r['minutes_max']:.1f} | "
+              f"{r['model_error_median']:+.1%} | {r['model_within']:.0%} |")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str) + "\n")
     if args.e2e:
+        model = EngineModel(**_custom(args))
+        limits = slo.parse_slo(args.slo)
+        limit_ms = {lim.metric: lim.limit for lim in limits if lim.metric != "errors"}
+        capacity = args.truth or true_capacity(model, limit_ms, lengths_of(args.truth_requests, 99), tolerance=0.002)
         f = args.e2e_slowdown
         e2e_model = slowed(model, f)
         e2e_slo = ",".join(f"{lim.key}<={lim.limit * f:g}ms" for lim in limits if lim.metric != "errors")

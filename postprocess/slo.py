@@ -36,6 +36,7 @@ from tailgate.postprocess.load import ResultsError
 from tailgate.postprocess.timeline import prefill_attribution
 from tailgate.resultfiles import SLO_ANALYSIS
 from tailgate.resultfiles import SLO_META as SLO_FILE
+from tailgate.slo.answer import bracket_text, check_text
 
 LAG_WARN_MS = 10.0
 """Schedule lag p99 above which the report already says the generator lacked CPU (``report.LAG_WARN_MS``)."""
@@ -45,9 +46,11 @@ STATUS_TEXT = {
     "bracketed": "bracketed to the resolution",
     "max_rate": "met at the highest rate probed (the capacity may be higher)",
     "below_min": "not met even at the lowest rate probed",
-    "probe_limit": "probe budget spent before the resolution",
-    "time_budget": "time budget spent before the resolution (the bracket so far)",
+    "probe_limit": "probe count spent before the bracket met the resolution (the bracket so far)",
+    "time_budget": "time budget spent before the bracket met the resolution (the bracket so far)",
+    "unresolved": "the bracket is wider than the resolution: the rates inside it had not enough data",
 }
+"""Every status a search ends with, in words (``unresolved``: written by searches before the current rules)."""
 
 
 @dataclass
@@ -100,6 +103,20 @@ def _probe(config: Mapping[str, Any], rate: Any) -> Mapping[str, Any] | None:
     return found[-1] if found else None
 
 
+PREEMPT_EXCESS = 2.0
+"""Preemptions per request at the failing rate must exceed this multiple of those at the passing rate for
+preemption to be named: a counter that rose alike where the SLO held and where it broke explains neither."""
+
+
+def _per_request_preemptions(probe: Mapping[str, Any]) -> float | None:
+    attempts = probe.get("attempts", [])
+    counts = [_num(a.get("preemptions_delta")) for a in attempts]
+    n = sum(_num(a.get("n_measured")) or 0 for a in attempts)
+    if not attempts or any(c is None for c in counts) or n <= 0:
+        return None
+    return sum(c or 0 for c in counts) / n
+
+
 QUEUED_SHARE = 0.2
 """A queue counts as evidence of admission queueing when it is non-empty in at least this share of the
 samples of every attempt: one sample with one request waiting is a moment, not a mechanism."""
@@ -128,16 +145,24 @@ def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> dict[str, Any
         return {"mechanism": "none", "text": text, "evidence": {}}
     probes = sorted(config.get("probes", []), key=lambda p: p["rate"])
     base = probes[0] if probes and probes[0] is not at else None
+    passing = _probe(config, result.get("best_rate"))
     attempts = at.get("attempts", [])
     per_attempt = [_num(a.get("preemptions_delta")) or 0 for a in attempts]
     preempted = sum(per_attempt)
-    # sustained evidence only: every attempt, not one sample of one attempt
-    preempts_all = bool(attempts) and all(x > 0 for x in per_attempt)
+    # evidence that differs between the passing and the failing rate: a counter that rose as much where the
+    # SLO held does not explain where it broke
+    at_pass = _per_request_preemptions(passing) if passing is not None else None
+    at_fail = _per_request_preemptions(at)
+    preempts_more = at_pass is None or (at_fail or 0) > PREEMPT_EXCESS * (at_pass or 0)
+    preempts_all = bool(attempts) and all(x > 0 for x in per_attempt) and preempts_more
     waiting = max((_num(a.get("waiting_max")) or 0 for a in attempts), default=0)
     shares = [_num(a.get("waiting_share")) for a in attempts]
     stopped = next((a.get("stopped_early") for a in attempts if a.get("stopped_early")), None)
     queue_stop = bool(stopped and "waiting" in stopped)
-    queued_all = bool(attempts) and all(s is not None and s >= QUEUED_SHARE for s in shares)
+    pass_shares = [_num(a.get("waiting_share")) for a in (passing or {}).get("attempts", [])]
+    pass_share = max((x for x in pass_shares if x is not None), default=0.0)
+    queued_all = bool(attempts) and all(s is not None and s >= max(QUEUED_SHARE, pass_share + QUEUED_SHARE / 2)
+                                        for s in shares)  # fmt: skip
     sustain = next((c for c in at.get("checks", []) if c.get("key") == "sustained"), None)
     not_sustained = bool(sustain and sustain.get("verdict") == "fail")
     ev: dict[str, Any] = {"probe_rate": at["rate"], "binding": at.get("binding"), "preemptions": preempted,
@@ -167,11 +192,16 @@ def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> dict[str, Any
     binding = str(at.get("binding") or "")
     parts = []
     if preempted > 0:
+        then = ""
+        if passing is not None and at_pass is not None:
+            then = (f" ({at_pass * 1000:.1f} per 1000 requests at the passing {_rate(passing['rate'])} req/s, "
+                    f"{(at_fail or 0) * 1000:.1f} here)")  # fmt: skip
         parts.append(f"vllm:num_preemptions_total rose by {' / '.join(f'{x:g}' for x in per_attempt)} "
-                     f"in the {len(attempts)} attempt(s)")  # fmt: skip
+                     f"in the {len(attempts)} attempt(s){then}")  # fmt: skip
     if waiting > 0:
         shown = " / ".join("?" if s is None else f"{s:.0%}" for s in shares)
-        parts.append(f"the waiting queue reached {waiting:g} (non-empty in {shown} of the samples per attempt)")
+        then = f"; {pass_share:.0%} at the passing {_rate(passing['rate'])} req/s" if passing is not None else ""
+        parts.append(f"the waiting queue reached {waiting:g} (non-empty in {shown} of the samples per attempt{then})")
     if not_sustained:
         parts.append(f"not sustained: {sustain.get('reason')}")  # type: ignore[union-attr]
     if stopped:
@@ -233,11 +263,15 @@ def slo_rows(state: Mapping[str, Any], records: pd.DataFrame | None = None) -> l
             "attempts": sum(len(p.get("attempts", [])) for p in c.get("probes", [])),
             "seeds": _seeds(c),
             "uncertain": (r.get("not_enough_data_rates") or r.get("uncertain_rates")) or [],
+            "undecided_detail": r.get("undecided") or [],
+            "model": r.get("model") or {},
+            "bracket_text": bracket_text(r) if r else "search not finished",
         })  # fmt: skip
     return rows
 
 
-HEADERS = ("configuration", "flags", "highest rate meeting the SLO (req/s)", "first rate not passing",
+HEADERS = ("configuration", "flags", "highest rate meeting the SLO (req/s)", "lowest failing rate above it",
+           "bracket width",
            "TTFT p99 there (ms)", "worst-gap p99 there (ms)", "total p99 there (ms)", "binding limit",
            "mechanism at the limit", "probes (attempts)", "not enough data at")  # fmt: skip
 
@@ -246,6 +280,15 @@ def _best_text(row: Mapping[str, Any]) -> str:
     if row["best_rate"] is None:
         return "none"
     return f"≥ {_rate(row['best_rate'])}" if row["status"] == "max_rate" else _rate(row["best_rate"])
+
+
+def _width_text(row: Mapping[str, Any]) -> str:
+    lo, hi = _num(row["best_rate"]), _num(row["first_fail_rate"])
+    if hi is None:
+        return "open (nothing above failed)" if row["status"] != "max_rate" else "open (at the highest rate)"
+    if lo is None:
+        return f"[0, {_rate(hi)}]"
+    return f"{hi - lo:g} req/s ({(hi - lo) / lo:.0%})" if lo > 0 else f"{hi - lo:g} req/s"
 
 
 def _seeds(config: Mapping[str, Any]) -> list[int]:
@@ -264,7 +307,7 @@ def _probes_text(row: Mapping[str, Any]) -> str:
 
 def _cells(row: Mapping[str, Any]) -> list[str]:
     return [
-        row["config"], row["flags"], _best_text(row), _rate(row["first_fail_rate"]),
+        row["config"], row["flags"], _best_text(row), _rate(row["first_fail_rate"]), _width_text(row),
         _ms(row["p99"].get("ttft")), _ms(row["p99"].get("gap")), _ms(row["p99"].get("total")),
         row["binding"] or "–", row["mechanism"], _probes_text(row),
         ", ".join(_rate(u) for u in row["uncertain"]) or "–",
@@ -294,7 +337,7 @@ def _bracket_text(row: Mapping[str, Any]) -> str:
     b = _bracket(row)
     if b is None:
         lo = "none" if row["best_rate"] is None else _rate(row["best_rate"])
-        return f"{row['config']}: passes up to {lo} req/s, no failing rate above it (unresolved)"
+        return f"{row['config']}: passes up to {lo} req/s, no failing rate above it (the bracket is open)"
     hi = "above the highest rate probed" if math.isinf(b[1]) else f"{_rate(b[1])}"
     return f"{row['config']}: [{_rate(b[0])}, {hi}] req/s"
 
@@ -374,7 +417,7 @@ def chart_feasible(rows: Sequence[Mapping[str, Any]], out_dir: Path, name: str =
     ax.invert_yaxis()
     xmax = max([_num(r["first_fail_rate"]) or _num(r["best_rate"]) or 1.0 for r in rows] or [1.0])
     ax.set_xlim(0, xmax * 1.6)
-    ax.set_xlabel("Poisson arrival rate (req/s): bar = highest passing probe, red tick = first probe not passing")
+    ax.set_xlabel("Poisson arrival rate (req/s): bar = highest passing probe, red tick = lowest failing probe above it")
     ax.set_title("SLO-feasible rate per server configuration")
     ax.grid(axis="x", alpha=0.3)
     return charts._save(fig, out_dir, name)
@@ -425,6 +468,8 @@ def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") ->
                 marker = {"pass": "o", "fail": "X", "not_enough_data": "D", "uncertain": "D"}.get(p["verdict"], "o")
                 face = "none" if p["verdict"] in ("not_enough_data", "uncertain") else color
                 ax.plot([p["rate"]], [v], marker=marker, color=color, mfc=face, ms=7, ls="none")
+        if key:
+            _model_curves(ax, state, key, names)
         if lim:
             ax.axhline(lim["limit"], color="#a02020", ls="--", lw=1)
             ax.text(0.01, lim["limit"], f" limit {lim['limit']:g} ms", color="#a02020", fontsize=8, va="bottom",
@@ -438,12 +483,34 @@ def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") ->
     return charts._save(fig, out_dir, name)
 
 
+def _model_curves(ax: Any, state: Mapping[str, Any], key: str, names: Sequence[str]) -> None:
+    """The fitted model of this limit against rate, per configuration: dotted, labelled a model, never a measurement."""
+    for c in state.get("configs", []):
+        model = (c.get("result") or {}).get("model") or {}
+        rates = [float(p["rate"]) for p in c.get("probes", [])]
+        if model.get("key") != key or not rates or not model.get("mu"):
+            continue
+        mu, base, scale = float(model["mu"]), float(model["base"]), float(model["scale"])
+        xs = np.linspace(min(rates), min(max(rates) * 1.1, mu * 0.97), 60)
+        ys = base + scale * xs / (mu - xs)
+        ax.plot(
+            xs,
+            ys,
+            color=charts.config_color(c["name"], names),
+            ls=":",
+            lw=1.2,
+            label=f"{c['name']} (model)",
+            gid="model",
+        )
+
+
 def _rate_axis(ax: Any) -> None:
     """Log-2 rate axis labelled at the rates that were probed (a bisection's 7.5 sits between powers)."""
     from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
     ax.set_xscale("log", base=2)
-    rates = sorted({round(x, 6) for line in ax.get_lines() for x in line.get_xdata() if x > 0})
+    rates = sorted({round(x, 6) for line in ax.get_lines() if line.get_gid() != "model"
+                    for x in line.get_xdata() if x > 0})  # fmt: skip
     if rates:
         ax.xaxis.set_major_locator(FixedLocator(rates))
         ax.xaxis.set_minor_locator(NullLocator())
@@ -497,9 +564,13 @@ def slo_section(results_dir: str | Path, records: pd.DataFrame | None, out_dir: 
         {"name": n, "png_base64": base64.b64encode(p[0].read_bytes()).decode("ascii"), "caption": cap}
         for n, p, cap in (
             ("slo_rate", paths["slo_rate"], "Highest Poisson rate whose probe passed the SLO (every interval under "
-             "its limit), and the first rate above it that did not pass. Hatched: passed at the highest rate probed."),
-            ("slo_p99", paths["slo_p99"], "Each p99 against rate per configuration, with its bootstrap interval "
-             "where the SLO limits it; the dashed line is the limit."),
+             "its limit), and the lowest rate above it that failed. Hatched: passed at the highest rate probed."),
+            ("slo_p99", paths["slo_p99"], "Each p99 against rate per configuration (the probe's pooled attempts). "
+             "Where the SLO limits it, the bar is the anytime-valid distribution-free confidence interval of the "
+             "p99 (order statistics, counts shrunk by the design effect); an arrow up: no upper bound exists at "
+             "that n. o pass, X fail, hollow ◇ not enough data; the dashed line is the limit. Dotted: the model "
+             "base + scale·rate/(saturation − rate) fitted to the probes, a model estimate and not a measurement "
+             "(its fit to each probe's interval is in slo.json)."),
         )
     ]  # fmt: skip
     plan = state.get("plan", {})
@@ -513,5 +584,6 @@ def slo_section(results_dir: str | Path, records: pd.DataFrame | None, out_dir: 
         figures=figures,
         configs=state.get("configs", []),
         status_text=STATUS_TEXT,
+        check_text=check_text,
     )
     return SloSection(Markup(html), md, js, paths, rows, rec)

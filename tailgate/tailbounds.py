@@ -84,6 +84,88 @@ def min_n_for_bound(q: float, confidence: float) -> int:
     return math.ceil(math.log(1.0 - confidence) / math.log(q))
 
 
+# ------------------------------------------------------------------------- anytime-valid (sequences)
+
+MIXTURE_POINTS = 64
+"""Points of the discrete mixing prior: a discrete prior is an exact mixture, so validity holds at any size."""
+
+
+def _log_mix(k: float, n: float, p0: float, side: str) -> float:
+    """log of a mixture likelihood-ratio martingale against ``p0`` for k exceedances in n (Bernoulli) draws.
+
+    ``side`` ``below``: the alternatives are shares under ``p0`` (uniform prior on (0, p0)); under any
+    share at or above ``p0`` the product is a nonnegative supermartingale, so by Ville's inequality it ever
+    reaches 1/alpha with probability at most alpha, however often it is looked at. ``above``: shares over
+    ``p0`` (log-uniform prior on (p0, 1)), a supermartingale under any share at or below ``p0``.
+    """
+    if p0 <= 0.0 or p0 >= 1.0 or n <= 0:
+        return 0.0
+    terms = []
+    for i in range(MIXTURE_POINTS):
+        u = (i + 0.5) / MIXTURE_POINTS
+        q = p0 * u if side == "below" else p0 ** (1.0 - u)
+        terms.append(k * math.log(q / p0) + (n - k) * math.log1p(-q) - (n - k) * math.log1p(-p0))
+    top = max(terms)
+    return top + math.log(sum(math.exp(t - top) for t in terms) / MIXTURE_POINTS)
+
+
+def seq_below(k: float, n: float, p0: float, alpha: float) -> bool:
+    """Anytime-valid: the share is under ``p0`` at (1 - alpha), whenever the data are looked at."""
+    return n > 0 and _log_mix(k, n, p0, "below") >= math.log(1.0 / alpha)
+
+
+def seq_above(k: float, n: float, p0: float, alpha: float) -> bool:
+    """Anytime-valid: the share is over ``p0`` at (1 - alpha), whenever the data are looked at."""
+    return k > 0 and _log_mix(k, n, p0, "above") >= math.log(1.0 / alpha)
+
+
+def seq_share_upper(k: float, n: float, alpha: float) -> float:
+    """The confidence sequence's upper end on the share: the smallest p0 the data show the share is under."""
+    if n <= 0 or k >= n:
+        return 1.0
+    return _bisect_log(lambda p0: seq_below(k, n, p0, alpha), max(k / n, 1e-9), 1.0 - 1e-9, lower_end=False)
+
+
+def seq_share_lower(k: float, n: float, alpha: float) -> float:
+    """The confidence sequence's lower end on the share: the largest p0 the data show the share is over."""
+    if n <= 0 or k <= 0:
+        return 0.0
+    return _bisect_log(lambda p0: seq_above(k, n, p0, alpha), 1e-9, min(k / n, 1.0 - 1e-9), lower_end=True)
+
+
+def _bisect_log(holds: Any, lo: float, hi: float, *, lower_end: bool) -> float:
+    """The edge of the region where ``holds`` is true, by bisection in log space: ``holds`` true from the
+    edge up (``lower_end`` False: the smallest such p0) or from the edge down (True: the largest)."""
+    inside = lo if lower_end else hi
+    edge = hi if lower_end else lo
+    if holds(edge):
+        return edge
+    if not holds(inside):
+        return 0.0 if lower_end else 1.0
+    for _ in range(40):
+        mid = math.sqrt(inside * edge)
+        if holds(mid):
+            inside = mid
+        else:
+            edge = mid
+    return inside
+
+
+def min_n_for_sequence(q: float, confidence: float) -> int:
+    """The fewest independent requests, none over the limit, with which the sequence shows the q-quantile under it."""
+    n = min_n_for_bound(q, confidence)
+    while not seq_below(0, n, 1.0 - q, 1.0 - confidence):
+        n = math.ceil(n * 1.02) + 1
+    lo = n // 2
+    while lo < n:  # the smallest such n (the test is monotone in n at k = 0)
+        mid = (lo + n) // 2
+        if seq_below(0, mid, 1.0 - q, 1.0 - confidence):
+            n = mid
+        else:
+            lo = mid + 1
+    return n
+
+
 # ------------------------------------------------------------------------------------ design effect
 
 
@@ -173,11 +255,15 @@ def check_tail(
     confidence: float = 0.95,
     groups: Sequence[Any] | None = None,
     key: str = "",
+    sequential: bool = False,
 ) -> TailCheck:
     """Is the ``q``-quantile (0 < q < 1) of ``values`` at most ``limit``, at ``confidence``, one-sided each way?
 
     ``groups`` (same length as ``values``) labels the blocks the requests are correlated within;
-    without it they are taken as independent.
+    without it they are taken as independent. ``sequential``: decide by the anytime-valid mixture
+    martingales (:func:`seq_below`, :func:`seq_above`) instead of Clopper-Pearson, so the verdict holds at
+    ``confidence`` however many times the growing data are looked at (at the price of about 1.5 times the
+    requests for a first bound: 449 instead of 299 for a p99 at 95%).
     """
     alpha = 1.0 - confidence
     n = len(values)
@@ -194,18 +280,29 @@ def check_tail(
         deff = max(design_effect(flags, groups), design_effect([v > ref for v in values], groups))
     k_hi, n_eff = _effective(k, n, deff)
     k_lo = math.floor(k / deff + 1e-9)
-    upper = share_upper(min(k_hi, n_eff), n_eff, alpha)
-    lower = share_lower(min(k_lo, n_eff), n_eff, alpha)
     srt = sorted(values)
     point = srt[max(0, math.ceil(q * n) - 1)]
-    high = _quantile_upper(srt, q, alpha, deff)
-    low = _quantile_lower(srt, q, alpha, deff)
-    if upper <= tail:
-        verdict, reason = PASS, f"at most {upper:.2%} over the limit at {confidence:.0%} (allowed {tail:.2%})"
-    elif lower > tail:
-        verdict, reason = FAIL, f"at least {lower:.2%} over the limit at {confidence:.0%} (allowed {tail:.2%})"
-    elif share_upper(0, n_eff, alpha) > tail:
-        need = min_n_for_bound(q, confidence)
+    if sequential:
+        upper = seq_share_upper(min(k_hi, n_eff), n_eff, alpha)
+        lower = seq_share_lower(min(k_lo, n_eff), n_eff, alpha)
+        passed = seq_below(min(k_hi, n_eff), n_eff, tail, alpha)
+        failed = seq_above(min(k_lo, n_eff), n_eff, tail, alpha)
+        high, low = _seq_quantile_bounds(srt, q, alpha, deff)
+        no_bound = not seq_below(0, n_eff, tail, alpha)
+    else:
+        upper = share_upper(min(k_hi, n_eff), n_eff, alpha)
+        lower = share_lower(min(k_lo, n_eff), n_eff, alpha)
+        passed, failed = upper <= tail, lower > tail
+        high = _quantile_upper(srt, q, alpha, deff)
+        low = _quantile_lower(srt, q, alpha, deff)
+        no_bound = share_upper(0, n_eff, alpha) > tail
+    how = "anytime-valid " if sequential else ""
+    if passed:
+        verdict, reason = PASS, f"at most {upper:.2%} over the limit at {how}{confidence:.0%} (allowed {tail:.2%})"
+    elif failed:
+        verdict, reason = FAIL, f"at least {lower:.2%} over the limit at {how}{confidence:.0%} (allowed {tail:.2%})"
+    elif no_bound:
+        need = min_n_for_sequence(q, confidence) if sequential else min_n_for_bound(q, confidence)
         verdict = NOT_ENOUGH
         reason = (f"effective n {n_eff} (n {n}, design effect {deff:.2f}) is below the {need} needed for any "
                   f"{confidence:.0%} bound on p{q * 100:g}")  # fmt: skip
@@ -213,6 +310,38 @@ def check_tail(
         verdict = NOT_ENOUGH
         reason = f"{k} of {n} over the limit: the interval [{lower:.2%}, {upper:.2%}] straddles {tail:.2%}"
     return TailCheck(key, limit, q, n, round(n / deff, 1), k, k / n, upper, lower, point, low, high, verdict, reason)
+
+
+def _seq_quantile_bounds(
+    srt: Sequence[float], q: float, alpha: float, deff: float
+) -> tuple[float | None, float | None]:
+    """The confidence sequence's bounds on the q-quantile: order statistics found by bisection on the count
+    above them (both tests are monotone in it). (upper, lower); None for a side no order statistic supports."""
+    n = len(srt)
+    tail = 1.0 - q
+    n_eff = max(0, math.floor(n / deff + 1e-9))
+
+    def below(k: int) -> bool:  # at most a (1 - q) share above the k-th largest
+        return seq_below(min(math.ceil(k / deff - 1e-9), n_eff), n_eff, tail, alpha)
+
+    def above(k: int) -> bool:  # more than a (1 - q) share at or above the k-th largest
+        return seq_above(min(math.floor(k / deff + 1e-9), n_eff), n_eff, tail, alpha)
+
+    upper = None
+    if n and below(0):
+        lo, hi = 0, n - 1  # the largest k with below(k)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if below(mid) else (lo, mid - 1)
+        upper = srt[n - 1 - lo]
+    lower = None
+    if n and above(n):
+        lo, hi = 1, n  # the smallest k with above(k)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if above(mid) else (mid + 1, hi)
+        lower = srt[n - lo]
+    return upper, lower
 
 
 def _quantile_upper(srt: Sequence[float], q: float, alpha: float, deff: float) -> float | None:

@@ -10,17 +10,19 @@
 #     mnbt512    chunked prefill on, --max-num-batched-tokens 512
 #     nochunk    --no-enable-chunked-prefill (the budget becomes the context length)
 #     lptt1024   chunked prefill on, --long-prefill-token-threshold 1024 (a fifth start, if the budget allows)
-#   N: measured requests per probe at least (default 400: a 95% bound on a p99 needs 299 after the start-up cut;
-#   25 warm-up on top); each probe lasts DURATION s of arrivals (default 90) with N the minimum.
+#   N: measured requests per probe at least (default 500: a first anytime-valid 95% bound on a p99 needs 449
+#   after the start-up cut; 25 warm-up on top); each probe lasts DURATION s of arrivals (default 90) with N the
+#   minimum. Before the first probe, STAGE_WARMUP (default 100) requests per round at the top rate (40 req/s)
+#   until the worst gap stops falling (at most three rounds, ~1 minute on top of the server's start).
 #   TIME_BUDGET_S: seconds of probing (default 420): no probe starts that would overrun it, and the bracket
 #   reached so far is the answer.
 #   SERVE=0 runs against a server already started in this call (`go.sh serve NAME FLAGS` by hand): the
 #   configuration's flags are then recorded as declared, not applied.
 #
 # The search: the seed's trace (seed 7), SLO TTFT p99 <= 300 ms and worst-gap p99 <= 200 ms (TTFT from the intended
-# send), doubling from START (default 5) req/s, narrowing to RESOLUTION (default 15%), one extension of a probe
-# without a verdict (a new sample of the workload, seed 1007; no re-run of the same one: it would be clustered
-# with the first run), halving no lower than 2.5 req/s. A probe lasts DURATION s of arrivals (default 90) plus
+# send), doubling from START (default 5) req/s, narrowing to RESOLUTION (default 15%); an undecided rate is
+# probed again with a new sample of the workload when only its data can narrow the bracket (anytime-valid
+# verdicts, pooled); halving no lower than 2.5 req/s. A probe lasts DURATION s of arrivals (default 90) plus
 # ~15 s; TIME_BUDGET_S bounds the probing, and the server's start (~80-100 s) comes on top: keep the two under
 # the 10-minute command limit.
 #
@@ -33,7 +35,7 @@
 # Each call's tar holds every configuration run so far; here, unpack the last one and build the report:
 #   tar xzf results-slo-nochunk.tar.gz -C results/h200 && tailgate report results/h200/slo
 set -uo pipefail
-config=${1:?usage: slo.sh CONFIG [N] [TIME_BUDGET_S]}; n=${2:-400}; budget=${3:-420}
+config=${1:?usage: slo.sh CONFIG [N] [TIME_BUDGET_S]}; n=${2:-500}; budget=${3:-420}
 source "$(dirname "$0")/layout.sh"
 OUT=${OUT:-/tmp/out}; R=${RESULTS:-/tmp/w/results/slo}; mkdir -p "$R" "$OUT"
 HOST=${HOST:-http://127.0.0.1:8000}
@@ -55,8 +57,9 @@ fi
 t0=$(date +%s)
 python3 -m tailgate.cli slo "${server[@]}" --host "$HOST" --results "$R" --config "$config: $knobs" \
   --slo "$SLO" --n "$n" --duration "${DURATION:-90}" --warmup 25 --seed 7 --ignore-eos \
-  --start-rate "${START:-5}" --max-rate 40 --min-rate 2.5 --resolution "${RESOLUTION:-15%}" --max-probes 8 \
-  --reruns 0 --extend 1 --time-budget "$budget" --no-report 2>&1 | grep -vE "in flight, about|^\s*$"
+  --start-rate "${START:-5}" --max-rate 40 --min-rate 2.5 --resolution "${RESOLUTION:-15%}" --max-probes 12 \
+  --reruns 0 --extend 0 --stage-warmup "${STAGE_WARMUP:-100}" --time-budget "$budget" --no-report 2>&1 \
+  | grep -vE "in flight, about|^\s*$"
 rc=${PIPESTATUS[0]}
 echo "slo $config exit $rc after $(( $(date +%s) - t0 )) s"
 bash "$GO" log >/dev/null 2>&1   # the server logs (scheduler stats every 5 s) travel with the results

@@ -17,6 +17,7 @@ a distribution-free bound whose counts are shrunk for correlated requests; other
 This module drives child processes and reads JSONL; it never imports pandas, gevent or Locust.
 """
 
+from tailgate.slo.answer import print_table
 from tailgate.slo.command import (
     EMBEDDED,
     EMBEDDED_BASE_FLAGS,
@@ -24,11 +25,11 @@ from tailgate.slo.command import (
     add_slo_arguments,
     build_plan,
     main,
-    print_table,
     run,
 )
+from tailgate.slo.pooled import isotonic_blocks, pooled_verdicts
 from tailgate.slo.probe import PROBE_OVERHEAD_S, SloPlan, SloRunError, SloRunner, probe_dir_name
-from tailgate.slo.search import Resolution, SearchOutcome, SearchStep, search
+from tailgate.slo.search import Resolution, SearchOutcome, SearchStep, SearchStopped, next_probe, search
 from tailgate.slo.spec import (
     EMBEDDED_MAX_MODEL_LEN,
     EXIT_FAILED,
@@ -71,6 +72,7 @@ __all__ = [
     "Resolution",
     "SearchOutcome",
     "SearchStep",
+    "SearchStopped",
     "ServerConfig",
     "SloError",
     "SloPlan",
@@ -83,14 +85,17 @@ __all__ = [
     "build_sweep",
     "check_probe",
     "error_check",
+    "isotonic_blocks",
     "knob_flags",
     "main",
     "mser5_cut",
+    "next_probe",
     "p99s",
     "parse_config",
     "parse_grid",
     "parse_slo",
     "parse_sweep_file",
+    "pooled_verdicts",
     "print_table",
     "probe_dir_name",
     "run",

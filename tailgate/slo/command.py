@@ -10,7 +10,7 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from tailgate.optiontable import DEFAULTS, STAMP_HELP, STAMP_SOURCES, OptionErro
 from tailgate.resultfiles import writable_folder_problem
 from tailgate.runner import signal_guard
 from tailgate.servers.spec import SERVER_KINDS, add_server_arguments, make_controller, server_spec
+from tailgate.slo.answer import print_table
 from tailgate.slo.probe import SloPlan, SloRunError, SloRunner
 from tailgate.slo.search import Resolution
 from tailgate.slo.spec import (
@@ -28,6 +29,7 @@ from tailgate.slo.spec import (
     EXIT_OK,
     EXIT_USAGE,
     KNOBS,
+    PROBE_MARK,
     SLO_FILE,
     Limit,
     Log,
@@ -36,19 +38,27 @@ from tailgate.slo.spec import (
     parse_slo,
     slo_text,
 )
-from tailgate.slo.verdict import _fmt
-from tailgate.tailbounds import min_n_for_bound
+from tailgate.tailbounds import min_n_for_sequence
 
 #: Eager mode on the CPU server: it starts in ~40 s instead of minutes of torch.compile on 2 cores.
 EMBEDDED_BASE_FLAGS = ("--enforce-eager",)
-EMBEDDED = {"start_rate": 1.0, "max_rate": 8.0, "n": 20, "warmup": 3, "max_waiting": -1, "duration": 30.0}
+EMBEDDED = {
+    "start_rate": 1.0,
+    "max_rate": 8.0,
+    "n": 20,
+    "warmup": 3,
+    "max_waiting": -1,
+    "duration": 30.0,
+    "stage_warmup": 0,
+}
 GPU = {
     "start_rate": 5.0,
     "max_rate": 64.0,
-    "n": 400,
+    "n": 500,
     "warmup": DEFAULTS["warmup"],
     "max_waiting": -1,
     "duration": 120.0,
+    "stage_warmup": 200,
 }
 #: Plan keys a resumed search must share with the folder's: a probe measured under others is another answer.
 RESUME_KEYS = (
@@ -98,10 +108,10 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reruns", type=int, default=0,
                    help="re-runs of the same workload for a probe without a verdict (clustered with the first run: "
                         "they add evidence only as far as the server behaved differently)")  # fmt: skip
-    p.add_argument("--extend", type=int, default=1,
-                   help="then further attempts on new samples of the workload (seed + 1000 each) while the probe "
-                        "stays undecided; each look's confidence is shared out so the verdict holds at "
-                        "--confidence")  # fmt: skip
+    p.add_argument("--extend", type=int, default=0,
+                   help="then further attempts on new samples of the workload (seed + 1000 each) at once while the "
+                        "probe stays undecided (default 0: the search itself comes back to an undecided rate when "
+                        "only its data can narrow the bracket; verdicts are anytime-valid either way)")  # fmt: skip
     p.add_argument(
         "--confidence",
         type=float,
@@ -113,7 +123,8 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         "--n",
         type=int,
         default=None,
-        help="measured requests per probe at least (default 400; with --duration, the minimum)",
+        help="measured requests per probe at least (default 500: a first-look p99 pass needs 449 independent "
+        "ones; with --duration, the minimum)",
     )
     p.add_argument(
         "--duration",
@@ -123,6 +134,10 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         "(default 120; embedded 30; 0: --n alone)",
     )
     p.add_argument("--warmup", type=int, default=None, help="warm-up requests per probe (default 25)")
+    p.add_argument("--stage-warmup", type=int, default=None,
+                   help="before the first probe on a server, rounds of this many requests at --max-rate until a "
+                        "round's worst gap stops falling (first-time pauses; default 200, embedded 0; "
+                        "0: none)")  # fmt: skip
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="trace seed; a re-run repeats the same workload")
     p.add_argument("--trace-file", default="", help="JSONL of {prompt_tokens, max_tokens} instead of the seeded mix")
     p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")
@@ -181,6 +196,8 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         raise SloError(f"--confidence: must be in [0.5, 1), got {args.confidence:g}")
     if args.resamples < 100:
         raise SloError(f"--resamples: must be at least 100, got {args.resamples}")
+    if args.stage_warmup is not None and args.stage_warmup < 0:
+        raise SloError(f"--stage-warmup: must be 0 (none) or more requests, got {args.stage_warmup}")
     if args.processes < 1:
         raise SloError(f"--processes: must be at least 1, got {args.processes}")
     if not (math.isfinite(args.time_budget) and args.time_budget >= 0):
@@ -212,6 +229,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         confidence=args.confidence, resamples=args.resamples, n=n, warmup=warmup, seed=args.seed,
         ignore_eos=args.ignore_eos or args.embedded, processes=args.processes, max_waiting=max_waiting,
         time_budget=args.time_budget, duration=0.0 if args.trace_file else duration,
+        stage_warmup=args.stage_warmup if args.stage_warmup is not None else int(scaled["stage_warmup"]),
         locust_args=locust_args, base_flags=list(EMBEDDED_BASE_FLAGS) if args.embedded else [],
     )  # fmt: skip
 
@@ -234,7 +252,10 @@ def resume_refusal(root: Path, plan: SloPlan) -> str | None:
         old = json.loads((root / SLO_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not any(c.get("probes") for c in old.get("configs", [])):
+    # The plan is saved before the first probe starts, and a probe reaches the file only when its attempts
+    # end: an attempt folder on disk is measured data whatever the file's probe list says.
+    measured = any(c.get("probes") for c in old.get("configs", [])) or any(root.glob(f"*_slo_r*_a*/{PROBE_MARK}"))
+    if not measured:
         return None
     before, now = old.get("plan") or {}, plan.describe()
     changed = [k for k in RESUME_KEYS if k in before and before.get(k) != now.get(k)]
@@ -246,19 +267,6 @@ def resume_refusal(root: Path, plan: SloPlan) -> str | None:
         return (f"{root} holds probes of another plan ({', '.join(changed)} changed); use a new --results folder "
                 "or the same options")  # fmt: skip
     return None
-
-
-def print_table(state: Mapping[str, Any], log: Log) -> None:
-    """The answer in the terminal: configuration -> highest rate meeting the SLO, its p99s, the binding limit."""
-    log(f"[slo] SLO {state.get('plan', {}).get('slo')}: highest Poisson rate meeting it, per configuration")
-    for c in state.get("configs", []):
-        r = c.get("result") or {}
-        best = r.get("best_rate")
-        at = r.get("at_best") or {}
-        p99 = " ".join(f"{k} {_fmt(k, v.get('point'))}" for k, v in at.items())
-        status = r.get("status")
-        where = "none" if best is None else (f">= {best:g}" if status == "max_rate" else f"{best:g}")
-        log(f"[slo]   {c['name']:<28} {where:>8} req/s  {p99}  binding: {r.get('binding') or '-'}  ({status})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -336,13 +344,12 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
             f"{plan.max_rate:g}, bisecting to {plan.resolution}; n={plan.n} (+{plan.warmup} warm-up) "
             "per probe")  # fmt: skip
         pct = [lim for lim in plan.limits if lim.p is not None]
-        need = max((min_n_for_bound(lim.p / 100.0, plan.look_confidence) for lim in pct), default=0)
+        need = max((min_n_for_sequence(lim.p / 100.0, plan.look_confidence) for lim in pct), default=0)
         if plan.probe_n(plan.start_rate) < need:
             log(f"[slo] note: {plan.probe_n(plan.start_rate)} measured requests per probe at {plan.start_rate:g} "
-                f"req/s is below the {need} a {plan.look_confidence:.1%} bound (each of a probe's {plan.looks} "
-                f"looks) on "
+                f"req/s is below the {need} an anytime-valid {plan.look_confidence:.0%} bound on "
                 f"{max(pct, key=lambda lim: lim.p or 0).key} needs: such probes can only fail or have not enough "
-                "data; raise --n or --duration for a pass")  # fmt: skip
+                "data until extended; raise --n or --duration for a pass at the first look")  # fmt: skip
         runner.run()
         print_table(runner.state, log)
         if not args.no_report:
@@ -354,8 +361,8 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
         log(f"[slo] finished in {time.monotonic() - started:.0f} s")
         configs = runner.state.get("configs", [])
         met = any((c.get("result") or {}).get("best_rate") is not None for c in configs)
-        erred = [c for c in configs if (c.get("result") or {}).get("best_rate") is None
-                 and (c.get("result") or {}).get("binding") == "errors"]  # fmt: skip
+        erred = [c for c in configs if (c.get("result") or {}).get("best_rate") is None and c.get("probes")
+                 and all(p["verdict"] == "fail" and p.get("binding") == "errors" for p in c["probes"])]  # fmt: skip
         if not met and erred:
             c = erred[0]
             first = c["probes"][0]["attempts"][0] if c.get("probes") and c["probes"][0].get("attempts") else {}

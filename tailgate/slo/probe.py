@@ -24,9 +24,12 @@ from tailgate.load.plan import rate_label
 from tailgate.records import read_records
 from tailgate.resultfiles import RECORDS_GLOB, SERVER_METRICS, SUMMARY_GLOB
 from tailgate.runner import ChildRunner, LocustRun, prepare_results, prepare_server
-from tailgate.slo.search import Resolution, _outcome_so_far, search
+from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
+from tailgate.slo.model import RateModel, binding_model
+from tailgate.slo.pooled import pooled_verdicts
+from tailgate.slo.search import Resolution, SearchStopped, search
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Limit, Log, ServerConfig, slo_text
-from tailgate.slo.verdict import _fmt, binding_limit, check_probe, p99s
+from tailgate.slo.verdict import binding_limit, check_probe, p99s
 from tailgate.stats import measured_records
 
 
@@ -42,7 +45,7 @@ class SloPlan:
     reruns: int = 0
     """Re-runs of the same workload for a probe without a verdict: they add evidence only as far as the
     server behaves differently on the same arrivals, so none by default; extensions add new samples."""
-    extend: int = 1
+    extend: int = 0
     """Further attempts, each a new sample of the workload (another seed), for a probe still undecided after
     its re-runs: more independent evidence where the capacity is, instead of longer probes everywhere."""
     confidence: float = 0.95
@@ -58,6 +61,8 @@ class SloPlan:
     duration: float = 0.0
     """Seconds of arrivals per probe: a probe sends ``max(n, rate * duration)`` measured requests, so it
     lasts long enough to reach and hold steady state at every rate (0: ``n`` alone)."""
+    stage_warmup: int = 0
+    """Requests per stage warm-up round at ``max_rate`` before the first probe on a server (0: none)."""
     time_budget: float = 0.0
     """Seconds of probing per configuration; no probe starts that would overrun it (0: no budget)."""
     locust_args: list[str] = field(default_factory=list)
@@ -73,24 +78,31 @@ class SloPlan:
             "confidence": self.confidence, "resamples": self.resamples, "n": self.n, "warmup": self.warmup,
             "seed": self.seed, "ignore_eos": self.ignore_eos, "processes": self.processes,
             "max_waiting": self.max_waiting, "duration": self.duration,
-            "time_budget": self.time_budget, "locust_args": self.locust_args,
+            "time_budget": self.time_budget, "locust_args": self.locust_args, "stage_warmup": self.stage_warmup,
             "base_flags": self.base_flags,
             "measured_from": "intended send (TTFT, total); worst gap inside the stream",
-            "verdicts": "one-sided Clopper-Pearson on the share over each limit, design effect of time blocks "
-                        "and runs; sustained load by completions inside the arrival window and Mann-Kendall "
+            "verdicts": "anytime-valid mixture-martingale confidence sequences on the share over each limit, "
+                        "design effect of time blocks and runs, pooled across rates by isotonic blocks; "
+                        "sustained load by completions inside the arrival window and Mann-Kendall "
                         "trend tests on TTFT and the waiting queue",
         }  # fmt: skip
 
     @property
     def looks(self) -> int:
-        """The most verdicts one probe can take on its growing data (first run, re-runs, extensions)."""
+        """Attempts one call of a probe takes on its growing data at most (first run, re-runs, extensions);
+        the search may come back to an undecided rate for more."""
         return 1 + self.reruns + self.extend
 
     @property
     def look_confidence(self) -> float:
-        """The confidence of each look: the probe stops at the first decided one, so its error is spent
-        across the looks (Bonferroni) and the verdict it ends on holds at ``confidence``."""
-        return 1.0 - (1.0 - self.confidence) / self.looks
+        """The confidence of each look: the verdicts are anytime-valid confidence sequences, so looking after
+        every attempt (and pooling a later probe of the same rate) costs no share of the confidence."""
+        return self.confidence
+
+    @property
+    def tails(self) -> dict[str, float]:
+        """The share allowed over each percentile limit, by key: what pooling across rates tests."""
+        return {lim.key: 1.0 - lim.p / 100.0 for lim in self.limits if lim.p is not None}
 
     def attempt_seed(self, attempt: int) -> int:
         """The trace seed of an attempt (1-based): re-runs repeat the plan's seed, extensions draw new ones."""
@@ -108,6 +120,12 @@ class SloPlan:
         return max(4, math.ceil(QUEUE_STOP_SHARE * (self.probe_n(rate) + self.warmup)))
 
 
+STAGE_WARMUP_DIR = "stage-warmup"
+"""Where the stage warm-up's runs go: a subfolder, so the report never reads them as cells."""
+STAGE_WARMUP_ROUNDS = 3
+STAGE_WARMUP_SEED = 500
+PAUSE_RATIO = 1.25
+"""A warm-up round whose worst gap is not this many times below the round before's: the stalls stopped falling."""
 EXTEND_SEED_STEP = 1000
 """Seed distance of an extension's workload from the plan's (far from the suite's own seed + 100 re-draws)."""
 QUEUE_STOP_SHARE = 0.25
@@ -205,6 +223,8 @@ class SloRunner:
         self.clock: Callable[[], float] = time.monotonic
         """What the time budget is counted on (a test may substitute its own)."""
         self._config_t0 = self.clock()
+        self._by_rate: dict[float, list[dict[str, Any]]] = {}
+        """Attempt data of every rate probed in the configuration under search: a later probe pools them."""
 
     # -- state file ------------------------------------------------------------------------------
     def _save(self) -> None:
@@ -230,16 +250,51 @@ class SloRunner:
         cs = self._config_state(config)
         t0 = self.clock()
         cs["server"] = prepare_server(self.controller, config.name, flags, declared=flags, log=self.log, tag="[slo] ")
-        self._config_t0 += self.clock() - t0  # the time budget is for probes, not for starts
         self._running = config.name
+        self._save()
+        self._stage_warmup(config)
+        self._config_t0 += self.clock() - t0  # the time budget is for probes, not for starts and warm-ups
+
+    def _stage_warmup(self, config: ServerConfig) -> None:
+        """Before the first measured probe on a (re)started server, load it at the highest rate the search may
+        use, in rounds, until a round's worst gap is no longer well below the round before: the first-time
+        pauses of a fresh engine (kernel compilation, graph capture, allocator growth at a new batch size) then
+        fall in the warm-up, not in the first probe's tail. Kept under ``stage-warmup/``, never a cell."""
+        p = self.plan
+        if p.stage_warmup <= 0:
+            return
+        rounds: list[dict[str, Any]] = []
+        for k in range(1, STAGE_WARMUP_ROUNDS + 1):
+            out = self.root / STAGE_WARMUP_DIR / f"{config.name}_w{k}"
+            if (out / PROBE_MARK).exists():
+                mark = json.loads((out / PROBE_MARK).read_text())
+            else:
+                self.log(f"[slo] {config.name}: stage warm-up round {k}: {p.stage_warmup} requests at "
+                         f"{p.max_rate:g} req/s, the highest rate the search may use")  # fmt: skip
+                out.parent.mkdir(parents=True, exist_ok=True)
+                mark = self._run_child(config, p.max_rate, p.seed + STAGE_WARMUP_SEED + k, out, n=p.stage_warmup)
+            gaps = [float(r["worst_gap_ms"]) for r in self._attempt_data(out, mark)["measured"]
+                    if isinstance(r.get("worst_gap_ms"), (int, float))]  # fmt: skip
+            worst = max(gaps, default=0.0)
+            rounds.append({"round": k, "dir": f"{STAGE_WARMUP_DIR}/{out.name}", "rate": p.max_rate,
+                           "worst_gap_ms": round(worst, 1), "seconds": mark.get("seconds")})  # fmt: skip
+            if k > 1 and worst * PAUSE_RATIO >= rounds[-2]["worst_gap_ms"]:
+                break  # no longer well below the round before: that round had no first-time pause either
+        settled = len(rounds) > 1 and rounds[-1]["worst_gap_ms"] * PAUSE_RATIO >= rounds[-2]["worst_gap_ms"]
+        self._config_state(config)["stage_warmup"] = {"rounds": rounds, "settled": settled}
+        shown = " -> ".join(f"{r['worst_gap_ms']:g}" for r in rounds)
+        self.log(f"[slo] {config.name}: stage warm-up worst gaps {shown} ms: "
+                 f"{'no first-time pause left' if settled else 'still falling after the last round'}")  # fmt: skip
         self._save()
 
     # -- one Locust run ----------------------------------------------------------------------------
-    def _command(self, config: ServerConfig, rate: float, seed: int, out: Path) -> list[str]:
+    def _command(self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None) -> list[str]:
         p = self.plan
+        fixed = "--trace-file" in p.locust_args  # the file sets the count
         return LocustRun(
             arm=CONTINUOUS.name, host=self.controller.base_url, results=out, stage=tuple(CONTINUOUS.value_args(rate)),
-            n=p.probe_n(rate), warmup=p.warmup, seed=seed, config_label=config.name, processes=p.processes,
+            n=p.probe_n(rate) if n is None or fixed else n, warmup=p.warmup if n is None or fixed else 0, seed=seed,
+            config_label=config.name, processes=p.processes,
             ignore_eos=p.ignore_eos, prometheus_url=self.prometheus_url, extra=tuple(p.locust_args),
         ).command()  # fmt: skip
 
@@ -256,7 +311,9 @@ class SloRunner:
             return None
         return math.floor(lim.limit * (self.plan.probe_n(rate) + self.plan.warmup))
 
-    def _run_child(self, config: ServerConfig, rate: float, seed: int, out: Path) -> dict[str, Any]:
+    def _run_child(
+        self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None
+    ) -> dict[str, Any]:
         """Run one Locust child, stopping it early when the queue or the errors already decide the probe."""
         prepare_results(out, self.root)  # an interrupted attempt: kept aside, never mixed in
         base = self.controller.base_url
@@ -273,7 +330,7 @@ class SloRunner:
                 return f"{watch.errors} errors: over the SLO's error budget of {budget} for the probe"
             return None
 
-        done = self.child.run(self._command(config, rate, seed, out), watch=decided)
+        done = self.child.run(self._command(config, rate, seed, out, n), watch=decided)
         code, stopped = done.exit_code, done.stopped_early
         ending = child_ending(code)
         if stopped:
@@ -314,12 +371,16 @@ class SloRunner:
         }
 
     def probe(self, config: ServerConfig, rate: float, phase: str, index: int) -> str:
-        """One rate: run (or reuse) attempts until the verdict is certain or the re-runs are spent."""
+        """One rate: run (or reuse) attempts until the verdict is decided or this call's attempts are spent.
+
+        A rate probed again (``extend``) pools its earlier attempts: the verdicts are anytime-valid, so the
+        growing data may be looked at after every attempt at the stated confidence."""
         p = self.plan
-        attempts: list[dict[str, Any]] = []
+        attempts = self._by_rate.setdefault(rate, [])
         entry: dict[str, Any] = {"index": index, "rate": rate, "phase": phase, "attempts": []}
         verdict, checks = "not_enough_data", []
-        for attempt in range(1, p.looks + 1):
+        first = len(attempts) + 1
+        for attempt in range(first, first + p.looks):
             out = self.root / probe_dir_name(config.name, rate, attempt)
             seed = p.attempt_seed(attempt)  # a re-run repeats the workload; an extension draws a new sample
             mark_path = out / PROBE_MARK
@@ -330,12 +391,13 @@ class SloRunner:
                 est = (p.probe_n(rate) + p.warmup) / rate
                 spent = self.clock() - self._config_t0
                 if p.time_budget and spent + est + PROBE_OVERHEAD_S > p.time_budget:
-                    if attempts:  # a re-run that does not fit: the probe stays undecided, and is recorded
-                        self.log(f"[slo]   no time left in the budget for the re-run: {rate:g} req/s stays undecided")
-                        break
                     need = est + PROBE_OVERHEAD_S
-                    raise _BudgetSpent(f"{spent:.0f} s spent; a {rate:g} req/s probe needs ~{need:.0f} s more "
-                                       f"than the {p.time_budget:g} s budget allows")  # fmt: skip
+                    why = (f"{spent:.0f} s spent; a {rate:g} req/s attempt needs ~{need:.0f} s more than the "
+                           f"{p.time_budget:g} s budget allows")  # fmt: skip
+                    if attempt > first:  # an extension that does not fit: the probe stays undecided, recorded
+                        self.log(f"[slo]   no time left in the budget for more: {rate:g} req/s stays undecided")
+                        break
+                    raise SearchStopped(why)
                 self._ensure_server(config)
                 self.log(f"[slo] {config.name}: probe {index} ({phase}) {rate:g} req/s attempt {attempt} "
                          f"(~{est:.0f} s of arrivals)")  # fmt: skip
@@ -346,39 +408,37 @@ class SloRunner:
             data["workload"] = p.seed if "--trace-file" in p.locust_args else seed
             attempts.append(data)
             verdict, checks = check_probe(attempts, p.limits, level=p.look_confidence, rate=rate)
-            s = data["summary"]
-            waits = data.get("waiting_series") or []
-            entry["attempts"].append({
-                "dir": out.name, "seed": seed, "seconds": mark.get("seconds"),
-                "stopped_early": mark.get("stopped_early"), "waiting_max": mark.get("waiting_max"),
-                "sent": data["sent"], "cancelled": data.get("cancelled", 0), "errors": data["errors"],
-                "n_measured": len(data["measured"]), "achieved_rate": s.get("achieved_rate"),
-                "ttft_p99_from_send": s.get("ttft_p99"), "preemptions_delta": s.get("preemptions_delta"),
-                "schedule_lag_p99": s.get("schedule_lag_p99"),
-                "waiting_samples": len(waits),
-                "waiting_share": round(sum(1 for w in waits if w > 0) / len(waits), 3) if waits else None,
-                "client_coalesced": sum(1 for r in data["measured"] if r.get("client_coalesced")),
-            })  # fmt: skip
-            shown = ", ".join(
-                f"{c.key} {_fmt(c.key, c.point)} [{_fmt(c.key, c.low)}, {_fmt(c.key, c.high)}] {c.verdict}"
-                for c in checks
-            )
-            self.log(f"[slo]   -> {verdict.upper()}: {shown}")
+            entry["attempts"].append(attempt_row(out.name, seed, mark, data))
+            self.log(f"[slo]   -> {verdict_line(verdict, checks)}")
             if verdict != "not_enough_data":
                 break
             if attempt <= p.reruns:
                 self.log("[slo]   not enough data for a verdict: re-running the same workload, the runs pooled "
                          "(a block of every run of it counts as one cluster)")  # fmt: skip
-            elif attempt < p.looks:
+            elif attempt < first + p.looks - 1:
                 self.log(f"[slo]   not enough data for a verdict: extending with a new sample of the workload "
                          f"(seed {p.attempt_seed(attempt + 1)}), pooled as blocks of their own")  # fmt: skip
         pooled = [r for a in attempts for r in a["measured"]]
-        entry.update({"verdict": verdict, "checks": [asdict(c) for c in checks],
-                      "binding": binding_limit(checks), "p99": p99s(pooled)})  # fmt: skip
+        entry.update({"verdict": verdict, "checks": [asdict(c) for c in checks], "pooled_attempts": len(attempts),
+                      "binding": binding_limit(checks), "p99": p99s(pooled),
+                      "undecided_reason": undecided_reason(verdict, checks)})  # fmt: skip
+        if not entry["attempts"]:
+            return verdict
         cs = next(c for c in self.state["configs"] if c["name"] == config.name)
         cs["probes"].append(entry)
         self._save()
         return verdict
+
+    def _pooled(self, config: ServerConfig) -> dict[float, str]:
+        """Every rate's verdict with the evidence pooled across rates (the latest entry of each rate)."""
+        cs = self._config_state(config)
+        latest = {float(pr["rate"]): pr for pr in cs["probes"]}
+        return pooled_verdicts(list(latest.values()), self.plan.tails, self.plan.look_confidence)
+
+    def _model(self, config: ServerConfig) -> RateModel | None:
+        """The model of the binding percentile against rate, fitted to this configuration's probes so far."""
+        limits = {lim.key: lim.limit for lim in self.plan.limits if lim.p is not None}
+        return binding_model(self._config_state(config)["probes"], limits)
 
     def run_config(self, config: ServerConfig) -> dict[str, Any]:
         p = self.plan
@@ -387,30 +447,21 @@ class SloRunner:
         self._save()
         counter = itertools.count(1)
         self._config_t0 = self.clock()
-        try:
-            outcome = search(
-                lambda rate, phase: self.probe(config, rate, phase, next(counter)),
-                start=p.start_rate, max_rate=p.max_rate, min_rate=p.min_rate,
-                resolution=p.resolution, max_probes=p.max_probes,
-            )  # fmt: skip
-        except _BudgetSpent as e:
-            self.log(f"[slo] {config.name}: time budget spent ({e}); the bracket so far is the answer")
-            outcome = _outcome_so_far(cs["probes"])
-        best_probe = next((pr for pr in reversed(cs["probes"]) if pr["rate"] == outcome.best), None)
-        fail_probe = next((pr for pr in reversed(cs["probes"]) if pr["rate"] == outcome.first_fail), None)
-        cs["result"] = {
-            "best_rate": outcome.best, "first_fail_rate": outcome.first_fail, "status": outcome.status,
-            "binding": fail_probe["binding"] if fail_probe else None,
-            "at_best": {c["key"]: c for c in best_probe["checks"]} if best_probe else None,
-            "not_enough_data_rates": [pr["rate"] for pr in cs["probes"] if pr["verdict"] == "not_enough_data"],
-            "probes": len(cs["probes"]),
-            "attempts": sum(len(pr["attempts"]) for pr in cs["probes"]),
-        }  # fmt: skip
+        self._by_rate = {}
+        outcome = search(
+            lambda rate, phase: self.probe(config, rate, phase, next(counter)),
+            start=p.start_rate, max_rate=p.max_rate, min_rate=p.min_rate,
+            resolution=p.resolution, max_probes=p.max_probes, pooled=lambda: self._pooled(config),
+            guess=lambda: getattr(self._model(config), "capacity", None),
+        )  # fmt: skip
+        if outcome.status == "time_budget":
+            self.log(f"[slo] {config.name}: time budget spent; the bracket so far is the answer")
+        cs["result"] = result_of(outcome, cs["probes"], p)
+        model = self._model(config)
+        cs["result"]["model"] = model.as_dict() if model is not None else None
         cs["status"] = "done"
         self._save()
-        best = "none" if outcome.best is None else f"{outcome.best:g} req/s"
-        self.log(f"[slo] {config.name}: highest rate meeting the SLO {best} ({outcome.status}; "
-                 f"binding limit above it: {cs['result']['binding'] or 'none'})")  # fmt: skip
+        self.log(f"[slo] {config.name}: {answer_line(cs['result'])}")
         return cs
 
     def run(self) -> list[dict[str, Any]]:
@@ -448,10 +499,6 @@ class SloRunner:
 
 class SloRunError(RuntimeError):
     pass
-
-
-class _BudgetSpent(Exception):
-    """The next probe would overrun the configuration's time budget."""
 
 
 PROBE_OVERHEAD_S = 15.0

@@ -1,19 +1,24 @@
-"""The capacity search: double from a start rate until a probe does not pass, halve when the start fails,
-then bisect to a resolution. Pure: the probe is a callable, so the rules are testable without a server.
+"""The capacity search: double from a start rate until a probe fails, halve when the start does not pass,
+then narrow the bracket [highest pass, lowest fail] until it meets the resolution or the probes or the time
+run out. Pure: the probe is a callable, so the rules are testable without a server.
+
+Verdicts are anytime-valid (see :mod:`tailgate.tailbounds`), so a rate whose probe could not decide may be
+probed again (``extend``): its attempts are pooled and the verdict keeps its confidence. The search spends
+what it was given: a rate with not enough data never ends it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from tailgate.slo.spec import SloError
 
 
 @dataclass(frozen=True)
 class Resolution:
-    """Bisection stops when the bracket is this narrow: req/s, or a fraction of the passing rate."""
+    """The search stops when the bracket is this narrow: req/s, or a fraction of the passing rate."""
 
     value: float
     relative: bool
@@ -32,6 +37,9 @@ class Resolution:
     def narrow(self, lo: float, hi: float) -> bool:
         return hi - lo <= (self.value * lo if self.relative else self.value) + 1e-9
 
+    def step(self, rate: float) -> float:
+        return self.value * rate if self.relative else self.value
+
     def __str__(self) -> str:
         return f"{self.value * 100:g}%" if self.relative else f"{self.value:g} req/s"
 
@@ -40,8 +48,12 @@ class Resolution:
 class SearchStep:
     rate: float
     phase: str
-    """``double``, ``halve``, ``bisect`` or ``above`` (past a rate with not enough data)."""
+    """``double``, ``halve``, ``bisect``, ``above`` (past a rate with not enough data) or ``extend`` (more
+    data at a rate probed before, pooled with it)."""
     verdict: str
+
+
+STATUSES = ("bracketed", "max_rate", "below_min", "probe_limit", "time_budget")
 
 
 @dataclass
@@ -53,16 +65,119 @@ class SearchOutcome:
     do not close the bracket: the capacity may lie above them."""
     status: str
     """``bracketed`` (to the resolution), ``max_rate`` (passed at the cap), ``below_min`` (nothing passed),
-    ``probe_limit`` (the probe budget ran out before the resolution), ``unresolved`` (the rates that would
-    narrow the bracket had not enough data: run longer)."""
+    ``probe_limit`` or ``time_budget`` (spent before the bracket met the resolution: the bracket so far)."""
     steps: list[SearchStep] = field(default_factory=list)
+    verdicts: dict[float, str] = field(default_factory=dict)
+    """The verdict each rate ended with (its attempts pooled, and the monotone order applied)."""
 
     @property
-    def unresolved(self) -> list[float]:
+    def undecided(self) -> list[float]:
         """Rates inside the bracket whose probes could not decide."""
         lo = self.best if self.best is not None else 0.0
         hi = self.first_fail if self.first_fail is not None else float("inf")
-        return sorted({s.rate for s in self.steps if s.verdict not in ("pass", "fail") and lo < s.rate < hi})
+        return sorted(r for r, v in self.verdicts.items() if v not in ("pass", "fail") and lo < r < hi)
+
+    @property
+    def width(self) -> float | None:
+        """Upper end less lower end, req/s (None: the bracket is open)."""
+        if self.best is None or self.first_fail is None:
+            return None
+        return self.first_fail - self.best
+
+
+class SearchStopped(Exception):
+    """Raised by a probe callable when no probe may start (the time budget): the search returns what it has."""
+
+    status = "time_budget"
+
+
+def bracket(verdicts: Mapping[float, str]) -> tuple[float | None, float | None]:
+    """[highest pass, lowest fail above it] of a set of verdicts."""
+    passed = [r for r, v in verdicts.items() if v == "pass"]
+    lo = max(passed) if passed else None
+    fails = [r for r, v in verdicts.items() if v == "fail" and (lo is None or r > lo)]
+    return lo, (min(fails) if fails else None)
+
+
+AIM = 0.75
+"""With a model's capacity ``c``, the ends of the bracket are aimed at ``c * (1 -/+ AIM * resolution)``: close
+enough that the bracket meets about the resolution, far enough from ``c`` that a probe there can decide."""
+
+
+def next_probe(
+    verdicts: Mapping[float, str],
+    *,
+    start: float,
+    max_rate: float,
+    min_rate: float,
+    resolution: Resolution,
+    guess: float | None = None,
+) -> tuple[float, str] | str:
+    """The next (rate, phase) to probe given the verdicts so far, or the status the search ends with.
+
+    ``guess`` is a model's capacity (a model statement, never a verdict): it only places probes, aiming the
+    ends of the bracket around it; without it the search doubles, steps and bisects."""
+    if not verdicts:
+        return round(min(start, max_rate), 3), "double"
+    lo, hi = bracket(verdicts)
+    undecided = sorted(r for r, v in verdicts.items() if v not in ("pass", "fail")
+                       and (lo is None or r > lo) and (hi is None or r < hi))  # fmt: skip
+    if lo is None and hi is None and max(verdicts) < max_rate:
+        # nothing passed and nothing failed: undecided is not "too fast", so go on up until a rate fails
+        return round(min(max(verdicts) * 2, max_rate), 3), "double"
+    if lo is None:
+        low = min(verdicts)
+        if verdicts[low] == "fail":  # the lowest rate probed fails: halve below it
+            rate = round(low / 2, 3)
+            return (rate, "halve") if rate >= min_rate else "below_min"
+        # undecided rates under the lowest fail: narrow the upper end while it is wide, else more data at the
+        # lowest undecided rate, the likeliest to pass
+        if hi is not None and not resolution.narrow(undecided[-1], hi):
+            return round((undecided[-1] + hi) / 2, 3), "bisect"
+        return undecided[0], "extend"
+    aim_hi = None if guess is None else guess + AIM * resolution.step(guess)
+    if hi is None:  # open above: close it by probing higher
+        if not undecided:
+            if lo >= max_rate:
+                return "max_rate"
+            rate = lo * 2 if aim_hi is None or not lo < aim_hi < lo * 2 else aim_hi
+            return round(min(rate, max_rate), 3), "double"
+        top = undecided[-1]
+        # each step above the undecided rates twice the last: a server past its capacity fails fast
+        rate = top + resolution.step(top) * 2 ** (len(undecided) - 1)
+        if aim_hi is not None and aim_hi > top:
+            rate = max(rate, aim_hi)
+        rate = round(min(rate, max_rate), 3)
+        return (rate, "above") if rate > top else (top, "extend")
+    if resolution.narrow(lo, hi):
+        return "bracketed"
+    points = [lo, *undecided, hi]
+    gaps = [(b - a, (a + b) / 2) for a, b in itertools.pairwise(points) if not resolution.narrow(a, b)]
+    if guess is not None and gaps:
+        aimed = _aimed(points, guess, resolution)
+        if aimed is not None and aimed not in verdicts:
+            return aimed, "bisect"
+    if gaps:
+        rate = round(max(gaps)[1], 3)
+        if rate not in verdicts:
+            return rate, "bisect"
+    # every gap within the resolution: only more data at an undecided rate can narrow the bracket; the one
+    # nearest the middle splits it most evenly whichever way it goes
+    mid = (lo + hi) / 2
+    return min(undecided, key=lambda r: abs(r - mid)), "extend"
+
+
+def _aimed(points: list[float], guess: float, resolution: Resolution) -> float | None:
+    """A rate aimed at the model's capacity: just under it when the lower end is further from it than the upper
+    (relative to it), else just over it; inside a gap that is wider than the resolution, not at its edges."""
+    lo, hi = points[0], points[-1]
+    d = AIM * (resolution.step(guess) if resolution.relative else resolution.value)
+    target = guess - d if (guess - lo) >= (hi - guess) else guess + d
+    for a, b in itertools.pairwise(points):
+        if a < target < b and not resolution.narrow(a, b):
+            margin = 0.15 * (b - a)
+            return round(min(max(target, a + margin), b - margin), 3)
+    return None
 
 
 def search(
@@ -73,103 +188,44 @@ def search(
     min_rate: float,
     resolution: Resolution,
     max_probes: int,
+    pooled: Callable[[], Mapping[float, str]] | None = None,
+    guess: Callable[[], float | None] | None = None,
 ) -> SearchOutcome:
-    """Double from ``start`` until a probe does not pass, then bisect; only ``pass`` counts as meeting the SLO.
+    """Probe until the bracket meets the resolution, the cap or floor is reached, or the probes run out.
 
-    ``probe(rate, phase)`` returns ``pass``, ``fail`` or ``not_enough_data``. When the start rate already
-    fails the rate halves until one passes or ``min_rate`` is reached. Rates are rounded to 1/1000 req/s.
-    A rate with not enough data steers the bisection down (it is not a pass) but does not end the bracket:
-    the reported upper end is the lowest rate that *failed*, so the bracket holds the capacity whenever the
+    ``probe(rate, phase)`` returns ``pass``, ``fail`` or ``not_enough_data`` for the rate's data so far
+    (a rate probed again pools its attempts); it may raise :class:`SearchStopped`. ``pooled()``, when
+    given, returns every rate's verdict after pooling across rates under the monotone order, which may
+    decide rates their own data did not. ``guess()``, when given, returns a model's capacity from the probes
+    so far, used only to place probes (:func:`next_probe`). Only ``pass`` counts as meeting the SLO; the
+    reported upper end is the lowest rate that *failed*, so the bracket holds the capacity whenever the
     verdicts do.
     """
     steps: list[SearchStep] = []
-    lo: float | None = None
-    hi: float | None = None
+    own: dict[float, str] = {}
 
-    def first_failed(best: float | None) -> float | None:
-        fails = [s.rate for s in steps if s.verdict == "fail" and (best is None or s.rate > best)]
-        return min(fails) if fails else None
+    def current() -> dict[float, str]:
+        return dict(pooled()) if pooled is not None else dict(own)
 
-    def outcome(best: float | None, status: str) -> SearchOutcome:
-        ff = first_failed(best)
-        if status == "bracketed" and best is not None and (ff is None or not resolution.narrow(best, ff)):
-            status = "unresolved"
-        return SearchOutcome(best, ff, status, steps)
-
-    def run(rate: float, phase: str) -> bool:
-        v = probe(rate, phase)
-        steps.append(SearchStep(rate, phase, v))
-        return v == "pass"
-
-    rate = round(min(start, max_rate), 3)
-    while len(steps) < max_probes:  # doubling
-        if run(rate, "double"):
-            lo = rate
-            if rate >= max_rate:
-                return outcome(lo, "max_rate")
-            rate = round(min(rate * 2, max_rate), 3)
-        else:
-            hi = rate
+    status = "probe_limit"
+    while True:
+        g = guess() if guess is not None else None
+        nxt = next_probe(current(), start=start, max_rate=max_rate, min_rate=min_rate, resolution=resolution, guess=g)
+        if isinstance(nxt, str):
+            status = nxt
             break
-    if hi is None:
-        return outcome(lo, "probe_limit")
-    while lo is None and len(steps) < max_probes:  # the start failed: halve
-        rate = round(hi / 2, 3)
-        if rate < min_rate:
-            return outcome(None, "below_min")
-        if run(rate, "halve"):
-            lo = rate
-        else:
-            hi = rate
-    if lo is None:
-        return outcome(None, "probe_limit")
-    # Narrow the bracket [highest pass, lowest fail]. A rate with not enough data cannot end it, but the
-    # capacity is probably near it (undecided means "close to a limit"): probe the wider of the gaps on
-    # either side of the undecided rates, or, while nothing above them has failed, step above the highest
-    # by the resolution, so the bracket gets a failing upper end.
-    while len(steps) < max_probes:
-        ff = first_failed(lo)
-        if ff is not None and resolution.narrow(lo, ff):
+        if len(steps) >= max_probes:
             break
-        undecided = sorted({s.rate for s in steps if s.verdict not in ("pass", "fail") and s.rate > lo
-                            and (ff is None or s.rate < ff)})  # fmt: skip
-        if not undecided:
-            if ff is None:
-                break
-            rate, phase = round((lo + ff) / 2, 3), "bisect"
-        elif ff is None:
-            top = undecided[-1]
-            rate, phase = round(min(top + _step(resolution, top), max_rate), 3), "above"
-            if rate <= top:
-                break
-        else:
-            gaps = []
-            if not resolution.narrow(lo, undecided[0]):
-                gaps.append((undecided[0] - lo, (lo + undecided[0]) / 2))
-            if not resolution.narrow(undecided[-1], ff):
-                gaps.append((ff - undecided[-1], (undecided[-1] + ff) / 2))
-            if not gaps:
-                break  # every gap is within the resolution: only longer probes can narrow it further
-            rate, phase = round(max(gaps)[1], 3), "bisect"
-        if any(s.rate == rate for s in steps):
+        rate, phase = nxt
+        try:
+            verdict = probe(rate, phase)
+        except SearchStopped as e:
+            status = e.status
             break
-        if run(rate, phase):
-            lo = rate
-    else:
-        ff = first_failed(lo)
-        if ff is None or not resolution.narrow(lo, ff):
-            return outcome(lo, "probe_limit")
-    return outcome(lo, "bracketed")
-
-
-def _step(resolution: Resolution, rate: float) -> float:
-    return resolution.value * rate if resolution.relative else resolution.value
-
-
-def _outcome_so_far(probes: Sequence[Mapping[str, Any]]) -> SearchOutcome:
-    """The answer the probes run so far give, when the search is cut short."""
-    passed = [p["rate"] for p in probes if p["verdict"] == "pass"]
-    best = max(passed) if passed else None
-    above = [p["rate"] for p in probes if p["verdict"] == "fail" and (best is None or p["rate"] > best)]
-    steps = [SearchStep(p["rate"], p["phase"], p["verdict"]) for p in probes]
-    return SearchOutcome(best, min(above) if above else None, "time_budget", steps)
+        steps.append(SearchStep(rate, phase, verdict))
+        own[rate] = verdict
+    verdicts = current()
+    lo, hi = bracket(verdicts)
+    if status == "bracketed" and (lo is None or hi is None or not resolution.narrow(lo, hi)):
+        status = "probe_limit"
+    return SearchOutcome(lo, hi, status, steps, verdicts)

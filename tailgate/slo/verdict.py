@@ -11,6 +11,7 @@ as a trend or as completions lagging arrivals, never as a pass.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -22,6 +23,8 @@ from tailgate.tailbounds import FAIL, NOT_ENOUGH, PASS, check_tail, share_lower,
 
 TREND_ALPHA = 0.01
 """Level of the upward-trend tests: a false trend fails a probe that held, so it is kept strict."""
+TREND_MATERIAL = 0.5
+"""Share of the tightest TTFT or total limit a TTFT trend must rise by within an attempt to fail it."""
 KEEP_UP = 0.9
 """Completions inside the arrival window over arrivals inside it, below which the server fell behind."""
 BLOCKS = 20
@@ -45,6 +48,8 @@ class Check:
     """n divided by the design effect of time blocks and runs (correlated requests count less)."""
     excluded: int = 0
     """Requests left out of this check (client-coalesced streams for gap limits)."""
+    over: int | None = None
+    """Requests over the limit: with ``n`` and ``n_effective``, what pooling across rates adds up."""
 
 
 @dataclass
@@ -106,8 +111,22 @@ def steady_part(attempt: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], in
     return recs[cut:], cut
 
 
-def sustain_check(attempts: Sequence[Mapping[str, Any]], rate: float | None) -> Sustain:
-    """Every attempt must have kept up: completions tracked arrivals, no upward trend in TTFT or the queue."""
+def in_flight(sends: Sequence[float], ends: Sequence[float]) -> list[float]:
+    """Requests in flight (sent, not yet ended) at each send, in send order: the queue a client sees."""
+    order = sorted(ends)
+    out = []
+    for i, t in enumerate(sends):  # sends are in time order: i + 1 sent so far, of which those ended by t left
+        out.append(float(i + 1 - bisect.bisect_right(order, t)))
+    return out
+
+
+def sustain_check(attempts: Sequence[Mapping[str, Any]], rate: float | None, material_ms: float = 0.0) -> Sustain:
+    """Every attempt must have kept up: completions tracked arrivals, no upward trend in TTFT or the queue.
+
+    ``material_ms``: a TTFT trend fails the probe only when its rise over the attempt is at least this much
+    (half the tightest TTFT or total limit), or when completions also fell behind arrivals: near its capacity
+    a queue wanders up for tens of seconds, which the rank test reads as a trend even where the tail stays far
+    under the limit and completions keep up."""
     rows: list[dict[str, Any]] = []
     verdicts: list[str] = []
     for a in attempts:
@@ -126,16 +145,29 @@ def sustain_check(attempts: Sequence[Mapping[str, Any]], rate: float | None) -> 
         ttft = [float(r.get("ttft_from_intended_ms") or 0.0) for r in recs]
         cut = mser5_cut(ttft)
         trend = upward_trend(ttft[cut:], alpha=TREND_ALPHA)
+        # a rise short of material counts only with completions falling behind arrivals: both together are
+        # a server that does not keep up; either alone near capacity is a queue's excursion
+        trend["trend"] = bool(trend["trend"] and (trend["rise"] >= material_ms or keep < KEEP_UP))
+        # the queue: the server's own waiting gauge when it was sampled, else the requests in flight at each
+        # arrival, from the records themselves (waiting plus running: it grows as the waiting queue does)
         waiting = [float(w) for w in a.get("waiting_series") or [] if isinstance(w, (int, float))]
-        qtrend = upward_trend(waiting[len(waiting) * cut // max(1, len(ttft)):], alpha=TREND_ALPHA) \
-            if len(waiting) >= 10 else None  # fmt: skip
+        source = "the waiting queue"
+        if len(waiting) < 10 and len(ends) == len(sends):
+            waiting, source = in_flight(sends, ends), "requests in flight"
+        queue = waiting[len(waiting) * cut // max(1, len(ttft)) :]
+        qtrend = upward_trend(queue, alpha=TREND_ALPHA) if len(queue) >= 10 else None
+        if qtrend is not None:  # Little's law: a TTFT rise of material_ms is about rate * material_ms / 1000 more
+            qmaterial = (rate or 0.0) * material_ms / 1000.0
+            qtrend["trend"] = bool(qtrend["trend"] and (qtrend["rise"] >= qmaterial or keep < KEEP_UP))
+            qtrend["source"] = source
         row.update({
             "window_s": round(t1 - t0, 2), "offered_rate": rate, "arrival_rate": round((arrived - 1) / (t1 - t0), 3)
-            if t1 > t0 else None, "completed_in_window": done, "arrived_in_window": arrived,
+            if t1 > t0 else None, "completion_rate": round(done / (t1 - t0), 3) if t1 > t0 else None,
+            "completed_in_window": done, "arrived_in_window": arrived,
             "keep_up": round(keep, 3), "transient_cut": cut, "ttft_trend": trend, "queue_trend": qtrend,
         })  # fmt: skip
         if trend["trend"] or (qtrend is not None and qtrend["trend"]):
-            what = "TTFT from intended" if trend["trend"] else "the waiting queue"
+            what = "TTFT from intended" if trend["trend"] else source
             p = trend["p"] if trend["trend"] else qtrend["p"]  # type: ignore[index]
             row.update({"verdict": FAIL, "reason": f"{what} trends upward (Mann-Kendall p={p:g}): not sustained"})
         elif keep < KEEP_UP:
@@ -167,6 +199,7 @@ def check_probe(
     sustained: bool = True,
     resamples: int = 0,
     seed: int = 0,
+    sequential: bool = True,
 ) -> tuple[str, list[Check]]:
     """Pool the attempts of one probe and check every limit; the probe's verdict and the checks.
 
@@ -177,7 +210,9 @@ def check_probe(
     so does a block that every re-run of the same workload repeats. A probe stopped
     early (queue without bound, error budget spent) fails whatever its percentiles say. With ``sustained``
     the steady-state check is a ``sustained`` row of the checks. ``resamples``/``seed`` are accepted for
-    older callers; the bounds are exact and draw nothing.
+    older callers; the bounds are exact and draw nothing. ``sequential`` (the search's way): percentile
+    limits are decided by anytime-valid confidence sequences, so a probe extended until its data decide
+    holds at ``level`` whatever the number of looks; False: fixed-n Clopper-Pearson.
     """
     del resamples, seed
     checks: list[Check] = []
@@ -214,16 +249,18 @@ def check_probe(
             values.append(float(v))
             groups.append((workloads[i], _block(r, spans[i])))
         assert lim.p is not None
-        c = check_tail(values, lim.p / 100.0, lim.limit, confidence=level, groups=groups, key=lim.key)
+        c = check_tail(values, lim.p / 100.0, lim.limit, confidence=level, groups=groups, key=lim.key,
+                       sequential=sequential)  # fmt: skip
         rnd = lambda x: None if x is None else round(x, 1)  # noqa: E731
         checks.append(Check(lim.key, lim.limit, rnd(c.point), rnd(c.low), rnd(c.high), c.n, c.verdict, c.reason,
-                            c.n_effective, excluded))  # fmt: skip
+                            c.n_effective, excluded, c.over))  # fmt: skip
     stopped = next((str(a["stopped_early"]) for a in attempts if a.get("stopped_early")), None)
     if stopped:
         checks.append(Check("sustained", KEEP_UP, None, None, None, sum(len(a["measured"]) for a in attempts),
                             FAIL, f"stopped early: {stopped}"))  # fmt: skip
     elif sustained:
-        sus = sustain_check(attempts, rate)
+        material = [lim.limit for lim in limits if lim.metric in ("ttft", "total")]
+        sus = sustain_check(attempts, rate, TREND_MATERIAL * min(material) if material else 0.0)
         keep = [r.get("keep_up") for r in sus.attempts if r.get("keep_up") is not None]
         checks.append(Check("sustained", KEEP_UP, min(keep) if keep else None, None, None,
                             sum(int(r.get("n", 0)) for r in sus.attempts), sus.verdict, sus.reason))  # fmt: skip
@@ -274,11 +311,3 @@ def binding_limit(checks: Sequence[Check] | Sequence[Mapping[str, Any]]) -> str 
 
             return str(max(cands, key=over)["key"])
     return None
-
-
-def _fmt(key: str, v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    if key == "sustained":
-        return f"{v:.0%} kept up"
-    return f"{v * 100:.2f}%" if key == "errors" else f"{v:.1f}"

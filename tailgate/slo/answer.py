@@ -1,0 +1,204 @@
+"""What a search answers, in words and in ``slo.json``: both ends of the bracket, its width, why each
+undecided rate could not decide (with its effective n), and what more probing time would buy.
+
+The terminal and the report read the same figures from here, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tailgate.slo.search import SearchOutcome
+from tailgate.slo.spec import Log
+from tailgate.slo.verdict import KEEP_UP, Check
+from tailgate.tailbounds import NOT_ENOUGH, seq_above, seq_below
+
+STATUS_WORDS = {
+    "bracketed": "bracketed to the resolution",
+    "max_rate": "met at the highest rate allowed (the capacity may be higher)",
+    "below_min": "not met even at the lowest rate allowed",
+    "probe_limit": "probe count spent before the bracket met the resolution: the bracket so far",
+    "time_budget": "time budget spent before the bracket met the resolution: the bracket so far",
+    "unresolved": "the bracket is wider than the resolution: the rates inside it had not enough data",
+}
+"""Every status in words (``unresolved``: written by searches before the current rules, read on a resume)."""
+MORE_DATA_CAP = 64
+"""The most times a rate's data are scaled when estimating what would decide it."""
+
+
+def _fmt(key: str, v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    if key == "sustained":
+        return f"{v:.0%}"
+    return f"{v * 100:.2f}%" if key == "errors" else f"{v:.1f} ms"
+
+
+def check_text(c: Check | Mapping[str, Any]) -> str:
+    """One check as a line reads it: the figure, its bounds where they exist, the limit and its direction."""
+    d = c if isinstance(c, Mapping) else asdict(c)
+    key, verdict = str(d["key"]), str(d["verdict"]).replace("_", " ")
+    if key == "sustained":
+        if d.get("point") is None:  # stopped early, or too few timed requests: the reason says which
+            return f"sustained: {d.get('reason') or 'no completion figure'}: {verdict}"
+        return f"sustained: {_fmt(key, d.get('point'))} completed in the window (at least {KEEP_UP:.0%}): {verdict}"
+    low, high = d.get("low"), d.get("high")
+    bounds = "" if low is None and high is None else f" [{_fmt(key, low)}, {_fmt(key, high)}]"
+    neff = d.get("n_effective")
+    eff = f", effective n {neff:g} of {d.get('n')}" if isinstance(neff, (int, float)) else ""
+    return f"{key} {_fmt(key, d.get('point'))}{bounds} <= {_fmt(key, d.get('limit'))}{eff}: {verdict}"
+
+
+def verdict_line(verdict: str, checks: Sequence[Check]) -> str:
+    return f"{verdict.upper()}: " + "; ".join(check_text(c) for c in checks)
+
+
+def undecided_reason(verdict: str, checks: Sequence[Check] | Sequence[Mapping[str, Any]]) -> str | None:
+    """Why a probe ended without a verdict: every undecided check's reason (None when it decided)."""
+    if verdict != NOT_ENOUGH:
+        return None
+    rows = [c if isinstance(c, Mapping) else asdict(c) for c in checks]
+    return "; ".join(f"{c['key']}: {c.get('reason') or 'undecided'}" for c in rows if c["verdict"] == NOT_ENOUGH)
+
+
+def data_to_decide(check: Mapping[str, Any], level: float) -> float | None:
+    """How many times the rate's data would decide this check if more came at the same share over the limit
+    (None: not even 64 times; or not a percentile check). An estimate from the point share, labelled so."""
+    n, neff, over, limit_key = check.get("n"), check.get("n_effective"), check.get("over"), check.get("key", "")
+    if not isinstance(n, int) or not n or not isinstance(neff, (int, float)) or not isinstance(over, int):
+        return None
+    p = 100 - float(str(limit_key).rsplit("_p", 1)[-1]) if "_p" in str(limit_key) else None
+    if p is None:
+        return None
+    tail, alpha = p / 100.0, 1.0 - level
+    k, m = over * neff / n, float(neff)
+    f = 1.0
+    while f <= MORE_DATA_CAP:
+        if seq_below(k * f, m * f, tail, alpha) or seq_above(k * f, m * f, tail, alpha):
+            return f
+        f *= 1.25
+    return None
+
+
+def result_of(outcome: SearchOutcome, probes: Sequence[Mapping[str, Any]], plan: Any) -> dict[str, Any]:
+    """The configuration's ``result`` in ``slo.json``: both ends, the width, every undecided rate with why."""
+    latest = {float(pr["rate"]): pr for pr in probes}
+    best = latest.get(outcome.best) if outcome.best is not None else None
+    fail = latest.get(outcome.first_fail) if outcome.first_fail is not None else None
+    undecided = []
+    for rate in sorted(r for r, v in outcome.verdicts.items() if v == NOT_ENOUGH):
+        pr = latest[rate]
+        pct = [c for c in pr.get("checks", []) if c["verdict"] == NOT_ENOUGH and c.get("n_effective") is not None]
+        factor = max((f for f in (data_to_decide(c, plan.confidence) for c in pct) if f), default=None)
+        seconds = sum(float(a.get("seconds") or 0) for a in _attempts_at(probes, rate))
+        undecided.append({
+            "rate": rate, "reason": pr.get("undecided_reason"),
+            "n_effective": min((c["n_effective"] for c in pct), default=None),
+            "n": max((c["n"] for c in pct), default=None),
+            "more_data_factor": None if factor is None else round(factor, 2),
+            "more_seconds_estimate": None if factor is None else round((factor - 1) * seconds),
+        })  # fmt: skip
+    width = outcome.width
+    return {
+        "best_rate": outcome.best, "first_fail_rate": outcome.first_fail, "status": outcome.status,
+        "width": None if width is None else round(width, 3),
+        "width_relative": None if width is None or not outcome.best else round(width / outcome.best, 4),
+        "resolution": str(plan.resolution),
+        "binding": fail["binding"] if fail else None,
+        "at_best": {c["key"]: c for c in best["checks"]} if best else None,
+        "p99_at_best": best.get("p99") if best else None,
+        "verdicts": {f"{r:g}": v for r, v in sorted(outcome.verdicts.items())},
+        "pooled_decided": sorted(r for r, v in outcome.verdicts.items() if latest[r]["verdict"] != v),
+        "not_enough_data_rates": [u["rate"] for u in undecided],
+        "undecided": undecided,
+        "probes": len(probes),
+        "attempts": sum(len(pr["attempts"]) for pr in probes),
+    }  # fmt: skip
+
+
+def _attempts_at(probes: Sequence[Mapping[str, Any]], rate: float) -> list[Mapping[str, Any]]:
+    return [a for pr in probes if float(pr["rate"]) == rate for a in pr.get("attempts", [])]
+
+
+def bracket_text(result: Mapping[str, Any]) -> str:
+    """[lower, upper] req/s with its width, or which end is open."""
+    lo, hi, status = result.get("best_rate"), result.get("first_fail_rate"), result.get("status")
+    low = "none passed" if lo is None else f"{lo:g}"
+    if hi is None:
+        high = "open: nothing above it failed" if status != "max_rate" else "above the highest rate allowed"
+        return f"[{low}, {high}] req/s"
+    if lo is None:
+        return f"[0, {hi:g}] req/s (nothing passed)"
+    rel = result.get("width_relative")
+    wide = f"{hi - lo:g} req/s wide" + (f", {rel:.0%} of the lower end" if isinstance(rel, (int, float)) else "")
+    return f"[{lo:g}, {hi:g}] req/s ({wide})"
+
+
+def answer_line(result: Mapping[str, Any]) -> str:
+    """The answer of one configuration in one line: both ends, the width, the status, the undecided rates."""
+    status = str(result.get("status"))
+    words = STATUS_WORDS.get(status, status.replace("_", " "))
+    text = f"capacity {bracket_text(result)}; {words} ({result.get('resolution')} asked)"
+    if result.get("binding"):
+        text += f"; binding limit at the upper end: {result['binding']}"
+    model = result.get("model")
+    if model and model.get("capacity") is not None:
+        text += (f"\n[slo]     model estimate (not a measurement): capacity ~{model['capacity']:.3g} req/s, saturation "
+                 f"~{model['mu']:.3g} req/s; its p99 lies inside {model['consistent']} of {model['checked']} measured "
+                 "probes' intervals")  # fmt: skip
+    for u in result.get("undecided") or []:
+        neff = u.get("n_effective")
+        eff = f"effective n {neff:g} of {u.get('n')}" if isinstance(neff, (int, float)) else "no effective n"
+        more = (f"; about {u['more_data_factor']:g}x its data (~{u['more_seconds_estimate']:g} s more, an estimate "
+                "at the measured share) would decide it" if u.get("more_data_factor") else
+                f"; not even {MORE_DATA_CAP}x its data at the measured share would decide it: the capacity is "
+                "about here")  # fmt: skip
+        text += f"\n[slo]     not enough data at {u['rate']:g} req/s ({eff}): {u.get('reason')}{more}"
+    return text
+
+
+def print_table(state: Mapping[str, Any], log: Log) -> None:
+    """The answer in the terminal: per configuration both ends of the bracket, its width, and the p99s at
+    the lower end (the same figures as the report's table)."""
+    log(f"[slo] SLO {state.get('plan', {}).get('slo')}: highest Poisson rate meeting it, per configuration")
+    for c in state.get("configs", []):
+        r = c.get("result") or {}
+        p99 = r.get("p99_at_best") or {}
+        shown = " ".join(f"{k} p99 {v:.1f} ms" for k, v in p99.items() if isinstance(v, (int, float)))
+        log(f"[slo]   {c['name']:<28} {bracket_text(r)}  {shown}  binding: {r.get('binding') or '-'}  "
+            f"({STATUS_WORDS.get(str(r.get('status')), r.get('status'))})")  # fmt: skip
+
+
+def attempt_row(folder: str, seed: int, mark: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+    """One attempt as ``slo.json`` keeps it: what the report's mechanism and tables read."""
+    s = data["summary"]
+    waits = data.get("waiting_series") or []
+    return {
+        "dir": Path(folder).name, "seed": seed, "seconds": mark.get("seconds"),
+        "stopped_early": mark.get("stopped_early"), "waiting_max": mark.get("waiting_max"),
+        "sent": data["sent"], "cancelled": data.get("cancelled", 0), "errors": data["errors"],
+        "n_measured": len(data["measured"]), "achieved_rate": s.get("achieved_rate"),
+        "ttft_p99_from_send": s.get("ttft_p99"), "preemptions_delta": s.get("preemptions_delta"),
+        "schedule_lag_p99": s.get("schedule_lag_p99"),
+        "waiting_samples": len(waits),
+        "waiting_share": round(sum(1 for w in waits if w > 0) / len(waits), 3) if waits else None,
+        "client_coalesced": sum(1 for r in data["measured"] if r.get("client_coalesced")),
+        "queue_slope_per_s": queue_slope(waits, mark.get("seconds")),
+    }  # fmt: skip
+
+
+def queue_slope(waits: Sequence[float], seconds: Any) -> float | None:
+    """Least-squares slope of the waiting queue over the attempt, requests per second (None: too few samples)."""
+    if len(waits) < 5 or not isinstance(seconds, (int, float)) or seconds <= 0:
+        return None
+    n = len(waits)
+    xs = [i * float(seconds) / (n - 1) for i in range(n)]
+    mx, my = sum(xs) / n, sum(waits) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 0 or not math.isfinite(sxx):
+        return None
+    return round(sum((x - mx) * (w - my) for x, w in zip(xs, waits, strict=True)) / sxx, 4)
