@@ -525,7 +525,9 @@ def _errors_panel(ax: Any, state: Mapping[str, Any], lim: Mapping[str, Any], nam
     for c in state.get("configs", []):
         probes = sorted(c.get("probes", []), key=lambda p: p["rate"])
         color = charts.config_color(c["name"], names)
-        pts = [(p, next((x for x in p.get("checks", []) if x["key"] == "errors"), None)) for p in probes]
+        pts: list[tuple[Any, Any]] = [
+            (p, next((x for x in p.get("checks", []) if x["key"] == "errors"), None)) for p in probes
+        ]
         pts = [(p, ch) for p, ch in pts if ch and ch.get("point") is not None]
         if not pts:
             continue

@@ -16,6 +16,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/python -m mypy
 .venv/bin/python -m pytest -q -rs -p no:cacheprovider --durations=15 "$@"
 
 if [ "${TAILGATE_TEST_STRESS:-1}" != 0 ] && [ $# -eq 0 ]; then

@@ -99,6 +99,8 @@ def open_capture(port: int) -> socket.socket:
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
     try:
         attach_filter(sock, port)
+        if SO_TIMESTAMPNS is None:  # not Linux: no packet sockets either
+            raise PermissionError("kernel packet stamps need Linux")
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         try:
             sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)

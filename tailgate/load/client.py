@@ -235,8 +235,9 @@ class CooperativeReads:
     def _arm(self, now_ns: int) -> None:
         if self._timer is not None:
             self._timer.close()
-        self._timer = self._hub.loop.timer(max(0.0, (self._due_ns() - now_ns) / 1e9))
-        self._timer.start(self._on_timer)
+        timer = self._hub.loop.timer(max(0.0, (self._due_ns() - now_ns) / 1e9))
+        self._timer = timer
+        timer.start(self._on_timer)
 
     def _on_timer(self) -> None:
         now = time.perf_counter_ns()

@@ -42,7 +42,7 @@ from tailgate.tailbounds import min_n_for_sequence
 
 #: Eager mode on the CPU server: it starts in ~40 s instead of minutes of torch.compile on 2 cores.
 EMBEDDED_BASE_FLAGS = ("--enforce-eager",)
-EMBEDDED = {
+EMBEDDED: dict[str, Any] = {
     "start_rate": 1.0,
     "max_rate": 8.0,
     "n": 20,
@@ -51,7 +51,7 @@ EMBEDDED = {
     "duration": 30.0,
     "stage_warmup": 0,
 }
-GPU = {
+GPU: dict[str, Any] = {
     "start_rate": 5.0,
     "max_rate": 64.0,
     "n": 500,
@@ -344,7 +344,7 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
             f"{plan.max_rate:g}, bisecting to {plan.resolution}; n={plan.n} (+{plan.warmup} warm-up) "
             "per probe")  # fmt: skip
         pct = [lim for lim in plan.limits if lim.p is not None]
-        need = max((min_n_for_sequence(lim.p / 100.0, plan.look_confidence) for lim in pct), default=0)
+        need = max((min_n_for_sequence((lim.p or 0) / 100.0, plan.look_confidence) for lim in pct), default=0)
         if plan.probe_n(plan.start_rate) < need:
             log(f"[slo] note: {plan.probe_n(plan.start_rate)} measured requests per probe at {plan.start_rate:g} "
                 f"req/s is below the {need} an anytime-valid {plan.look_confidence:.0%} bound on "

@@ -378,7 +378,7 @@ class SloRunner:
         p = self.plan
         attempts = self._by_rate.setdefault(rate, [])
         entry: dict[str, Any] = {"index": index, "rate": rate, "phase": phase, "attempts": []}
-        verdict, checks = "not_enough_data", []
+        verdict, checks = "not_enough_data", list[Any]()
         first = len(attempts) + 1
         for attempt in range(first, first + p.looks):
             out = self.root / probe_dir_name(config.name, rate, attempt)

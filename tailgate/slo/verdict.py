@@ -99,8 +99,11 @@ def mser5_cut(series: Sequence[float]) -> int:
 
 
 def _time_ordered(measured: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return sorted(measured, key=lambda r: (r.get("intended_s") if isinstance(r.get("intended_s"), (int, float))
-                                           else math.inf))  # fmt: skip
+    def intended(r: Mapping[str, Any]) -> float:
+        value = r.get("intended_s")
+        return float(value) if isinstance(value, (int, float)) else math.inf
+
+    return sorted(measured, key=intended)
 
 
 def steady_part(attempt: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], int]:
@@ -261,7 +264,7 @@ def check_probe(
     elif sustained:
         material = [lim.limit for lim in limits if lim.metric in ("ttft", "total")]
         sus = sustain_check(attempts, rate, TREND_MATERIAL * min(material) if material else 0.0)
-        keep = [r.get("keep_up") for r in sus.attempts if r.get("keep_up") is not None]
+        keep = [float(r["keep_up"]) for r in sus.attempts if r.get("keep_up") is not None]
         checks.append(Check("sustained", KEEP_UP, min(keep) if keep else None, None, None,
                             sum(int(r.get("n", 0)) for r in sus.attempts), sus.verdict, sus.reason))  # fmt: skip
     verdicts = {c.verdict for c in checks}
