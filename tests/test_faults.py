@@ -261,7 +261,7 @@ def test_server_gone_mid_stage_in_flight_fail_then_connection_refused(
         second = [r for r in records if r["stage"] == 1]
         assert classes(second) == {"connection_refused": n}
         # its console line has no latency to print, and says so rather than printing None
-        line = next(x for x in locust.stderr.splitlines() if "cont_r8 [" in x and f"errors={n}" in x)
+        line = next(x for x in locust.stderr.splitlines() if "_cont_r8: " in x and f"errors={n}" in x)
         assert "None" not in line and "no successful request" in line, line
         assert by_label["cont_r8"]["errors_by_class"] == {"connection_refused": n}
         assert meta["status"] == "completed" and meta["stages"] == ["cont_r4", "cont_r8"]
