@@ -286,7 +286,10 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         assert run1["meta"]["stages"] == ["cont_r2"] and run1["meta"]["partial_stages"] == ["cont_r2"]
         s1 = run1["summaries"]["cont_r2"]
         assert s1["partial"] and s1["planned"] == 22 and s1["sent"] < 22
-        assert s1["errors_by_class"].get("cancelled", 0) >= 1, "Stop cancelled nothing in flight"
+        # every request sent is a record; one still streaming when the Stop landed is 'cancelled' (on a busy
+        # machine the Stop can land after the streams in flight at the click have ended: then there is none)
+        assert s1["recorded"] == s1["sent"], s1
+        assert set(s1["errors_by_class"]) <= {"cancelled"}, s1["errors_by_class"]
         # the tab reads the journal as the analysis does: its sent is the summary's, the rest never sent
         row1 = page.table()["cont_r2"]
         assert row1[TAB_TITLE] == f"22 / {s1['sent']} / {s1['recorded']}", row1
