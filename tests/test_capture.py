@@ -7,11 +7,13 @@ is stopped for 300 ms mid-stage: capture stamps keep the server's gaps, kernel r
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -22,9 +24,10 @@ import pytest
 from conftest import ROOT
 from runkit import stall_locust_mid_stage
 
-from tailgate.load.capture import SEQ_MOD, bpf_program, chunk_times, connection_key
-from tailgate.load.capturelink import CaptureLink, apply_times, capture_refusal, stamp_summary
+from tailgate.load.capture import SEQ_MOD, Segments, bpf_program, chunk_times, connection_key
+from tailgate.load.capturelink import CaptureLink, apply_times, capture_refusal, causal, stamp_summary
 from tailgate.load.client import StreamTiming, Target
+from tailgate.load.rxstamp import WallToClock
 from tailgate.load.sse import event_ends
 
 CAN_CAPTURE = capture_refusal(Target.parse("http://127.0.0.1:1")) is None
@@ -54,6 +57,49 @@ def test_sequence_numbers_wrap_around() -> None:
     isn = SEQ_MOD - 3
     segs = [((isn + 1) % SEQ_MOD, 4, 7), ((isn + 5) % SEQ_MOD, 4, 9)]
     assert chunk_times(isn, segs, [3, 7]) == [7, 9]
+
+
+SERVER, CLIENT = ("127.0.0.1", 8000), ("127.0.0.1", 40000)
+
+
+def segment(seq: int, payload: bytes = b"", syn_ack: bool = False) -> bytes:
+    """An IPv4 TCP segment from SERVER to CLIENT, as the packet socket hands it over (headers first)."""
+    tcp = struct.pack("!HHIIHHHH", SERVER[1], CLIENT[1], seq, 0, (5 << 12) | (0x12 if syn_ack else 0x18), 65535, 0, 0)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 40 + len(payload), 0, 0, 64, 6, 0,
+                     socket.inet_aton(SERVER[0]), socket.inet_aton(CLIENT[0]))  # fmt: skip
+    return ip + tcp + payload
+
+
+def test_a_reused_four_tuple_gives_each_stream_its_own_connection() -> None:
+    """A late query must not get the next connection of the same ports: identical streams would match its
+    byte offsets and take its times, seconds off (seen at 250 req/s on loopback with a load process behind)."""
+    segs = Segments(WallToClock(clock=lambda: 0, wall=lambda: 0))  # stamps are already on the clock
+    key = connection_key(SERVER, CLIENT)
+    ms = 1_000_000
+    for isn, t0 in ((1000, 1000 * ms), (9000, 2500 * ms)):  # the same ports 1.5 s later
+        segs.add(segment(isn, syn_ack=True), t0, 0.0)
+        segs.add(segment(isn, syn_ack=True), t0 + ms, 0.0)  # a retransmitted SYN-ACK: not a new connection
+        segs.add(segment(isn + 1, b"x" * 10), t0 + 10 * ms, 0.0)
+        segs.add(segment(isn + 11, b"y" * 10), t0 + 20 * ms, 0.0)
+    # asked late, after the second connection was seen: the window picks the first
+    first = segs.take(key, 999 * ms, 1001 * ms)
+    assert first["isn"] == 1000 and chunk_times(first["isn"], first["segs"], [9, 19]) == [1010 * ms, 1020 * ms]
+    assert first["syn_ns"] == 1000 * ms
+    # a window no SYN-ACK fits gives nothing rather than the wrong connection
+    assert segs.take(key, 1800 * ms, 1900 * ms) == {"isn": None, "segs": [], "generations": 1}
+    second = segs.take(key, 2499 * ms, 2501 * ms)
+    assert second["isn"] == 9000 and chunk_times(second["isn"], second["segs"], [9, 19]) == [2510 * ms, 2520 * ms]
+    assert segs.conns == {}
+
+
+def test_times_that_cannot_be_the_streams_are_refused() -> None:
+    t = StreamTiming(sent_ns=1_000_000_000, written_ns=1_001_000_000, chunks=2)
+    t.first_chunk_ns, t.last_chunk_ns = 1_050_000_000, 1_060_000_000
+    assert causal(t, [1_049_000_000, 1_059_000_000])  # arrived before the reads that returned them
+    assert not causal(t, [3_500_000_000, 3_510_000_000])  # after the reads: another connection's segments
+    assert not causal(t, [900_000_000, 1_059_000_000])  # before the request was written
+    t.chunk_ns = [1_050_000_000, 1_060_000_000]
+    assert not causal(t, [1_049_000_000, 1_070_000_000])  # one chunk after its own read
 
 
 def test_event_ends_finds_each_blank_line_even_split_between_reads() -> None:
@@ -131,6 +177,58 @@ def test_capture_on_loopback_sees_each_segment_once_at_its_arrival() -> None:
         link.close()
         srv.close()
     assert link.proc.returncode == 0
+
+
+@pytest.mark.skipif(not CAN_CAPTURE, reason="needs CAP_NET_RAW")
+def test_a_query_after_the_ports_were_reused_gets_its_own_connection() -> None:
+    """Two real connections from one client port, both asked for only after the second ended."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    link = CaptureLink(srv.getsockname()[1])
+
+    def serve() -> None:
+        for _ in range(2):
+            conn, _ = srv.accept()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for _ in range(2):
+                conn.sendall(b"data: x\n\n")
+                time.sleep(0.03)
+            with contextlib.suppress(OSError):
+                conn.recv(1)  # until the client resets the connection
+            conn.close()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    port = 0
+    streams = []
+    try:
+        for _ in range(2):
+            client = socket.socket()
+            client.settimeout(10)
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            client.bind(("127.0.0.1", port))
+            port = client.getsockname()[1]
+            sent = time.perf_counter_ns()
+            client.connect(srv.getsockname())
+            connected = time.perf_counter_ns()
+            data = b""
+            while len(data) < 18:
+                data += client.recv(100)
+            key = connection_key(client.getpeername()[:2], client.getsockname()[:2])
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # no TIME_WAIT
+            client.close()
+            streams.append((key, sent, connected, time.perf_counter_ns()))
+            time.sleep(0.05)
+        thread.join()
+        assert streams[0][0] == streams[1][0]  # the same 4-tuple
+        for key, sent, connected, ended in streams:
+            answer = link.ask({"conn": key, "after": sent, "before": connected})
+            times = chunk_times(answer["isn"], answer["segs"], [8, 17])
+            assert times is not None and all(sent <= t <= ended for t in times), (times, sent, ended)
+    finally:
+        link.close()
+        srv.close()
 
 
 @pytest.mark.skipif(not CAN_CAPTURE, reason="needs CAP_NET_RAW")

@@ -132,17 +132,31 @@ def connection_key(server: tuple[str, int], client: tuple[str, int]) -> str:
     return raw.hex()
 
 
+JOIN_SLACK_NS = 2_000_000
+"""How far a SYN-ACK's converted stamp may lie outside the window in which the client was connecting: the
+two processes convert the kernel's wall-clock stamps with offsets each known to tens of microseconds."""
+
+
 class Segments:
-    """Per connection: the server's initial sequence number (from its SYN-ACK) and every data segment."""
+    """Per connection: every generation of its 4-tuple, each with the server's initial sequence number (from
+    its SYN-ACK), when that SYN-ACK arrived, and every data segment.
+
+    A 4-tuple is reused: on loopback the kernel hands a client port back out a second after it closed, and a
+    load process that is behind asks for a stream's segments seconds after it ended. Keeping one entry per
+    4-tuple, reset by each SYN-ACK, gave a late query the next connection's segments; with identical streams
+    their byte offsets matched, and the stream got another's times, seconds off. So each SYN-ACK opens a new
+    generation, and :meth:`take` picks the one whose SYN-ACK arrived while the asking stream was connecting.
+    """
 
     __slots__ = ("_wall", "conns", "drops", "packets")
 
-    def __init__(self) -> None:
-        self.conns: dict[bytes, list] = {}  # type: ignore[type-arg]
-        """key -> [server ISN, [(seq, length, stamp)], last seen (monotonic s)]"""
+    def __init__(self, wall: WallToClock | None = None) -> None:
+        self.conns: dict[bytes, list[list]] = {}  # type: ignore[type-arg]
+        """key -> generations, oldest first: [server ISN, [(seq, length, stamp)], last seen (monotonic s),
+        SYN-ACK stamp]"""
         self.packets = 0
         self.drops = 0
-        self._wall = WallToClock()
+        self._wall = wall or WallToClock()
 
     def add(self, data: bytes, wall_ns: int, now_s: float) -> None:
         """One captured packet: ``wall_ns`` its kernel stamp, ``now_s`` about when it was read (for expiry).
@@ -161,28 +175,57 @@ class Segments:
         seq, offflags = _TCP.unpack_from(data, ihl)
         key = addrs + data[ihl : ihl + 4]
         self.packets += 1
-        if offflags & 0x12 == 0x12:  # SYN-ACK: a new connection (a reused 4-tuple starts over)
-            self.conns[key] = [seq, [], now_s]
+        gens = self.conns.get(key)
+        if offflags & 0x12 == 0x12:  # SYN-ACK: a new connection, unless it is a retransmitted copy
+            if gens is None:
+                self.conns[key] = [[seq, [], now_s, wall_ns]]
+            elif gens[-1][0] != seq:
+                gens.append([seq, [], now_s, wall_ns])
             return
-        entry = self.conns.get(key)
-        if entry is None:
+        if gens is None:
             return
+        entry = gens[-1]
         payload = length - (offflags >> 12) * 4
         if payload > 0:
             entry[1].append((seq, payload, wall_ns))
         entry[2] = now_s
 
-    def take(self, key_hex: str) -> dict[str, object]:
-        entry = self.conns.pop(bytes.fromhex(key_hex), None)
-        if entry is None:
+    def take(self, key_hex: str, after_ns: int | None = None, before_ns: int | None = None) -> dict[str, object]:
+        """The segments of one connection, forgotten once given.
+
+        ``after_ns`` and ``before_ns`` (``perf_counter_ns``) bound when the asking stream was connecting: the
+        generation whose SYN-ACK arrived then is its connection, the latest such if any doubt. Without them,
+        the latest generation. ``isn`` None: no generation fits (never seen, or seen only for another stream).
+        """
+        gens = self.conns.get(bytes.fromhex(key_hex))
+        if not gens:
             return {"isn": None, "segs": []}
         now = time.perf_counter_ns()
         to_clock = self._wall.to_clock
-        return {"isn": entry[0], "segs": [(seq, n, to_clock(ts, now)) for seq, n, ts in entry[1]]}
+        pick = len(gens) - 1
+        if after_ns is not None and before_ns is not None:
+            fits = [
+                i
+                for i, g in enumerate(gens)
+                if after_ns - JOIN_SLACK_NS <= to_clock(g[3], now) <= before_ns + JOIN_SLACK_NS
+            ]
+            if not fits:
+                return {"isn": None, "segs": [], "generations": len(gens)}
+            pick = fits[-1]
+        entry = gens.pop(pick)
+        if not gens:
+            del self.conns[bytes.fromhex(key_hex)]
+        return {
+            "isn": entry[0],
+            "segs": [(seq, n, to_clock(ts, now)) for seq, n, ts in entry[1]],
+            "syn_ns": to_clock(entry[3], now),
+        }
 
     def expire(self, now_s: float) -> None:
-        for key in [k for k, v in self.conns.items() if now_s - v[2] > EXPIRE_S]:
-            del self.conns[key]
+        for key, gens in list(self.conns.items()):
+            gens[:] = [g for g in gens if now_s - g[2] <= EXPIRE_S]
+            if not gens:
+                del self.conns[key]
 
 
 def drain(sock: socket.socket, segs: Segments) -> None:
@@ -231,7 +274,7 @@ def serve(port: int, ctl: socket.socket) -> int:
                 query = json.loads(line)
                 drain(sock, segs)
                 if "conn" in query:
-                    answers.append(segs.take(query["conn"]))
+                    answers.append(segs.take(query["conn"], query.get("after"), query.get("before")))
                 else:
                     read_drops(sock, segs)
                     answers.append({"packets": segs.packets, "drops": segs.drops, "open": len(segs.conns)})
@@ -284,7 +327,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         ctl.close()
 
 
-__all__ = ["SNAP", "Segments", "bpf_program", "chunk_times", "connection_key", "main", "open_capture", "serve"]
+__all__ = [
+    "JOIN_SLACK_NS",
+    "SNAP",
+    "Segments",
+    "bpf_program",
+    "chunk_times",
+    "connection_key",
+    "main",
+    "open_capture",
+    "serve",
+]
 
 if __name__ == "__main__":
     os.environ.pop("TAILGATE_STALL_LOG", None)

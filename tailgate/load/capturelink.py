@@ -133,7 +133,7 @@ class StampSource:
         if not self.capture or self.link is None or timing.conn_key is None or not timing.chunk_last_bytes:
             return
         try:
-            answer = self.link.ask({"conn": timing.conn_key})
+            answer = self.link.ask({"conn": timing.conn_key, "after": timing.sent_ns, "before": timing.connected_ns})
             times = None
             if answer.get("isn") is not None and len(timing.chunk_last_bytes) == timing.chunks:
                 times = chunk_times(answer["isn"], answer["segs"], timing.chunk_last_bytes)
@@ -142,7 +142,7 @@ class StampSource:
             self.capture = False
             self.note = f"the capture process was lost mid-run ({type(e).__name__}: {e}): later chunks kernel-stamped"
             return
-        if times is None:
+        if times is None or not causal(timing, times):
             self.missed += 1
             return
         apply_times(timing, times)
@@ -176,6 +176,29 @@ def stamp_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+CAUSAL_SLACK_NS = 2_000_000
+"""How far a segment's arrival may seem to follow the in-process stamp of the read that returned its bytes:
+the two processes' conversions of the kernel's wall clock, each known to tens of microseconds."""
+
+
+def causal(timing: StreamTiming, times: list[int]) -> bool:
+    """Whether capture times can be this stream's: a segment arrives after the request was written and
+    before the read that returned it (whose in-process stamp, kernel or recv, is never earlier).
+
+    Whatever joined the wrong segments to a stream, this refuses it rather than give the stream another
+    connection's times."""
+    sent = timing.written_ns if timing.written_ns is not None else timing.sent_ns
+    if times[0] < sent - CAUSAL_SLACK_NS:
+        return False
+    read = timing.chunk_ns
+    if read is not None and len(read) == len(times):
+        return all(t <= r + CAUSAL_SLACK_NS for t, r in zip(times, read, strict=True))
+    first, last = timing.first_chunk_ns, timing.last_chunk_ns
+    return (first is None or times[0] <= first + CAUSAL_SLACK_NS) and (
+        last is None or times[-1] <= last + CAUSAL_SLACK_NS
+    )
+
+
 def apply_times(timing: StreamTiming, times: list[int]) -> None:
     """Chunk times from the capture in place of the in-process ones: first, last, worst gap, every chunk.
 
@@ -193,4 +216,4 @@ def apply_times(timing: StreamTiming, times: list[int]) -> None:
         timing.chunk_ns = times
 
 
-__all__ = ["CaptureLink", "StampSource", "apply_times", "capture_refusal", "stamp_summary"]
+__all__ = ["CaptureLink", "StampSource", "apply_times", "capture_refusal", "causal", "stamp_summary"]
