@@ -26,6 +26,7 @@ from typing import Any
 from tailgate import arms
 from tailgate.contracts import Order
 from tailgate.load import distributed
+from tailgate.load.arrivals import DEFAULT_ARRIVALS
 from tailgate.load.batch import BatchGate
 from tailgate.load.capturelink import StampSource
 from tailgate.load.client import (
@@ -493,7 +494,7 @@ class OrderRunner:
             chunk_read_delays_ms=None if t.chunk_delay_ns is None else _delays_ms(t.chunk_delay_ns),
             chunk_read_offsets_ms=None if t.read_chunk_ns is None else _offsets_ms(t.read_chunk_ns, sent),
             prompt_source=cfg.get("prompts") or "seed", endpoint=cfg.get("endpoint") or "completions",
-            arrivals=order.get("arrivals") or "poisson", prompt_tokens_tokenized=tokenized,
+            arrivals=order.get("arrivals") or DEFAULT_ARRIVALS, prompt_tokens_tokenized=tokenized,
         )  # fmt: skip
 
     def _fire(self, r: RequestRecord) -> None:
