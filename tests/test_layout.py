@@ -185,3 +185,15 @@ def test_every_path_architecture_names_exists() -> None:
     paths = {n for n in named if n.endswith((".py", "/")) and not n.startswith(("http", "/"))}
     assert "tailgate/runner.py" in paths, "the reader found no paths"
     assert sorted(p for p in paths if not (ROOT / p).exists()) == []
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    """A leading underscore says "only this module relies on it": a name another module imports is shared API
+    (public, in the module that owns the role) or belongs in the module that uses it."""
+    offenders = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.endswith("__")]
+                offenders += [f"{name}:{node.lineno} {'.' * node.level}{node.module or ''}.{p}" for p in private]
+    assert offenders == []
