@@ -27,6 +27,7 @@ from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, ArgumentParser,
 from tailgate.load.arrivals import DEFAULT_ARRIVALS, arrival_processes, rate_driven, rate_driven_params
 from tailgate.load.client import Target, TargetError
 from tailgate.load.options import API_KEY_ENV, PREFIX_DEFAULTS, add_prefix_arguments, check_workload
+from tailgate.load.payloads import DEFAULT_ENDPOINT, endpoints
 from tailgate.optiontable import (
     DEFAULTS,
     STAMP_HELP,
@@ -127,8 +128,8 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--endpoint",
-        choices=("completions", "chat"),
-        default="completions",
+        choices=tuple(endpoints()),
+        default=DEFAULT_ENDPOINT,
         help="completions or chat completions (streamed, usage in both)",
     )
     processes = rate_driven()
@@ -237,7 +238,7 @@ def workload_locust_args(args: argparse.Namespace) -> list[str]:
         value = getattr(args, param.dest, param.default)
         if not 0 < value < float("inf"):
             raise OptionError(f"{param.flag}: must be a positive number, got {value:g}")
-    if getattr(args, "endpoint", "completions") != "completions":
+    if getattr(args, "endpoint", DEFAULT_ENDPOINT) != DEFAULT_ENDPOINT:
         out += ["--endpoint", args.endpoint]
     arrivals = getattr(args, "arrivals", DEFAULT_ARRIVALS)
     if arrivals != DEFAULT_ARRIVALS:

@@ -75,20 +75,40 @@ def test_a_name_is_registered_once_and_unknown_names_list_the_known() -> None:
         arrivals.arrival_process("uniform")
 
 
+def test_endpoints_come_from_their_registry_and_build_the_same_bodies() -> None:
+    """The registry's endpoints build exactly the bodies the payload functions always built."""
+    from tailgate.load.payloads import ENDPOINTS, build_chat_payload, build_payload
+    from tailgate.load.prompts import Prompt
+    from tailgate.load.worker import request_body
+
+    cfg = {"model": "m", "ignore_eos": True}
+    assert list(ENDPOINTS) == ["completions", "chat"]
+    assert request_body(cfg, Prompt(text=" a b"), 4, "completions") == build_payload("m", " a b", 4, ignore_eos=True)
+    turn = [{"role": "user", "content": " a b"}]
+    assert request_body(cfg, Prompt(text=" a b"), 4, "chat") == build_chat_payload("m", turn, 4, ignore_eos=True)
+    asked = Prompt(messages=(("system", "s"), ("user", "u")))
+    assert request_body(cfg, asked, 4, "chat") == build_chat_payload("m", asked.wire()["messages"], 4, ignore_eos=True)
+
+
 def _is_docstring(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
     parent = parents.get(node)
     return isinstance(parent, ast.Expr)
 
 
-def test_no_product_module_but_the_registry_names_an_arrival_process() -> None:
-    """A process name in code outside the registry (a comparison, a choices tuple, a default) is a second
-    place a new process would have to be added; ``trace`` is also a warm-up rule and a subcommand, so only
-    comparisons against an ``arrivals`` value count for it."""
-    names = set(arrivals.ARRIVALS)
+REGISTRY_FILES = {ROOT / "tailgate" / "load" / "arrivals.py", ROOT / "tailgate" / "load" / "payloads.py"}
+
+
+def test_no_product_module_but_a_registry_names_its_entries() -> None:
+    """An arrival process's or an endpoint's name in code outside its registry (a comparison, a choices tuple,
+    a default) is a second place a new one would have to be added; ``trace`` is also a warm-up rule and a
+    subcommand, so only comparisons against an ``arrivals`` value count for it."""
+    from tailgate.load.payloads import ENDPOINTS
+
+    names = set(arrivals.ARRIVALS) | set(ENDPOINTS)
     found = []
     for folder in PRODUCT:
         for path in folder.rglob("*.py"):
-            if path == ROOT / "tailgate" / "load" / "arrivals.py":
+            if path in REGISTRY_FILES:
                 continue
             tree = ast.parse(path.read_text(), str(path))
             parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}

@@ -27,8 +27,9 @@ from tailgate.load.arrivals import (
     arrival_processes,
 )
 from tailgate.load.client import Target, TargetError, Timeouts, chunk_stamp_mode
+from tailgate.load.payloads import DEFAULT_ENDPOINT, endpoint_help, endpoints
 from tailgate.load.plan import Stage, with_prompts
-from tailgate.load.prompts import ENDPOINTS, PROMPT_SOURCES, DatasetEntry, Prompt, PromptError, load_dataset
+from tailgate.load.prompts import PROMPT_SOURCES, DatasetEntry, Prompt, PromptError, load_dataset
 from tailgate.load.workload import PROMPT_WORD, TraceError, TraceItem, load_jsonl, make_trace
 from tailgate.optiontable import (
     DEFAULTS,
@@ -194,9 +195,9 @@ def add_workload_arguments(g: Any) -> None:
     add_prefix_arguments(g)
     g.add_argument(
         "--endpoint",
-        choices=ENDPOINTS,
-        default="completions",
-        help="completions (/v1/completions) or chat (/v1/chat/completions), both streamed with usage",
+        choices=tuple(endpoints()),
+        default=DEFAULT_ENDPOINT,
+        help=endpoint_help(),
     )
     processes = arrival_processes()
     g.add_argument(
@@ -243,7 +244,7 @@ class Settings:
     """The stamp source asked for (``--chunk-stamp``); what each process used is in ``run.json``."""
     prompts: str = "seed"
     """Prompt source (tailgate/load/prompts.py); ``mooncake`` when a Mooncake trace's hash_ids make the prompts."""
-    endpoint: str = "completions"
+    endpoint: str = DEFAULT_ENDPOINT
     arrivals: str = DEFAULT_ARRIVALS
     arrival_params: dict[str, Any] = field(default_factory=dict)
     """Every registered arrival process's option values, by dest (``burstiness``, ``time_scale``, ...)."""
@@ -441,12 +442,12 @@ def _validate_workload(opts: Any, arm: str) -> dict[str, Any]:
     def get(name: str, default: Any) -> Any:
         return getattr(opts, name, default)
 
-    prompts, endpoint = get("prompts", "seed") or "seed", get("endpoint", "completions") or "completions"
+    prompts, endpoint = get("prompts", "seed") or "seed", get("endpoint", DEFAULT_ENDPOINT) or DEFAULT_ENDPOINT
     arrivals = get("arrivals", DEFAULT_ARRIVALS) or DEFAULT_ARRIVALS
     if prompts not in PROMPT_SOURCES:
         raise OptionError(f"--prompts: unknown source {prompts!r}; choose one of {', '.join(PROMPT_SOURCES)}")
-    if endpoint not in ENDPOINTS:
-        raise OptionError(f"--endpoint: unknown endpoint {endpoint!r}; choose one of {', '.join(ENDPOINTS)}")
+    if endpoint not in endpoints():
+        raise OptionError(f"--endpoint: unknown endpoint {endpoint!r}; choose one of {', '.join(endpoints())}")
     params, arrivals = _arrival_params(get, arrivals)
     process = arrival_process(arrivals)
     rows: tuple[TraceRow, ...] = ()
