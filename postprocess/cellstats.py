@@ -34,26 +34,23 @@ def finite(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-_f = finite
-
-
-def _ratio(a: Any, b: Any) -> float | None:
-    a, b = _f(a), _f(b)
+def safe_ratio(a: Any, b: Any) -> float | None:
+    a, b = finite(a), finite(b)
     if a is None or b is None or b <= 0:
         return None
     return round(a / b, 3)
 
 
-def _ms(x: Any) -> str:
-    v = _f(x)
+def ms_text(x: Any) -> str:
+    v = finite(x)
     return "n/a" if v is None else f"{v:.1f} ms"
 
 
-def _x(r: float | None) -> str:
+def times_text(r: float | None) -> str:
     return "n/a" if r is None else f"{r:.2f}×"
 
 
-class _Cells:
+class Cells:
     """The measured records of each cell, indexed once."""
 
     def __init__(self, table: pd.DataFrame, records: pd.DataFrame, summaries: pd.DataFrame) -> None:
@@ -90,32 +87,32 @@ class _Cells:
         return self.records.iloc[idx] if idx is not None else self.records.iloc[:0]
 
 
-def _span(lo: pd.Series, hi: pd.Series) -> str:
+def span_text(lo: pd.Series, hi: pd.Series) -> str:
     return f"{rate_text(lo['rate_or_batch'])}→{rate_text(hi['rate_or_batch'])} req/s"
 
 
-def _primary_prompts(table: pd.DataFrame) -> str:
+def primary_prompts(table: pd.DataFrame) -> str:
     """The prompt source the five questions read: the seed's when it was measured, else the commonest."""
     p = table["prompts"].fillna("seed").astype(str) if "prompts" in table.columns else pd.Series(["seed"])
     return "seed" if (p == "seed").any() or p.empty else str(p.mode().iloc[0])
 
 
-def _continuous(table: pd.DataFrame, config: str | None = None, prompts: str | None = None) -> pd.DataFrame:
+def continuous_cells(table: pd.DataFrame, config: str | None = None, prompts: str | None = None) -> pd.DataFrame:
     d = table.loc[(table["arm"] == "continuous") & ~table["cell"].astype(str).str.contains("~")]
     if "prompts" in d.columns:
-        d = d.loc[d["prompts"].fillna("seed").astype(str) == (prompts or _primary_prompts(table))]
+        d = d.loc[d["prompts"].fillna("seed").astype(str) == (prompts or primary_prompts(table))]
     if config is not None:
         d = d.loc[d["config"] == config]
     return d.sort_values("rate_or_batch")
 
 
-def _at(table: pd.DataFrame, config: str, rate: float) -> pd.Series | None:
-    d = _continuous(table, config)
+def cell_at(table: pd.DataFrame, config: str, rate: float) -> pd.Series | None:
+    d = continuous_cells(table, config)
     d = d.loc[np.isclose(d["rate_or_batch"].astype(float), rate)]
     return d.iloc[0] if len(d) else None
 
 
-def _compare(cells: _Cells, a: pd.Series, b: pd.Series, resamples: int, seed: int) -> dict[str, Any]:
+def compare_cells(cells: Cells, a: pd.Series, b: pd.Series, resamples: int, seed: int) -> dict[str, Any]:
     """Bootstrap p99 differences (``b - a``) of worst gap and TTFT between two cells."""
     out: dict[str, Any] = {"a": a["cell"], "b": b["cell"]}
     for name, col in (("gap_p99", "worst_gap_ms"), ("ttft_p99", "ttft_ms")):
@@ -134,7 +131,7 @@ def _compare(cells: _Cells, a: pd.Series, b: pd.Series, resamples: int, seed: in
     return out
 
 
-def _ci_text(d: Mapping[str, Any] | None) -> str:
+def ci_text(d: Mapping[str, Any] | None) -> str:
     if not d:
         return "no records to bootstrap"
     if d.get("why_no_ci"):
@@ -146,7 +143,7 @@ def _ci_text(d: Mapping[str, Any] | None) -> str:
             f"n = {d['n_a']} and {d['n_b']}")  # fmt: skip
 
 
-def _resolved(d: Mapping[str, Any] | None) -> bool | None:
+def ci_resolved(d: Mapping[str, Any] | None) -> bool | None:
     """True when a 95% interval was computed and excludes 0; None when there is no interval."""
     if not d or d.get("why_no_ci") or "ci_includes_zero" not in d:
         return None

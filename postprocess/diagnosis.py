@@ -19,23 +19,23 @@ import pandas as pd
 from tailgate.postprocess.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED
 from tailgate.postprocess.cellstats import (
     MIN_N_P99_CI,
-    _at,
-    _Cells,
-    _ci_text,
-    _compare,
-    _continuous,
-    _f,
-    _ms,
-    _ratio,
-    _resolved,
-    _span,
-    _x,
+    Cells,
+    cell_at,
+    ci_resolved,
+    ci_text,
+    compare_cells,
+    continuous_cells,
+    finite,
+    ms_text,
+    safe_ratio,
+    span_text,
+    times_text,
 )
 from tailgate.postprocess.load import rate_text
 from tailgate.postprocess.prompt_ab import PROMPT_AB_QUESTION, prompt_ab
 from tailgate.postprocess.table import choose_decision_rate, summary_table
 from tailgate.postprocess.tableview import IN_SHORT, cell_marks, not_measured
-from tailgate.postprocess.timeline import _increment_windows, _overlaps, prefill_attribution
+from tailgate.postprocess.timeline import increment_windows, overlaps, prefill_attribution
 from tailgate.resultfiles import RUN_META
 
 QUESTIONS: tuple[str, ...] = (
@@ -70,14 +70,18 @@ LATENCY_QUESTIONS = frozenset({1, 2, 3, 6})
 # the five questions
 
 
-def _q1_admission(table: pd.DataFrame, cells: _Cells, rate: float | None, resamples: int, seed: int) -> dict[str, Any]:
+def _q1_admission(table: pd.DataFrame, cells: Cells, rate: float | None, resamples: int, seed: int) -> dict[str, Any]:
     ev: dict[str, Any] = {"gated_vs_continuous": [], "ramp": []}
     lines = []
     gated_hit = overload_hit = False
     gated = table.loc[(table["arm"] == "gated") & ~table["cell"].astype(str).str.contains("~")]
     for _, g in gated.iterrows():
         ref = None
-        cont = _continuous(table, g["config"]) if len(_continuous(table, g["config"])) else _continuous(table)
+        cont = (
+            continuous_cells(table, g["config"])
+            if len(continuous_cells(table, g["config"]))
+            else continuous_cells(table)
+        )
         if len(cont):
             if rate is not None and np.isclose(cont["rate_or_batch"].astype(float), rate).any():
                 ref = cont.loc[np.isclose(cont["rate_or_batch"].astype(float), rate)].iloc[0]
@@ -91,21 +95,21 @@ def _q1_admission(table: pd.DataFrame, cells: _Cells, rate: float | None, resamp
             "ttft_p50": [g["ttft_p50"], ref["ttft_p50"]],
             "ttft_p99": [g["ttft_p99"], ref["ttft_p99"]],
             "gap_p99": [g["gap_p99"], ref["gap_p99"]],
-            "ttft_p50_ratio": _ratio(g["ttft_p50"], ref["ttft_p50"]),
-            "ttft_p99_ratio": _ratio(g["ttft_p99"], ref["ttft_p99"]),
-            "gap_p99_ratio": _ratio(g["gap_p99"], ref["gap_p99"]),
-            "bootstrap": _compare(cells, ref, g, resamples, seed),
+            "ttft_p50_ratio": safe_ratio(g["ttft_p50"], ref["ttft_p50"]),
+            "ttft_p99_ratio": safe_ratio(g["ttft_p99"], ref["ttft_p99"]),
+            "gap_p99_ratio": safe_ratio(g["gap_p99"], ref["gap_p99"]),
+            "bootstrap": compare_cells(cells, ref, g, resamples, seed),
         }
         ev["gated_vs_continuous"].append(item)
         hit = (item["ttft_p50_ratio"] or 0) >= ADMISSION_TTFT_RATIO and (item["gap_p99_ratio"] or 9) <= FLAT_GAP_RATIO
         gated_hit |= hit
         lines.append(
-            f"{g['cell']} vs {ref['cell']}: TTFT p50 {_ms(g['ttft_p50'])} vs {_ms(ref['ttft_p50'])} "
-            f"({_x(item['ttft_p50_ratio'])}), TTFT p99 {_x(item['ttft_p99_ratio'])} "
-            f"({_ci_text(item['bootstrap']['ttft_p99'])}), worst-gap p99 {_ms(g['gap_p99'])} vs "
-            f"{_ms(ref['gap_p99'])} ({_x(item['gap_p99_ratio'])}; {_ci_text(item['bootstrap']['gap_p99'])})."
+            f"{g['cell']} vs {ref['cell']}: TTFT p50 {ms_text(g['ttft_p50'])} vs {ms_text(ref['ttft_p50'])} "
+            f"({times_text(item['ttft_p50_ratio'])}), TTFT p99 {times_text(item['ttft_p99_ratio'])} "
+            f"({ci_text(item['bootstrap']['ttft_p99'])}), worst-gap p99 {ms_text(g['gap_p99'])} vs "
+            f"{ms_text(ref['gap_p99'])} ({times_text(item['gap_p99_ratio'])}; {ci_text(item['bootstrap']['gap_p99'])})."
         )
-    for config, d in _continuous(table).groupby("config", sort=False):
+    for config, d in continuous_cells(table).groupby("config", sort=False):
         if len(d) < 2:
             continue
         lo, hi = d.iloc[0], d.iloc[-1]
@@ -113,9 +117,9 @@ def _q1_admission(table: pd.DataFrame, cells: _Cells, rate: float | None, resamp
             "config": config,
             "from": lo["cell"],
             "to": hi["cell"],
-            "ttft_p50_growth": _ratio(hi["ttft_p50"], lo["ttft_p50"]),
-            "ttft_p99_growth": _ratio(hi["ttft_p99"], lo["ttft_p99"]),
-            "gap_p99_growth": _ratio(hi["gap_p99"], lo["gap_p99"]),
+            "ttft_p50_growth": safe_ratio(hi["ttft_p50"], lo["ttft_p50"]),
+            "ttft_p99_growth": safe_ratio(hi["ttft_p99"], lo["ttft_p99"]),
+            "gap_p99_growth": safe_ratio(hi["gap_p99"], lo["gap_p99"]),
             "ttft_from_intended_p99": [lo.get("ttft_from_intended_p99"), hi.get("ttft_from_intended_p99")],
         }
         ev["ramp"].append(item)
@@ -124,8 +128,8 @@ def _q1_admission(table: pd.DataFrame, cells: _Cells, rate: float | None, resamp
         ) < OVERLOAD_FLAT_GAP_GROWTH
         overload_hit |= overload
         lines.append(
-            f"{config} ramp {_span(lo, hi)}: TTFT p50 {_x(item['ttft_p50_growth'])}, TTFT p99 "
-            f"{_x(item['ttft_p99_growth'])}, worst-gap p99 {_x(item['gap_p99_growth'])}."
+            f"{config} ramp {span_text(lo, hi)}: TTFT p50 {times_text(item['ttft_p50_growth'])}, TTFT p99 "
+            f"{times_text(item['ttft_p99_growth'])}, worst-gap p99 {times_text(item['gap_p99_growth'])}."
         )
     said = []
     if gated_hit:
@@ -134,12 +138,15 @@ def _q1_admission(table: pd.DataFrame, cells: _Cells, rate: float | None, resamp
             for i in ev["gated_vs_continuous"]
             if (i["ttft_p50_ratio"] or 0) >= ADMISSION_TTFT_RATIO and (i["gap_p99_ratio"] or 9) <= FLAT_GAP_RATIO
         )
-        said.append(f"{g['gated']} TTFT p50 {_x(g['ttft_p50_ratio'])} {g['continuous']}'s, worst-gap p99 "
-                    f"{_x(g['gap_p99_ratio'])}")  # fmt: skip
+        said.append(f"{g['gated']} TTFT p50 {times_text(g['ttft_p50_ratio'])} {g['continuous']}'s, worst-gap p99 "
+                    f"{times_text(g['gap_p99_ratio'])}")  # fmt: skip
     if overload_hit:
         r = next(i for i in ev["ramp"] if (i["ttft_p99_growth"] or 0) >= OVERLOAD_TTFT_GROWTH
                  and (i["gap_p99_growth"] or 9) < OVERLOAD_FLAT_GAP_GROWTH)  # fmt: skip
-        said.append(f"{r['config']} ramp TTFT p99 {_x(r['ttft_p99_growth'])}, worst-gap p99 {_x(r['gap_p99_growth'])}")
+        said.append(
+            f"{r['config']} ramp TTFT p99 {times_text(r['ttft_p99_growth'])}, "
+            f"worst-gap p99 {times_text(r['gap_p99_growth'])}"
+        )
     if said:
         verdict = (
             "yes: "
@@ -152,19 +159,19 @@ def _q1_admission(table: pd.DataFrame, cells: _Cells, rate: float | None, resamp
     elif not ev["gated_vs_continuous"] and not ev["ramp"]:
         verdict = "unknown: no gated cell and no rate ramp to compare"
     else:
-        seen = [f"gated TTFT p50 was {_x(i['ttft_p50_ratio'])} continuous's" for i in ev["gated_vs_continuous"]]
-        seen += [f"over the {i['config']} ramp TTFT p99 grew {_x(i['ttft_p99_growth'])} and the worst-gap p99 "
-                 f"{_x(i['gap_p99_growth'])}" for i in ev["ramp"]]  # fmt: skip
+        seen = [f"gated TTFT p50 was {times_text(i['ttft_p50_ratio'])} continuous's" for i in ev["gated_vs_continuous"]]
+        seen += [f"over the {i['config']} ramp TTFT p99 grew {times_text(i['ttft_p99_growth'])} and the worst-gap p99 "
+                 f"{times_text(i['gap_p99_growth'])}" for i in ev["ramp"]]  # fmt: skip
         verdict = (f"no: {'; '.join(seen)}. Admission delay needs TTFT ≥ {ADMISSION_TTFT_RATIO:g}× continuous's "
                    f"(gated) or ≥ {OVERLOAD_TTFT_GROWTH:g}× over the ramp, with flat gaps")  # fmt: skip
     return {"evidence": ev, "verdict": verdict, "lines": lines}
 
 
-def _q2_prefill(table: pd.DataFrame, cells: _Cells, rate: float | None) -> dict[str, Any]:
+def _q2_prefill(table: pd.DataFrame, cells: Cells, rate: float | None) -> dict[str, Any]:
     ev: dict[str, Any] = {"ramp": [], "attribution": None}
     lines = []
     hit = False
-    for config, d in _continuous(table).groupby("config", sort=False):
+    for config, d in continuous_cells(table).groupby("config", sort=False):
         if len(d) < 2:
             continue
         lo, hi = d.iloc[0], d.iloc[-1]
@@ -175,21 +182,22 @@ def _q2_prefill(table: pd.DataFrame, cells: _Cells, rate: float | None) -> dict[
             "gap_p50": [lo["gap_p50"], hi["gap_p50"]],
             "gap_p99": [lo["gap_p99"], hi["gap_p99"]],
             "ttft_p50": [lo["ttft_p50"], hi["ttft_p50"]],
-            "gap_p50_growth": _ratio(hi["gap_p50"], lo["gap_p50"]),
-            "gap_p99_growth": _ratio(hi["gap_p99"], lo["gap_p99"]),
-            "ttft_p50_growth": _ratio(hi["ttft_p50"], lo["ttft_p50"]),
+            "gap_p50_growth": safe_ratio(hi["gap_p50"], lo["gap_p50"]),
+            "gap_p99_growth": safe_ratio(hi["gap_p99"], lo["gap_p99"]),
+            "ttft_p50_growth": safe_ratio(hi["ttft_p50"], lo["ttft_p50"]),
         }
         ev["ramp"].append(item)
         gap_grew = (item["gap_p50_growth"] or 0) >= GAP_GROWTH
         hit |= gap_grew and (item["ttft_p50_growth"] or 9) < TTFT_FLAT_GROWTH
         lines.append(
-            f"{config} ramp {_span(lo, hi)}: worst-gap p50 {_ms(lo['gap_p50'])}→{_ms(hi['gap_p50'])} "
-            f"({_x(item['gap_p50_growth'])}) while TTFT p50 {_ms(lo['ttft_p50'])}→{_ms(hi['ttft_p50'])} "
-            f"({_x(item['ttft_p50_growth'])})."
+            f"{config} ramp {span_text(lo, hi)}: worst-gap p50 {ms_text(lo['gap_p50'])}→{ms_text(hi['gap_p50'])} "
+            f"({times_text(item['gap_p50_growth'])}) while TTFT p50 "
+            f"{ms_text(lo['ttft_p50'])}→{ms_text(hi['ttft_p50'])} "
+            f"({times_text(item['ttft_p50_growth'])})."
         )
-    row = _at(table, "chunked", rate) if rate is not None else None
-    if row is None and len(_continuous(table)):
-        row = _continuous(table).iloc[-1]
+    row = cell_at(table, "chunked", rate) if rate is not None else None
+    if row is None and len(continuous_cells(table)):
+        row = continuous_cells(table).iloc[-1]
     attributed = False
     if row is not None and not cells.records.empty:
         att = prefill_attribution(cells.frame(row))
@@ -210,15 +218,16 @@ def _q2_prefill(table: pd.DataFrame, cells: _Cells, rate: float | None) -> dict[
             )
             if inside is not None and other is not None:
                 lines.append(
-                    f"Median worst gap: {_ms(inside)} for those inside a long prefill, {_ms(other)} for the rest"
+                    f"Median worst gap: {ms_text(inside)} for those inside a long prefill, "
+                    f"{ms_text(other)} for the rest"
                     + (" — shorter inside, so these prefills did not lengthen the worst gaps they overlapped."
                        if shorter else ".")
                 )  # fmt: skip
     ramp = next((i for i in ev["ramp"] if (i["gap_p50_growth"] or 0) >= GAP_GROWTH
                  and (i["ttft_p50_growth"] or 9) < TTFT_FLAT_GROWTH), None)  # fmt: skip
     att = ev["attribution"]
-    ramp_text = (f"{ramp['config']} ramp worst-gap p50 {_x(ramp['gap_p50_growth'])}, TTFT p50 "
-                 f"{_x(ramp['ttft_p50_growth'])}") if ramp else ""  # fmt: skip
+    ramp_text = (f"{ramp['config']} ramp worst-gap p50 {times_text(ramp['gap_p50_growth'])}, TTFT p50 "
+                 f"{times_text(ramp['ttft_p50_growth'])}") if ramp else ""  # fmt: skip
     att_text = (f"{att['share']:.0%} of live streams had their worst gap inside a long prefill vs "
                 f"{(att['share_by_chance'] or 0):.0%} by chance") if att and attributed else ""  # fmt: skip
     if hit and attributed:
@@ -238,18 +247,18 @@ def _q2_prefill(table: pd.DataFrame, cells: _Cells, rate: float | None) -> dict[
 
 def _q2_no(item: Mapping[str, Any]) -> str:
     """Why one ramp does not show prefill insertion, in the order a reader checks it."""
-    head = f"over the {item['config']} ramp the median worst gap grew {_x(item['gap_p50_growth'])}"
+    head = f"over the {item['config']} ramp the median worst gap grew {times_text(item['gap_p50_growth'])}"
     if item["gap_p50_growth"] is None:
         return f"over the {item['config']} ramp the median worst gaps cannot be compared (a cell has none)"
     if item["gap_p50_growth"] < GAP_GROWTH:
         return f"{head}, under the {GAP_GROWTH:g}× that prefill insertion needs"
-    return (f"{head}, but TTFT p50 grew {_x(item['ttft_p50_growth'])} too (prefill insertion keeps it under "
+    return (f"{head}, but TTFT p50 grew {times_text(item['ttft_p50_growth'])} too (prefill insertion keeps it under "
             f"{TTFT_FLAT_GROWTH:g}×): the first tokens were delayed as well")  # fmt: skip
 
 
-def _q3_chunked(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -> dict[str, Any]:
-    on = {float(r): row for r, row in _continuous(table, "chunked").set_index("rate_or_batch").iterrows()}
-    off = {float(r): row for r, row in _continuous(table, "nochunk").set_index("rate_or_batch").iterrows()}
+def _q3_chunked(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) -> dict[str, Any]:
+    on = {float(r): row for r, row in continuous_cells(table, "chunked").set_index("rate_or_batch").iterrows()}
+    off = {float(r): row for r, row in continuous_cells(table, "nochunk").set_index("rate_or_batch").iterrows()}
     rates = sorted(set(on) & set(off))
     ev: dict[str, Any] = {"by_rate": []}
     lines = []
@@ -257,10 +266,10 @@ def _q3_chunked(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -
     for r in rates:
         a, b = on[r].copy(), off[r].copy()
         a["rate_or_batch"] = b["rate_or_batch"] = r
-        ratio = _ratio(b["gap_p99"], a["gap_p99"])
-        boot = _compare(cells, a, b, resamples, seed)
+        ratio = safe_ratio(b["gap_p99"], a["gap_p99"])
+        boot = compare_cells(cells, a, b, resamples, seed)
         gap = boot["gap_p99"]
-        resolved = _resolved(gap)
+        resolved = ci_resolved(gap)
         small = ratio is None or ratio < SMALL_RATIO or resolved is False
         item = {
             "rate": r,
@@ -269,7 +278,7 @@ def _q3_chunked(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -
             "gap_p99": [a["gap_p99"], b["gap_p99"]],
             "gap_p99_ratio": ratio,
             "ttft_p99": [a["ttft_p99"], b["ttft_p99"]],
-            "ttft_p99_ratio": _ratio(b["ttft_p99"], a["ttft_p99"]),
+            "ttft_p99_ratio": safe_ratio(b["ttft_p99"], a["ttft_p99"]),
             "bootstrap": boot,
             "small": bool(small),
             "interval": resolved,
@@ -285,9 +294,9 @@ def _q3_chunked(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -
                 else "the interval includes 0"
             )
         lines.append(
-            f"{rate_text(r)} req/s: worst-gap p99 {_ms(a['gap_p99'])} on vs {_ms(b['gap_p99'])} off "
-            f"({_x(ratio)}; {_ci_text(gap)}){why}; TTFT p99 {_x(item['ttft_p99_ratio'])} "
-            f"({_ci_text(boot['ttft_p99'])})."
+            f"{rate_text(r)} req/s: worst-gap p99 {ms_text(a['gap_p99'])} on vs {ms_text(b['gap_p99'])} off "
+            f"({times_text(ratio)}; {ci_text(gap)}){why}; TTFT p99 {times_text(item['ttft_p99_ratio'])} "
+            f"({ci_text(boot['ttft_p99'])})."
         )
     if not rates:
         verdict = "not measured: no rate has both chunked prefill on and off"
@@ -309,7 +318,7 @@ def _q3_chunked(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -
         if len(clear) < len(rates):
             verdict += "; not at " + ", ".join(rate_text(i["rate"]) for i in ev["by_rate"] if i["small"]) + " req/s"
     else:
-        ratios = ", ".join(f"{_x(i['gap_p99_ratio'])} at {rate_text(i['rate'])} req/s" for i in ev["by_rate"])
+        ratios = ", ".join(f"{times_text(i['gap_p99_ratio'])} at {rate_text(i['rate'])} req/s" for i in ev["by_rate"])
         verdict = (f"no difference resolved: worst-gap p99 off/on {ratios} (under {SMALL_RATIO:g}× or an "
                    "interval that includes 0)")  # fmt: skip
     return {"evidence": ev, "verdict": verdict, "lines": lines}
@@ -324,12 +333,12 @@ def _worst_first(ids: np.ndarray, gap: np.ndarray, mask: np.ndarray) -> tuple[li
     )
 
 
-def _q4_preemption(table: pd.DataFrame, cells: _Cells, series: pd.DataFrame | None) -> dict[str, Any]:
+def _q4_preemption(table: pd.DataFrame, cells: Cells, series: pd.DataFrame | None) -> dict[str, Any]:
     ev: dict[str, Any] = {"cells": []}
     lines = []
     moved_any, unknown_all = False, True
     for _, row in table.iterrows():
-        prom, direct = _f(row.get("preemptions_prometheus")), _f(row.get("preemptions_direct"))
+        prom, direct = finite(row.get("preemptions_prometheus")), finite(row.get("preemptions_direct"))
         value = prom if prom is not None else direct
         item: dict[str, Any] = {
             "cell": row["cell"],
@@ -343,10 +352,10 @@ def _q4_preemption(table: pd.DataFrame, cells: _Cells, series: pd.DataFrame | No
             unknown_all = False
         if value is not None and value > 0:
             moved_any = True
-            start, end = _f(row.get("window_start_s")), _f(row.get("window_end_s"))
+            start, end = finite(row.get("window_start_s")), finite(row.get("window_end_s"))
             stage = cells.frame(row, measured=False) if not cells.records.empty else None
             windows = (
-                _increment_windows(series, str(row["run_dir"]), start, end)
+                increment_windows(series, str(row["run_dir"]), start, end)
                 if series is not None and start is not None and end is not None
                 else np.empty((0, 3))
             )
@@ -356,11 +365,11 @@ def _q4_preemption(table: pd.DataFrame, cells: _Cells, series: pd.DataFrame | No
                 done = stage["end_s"].to_numpy(dtype=float)
                 gap = stage["worst_gap_ms"].to_numpy(dtype=float)
                 g_end = stage["worst_gap_end_s"].to_numpy(dtype=float)
-                in_flight = _overlaps(sent, done, windows[:, :2])
+                in_flight = overlaps(sent, done, windows[:, :2])
                 med = float(np.nanmedian(gap)) if np.isfinite(gap).any() else float("nan")
                 big = in_flight & np.isfinite(gap) & (gap >= STALL_FACTOR * med)
                 # stricter: the worst gap itself spans an interval in which the counter rose
-                across = big & _overlaps(g_end - gap / 1000.0, g_end, windows[:, :2])
+                across = big & overlaps(g_end - gap / 1000.0, g_end, windows[:, :2])
                 tids = stage["trace_id"].to_numpy()
                 big_ids, big_gaps = _worst_first(tids, gap, big)
                 across_ids, across_gaps = _worst_first(tids, gap, across)
@@ -417,7 +426,7 @@ def _q4_preemption(table: pd.DataFrame, cells: _Cells, series: pd.DataFrame | No
     return {"evidence": ev, "verdict": verdict, "lines": lines}
 
 
-def _q5_mix(records: pd.DataFrame, run_meta: Mapping[str, Mapping[str, Any]] | None, cells: _Cells) -> dict[str, Any]:
+def _q5_mix(records: pd.DataFrame, run_meta: Mapping[str, Mapping[str, Any]] | None, cells: Cells) -> dict[str, Any]:
     ev: dict[str, Any] = {"runs": {}}
     mixes = []
     for name, meta in (run_meta or {}).items():
@@ -474,7 +483,7 @@ def diagnose(
     for col in ("window_start_s", "window_end_s"):
         table[col] = summaries[col].to_numpy() if col in summaries.columns else np.nan
     rate = choose_decision_rate(table, decision_rate)
-    cells = _Cells(table, records, summaries)
+    cells = Cells(table, records, summaries)
     parts = [
         _q1_admission(table, cells, rate, resamples, seed),
         _q2_prefill(table, cells, rate),

@@ -9,13 +9,22 @@ from typing import Any
 
 import pandas as pd
 
-from tailgate.postprocess.cellstats import _Cells, _ci_text, _compare, _f, _ms, _ratio, _resolved, _x
+from tailgate.postprocess.cellstats import (
+    Cells,
+    ci_resolved,
+    ci_text,
+    compare_cells,
+    finite,
+    ms_text,
+    safe_ratio,
+    times_text,
+)
 from tailgate.postprocess.load import rate_text
 
 PROMPT_AB_QUESTION = "Do realistic prompts change the answer? (the same arrival schedule, seed vs other prompts)"
 
 
-def prompt_ab(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -> dict[str, Any] | None:
+def prompt_ab(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) -> dict[str, Any] | None:
     """Each cell measured with the seed's prompts and with another source at the same config and rate
     (one seed, so one arrival schedule and one length sequence), compared with the bootstrap intervals
     question 3 uses for chunked prefill on vs off; None when no such pair exists."""
@@ -35,14 +44,14 @@ def prompt_ab(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -> 
         return None
     items, lines = [], []
     for config, rate, a, b in pairs:
-        boot = _compare(cells, a, b, resamples, seed)
-        ratio = _ratio(b["gap_p99"], a["gap_p99"])
+        boot = compare_cells(cells, a, b, resamples, seed)
+        ratio = safe_ratio(b["gap_p99"], a["gap_p99"])
         item = {
             "config": config, "rate": rate, "seed": a["cell"], "other": b["cell"], "other_prompts": b["prompts"],
             "gap_p99": [a["gap_p99"], b["gap_p99"]], "gap_p99_ratio": ratio,
-            "ttft_p99": [a["ttft_p99"], b["ttft_p99"]], "ttft_p99_ratio": _ratio(b["ttft_p99"], a["ttft_p99"]),
-            "prefix_hit_rate": [_f(a.get("prefix_hit_rate")), _f(b.get("prefix_hit_rate"))],
-            "bootstrap": boot, "interval": _resolved(boot["gap_p99"]),
+            "ttft_p99": [a["ttft_p99"], b["ttft_p99"]], "ttft_p99_ratio": safe_ratio(b["ttft_p99"], a["ttft_p99"]),
+            "prefix_hit_rate": [finite(a.get("prefix_hit_rate")), finite(b.get("prefix_hit_rate"))],
+            "bootstrap": boot, "interval": ci_resolved(boot["gap_p99"]),
         }  # fmt: skip
         items.append(item)
         hit = item["prefix_hit_rate"]
@@ -54,9 +63,10 @@ def prompt_ab(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -> 
             )
         )
         lines.append(
-            f"{config} at {rate_text(rate)} req/s: worst-gap p99 {_ms(a['gap_p99'])} seed vs {_ms(b['gap_p99'])} "
-            f"{b['prompts']} ({_x(ratio)}; {_ci_text(boot['gap_p99'])}); TTFT p99 {_x(item['ttft_p99_ratio'])} "
-            f"({_ci_text(boot['ttft_p99'])}){hits}."
+            f"{config} at {rate_text(rate)} req/s: worst-gap p99 {ms_text(a['gap_p99'])} seed "
+            f"vs {ms_text(b['gap_p99'])} {b['prompts']} ({times_text(ratio)}; {ci_text(boot['gap_p99'])}); "
+            f"TTFT p99 {times_text(item['ttft_p99_ratio'])} "
+            f"({ci_text(boot['ttft_p99'])}){hits}."
         )
     resolved = [i for i in items if i["interval"]]
     if resolved:
@@ -73,8 +83,9 @@ def prompt_ab(table: pd.DataFrame, cells: _Cells, resamples: int, seed: int) -> 
     for (config, rate), i in by.items():
         if config == "chunked" and ("nochunk", rate) in by:
             j = by["nochunk", rate]
-            seed_r, other_r = _ratio(j["gap_p99"][0], i["gap_p99"][0]), _ratio(j["gap_p99"][1], i["gap_p99"][1])
+            seed_r, other_r = safe_ratio(j["gap_p99"][0], i["gap_p99"][0]), safe_ratio(j["gap_p99"][1], i["gap_p99"][1])
             flips.append({"rate": rate, "off_on_seed": seed_r, "off_on_other": other_r})
-            lines.append(f"Chunked off/on worst-gap p99 at {rate_text(rate)} req/s: {_x(seed_r)} with seed prompts, "
-                         f"{_x(other_r)} with {i['other_prompts']} prompts.")  # fmt: skip
+            lines.append(f"Chunked off/on worst-gap p99 at {rate_text(rate)} req/s: "
+                         f"{times_text(seed_r)} with seed prompts, "
+                         f"{times_text(other_r)} with {i['other_prompts']} prompts.")  # fmt: skip
     return {"evidence": {"pairs": items, "chunked_off_on": flips}, "verdict": verdict, "lines": lines}

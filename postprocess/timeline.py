@@ -67,8 +67,8 @@ def prefill_attribution(stage: pd.DataFrame) -> dict[str, Any] | None:
     g_end = ok["worst_gap_end_s"].to_numpy(dtype=float)
     valid = np.isfinite(first) & np.isfinite(last) & np.isfinite(gap) & np.isfinite(g_end) & (last > first)
     windows = np.column_stack([ms, me])
-    live = valid & _overlaps(first, last, windows)
-    hit = live & _overlaps(g_end - gap / 1000.0, g_end, windows)
+    live = valid & overlaps(first, last, windows)
+    hit = live & overlaps(g_end - gap / 1000.0, g_end, windows)
     cover = np.zeros(len(ok))
     span = np.where(valid, last - first, 1.0)
     cover[valid] = (_covered_until(last[valid], ms, me, before) - _covered_until(first[valid], ms, me, before)) / (
@@ -86,7 +86,7 @@ def prefill_attribution(stage: pd.DataFrame) -> dict[str, Any] | None:
     }
 
 
-def _increment_windows(series: pd.DataFrame, run_dir: str, start: float, end: float) -> np.ndarray:
+def increment_windows(series: pd.DataFrame, run_dir: str, start: float, end: float) -> np.ndarray:
     """``[(t_prev, t)]`` for every sample whose preemption counter rose, within the stage window."""
     if series is None or series.empty or "preemptions_inc" not in series.columns:
         return np.empty((0, 2))
@@ -99,7 +99,7 @@ def _increment_windows(series: pd.DataFrame, run_dir: str, start: float, end: fl
     return np.column_stack([prev[m], t[m], inc[m]]) if m.any() else np.empty((0, 3))
 
 
-def _overlaps(a0: np.ndarray, a1: np.ndarray, windows: np.ndarray) -> np.ndarray:
+def overlaps(a0: np.ndarray, a1: np.ndarray, windows: np.ndarray) -> np.ndarray:
     """Which intervals ``[a0, a1]`` overlap any window ``(w0, w1]``."""
     if windows.size == 0:
         return np.zeros(a0.shape, dtype=bool)

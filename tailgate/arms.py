@@ -49,6 +49,8 @@ class Arm:
     starts_together: bool
     """Each group's requests connect first and are written in trace order at once (a gated batch)."""
     build: StageBuilder
+    """The arm's stages. An open-loop run takes them from its arrival process instead
+    (:mod:`tailgate.load.arrivals`), whose default, Poisson, builds the same ones."""
 
     def stage_label(self, value: float) -> str:
         return f"{self.label_prefix}{value_label(value if self.open_loop else int(value))}"

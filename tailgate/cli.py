@@ -24,8 +24,10 @@ from typing import Any
 
 from tailgate.exitcodes import combine
 from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, ArgumentParser, Stopped, usage_error
+from tailgate.load.arrivals import DEFAULT_ARRIVALS, arrival_processes, rate_driven, rate_driven_params
 from tailgate.load.client import Target, TargetError
 from tailgate.load.options import API_KEY_ENV, PREFIX_DEFAULTS, add_prefix_arguments, check_workload
+from tailgate.load.payloads import DEFAULT_ENDPOINT, endpoints
 from tailgate.optiontable import (
     DEFAULTS,
     STAMP_HELP,
@@ -36,6 +38,7 @@ from tailgate.optiontable import (
     parse_rates,
     rates_text,
 )
+from tailgate.plugins import load_plugins
 from tailgate.resultfiles import SUITE_META, WRITE_PROBE, writable_folder_problem
 from tailgate.servers.spec import SERVER_KINDS, ServerSpec, add_server_arguments, make_controller, server_spec
 
@@ -125,17 +128,19 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--endpoint",
-        choices=("completions", "chat"),
-        default="completions",
+        choices=tuple(endpoints()),
+        default=DEFAULT_ENDPOINT,
         help="completions or chat completions (streamed, usage in both)",
     )
+    processes = rate_driven()
     p.add_argument(
         "--arrivals",
-        choices=("poisson", "gamma"),
-        default="poisson",
+        choices=tuple(processes),
+        default=DEFAULT_ARRIVALS,
         help="open-loop arrival process (gamma: --burstiness; a trace: --locust-arg=--arrival-trace=F with --no-gated)",
     )
-    p.add_argument("--burstiness", type=float, default=1.0, help="gamma arrivals: shape of the gaps (<1 burstier)")
+    for param in rate_driven_params():
+        p.add_argument(param.flag, type=float, default=param.default, help=param.help)
     p.add_argument("--dataset", default="", help="--prompts dataset: ShareGPT JSON, or JSONL with prompt or messages")
     add_prefix_arguments(p)
     p.add_argument(
@@ -229,12 +234,17 @@ def stamp_locust_args(args: argparse.Namespace) -> list[str]:
 def workload_locust_args(args: argparse.Namespace) -> list[str]:
     """The suite's workload options as every Locust run takes them (the prompt source goes per cell)."""
     out: list[str] = []
-    if not 0 < getattr(args, "burstiness", 1.0) < float("inf"):
-        raise OptionError(f"--burstiness: must be a positive number, got {args.burstiness:g}")
-    if getattr(args, "endpoint", "completions") != "completions":
+    for param in rate_driven_params():
+        value = getattr(args, param.dest, param.default)
+        if not 0 < value < float("inf"):
+            raise OptionError(f"{param.flag}: must be a positive number, got {value:g}")
+    if getattr(args, "endpoint", DEFAULT_ENDPOINT) != DEFAULT_ENDPOINT:
         out += ["--endpoint", args.endpoint]
-    if getattr(args, "arrivals", "poisson") != "poisson":
-        out += ["--arrivals", args.arrivals, "--burstiness", f"{args.burstiness:g}"]
+    arrivals = getattr(args, "arrivals", DEFAULT_ARRIVALS)
+    if arrivals != DEFAULT_ARRIVALS:
+        out += ["--arrivals", arrivals]
+        for param in arrival_processes()[arrivals].params:
+            out += [param.flag, f"{getattr(args, param.dest, param.default):g}"]
     if getattr(args, "dataset", ""):
         out += ["--dataset", str(Path(args.dataset).resolve())]
     for option, default in PREFIX_DEFAULTS.items():
@@ -534,6 +544,10 @@ def run_make_model(args: argparse.Namespace, prog: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        load_plugins()  # now, so a plugin that cannot be imported is one line, before any parser is built
+    except OptionError as e:
+        return usage_error("tailgate", str(e))
     if argv and argv[0] == "report":
         from tailgate.postprocess.cli import main as report_main
 

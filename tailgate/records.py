@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tailgate import jsonl, resultfiles
+from tailgate.load.arrivals import DEFAULT_ARRIVALS
+from tailgate.load.payloads import DEFAULT_ENDPOINT
 
 RECORD_SCHEMA_VERSION = 3
 """2: the connect and request-written instants, and how much of a record's timing the client could have hidden.
@@ -102,9 +104,9 @@ class RequestRecord:
     prompt_source: str = "seed"
     """Which prompt source built this request's prompt (``seed``, ``unique``, ``dataset``, ``prefix``,
     ``mooncake``)."""
-    endpoint: str = "completions"
+    endpoint: str = DEFAULT_ENDPOINT
     """``completions`` or ``chat``. A chat stream's ``chunks`` include its first, role-only delta."""
-    arrivals: str = "poisson"
+    arrivals: str = DEFAULT_ARRIVALS
     """The arrival process of its stage (``poisson``, ``gamma``, ``trace``; ``batches`` for the gated arm)."""
     prompt_tokens_tokenized: int | None = None
     """The served tokenizer's count of the prompt as built (``/tokenize``), when a source measured it; the
@@ -150,7 +152,8 @@ class RequestRecord:
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
 WORKLOAD_DEFAULTS: dict[str, Any] = {
-    "prompt_source": "seed", "endpoint": "completions", "arrivals": "poisson", "prompt_tokens_tokenized": None,
+    "prompt_source": "seed", "endpoint": DEFAULT_ENDPOINT, "arrivals": DEFAULT_ARRIVALS,
+    "prompt_tokens_tokenized": None,
 }  # fmt: skip
 """Schema 3's fields and the value a record without them (schema 2, or a seed run) means."""
 OPTIONAL_ON_DISK: frozenset[str] = frozenset(

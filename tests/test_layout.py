@@ -185,3 +185,38 @@ def test_every_path_architecture_names_exists() -> None:
     paths = {n for n in named if n.endswith((".py", "/")) and not n.startswith(("http", "/"))}
     assert "tailgate/runner.py" in paths, "the reader found no paths"
     assert sorted(p for p in paths if not (ROOT / p).exists()) == []
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    """A leading underscore says "only this module relies on it": a name another module imports is shared API
+    (public, in the module that owns the role) or belongs in the module that uses it."""
+    offenders = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.endswith("__")]
+                offenders += [f"{name}:{node.lineno} {'.' * node.level}{node.module or ''}.{p}" for p in private]
+    assert offenders == []
+
+
+def product_paths() -> list[str]:
+    """Every Python file of the product, as a path from the repository root."""
+    return sorted(p.relative_to(ROOT).as_posix() for folder in PACKAGES.values() for p in folder.rglob("*.py"))
+
+
+def test_architecture_names_every_module() -> None:
+    """A module the map does not name is one a newcomer cannot place: each needs its line in the module map."""
+    import re
+
+    named = set(re.findall(r"`([\w./-]+\.py)`", (ROOT / "ARCHITECTURE.md").read_text()))
+    assert len(product_paths()) > 100, "the walk found too few modules"
+    assert [p for p in product_paths() if p not in named] == []
+
+
+@pytest.mark.parametrize("doc", ["ARCHITECTURE.md", "README.md"])
+def test_every_tailgate_module_a_doc_names_exists(doc: str) -> None:
+    """A ``tailgate/...py`` path in prose (quoted or not) must be a file: a rename moves the docs too."""
+    import re
+
+    named = set(re.findall(r"(?<![\w/.-])tailgate/[\w/]+\.py\b", (ROOT / doc).read_text()))
+    assert sorted(p for p in named if not (ROOT / p).is_file()) == []

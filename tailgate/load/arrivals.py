@@ -1,8 +1,12 @@
-"""Arrival processes beside Poisson: gamma gaps with a burstiness factor, and replayed production traces.
+"""Arrival processes: when the open-loop dispatcher sends each request of a continuous stage.
 
-Each yields absolute offsets for the same open-loop dispatcher that runs Poisson stages, so the
-only thing that changes between processes is when requests are due. Poisson itself stays in
-:mod:`tailgate.load.plan`, drawn exactly as the reference harness draws it.
+Every process is one :class:`ArrivalProcess` in :data:`ARRIVALS`, and every module that needs to know
+about one (the Locust options, the suite's options, the stage schedule, the records) asks the registry:
+none compares process names. A new process is one module that calls :func:`register`; named in
+``TAILGATE_PLUGINS`` (see :mod:`tailgate.plugins`), it needs no other file changed. Poisson is drawn
+exactly as the reference harness draws it (:func:`tailgate.load.plan.poisson_offsets`); the others yield
+absolute offsets for the same dispatcher, so the only thing that changes between processes is when
+requests are due.
 """
 
 from __future__ import annotations
@@ -10,10 +14,14 @@ from __future__ import annotations
 import csv
 import json
 import random
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-ARRIVALS = ("poisson", "gamma", "trace")
+from tailgate.load.plan import Stage, continuous_stage, poisson_offsets, rate_label
+from tailgate.load.workload import TraceItem
+from tailgate.plugins import load_plugins
 
 
 class ArrivalError(ValueError):
@@ -135,3 +143,184 @@ def load_trace(path: str | Path) -> tuple[str, list[TraceRow]]:
 def scaled(rows: list[TraceRow], time_scale: float) -> list[float]:
     """Offsets with the trace's time stretched by ``time_scale`` (0.5 = twice as fast)."""
     return [r.offset_s * time_scale for r in rows]
+
+
+# ------------------------------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True)
+class ArrivalParam:
+    """An option a process reads: a Locust option (and a ``tailgate suite`` one for a rate-driven process)."""
+
+    dest: str
+    """The option's dest: ``burstiness`` is ``--burstiness``."""
+    default: Any
+    help: str
+    positive: bool = True
+    """A number that must be above 0 and finite (otherwise a text, such as a file name)."""
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class ArrivalInput:
+    """What a process draws a run's stages from: the items, the rates asked for, the seed, its options."""
+
+    trace: Sequence[TraceItem]
+    rates: Sequence[float]
+    seed: int
+    warmup: int
+    params: Mapping[str, Any]
+    """Every registered process's option values, by dest."""
+    trace_rows: Sequence[TraceRow] = ()
+    """The rows of a replayed file (a process with a ``file_param``)."""
+
+
+StagesBuilder = Callable[[ArrivalInput], list[Stage]]
+OffsetDrawer = Callable[[int, float, int, Mapping[str, Any]], list[float]]
+"""(count, rate, seed, options) -> each arrival's offset from the stage's start, in seconds."""
+
+
+@dataclass(frozen=True)
+class ArrivalProcess:
+    name: str
+    help: str
+    """A few words after its name in ``--arrivals``'s help."""
+    build: StagesBuilder
+    params: tuple[ArrivalParam, ...] = ()
+    file_param: str = ""
+    """The param naming a file the process replays (its times and lengths): giving that option selects the
+    process, the file brings its own stage and rate, and ``tailgate suite --arrivals`` does not offer it
+    (its cells take a file through ``--locust-arg``)."""
+    file_kinds: str = ""
+    """What files it reads, for the message when none is named."""
+    load: Callable[[str], tuple[str, list[TraceRow]]] | None = None
+    """Parses the file: ``(format, rows)``; raises :class:`ArrivalError`."""
+    recorded: tuple[str, ...] | None = None
+    """Keys it adds to the run's workload description (default: its params); ``trace_format`` is the loaded
+    file's format."""
+
+    @property
+    def replays_file(self) -> bool:
+        return bool(self.file_param)
+
+    @property
+    def file_flag(self) -> str:
+        return "--" + self.file_param.replace("_", "-")
+
+    def recorded_keys(self) -> tuple[str, ...]:
+        return self.recorded if self.recorded is not None else tuple(p.dest for p in self.params)
+
+
+ARRIVALS: dict[str, ArrivalProcess] = {}
+"""Every known process by name, in the order ``--arrivals`` lists them. Read it through
+:func:`arrival_processes`, which first imports the plugins that register more."""
+DEFAULT_ARRIVALS = "poisson"
+"""The process of a run that names none, and of a record written before processes were recorded."""
+
+
+def register(process: ArrivalProcess) -> ArrivalProcess:
+    """Add a process; a second one of the same name is refused (two meanings for one recorded name)."""
+    if process.name in ARRIVALS:
+        raise ValueError(f"arrival process {process.name!r} is registered twice")
+    ARRIVALS[process.name] = process
+    return process
+
+
+def arrival_processes() -> Mapping[str, ArrivalProcess]:
+    load_plugins()
+    return ARRIVALS
+
+
+def arrival_process(name: str) -> ArrivalProcess:
+    """The process of this name, or an :class:`ArrivalError` line listing the known ones."""
+    known = arrival_processes()
+    try:
+        return known[name]
+    except KeyError:
+        raise ArrivalError(f"unknown process {name!r}; choose one of {', '.join(known)}") from None
+
+
+def all_params() -> list[ArrivalParam]:
+    """Every registered process's options, each once, in registry order."""
+    seen: dict[str, ArrivalParam] = {}
+    for process in arrival_processes().values():
+        for param in process.params:
+            seen.setdefault(param.dest, param)
+    return list(seen.values())
+
+
+def rate_driven() -> dict[str, ArrivalProcess]:
+    """The processes drawn from ``--rates`` (all but file replays): those ``tailgate suite --arrivals`` offers."""
+    return {name: p for name, p in arrival_processes().items() if not p.replays_file}
+
+
+def rate_driven_params() -> list[ArrivalParam]:
+    """Their numeric options, each once, in registry order: the suite's own options, passed on to Locust."""
+    seen: dict[str, ArrivalParam] = {}
+    for process in rate_driven().values():
+        for param in process.params:
+            if param.positive:
+                seen.setdefault(param.dest, param)
+    return list(seen.values())
+
+
+def per_rate(
+    name: str,
+    help: str,
+    draw: OffsetDrawer,
+    params: tuple[ArrivalParam, ...] = (),
+    label: Callable[[float, Mapping[str, Any]], str] | None = None,
+) -> ArrivalProcess:
+    """A process with one stage per ``--rates`` value, its offsets drawn by ``draw``; stages are labelled
+    ``cont_r<rate>_<name>`` unless ``label`` says otherwise."""
+
+    def build(inp: ArrivalInput) -> list[Stage]:
+        return [
+            continuous_stage(i, inp.trace, r, inp.seed, inp.warmup,
+                             offsets=draw(len(inp.trace), r, inp.seed, inp.params),
+                             label=label(r, inp.params) if label else f"cont_r{rate_label(r)}_{name}")
+            for i, r in enumerate(inp.rates)
+        ]  # fmt: skip
+
+    return ArrivalProcess(name, help, build, params)
+
+
+def trace_rate(rows: Sequence[TraceRow], time_scale: float) -> float:
+    """A replayed trace's mean offered rate after the time scale (requests over the span)."""
+    span = (rows[-1].offset_s - rows[0].offset_s) * time_scale
+    return (len(rows) - 1) / span if span > 0 else float(len(rows))
+
+
+def _replay(inp: ArrivalInput) -> list[Stage]:
+    time_scale = float(inp.params["time_scale"])
+    offsets = scaled(list(inp.trace_rows), time_scale)
+    return [continuous_stage(0, inp.trace, trace_rate(inp.trace_rows, time_scale), inp.seed, inp.warmup,
+                             offsets=offsets, label=f"trace_x{rate_label(time_scale)}")]  # fmt: skip
+
+
+BURSTINESS = ArrivalParam(
+    "burstiness", 1.0, "gamma arrivals: shape of the gaps; below 1 burstier than Poisson, above 1 smoother"
+)
+
+register(per_rate("poisson", "the reference draws", lambda n, rate, seed, _: poisson_offsets(n, rate, seed),
+                  label=lambda rate, _: f"cont_r{rate_label(rate)}"))  # fmt: skip
+register(per_rate(
+    "gamma", "--burstiness",
+    lambda n, rate, seed, p: gamma_offsets(n, rate, float(p["burstiness"]), seed), (BURSTINESS,),
+    label=lambda rate, p: f"cont_r{rate_label(rate)}_gamma{rate_label(float(p['burstiness']))}",
+))  # fmt: skip
+register(ArrivalProcess(
+    "trace", "--arrival-trace", _replay,
+    params=(
+        ArrivalParam("arrival_trace", "", "replay a Mooncake JSONL or BurstGPT CSV trace: its timestamps and "
+                     "lengths (implies --arrivals trace; Mooncake hash_ids become shared prompt blocks)",
+                     positive=False),
+        ArrivalParam("time_scale", 1.0, "trace arrivals: multiply the trace's time by this (0.5 replays it "
+                     "twice as fast)"),
+    ),
+    file_param="arrival_trace", file_kinds="Mooncake JSONL or BurstGPT CSV", load=load_trace,
+    recorded=("arrival_trace", "trace_format", "time_scale"),
+))  # fmt: skip

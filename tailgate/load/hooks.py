@@ -34,10 +34,15 @@ from tailgate.load.worker import (
     READY_MESSAGE,
     order_runner,
 )
+from tailgate.plugins import load_plugins
 
 
 @events.init_command_line_parser.add_listener
 def _add_options(parser: Any) -> None:
+    try:
+        load_plugins()  # the registries' extensions first: their names are option choices
+    except OptionError as e:
+        fail(str(e))
     add_arguments(parser)
     distributed.add_arguments(parser)
 

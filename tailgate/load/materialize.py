@@ -12,6 +12,7 @@ import secrets
 import urllib.request
 from typing import Any
 
+from tailgate.load.arrivals import arrival_process
 from tailgate.load.options import OptionError, Settings
 from tailgate.load.prompts import (
     Builder,
@@ -57,13 +58,14 @@ def materialize(settings: Settings) -> Settings:
     """Settings with ``prompt_sets`` (and, for a dataset, its lengths) filled in; raises OptionError."""
     limit = model_limit(settings)
     option = {"dataset": "--dataset", "mooncake": "--arrival-trace"}.get(settings.prompts, "--prompts")
-    if settings.arrival_trace and settings.prompts == "seed":
-        _check_limit("--arrival-trace", list(settings.trace), [None] * len(settings.trace), limit)
+    replay = arrival_process(settings.arrivals)
+    if replay.replays_file and settings.prompts == "seed":  # a file's lengths, unseen until now
+        _check_limit(replay.file_flag, list(settings.trace), [None] * len(settings.trace), limit)
     if not settings.needs_tokenizer:
         return settings
     tok = ServerTokenizer(settings.target.root, settings.model, settings.api_key)
     items = list(settings.trace)
-    stage_count = 1 if settings.arm == "gated" or settings.arrivals == "trace" else len(settings.rates)
+    stage_count = len(settings.stages())  # the arm and the arrival process say how many
     check: dict[str, Any] = {"tokenizer": "server /tokenize"}
     try:
         if settings.prompts == "dataset":

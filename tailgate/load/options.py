@@ -17,15 +17,19 @@ from typing import Any, NoReturn
 
 from tailgate import arms
 from tailgate.contracts import RunMeta
-from tailgate.load.arrivals import ARRIVALS, ArrivalError, TraceRow, gamma_offsets, load_trace, scaled
-from tailgate.load.client import Target, TargetError, Timeouts, chunk_stamp_mode
-from tailgate.load.plan import (
-    Stage,
-    continuous_stage,
-    rate_label,
-    with_prompts,
+from tailgate.load.arrivals import (
+    DEFAULT_ARRIVALS,
+    ArrivalError,
+    ArrivalInput,
+    TraceRow,
+    all_params,
+    arrival_process,
+    arrival_processes,
 )
-from tailgate.load.prompts import ENDPOINTS, PROMPT_SOURCES, DatasetEntry, Prompt, PromptError, load_dataset
+from tailgate.load.client import Target, TargetError, Timeouts, chunk_stamp_mode
+from tailgate.load.payloads import DEFAULT_ENDPOINT, endpoint_help, endpoints
+from tailgate.load.plan import Stage, with_prompts
+from tailgate.load.prompts import PROMPT_SOURCES, DatasetEntry, Prompt, PromptError, load_dataset
 from tailgate.load.workload import PROMPT_WORD, TraceError, TraceItem, load_jsonl, make_trace
 from tailgate.optiontable import (
     DEFAULTS,
@@ -191,30 +195,20 @@ def add_workload_arguments(g: Any) -> None:
     add_prefix_arguments(g)
     g.add_argument(
         "--endpoint",
-        choices=ENDPOINTS,
-        default="completions",
-        help="completions (/v1/completions) or chat (/v1/chat/completions), both streamed with usage",
+        choices=tuple(endpoints()),
+        default=DEFAULT_ENDPOINT,
+        help=endpoint_help(),
     )
+    processes = arrival_processes()
     g.add_argument(
         "--arrivals",
-        choices=ARRIVALS,
-        default="poisson",
-        help="continuous arm: poisson (the reference draws), gamma (--burstiness), trace (--arrival-trace)",
+        choices=tuple(processes),
+        default=DEFAULT_ARRIVALS,
+        help="continuous arm: " + ", ".join(f"{p.name} ({p.help})" for p in processes.values()),
     )
-    g.add_argument(
-        "--burstiness",
-        type=float,
-        default=1.0,
-        help="gamma arrivals: shape of the gaps; below 1 burstier than Poisson, above 1 smoother",
-    )
-    g.add_argument(
-        "--arrival-trace",
-        default="",
-        help="replay a Mooncake JSONL or BurstGPT CSV trace: its timestamps and lengths (implies "
-        "--arrivals trace; Mooncake hash_ids become shared prompt blocks)",
-    )
-    g.add_argument("--time-scale", type=float, default=1.0,
-                   help="trace arrivals: multiply the trace's time by this (0.5 replays it twice as fast)")  # fmt: skip
+    for param in all_params():
+        kind = float if param.positive else str
+        g.add_argument(param.flag, type=kind, default=param.default, help=param.help)
 
 
 @dataclass(frozen=True)
@@ -250,11 +244,10 @@ class Settings:
     """The stamp source asked for (``--chunk-stamp``); what each process used is in ``run.json``."""
     prompts: str = "seed"
     """Prompt source (tailgate/load/prompts.py); ``mooncake`` when a Mooncake trace's hash_ids make the prompts."""
-    endpoint: str = "completions"
-    arrivals: str = "poisson"
-    burstiness: float = 1.0
-    time_scale: float = 1.0
-    arrival_trace: str = ""
+    endpoint: str = DEFAULT_ENDPOINT
+    arrivals: str = DEFAULT_ARRIVALS
+    arrival_params: dict[str, Any] = field(default_factory=dict)
+    """Every registered arrival process's option values, by dest (``burstiness``, ``time_scale``, ...)."""
     trace_format: str = ""
     trace_rows: tuple[TraceRow, ...] = ()
     dataset: str = ""
@@ -271,34 +264,12 @@ class Settings:
     def needs_tokenizer(self) -> bool:
         return self.prompts != "seed"
 
-    def trace_rate(self) -> float:
-        """A replayed trace's mean offered rate after the time scale (requests over the span)."""
-        span = (self.trace_rows[-1].offset_s - self.trace_rows[0].offset_s) * self.time_scale
-        return (len(self.trace_rows) - 1) / span if span > 0 else float(len(self.trace_rows))
-
     def stages(self) -> list[Stage]:
         the_arm = arms.arm(self.arm)
         if the_arm.open_loop:
-            if self.arrivals == "trace":
-                label = f"trace_x{rate_label(self.time_scale)}"
-                offsets = scaled(list(self.trace_rows), self.time_scale)
-                stages = [continuous_stage(0, self.trace, self.trace_rate(), self.seed, self.warmup,
-                                           offsets=offsets, label=label)]  # fmt: skip
-            elif self.arrivals == "gamma":
-                stages = [
-                    continuous_stage(
-                        i,
-                        self.trace,
-                        r,
-                        self.seed,
-                        self.warmup,
-                        offsets=gamma_offsets(len(self.trace), r, self.burstiness, self.seed),
-                        label=f"cont_r{rate_label(r)}_gamma{rate_label(self.burstiness)}",
-                    )
-                    for i, r in enumerate(self.rates)
-                ]
-            else:
-                stages = the_arm.build(self.trace, self.rates, self.seed, self.warmup)
+            stages = arrival_process(self.arrivals).build(
+                ArrivalInput(self.trace, self.rates, self.seed, self.warmup, self.arrival_params, self.trace_rows)
+            )
         else:
             stages = the_arm.build(self.trace, (self.batch_size,), self.seed, self.warmup)
         if self.prompt_sets is not None:
@@ -309,10 +280,8 @@ class Settings:
     def workload(self) -> dict[str, Any]:
         """Which source, endpoint and arrival process produced the records (run.json, summaries, records)."""
         out: dict[str, Any] = {"prompts": self.prompts, "endpoint": self.endpoint, "arrivals": self.arrivals}
-        if self.arrivals == "gamma":
-            out["burstiness"] = self.burstiness
-        if self.arrivals == "trace":
-            out.update(arrival_trace=self.arrival_trace, trace_format=self.trace_format, time_scale=self.time_scale)
+        known = {**self.arrival_params, "trace_format": self.trace_format}
+        out.update({key: known[key] for key in arrival_process(self.arrivals).recorded_keys()})
         if self.prompts == "dataset":
             out["dataset"] = self.dataset
         if self.prompts == "prefix":
@@ -388,13 +357,15 @@ def validate(opts: Any, *, arm: str | None = None, now: str = "") -> Settings:
     workload = _validate_workload(opts, arm)
     rows: tuple[TraceRow, ...] = workload["trace_rows"]
     if rows:
+        replay = arrival_process(workload["arrivals"])
+        flag, path = replay.file_flag, workload["arrival_params"][replay.file_param]
         if opts.trace_file:
-            raise OptionError("--arrival-trace: a replayed trace brings its own lengths; drop --trace-file")
+            raise OptionError(f"{flag}: a replayed trace brings its own lengths; drop --trace-file")
         items = [TraceItem(i, r.prompt_tokens, r.max_tokens) for i, r in enumerate(rows)]
         if len(items) <= opts.warmup:
-            raise OptionError(f"--arrival-trace: {len(items)} requests leave nothing after --warmup {opts.warmup}")
+            raise OptionError(f"{flag}: {len(items)} requests leave nothing after --warmup {opts.warmup}")
         n = len(items) - opts.warmup
-        source = f"{workload['trace_format']} trace {workload['arrival_trace']}"
+        source = f"{workload['trace_format']} trace {path}"
     elif opts.trace_file:
         try:
             items = load_jsonl(opts.trace_file)
@@ -471,32 +442,26 @@ def _validate_workload(opts: Any, arm: str) -> dict[str, Any]:
     def get(name: str, default: Any) -> Any:
         return getattr(opts, name, default)
 
-    prompts, endpoint = get("prompts", "seed") or "seed", get("endpoint", "completions") or "completions"
-    arrivals, trace_path = get("arrivals", "poisson") or "poisson", get("arrival_trace", "") or ""
+    prompts, endpoint = get("prompts", "seed") or "seed", get("endpoint", DEFAULT_ENDPOINT) or DEFAULT_ENDPOINT
+    arrivals = get("arrivals", DEFAULT_ARRIVALS) or DEFAULT_ARRIVALS
     if prompts not in PROMPT_SOURCES:
         raise OptionError(f"--prompts: unknown source {prompts!r}; choose one of {', '.join(PROMPT_SOURCES)}")
-    if endpoint not in ENDPOINTS:
-        raise OptionError(f"--endpoint: unknown endpoint {endpoint!r}; choose one of {', '.join(ENDPOINTS)}")
-    if trace_path:
-        arrivals = "trace"
-    if arrivals not in ARRIVALS:
-        raise OptionError(f"--arrivals: unknown process {arrivals!r}; choose one of {', '.join(ARRIVALS)}")
-    burstiness, time_scale = float(get("burstiness", 1.0)), float(get("time_scale", 1.0))
-    if not 0 < burstiness < float("inf"):
-        raise OptionError(f"--burstiness: must be a positive number, got {burstiness:g}")
-    if not 0 < time_scale < float("inf"):
-        raise OptionError(f"--time-scale: must be a positive number, got {time_scale:g}")
+    if endpoint not in endpoints():
+        raise OptionError(f"--endpoint: unknown endpoint {endpoint!r}; choose one of {', '.join(endpoints())}")
+    params, arrivals = _arrival_params(get, arrivals)
+    process = arrival_process(arrivals)
     rows: tuple[TraceRow, ...] = ()
     trace_format = ""
-    if arrivals == "trace":
+    if process.file_param and process.load is not None:
+        flag, trace_path = process.file_flag, str(params[process.file_param])
         if not trace_path:
-            raise OptionError("--arrivals trace: name the trace with --arrival-trace (Mooncake JSONL or BurstGPT CSV)")
-        if arm != "continuous":
-            raise OptionError("--arrival-trace: trace replay is an open-loop (continuous) arrival process")
+            raise OptionError(f"--arrivals {arrivals}: name the trace with {flag} ({process.file_kinds})")
+        if not arms.arm(arm).open_loop:
+            raise OptionError(f"{flag}: trace replay is an open-loop (continuous) arrival process")
         try:
-            trace_format, loaded = load_trace(trace_path)
+            trace_format, loaded = process.load(trace_path)
         except ArrivalError as e:
-            raise OptionError(f"--arrival-trace: {e}") from None
+            raise OptionError(f"{flag}: {e}") from None
         rows = tuple(loaded)
         if trace_format == "mooncake" and any(r.hash_ids for r in rows):
             if prompts != "seed":
@@ -524,8 +489,28 @@ def _validate_workload(opts: Any, arm: str) -> dict[str, Any]:
         if prefix_groups < 1:
             raise OptionError(f"--prefix-groups: must be at least 1, got {prefix_groups}")
     return {
-        "prompts": prompts, "endpoint": endpoint, "arrivals": arrivals, "burstiness": burstiness,
-        "time_scale": time_scale, "arrival_trace": trace_path, "trace_format": trace_format, "trace_rows": rows,
+        "prompts": prompts, "endpoint": endpoint, "arrivals": arrivals, "arrival_params": params,
+        "trace_format": trace_format, "trace_rows": rows,
         "dataset": dataset, "dataset_entries": entries, "prefix_tokens": prefix_tokens,
         "prefix_share": prefix_share, "prefix_groups": prefix_groups,
     }  # fmt: skip
+
+
+def _arrival_params(get: Any, arrivals: str) -> tuple[dict[str, Any], str]:
+    """Every arrival option's value, checked, and the process: a file named for a replaying process selects it."""
+    params: dict[str, Any] = {}
+    for param in all_params():
+        value = get(param.dest, param.default)
+        if param.positive:
+            value = float(value)
+            if not 0 < value < float("inf"):
+                raise OptionError(f"{param.flag}: must be a positive number, got {value:g}")
+        params[param.dest] = value or param.default
+    for process in arrival_processes().values():
+        if process.file_param and params.get(process.file_param):
+            arrivals = process.name
+    try:
+        arrival_process(arrivals)
+    except ArrivalError as e:
+        raise OptionError(f"--arrivals: {e}") from None
+    return params, arrivals

@@ -2,13 +2,20 @@
 
 Built before the request's send time (the worker prepares them ahead), so nothing here runs between a
 send and its stamps; the streaming client only writes what it is given.
+
+The endpoints are one registry, :data:`ENDPOINTS` (completions, chat): the options, the prompt builders,
+the worker and the records ask it for an endpoint's path and whether its prompt goes as messages; a
+plugin (:mod:`tailgate.plugins`) adds one with :func:`register_endpoint`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from tailgate.load.target import Target
+from tailgate.plugins import load_plugins
 
 
 def build_payload(
@@ -52,7 +59,53 @@ def _streamed_body(
     return json.dumps(body).encode()
 
 
-ENDPOINT_PATHS = {"completions": "/completions", "chat": "/chat/completions"}
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    path: str
+    """Under the server's API prefix (``/v1``)."""
+    messages: bool
+    """The prompt goes as chat ``messages`` (the seed's filler as one user turn), not as ``prompt`` text."""
+
+    def body(
+        self, model: str, text: str, messages: list[dict[str, str]] | None, max_tokens: int, *, ignore_eos: bool
+    ) -> bytes:
+        """One streamed request's JSON body; ``messages`` None sends ``text`` as the one user turn."""
+        if self.messages:
+            turns = messages or [{"role": "user", "content": text}]
+            return build_chat_payload(model, turns, max_tokens, ignore_eos=ignore_eos)
+        return build_payload(model, text, max_tokens, ignore_eos=ignore_eos)
+
+
+ENDPOINTS: dict[str, Endpoint] = {}
+"""Every known endpoint by name, in the order ``--endpoint`` lists them; read through :func:`endpoints`."""
+DEFAULT_ENDPOINT = "completions"
+"""The endpoint of a run that names none, and of a record written before endpoints were recorded."""
+
+
+def register_endpoint(endpoint: Endpoint) -> Endpoint:
+    if endpoint.name in ENDPOINTS:
+        raise ValueError(f"endpoint {endpoint.name!r} is registered twice")
+    ENDPOINTS[endpoint.name] = endpoint
+    return endpoint
+
+
+def endpoints() -> Mapping[str, Endpoint]:
+    """The registry, once the plugins that add to it are imported."""
+    load_plugins()
+    return ENDPOINTS
+
+
+def endpoint_help() -> str:
+    """``--endpoint``'s help, from the registry: each name with its path."""
+    names = [f"{e.name} (/v1{e.path})" for e in endpoints().values()]
+    return " or ".join(names) + (", both" if len(names) == 2 else ", each") + " streamed with usage"
+
+
+register_endpoint(Endpoint("completions", "/completions", messages=False))
+register_endpoint(Endpoint("chat", "/chat/completions", messages=True))
+ENDPOINT_PATHS = {e.name: e.path for e in ENDPOINTS.values()}
+"""The built-in endpoints' paths (kept for callers that read them; requests take the registry's)."""
 
 
 def build_request(
@@ -60,7 +113,7 @@ def build_request(
     body: bytes,
     api_key: str | None = None,
     request_id: str | None = None,
-    endpoint: str = "completions",
+    endpoint: str = DEFAULT_ENDPOINT,
 ) -> bytes:
     """The complete request bytes (head and body), so a caller can build them before its send time.
 
@@ -68,7 +121,7 @@ def build_request(
     stream and in its request log, which is how the order the server received requests in is read back.
     ``endpoint`` picks ``/completions`` or ``/chat/completions`` under the API prefix.
     """
-    head = _request_head(target, target.api_prefix + ENDPOINT_PATHS[endpoint], len(body), api_key, request_id)
+    head = _request_head(target, target.api_prefix + endpoints()[endpoint].path, len(body), api_key, request_id)
     return head + body
 
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tailgate.load.payloads import endpoints
+
 PROMPT_SOURCES = ("seed", "unique", "dataset", "prefix")
-ENDPOINTS = ("completions", "chat")
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` entry of a Mooncake trace."""
 PROBE_BATCH = 512
@@ -218,7 +219,7 @@ class Builder:
 
     def wrap(self, words: Sequence[str]) -> Prompt:
         text = "".join(" " + w for w in words)
-        if self.endpoint == "chat":
+        if endpoints()[self.endpoint].messages:
             return Prompt(messages=(("user", text),))
         return Prompt(text=text)
 
@@ -391,6 +392,7 @@ def dataset_prompts(
 ) -> tuple[list[Prompt], list[int | None]]:
     """``count`` entries sampled with the seed (without replacement while the dataset lasts), each counted
     by the served tokenizer in the form it is sent (chat messages, or completion text)."""
+    as_messages = endpoints()[endpoint].messages
     rng = random.Random(seed)
     order: list[int] = []
     while len(order) < count:
@@ -400,7 +402,7 @@ def dataset_prompts(
     chosen = [entries[i] for i in order[:count]]
 
     def one(e: DatasetEntry) -> Prompt:
-        if endpoint == "chat":
+        if as_messages:
             msgs = e.messages if e.messages is not None else (("user", e.text or ""),)
             p = Prompt(messages=msgs)
         else:

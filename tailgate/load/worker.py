@@ -26,19 +26,19 @@ from typing import Any
 from tailgate import arms
 from tailgate.contracts import Order
 from tailgate.load import distributed
+from tailgate.load.arrivals import DEFAULT_ARRIVALS
 from tailgate.load.batch import BatchGate
 from tailgate.load.capturelink import StampSource
 from tailgate.load.client import (
     StreamTiming,
     Target,
     Timeouts,
-    build_chat_payload,
-    build_payload,
     build_request,
     chunk_stamp_mode,
     stream_completion,
 )
 from tailgate.load.clock import mono_ns, wall
+from tailgate.load.payloads import DEFAULT_ENDPOINT, endpoints
 from tailgate.load.prompts import Prompt
 from tailgate.load.stagegc import QuietCollector
 from tailgate.load.workload import build_prompt
@@ -140,10 +140,9 @@ def kernel_clock_disagreement_ms() -> float | None:
 
 def request_body(cfg: dict[str, Any], prompt: Prompt, max_tokens: int, endpoint: str) -> bytes:
     """The JSON body for one request on the chosen endpoint (the seed filler goes to chat as one user turn)."""
-    if endpoint == "chat":
-        messages = prompt.wire().get("messages") or [{"role": "user", "content": prompt.text or ""}]
-        return build_chat_payload(cfg["model"], messages, max_tokens, ignore_eos=cfg["ignore_eos"])
-    return build_payload(cfg["model"], prompt.text or "", max_tokens, ignore_eos=cfg["ignore_eos"])
+    ep = endpoints()[endpoint]
+    messages = prompt.wire().get("messages") if ep.messages else None
+    return ep.body(cfg["model"], prompt.text or "", messages, max_tokens, ignore_eos=cfg["ignore_eos"])
 
 
 def request_id(run_id: str, stage: int, trace_id: int) -> str:
@@ -291,7 +290,7 @@ class OrderRunner:
         # every request's bytes exist before the stage starts: nothing is built between a send time and its send
         bodies: dict[tuple[int, int], bytes] = {}
         requests: list[bytes] = []
-        endpoint = cfg.get("endpoint") or "completions"
+        endpoint = cfg.get("endpoint") or DEFAULT_ENDPOINT
         for item in items:
             trace_id, prompt_tokens, max_tokens, given = item.trace_id, item.prompt_tokens, item.max_tokens, item.prompt
             if given is not None:  # a built prompt (unique, dataset, prefix, trace blocks): one body per request
@@ -492,8 +491,8 @@ class OrderRunner:
             chunk_offsets_ms=None if t.chunk_ns is None else _offsets_ms(t.chunk_ns, sent),
             chunk_read_delays_ms=None if t.chunk_delay_ns is None else _delays_ms(t.chunk_delay_ns),
             chunk_read_offsets_ms=None if t.read_chunk_ns is None else _offsets_ms(t.read_chunk_ns, sent),
-            prompt_source=cfg.get("prompts") or "seed", endpoint=cfg.get("endpoint") or "completions",
-            arrivals=order.get("arrivals") or "poisson", prompt_tokens_tokenized=tokenized,
+            prompt_source=cfg.get("prompts") or "seed", endpoint=cfg.get("endpoint") or DEFAULT_ENDPOINT,
+            arrivals=order.get("arrivals") or DEFAULT_ARRIVALS, prompt_tokens_tokenized=tokenized,
         )  # fmt: skip
 
     def _fire(self, r: RequestRecord) -> None:

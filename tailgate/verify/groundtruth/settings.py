@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .engine import EngineModel
-from .faults import _Fault
+from .faults import Fault
 from .wire import DEFAULT_GAP_MS, DEFAULT_MODEL, DEFAULT_TTFT_MS, KV_CAPACITY_TOKENS
 
 
@@ -29,7 +29,7 @@ class Settings:
     prefix_caching: bool = False
     """Count prefix-cache hits (whole blocks of ``PREFIX_BLOCK_TOKENS`` words seen before), as vLLM's
     ``vllm:prefix_cache_*`` counters do, and say so in ``vllm:cache_config_info``. Off: queries only."""
-    faults: list[_Fault] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
     schedules: dict[int, list[int]] = field(default_factory=dict)
     engine: EngineModel | None = None
     """When set, streaming completions are served by the simulated engine (see :mod:`.engine`) instead of

@@ -9,18 +9,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from .settings import ChunkLog
-from .wire import _CHUNK_END, _SSE_DONE, _SSE_MALFORMED, _chunk_frame, _monotonic_ns, _raw_frame
+from .wire import CHUNK_END, SSE_DONE, SSE_MALFORMED, chunk_frame, monotonic_ns, raw_frame
 
 if TYPE_CHECKING:
     from .engine import EngineRequest
 
 
 class StreamConnection(Protocol):
-    """The connection a stream writes to (the server's ``_Connection``)."""
+    """The connection a stream writes to (the server's ``Connection``)."""
 
     transport: asyncio.Transport
     chunked: bool
-    stream: _Stream | None
+    stream: Stream | None
 
     def response_done(self) -> None: ...
 
@@ -32,8 +32,8 @@ class StreamServer(Protocol):
 
     loop: asyncio.AbstractEventLoop
     log: ChunkLog
-    timers: _Timers
-    active: set[_Stream]
+    timers: Timers
+    active: set[Stream]
     waiting: int
     running: int
     prompt_tokens_total: int
@@ -48,7 +48,7 @@ class StreamServer(Protocol):
 # ------------------------------------------------------------------------------------------- streams
 
 
-class _Timers:
+class Timers:
     """Every stream's next write in one heap of ``(target_ns, order, stream)``, under one asyncio timer.
 
     An asyncio timer per chunk costs a ``TimerHandle`` and heap comparisons made in Python; tuples of
@@ -61,13 +61,13 @@ class _Timers:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.heap: list[tuple[int, int, _Stream]] = []
+        self.heap: list[tuple[int, int, Stream]] = []
         self.order = 0
         self.timer: asyncio.TimerHandle | None = None
         self.when = 0
         self.in_pass = False
 
-    def push(self, target: int, stream: _Stream) -> None:
+    def push(self, target: int, stream: Stream) -> None:
         self.order += 1
         heapq.heappush(self.heap, (target, self.order, stream))
         if not self.in_pass and (self.timer is None or target < self.when):
@@ -86,7 +86,7 @@ class _Timers:
         self.in_pass = True
         heap = self.heap
         budget = len(heap)
-        now = _monotonic_ns()
+        now = monotonic_ns()
         # asyncio fired this timer because the first entry is due (to its float rounding): run it.
         first = True
         try:
@@ -96,14 +96,14 @@ class _Timers:
                 stream = heapq.heappop(heap)[2]
                 if not stream.ended:
                     stream.fire()
-                now = _monotonic_ns()
+                now = monotonic_ns()
         finally:
             self.in_pass = False
             self.arm()
 
 
 @dataclass(slots=True)
-class _Plan:
+class Plan:
     """How the stream-shaping faults that matched one request change its stream."""
 
     stalls: dict[int, int | None] = field(default_factory=dict)
@@ -118,7 +118,7 @@ class _Plan:
     ping_event: bytes = b": ping\n\n"
 
 
-class _Stream:
+class Stream:
     """One completion being generated: a chain of writes on absolute targets.
 
     Target k is ``body received + ttft + k * gap`` (or the request's script), never "previous write
@@ -174,7 +174,7 @@ class _Stream:
         ttft_ns: int,
         gap_ns: int,
         script: list[int] | None,
-        plan: _Plan | None,
+        plan: Plan | None,
         request_row: list[int],
         streaming: bool,
     ) -> None:
@@ -203,7 +203,7 @@ class _Stream:
         self.pending_events: list[bytes] = []
         self.pending_idx: list[int] = []
         self.pending_targets: list[int] = []
-        self.frame: Callable[[bytes], bytes] = _chunk_frame if conn.chunked else _raw_frame
+        self.frame: Callable[[bytes], bytes] = chunk_frame if conn.chunked else raw_frame
         self.mid_event = b""
         self.last_event = b""
         self.mid = b""
@@ -274,9 +274,9 @@ class _Stream:
         tr = self.transport
         if k == 0 and self.lead:
             tr.write(self.lead)
-        t0 = _monotonic_ns()
+        t0 = monotonic_ns()
         tr.write(self.last if last else self.mid)
-        t = _monotonic_ns()
+        t = monotonic_ns()
         log = self.log
         log.seq.append(self.seq)
         log.idx.append(k)
@@ -305,11 +305,11 @@ class _Stream:
             return
         if plan.error_at == k:
             frame = self.frame
-            tr.write(frame(plan.error_event) + frame(_SSE_DONE) + (_CHUNK_END if self.conn.chunked else b""))
+            tr.write(frame(plan.error_event) + frame(SSE_DONE) + (CHUNK_END if self.conn.chunked else b""))
             self.finish()
             return
         if k in plan.malformed:
-            self.pending_events.append(_SSE_MALFORMED)
+            self.pending_events.append(SSE_MALFORMED)
         last = k == self.n - 1
         self.pending_events.append(self.last_event if last else self.mid_event)
         self.pending_idx.append(k)
@@ -323,9 +323,9 @@ class _Stream:
             data = self.frame(b"".join(events))
         else:
             data = b"".join([self.frame(e) for e in events])
-        t0 = _monotonic_ns()
+        t0 = monotonic_ns()
         tr.write(data)
-        t = _monotonic_ns()
+        t = monotonic_ns()
         log = self.log
         for idx, target in zip(self.pending_idx, self.pending_targets, strict=True):
             log.seq.append(self.seq)
@@ -355,7 +355,7 @@ class _Stream:
                 return
         self.k = self.n
         self.transport.write(self.body)
-        self.request_row[1] = _monotonic_ns()
+        self.request_row[1] = monotonic_ns()
         self.finish()
 
     def ping(self, phase_ns: int) -> None:

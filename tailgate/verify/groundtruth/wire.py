@@ -39,15 +39,15 @@ STREAM_FAULTS = (
 """Faults that shape a streaming response: every matching one applies."""
 FAULT_KINDS = TERMINAL_FAULTS + STREAM_FAULTS
 
-_HTTP_FAULT_STATUS = {"http_429": 429, "http_500": 500, "http_503": 503}
-_HTTP_ERROR_TYPES = {
+HTTP_FAULT_STATUS = {"http_429": 429, "http_500": 500, "http_503": 503}
+HTTP_ERROR_TYPES = {
     400: "BadRequestError",
     404: "NotFoundError",
     429: "RateLimitError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
-_REASONS = {
+REASONS = {
     200: "OK",
     400: "Bad Request",
     404: "Not Found",
@@ -61,11 +61,11 @@ _REASONS = {
     505: "HTTP Version Not Supported",
 }
 _TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
-_SSE_DONE = b"data: [DONE]\n\n"
-_SSE_MALFORMED = b"data: {not json\n\n"
-_CHUNK_END = b"0\r\n\r\n"
-_MATCH_KEYS = frozenset({"seq", "every", "offset", "prompt_tokens", "all"})
-_CONTROL_KEYS = frozenset(
+SSE_DONE = b"data: [DONE]\n\n"
+SSE_MALFORMED = b"data: {not json\n\n"
+CHUNK_END = b"0\r\n\r\n"
+MATCH_KEYS = frozenset({"seq", "every", "offset", "prompt_tokens", "all"})
+CONTROL_KEYS = frozenset(
     {
         "ttft_ms",
         "gap_ms",
@@ -82,7 +82,7 @@ _CONTROL_KEYS = frozenset(
     }
 )
 
-_monotonic_ns = time.monotonic_ns
+monotonic_ns = time.monotonic_ns
 
 
 # --------------------------------------------------------------------------------------------- HTTP
@@ -109,7 +109,7 @@ class RequestHead:
     keep_alive: bool
 
 
-def _check_request_line(line: str) -> tuple[str, str, str]:
+def check_request_line(line: str) -> tuple[str, str, str]:
     parts = line.split(" ")
     if len(parts) != 3:
         raise HttpError(400, "malformed request line")
@@ -134,7 +134,7 @@ def parse_request_head(head: bytes) -> RequestHead:
     """
     text = head.decode("latin-1")
     lines = text.split("\r\n")
-    method, target, version = _check_request_line(lines[0])
+    method, target, version = check_request_line(lines[0])
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
@@ -171,8 +171,8 @@ def _http_date() -> bytes:
     return _date_cache[1]
 
 
-def _response_head(status: int, headers: Sequence[tuple[str, str]], keep_alive: bool) -> bytes:
-    lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, "Unknown").encode("ascii"))]
+def response_head(status: int, headers: Sequence[tuple[str, str]], keep_alive: bool) -> bytes:
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, "Unknown").encode("ascii"))]
     lines.append(b"date: " + _http_date() + b"\r\n")
     lines.append(b"server: groundtruth\r\n")
     for name, value in headers:
@@ -183,7 +183,7 @@ def _response_head(status: int, headers: Sequence[tuple[str, str]], keep_alive: 
     return b"".join(lines)
 
 
-def _full_response(
+def full_response(
     status: int,
     body: bytes,
     content_type: str,
@@ -191,22 +191,22 @@ def _full_response(
     extra: Sequence[tuple[str, str]] = (),
 ) -> bytes:
     headers = [("content-type", content_type), ("content-length", str(len(body))), *extra]
-    return _response_head(status, headers, keep_alive) + body
+    return response_head(status, headers, keep_alive) + body
 
 
-def _json_bytes(obj: Any) -> bytes:
+def json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode("utf-8")
 
 
-def _error_body(status: int, message: str, error_type: str | None = None, param: str | None = None) -> bytes:
+def error_body(status: int, message: str, error_type: str | None = None, param: str | None = None) -> bytes:
     """vLLM's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = error_type or _HTTP_ERROR_TYPES.get(status, "Error")
-    return _json_bytes({"error": {"message": message, "type": kind, "param": param, "code": status}})
+    kind = error_type or HTTP_ERROR_TYPES.get(status, "Error")
+    return json_bytes({"error": {"message": message, "type": kind, "param": param, "code": status}})
 
 
-def _chunk_frame(payload: bytes) -> bytes:
+def chunk_frame(payload: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(payload), payload)
 
 
-def _raw_frame(payload: bytes) -> bytes:
+def raw_frame(payload: bytes) -> bytes:
     return payload
