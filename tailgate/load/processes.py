@@ -14,17 +14,19 @@ CHUNKS_PER_PROCESS = 15000.0
 25,000 chunks/s (250 req/s of 100-chunk streams) with worst-gap error p99 under 0.01 ms, max under 0.03 ms
 and no stream merged, in each of three runs (``benchmarks/results/stall-h200.md``), at about 33 us of CPU per
 chunk; 15,000 is half a core of that, room for a slower or busier host."""
+CAPTURE_CHUNKS_PER_PROCESS = 20000.0
+"""Chunks per second one load process is given with packet-capture stamps: on the 16-core host one process
+measured exactly at 40,000 chunks/s (400 req/s of 100-chunk streams; worst-gap and TTFT error p99 under
+0.02 ms, no drop, no stream missed, three runs of 30 s, ``benchmarks/results/stamp-matrix-h200/``). Its
+stamps do not depend on the process reading on time, so the bound is CPU (about 38 us a chunk for the load
+process and its capture process together); half the measured rate leaves room for a slower host."""
 CHUNKS_PER_PROCESS_BY_STAMP: dict[str, float] = {
     "kernel": CHUNKS_PER_PROCESS,
     "recv": CHUNKS_PER_PROCESS,
-    "capture": CHUNKS_PER_PROCESS,
+    "capture": CAPTURE_CHUNKS_PER_PROCESS,
 }
-"""Chunks per second one load process is given, per stamp source (``--chunk-stamp``). ``kernel`` is the
-measurement above. ``capture`` stamps do not depend on the process reading on time, so its bound is CPU,
-not latency: the load process pays the same per chunk plus one query per stream, and its capture process
-(~20 us per segment on a busy 2-core host, ``benchmarks/results/stamp-matrix-2core.md``) runs beside it;
-until ``benchmarks/stamp_matrix.py`` has measured it on the 16-core host it is given no more than
-``kernel``. ``recv`` has not been measured apart from ``kernel`` and is given the same."""
+"""Chunks per second one load process is given, per stamp source (``--chunk-stamp``). ``recv`` has not been
+measured apart from ``kernel`` and is given the same."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
