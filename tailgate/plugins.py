@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Mapping
+from typing import TypeVar
 
 from tailgate.optiontable import OptionError
+
+T = TypeVar("T")
 
 PLUGINS_ENV = "TAILGATE_PLUGINS"
 _loaded: set[str] = set()
@@ -32,3 +36,25 @@ def load_plugins() -> None:
         except ImportError as e:
             _loaded.discard(name)
             raise OptionError(f"{PLUGINS_ENV}: cannot import {name!r} ({e})") from None
+
+
+class Registry(dict[str, T]):
+    """The named choices of one axis (arrival processes, endpoints): the only place their names are known.
+
+    A dict by name, in the order they were added (options list them so); :meth:`loaded` is the view every
+    reader takes, once the plugins that add to it are imported."""
+
+    def __init__(self, axis: str) -> None:
+        super().__init__()
+        self.axis = axis
+
+    def add(self, name: str, item: T) -> T:
+        """Add ``item``; a second one of the same name is refused (two meanings for one recorded name)."""
+        if name in self:
+            raise ValueError(f"{self.axis} {name!r} is registered twice")
+        self[name] = item
+        return item
+
+    def loaded(self) -> Mapping[str, T]:
+        load_plugins()
+        return self

@@ -21,7 +21,7 @@ from typing import Any
 
 from tailgate.load.plan import Stage, continuous_stage, poisson_offsets, rate_label
 from tailgate.load.workload import TraceItem
-from tailgate.plugins import load_plugins
+from tailgate.plugins import Registry
 
 
 class ArrivalError(ValueError):
@@ -214,7 +214,7 @@ class ArrivalProcess:
         return self.recorded if self.recorded is not None else tuple(p.dest for p in self.params)
 
 
-ARRIVALS: dict[str, ArrivalProcess] = {}
+ARRIVALS: Registry[ArrivalProcess] = Registry("arrival process")
 """Every known process by name, in the order ``--arrivals`` lists them. Read it through
 :func:`arrival_processes`, which first imports the plugins that register more."""
 DEFAULT_ARRIVALS = "poisson"
@@ -223,15 +223,11 @@ DEFAULT_ARRIVALS = "poisson"
 
 def register(process: ArrivalProcess) -> ArrivalProcess:
     """Add a process; a second one of the same name is refused (two meanings for one recorded name)."""
-    if process.name in ARRIVALS:
-        raise ValueError(f"arrival process {process.name!r} is registered twice")
-    ARRIVALS[process.name] = process
-    return process
+    return ARRIVALS.add(process.name, process)
 
 
 def arrival_processes() -> Mapping[str, ArrivalProcess]:
-    load_plugins()
-    return ARRIVALS
+    return ARRIVALS.loaded()
 
 
 def arrival_process(name: str) -> ArrivalProcess:

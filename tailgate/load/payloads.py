@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tailgate.load.target import Target
-from tailgate.plugins import load_plugins
+from tailgate.plugins import Registry
 
 
 def build_payload(
@@ -77,23 +77,19 @@ class Endpoint:
         return build_payload(model, text, max_tokens, ignore_eos=ignore_eos)
 
 
-ENDPOINTS: dict[str, Endpoint] = {}
+ENDPOINTS: Registry[Endpoint] = Registry("endpoint")
 """Every known endpoint by name, in the order ``--endpoint`` lists them; read through :func:`endpoints`."""
 DEFAULT_ENDPOINT = "completions"
 """The endpoint of a run that names none, and of a record written before endpoints were recorded."""
 
 
 def register_endpoint(endpoint: Endpoint) -> Endpoint:
-    if endpoint.name in ENDPOINTS:
-        raise ValueError(f"endpoint {endpoint.name!r} is registered twice")
-    ENDPOINTS[endpoint.name] = endpoint
-    return endpoint
+    return ENDPOINTS.add(endpoint.name, endpoint)
 
 
 def endpoints() -> Mapping[str, Endpoint]:
     """The registry, once the plugins that add to it are imported."""
-    load_plugins()
-    return ENDPOINTS
+    return ENDPOINTS.loaded()
 
 
 def endpoint_help() -> str:
