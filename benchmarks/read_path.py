@@ -27,6 +27,7 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 
 from tailgate.load.client import StreamTiming, Target, build_payload, build_request, stream_completion  # noqa: E402
+from tailgate.load.stagegc import QuietCollector  # noqa: E402
 from tailgate.verify.groundtruth import DEFAULT_MODEL, start_server_process  # noqa: E402
 
 
@@ -47,15 +48,20 @@ def run_once(base_url: str, rate: float, n: int, tokens: int, stamp: str) -> tup
         timings.append(t)
         stream_completion(target, b"", t, request=request, record_chunks=True, stamp=stamp)
 
-    start_cpu = cpu_s()
-    t0 = time.perf_counter()
-    for i in range(n):
-        delay = t0 + i / rate - time.perf_counter()
-        if delay > 0:
-            gevent.sleep(delay)
-        group.spawn(one)
-    group.join()
-    used = cpu_s() - start_cpu
+    quiet = QuietCollector()  # as in a load process's stage: no collection while streams are timed
+    quiet.start()
+    try:
+        start_cpu = cpu_s()
+        t0 = time.perf_counter()
+        for i in range(n):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                gevent.sleep(delay)
+            group.spawn(one)
+        group.join()
+        used = cpu_s() - start_cpu
+    finally:
+        quiet.end()
     failed = [t.error_class for t in timings if t.error_class]
     if failed:
         raise SystemExit(f"read_path: {len(failed)} streams failed, e.g. {failed[0]}")

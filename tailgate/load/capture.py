@@ -10,9 +10,10 @@ connection's segments (by 4-tuple) and gives each chunk the arrival of the segme
 
 The socket is ``SOCK_DGRAM`` (no link-layer header, so any interface type works) with a classic BPF
 filter: IPv4 or IPv6 TCP from the server's port, not outgoing. On loopback every packet is seen twice,
-once leaving (``PACKET_OUTGOING``) and once arriving; the filter keeps the arrival. Only the headers are
-copied (the filter returns :data:`SNAP` bytes); a payload's length comes from the IP header. Drops (the
-socket buffer full) are counted by the kernel (``PACKET_STATISTICS``) and reported.
+once leaving (``PACKET_OUTGOING``) and once arriving; the socket asks not to be handed the copies leaving
+(``PACKET_IGNORE_OUTGOING``, Linux 4.20 on) and the filter drops them where it is handed them anyway.
+Only the headers are copied (the filter returns :data:`SNAP` bytes); a payload's length comes from the IP
+header. Drops (the socket buffer full) are counted by the kernel (``PACKET_STATISTICS``) and reported.
 
 Run as ``python -m tailgate.load.capture --port P``: one such process per host and server port serves every
 load process there (:func:`capture_address`); with one per load process each would copy and parse every
@@ -39,12 +40,18 @@ ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_STATISTICS = 6
 PACKET_OUTGOING = 4
+PACKET_IGNORE_OUTGOING = 23
 SO_RCVBUFFORCE = 33
 SO_ATTACH_FILTER = 26
 SNAP = 160
 """Bytes copied per packet: the largest IPv4 (60) or IPv6 (40) header plus the largest TCP header (60)."""
 RCVBUF = 64 << 20
 """Packet socket buffer: about 300,000 header-only copies, seconds of a busy host if this process stalls."""
+DRAIN_S = 0.005
+"""How often the packet socket is read when no query comes (a query drains it first). The segments carry
+their kernel stamps, so reading them in batches changes nothing but how many wait in the buffer (at 25,000
+segments/s, about 125 of its 300,000). Woken for every segment instead, this process used about 40% more
+CPU (0.85-0.96 s against 1.23-1.40 s for 50,000 chunks at 50 req/s, 2-core VM)."""
 EXPIRE_S = 300.0
 """A connection nobody asked for within this long after its last segment is forgotten."""
 SEQ_MOD = 1 << 32
@@ -102,6 +109,12 @@ def open_capture(port: int) -> socket.socket:
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
     try:
         attach_filter(sock, port)
+        try:
+            # the filter drops every copy of a packet leaving the host; without this the kernel clones each
+            # one for it first, in the context of whichever process sent it (the load process's ACKs)
+            sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+        except OSError:  # before Linux 4.20: the filter alone drops them
+            pass
         if SO_TIMESTAMPNS is None:  # not Linux: no packet sockets either
             raise PermissionError("kernel packet stamps need Linux")
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
@@ -281,8 +294,7 @@ def serve(port: int, listener: socket.socket, capture: socket.socket | None, err
     had_client = False
     last_expire = time.monotonic()
     while True:
-        watched = [listener, *clients] + ([capture] if capture is not None else [])
-        ready, _, _ = select.select(watched, [], [], 1.0)
+        ready, _, _ = select.select([listener, *clients], [], [], DRAIN_S)
         if capture is not None:
             drain(capture, segs)
         if listener in ready:
