@@ -32,6 +32,7 @@ from tailgate.postprocess.cellstats import (
     times_text,
 )
 from tailgate.postprocess.load import rate_text
+from tailgate.postprocess.pauses import pause_evidence, pause_lines
 from tailgate.postprocess.prompt_ab import PROMPT_AB_QUESTION, prompt_ab
 from tailgate.postprocess.table import choose_decision_rate, summary_table
 from tailgate.postprocess.tableview import IN_SHORT, cell_marks, not_measured
@@ -491,6 +492,9 @@ def diagnose(
         _q4_preemption(table, cells, series),
         _q5_mix(records, run_meta, cells),
     ]
+    if pause_lines(table):  # the server paused many streams at once: part of what the gaps show
+        parts[1] = {**parts[1], "lines": [*parts[1]["lines"], *pause_lines(table)],
+                    "evidence": {**parts[1]["evidence"], **pause_evidence(table)}}  # fmt: skip
     questions = list(QUESTIONS)
     ab = prompt_ab(table, cells, resamples, seed)
     if ab is not None:  # only when a run measured another prompt source on the same schedule

@@ -29,6 +29,7 @@ from tailgate.postprocess.accounting import account
 from tailgate.postprocess.diagnosis import diagnose, findings_context
 from tailgate.postprocess.html import render
 from tailgate.postprocess.load import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus
+from tailgate.postprocess.pauses import PAUSE_COLUMNS, cell_pauses
 from tailgate.postprocess.prometheus import NONE, ServerData, collect_server_data
 from tailgate.postprocess.table import choose_decision_rate, summary_table, table_context, write_table
 from tailgate.postprocess.tableview import NOT_A_MEASUREMENT, PARTIAL, cell_marks
@@ -83,6 +84,7 @@ def analyze(
     summaries = load_summaries(runs)
     # where every planned request went, from the send journal and the records (not the summaries' word)
     summaries[list(ACCOUNTING)] = account(summaries, records, runs)
+    summaries[list(PAUSE_COLUMNS)] = cell_pauses(summaries, records)  # the server's shared pauses, per cell
     server = collect_server_data(runs, summaries, prometheus_url, save=save_series)
     table = summary_table(summaries, server.preemptions)
     rate = choose_decision_rate(table, decision_rate)

@@ -73,6 +73,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("gap_p99", "worst gap in a stream (ms)", "p99", "worst-gap p99 (ms)"),
     Column("total_p50", "total time (ms)", "p50", "total p50 (ms)"),
     Column("total_p99", "total time (ms)", "p99", "total p99 (ms)"),
+    Column("server_pauses", "server-wide pauses", "events", "server-wide pauses (streams released together)"),
+    Column("server_pause_max_ms", "server-wide pauses", "largest (ms)", "largest server-wide pause (ms)",
+           "no cell had a pause shared by several streams"),
+    Column("server_gaps_250ms", "server-wide pauses", "server gaps >=0.25 s", "server-side inter-token gaps "
+           ">=0.25 s (latency histogram)", "absent: no inter-token latency histogram was read per cell"),
     Column("errors", "", "errors", "failed requests"),
     Column("preemptions_prometheus", "preemptions", "Prometheus", "preemptions (Prometheus)",
            "no Prometheus scraped the server during these runs"),

@@ -41,6 +41,7 @@ from tailgate.optiontable import (
 from tailgate.plugins import load_plugins
 from tailgate.resultfiles import SUITE_META, WRITE_PROBE, writable_folder_problem
 from tailgate.servers.spec import SERVER_KINDS, ServerSpec, add_server_arguments, make_controller, server_spec
+from tailgate.stagewarmup import add_stage_warmup_argument, stage_warmup_of
 
 # ---------------------------------------------------------------------------------------- suite
 
@@ -102,6 +103,7 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=None, help=f"measured requests per cell (default {DEFAULTS['n']})")
     p.add_argument("--warmup", type=int, default=None,
                    help=f"warm-up requests per cell (default {DEFAULTS['warmup']})")  # fmt: skip
+    add_stage_warmup_argument(p, "the highest rate of the server's cells (gated only: the batch)")
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
     p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")
     p.add_argument("--processes", default="auto",
@@ -182,6 +184,10 @@ def build_plan(args: argparse.Namespace) -> Any:
     warmup = args.warmup if args.warmup is not None else defaults["warmup"]
     batch = args.batch_size if args.batch_size is not None else defaults["batch_size"]
     check_counts(n, warmup)
+    try:
+        stage_warmup = stage_warmup_of(args.stage_warmup, args.embedded)
+    except ValueError as e:
+        raise OptionError(str(e)) from None
     check_rate(args.max_rate, "--max-rate")
     if batch < 1:
         raise OptionError(f"--batch-size: must be at least 1, got {batch}")
@@ -203,7 +209,7 @@ def build_plan(args: argparse.Namespace) -> Any:
             for config, flags in (("chunked", []), ("nochunk", nochunk_flags), ("preempt", preempt_flags))
         },
         locust_args=list(args.locust_arg) + workload_locust_args(args) + stamp_locust_args(args),
-        prompts=parse_prompt_sources(args.prompts),
+        prompts=parse_prompt_sources(args.prompts), stage_warmup=stage_warmup,
     )  # fmt: skip
     check_workload(plan.locust_args, [(source, "continuous") for source in plan.prompts])
     if plan.gated:

@@ -430,6 +430,8 @@ class SuiteMeta(Contract):
     host: str | None = None
     cells: list[Any] | None = None
     knee: str | None = None
+    stage_warmup: dict[str, Any] | None = None
+    """Per server configuration: the stage warm-up's rounds of its latest start and whether it settled."""
 
 
 @dataclass(frozen=True)

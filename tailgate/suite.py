@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,12 @@ from tailgate.load.processes import auto_processes
 from tailgate.load.rxstamp import chunk_stamp_mode
 from tailgate.load.workload import SEED_MIX
 from tailgate.optiontable import DEFAULTS
+from tailgate.records import read_records
 from tailgate.resultfiles import RUN_META, SUITE_META, summary_file
 from tailgate.runner import ChildRunner, LocustRun, prepare_results, prepare_server
 from tailgate.servers import CHUNKED_OFF_FLAG
 from tailgate.servers.base import redact_argv
+from tailgate.stagewarmup import STAGE_WARMUP_DIR, STAGE_WARMUP_SEED, warm_up, warmup_line, worst_gap_ms
 
 Log = Callable[[str], None]
 
@@ -151,6 +153,9 @@ class SuitePlan:
     prompts: tuple[str, ...] = ("seed",)
     """Prompt sources; with two or more, every open-loop cell runs once per source on the same arrival
     schedule (same seed): a paired A/B the report compares with the intervals of chunked on vs off."""
+    stage_warmup: int = 0
+    """Requests per stage warm-up round on each (re)started server, at the highest rate the run will use on
+    it (0: none; see :mod:`tailgate.stagewarmup`)."""
 
     def fixed_cells(self) -> list[Cell]:
         first, others = self.prompts[0], self.prompts[1:]
@@ -162,6 +167,21 @@ class SuitePlan:
             cells.append(Cell("preempt", CONTINUOUS.name, self.preempt_rate, first))
         paired = [Cell(c.config, c.arm, c.value, other) for c in cells if arms.arm(c.arm).open_loop for other in others]
         return [c for c in [*cells, *paired] if c.config in self.configs]
+
+    def top_stage(self, config: str) -> Cell | None:
+        """The heaviest load the run will put on ``config``'s server: its highest open-loop rate (a ramp
+        ``--until-knee`` may double up to ``max_rate``), else its largest gated batch; None: no cells."""
+        cells = [c for c in self.fixed_cells() if c.config == config and c.prompts == self.prompts[0]]
+        rated = [c for c in cells if arms.arm(c.arm).open_loop]
+        if rated:
+            top = max(rated, key=lambda c: c.value)
+            rate = top.value
+            if config == "chunked" and self.until_knee and self.rates:
+                rate = self.rates[-1]
+                while rate * 2 <= self.max_rate:
+                    rate *= 2
+            return Cell(config, top.arm, max(rate, top.value), top.prompts)
+        return max(cells, key=lambda c: c.value, default=None)
 
 
 def cell_done(root: Path, cell: Cell) -> bool:
@@ -237,6 +257,41 @@ class Suite:
         servers = dict(meta.servers) if meta is not None else {}
         servers[config] = entry
         self._write_meta(servers=servers)
+        self._stage_warmup(config)
+
+    def _stage_warmup(self, config: str) -> None:
+        """Before the first measured cell on a (re)started server, rounds at the heaviest load the run will
+        put on it until a round's worst gap is no longer well below the round before's: a fresh engine's
+        first-time pauses then fall here, not in the first cell's tail. Under ``stage-warmup/``, never a
+        cell; the rounds go to ``suite.json``. A restarted server is a fresh engine: its rounds run again."""
+        p = self.plan
+        top = p.top_stage(config)
+        if p.stage_warmup <= 0 or top is None:
+            return
+        unit = "req/s" if arms.arm(top.arm).open_loop else "streams at once"
+
+        def one_round(k: int) -> dict[str, Any]:
+            out = self.root / STAGE_WARMUP_DIR / f"{config}_w{k}"
+            prepare_results(out, None)  # an earlier start's round warmed another engine
+            out.parent.mkdir(parents=True, exist_ok=True)
+            run = replace(self.locust_run(top, out), n=p.stage_warmup, warmup=0, seed=p.seed + STAGE_WARMUP_SEED + k,
+                          prometheus_url=None)  # fmt: skip
+            done = self.child.run(run.command())
+            ending = child_ending(done.exit_code)
+            if not ending.finished:
+                detail = "\n".join(done.tail[-15:])
+                raise SuiteError(f"stage warm-up of {config} failed ({ending.describe()}); last output:\n{detail}")
+            return {"round": k, "dir": f"{STAGE_WARMUP_DIR}/{out.name}", "arm": top.arm, "value": top.value,
+                    "requests": p.stage_warmup, "worst_gap_ms": round(worst_gap_ms(read_records(out).records), 1),
+                    "seconds": round(done.seconds, 1)}  # fmt: skip
+
+        warm = warm_up(one_round)
+        meta = SuiteMeta.read_or_none(self._meta_path())
+        warmups = dict((meta.stage_warmup if meta is not None else None) or {})
+        warmups[config] = warm
+        self._write_meta(stage_warmup=warmups)
+        self.log(f"[suite] {config}: {warmup_line(warm)} ({len(warm['rounds'])} x {p.stage_warmup} requests at "
+                 f"{top.value:g} {unit})")  # fmt: skip
 
     def locust_run(self, cell: Cell, out: Path) -> LocustRun:
         p = self.plan

@@ -39,7 +39,7 @@ def suite_cmd(gt: ServerProcess, results: Path, trace: Path, *extra: str) -> lis
     return [
         sys.executable, "-m", "tailgate.cli", "suite", "--server", "url", "--host", gt.base_url,
         "--configs", "chunked", "--rates", "8", "--no-gated", "--nochunk-rates", "none", "--preempt-rate", "none",
-        "--n", "2", "--warmup", "0", "--results", str(results), "--no-report",
+        "--n", "2", "--warmup", "0", "--results", str(results), "--no-report", "--stage-warmup", "0",
         f"--locust-arg=--trace-file={trace}", "--locust-arg=--settle=0", *extra,
     ]  # fmt: skip
 
@@ -274,3 +274,28 @@ def test_a_signal_at_a_cell_boundary_then_resume(gt: ServerProcess, tmp_path: Pa
     assert "chunked_cont_r8 already done, skipped" in resumed.stdout
     assert json.loads((results / "chunked_cont_r9" / "run.json").read_text())["status"] == "completed"
     assert json.loads((results / "suite.json").read_text())["status"] == "completed"
+
+
+def test_the_stage_warmup_runs_before_the_first_cell_and_is_no_cell(gt: ServerProcess, tmp_path: Path) -> None:
+    """Rounds at the server's top rate under stage-warmup/, before the first cell, in suite.json, never a cell."""
+    from tailgate.postprocess.load import find_run_dirs
+
+    trace = write_trace(tmp_path / "trace.jsonl", [(4, 3)] * 4)
+    results = tmp_path / "suite"
+    done = subprocess.run([*suite_cmd(gt, results, trace), "--stage-warmup", "4"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=180)  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    warm_line = out.index("[suite] chunked: stage warm-up worst gaps")
+    assert warm_line < out.index("[suite] cell 1/1: chunked_cont_r8"), out
+    assert out.count("stage warm-up worst gaps") == 1
+    suite = json.loads((results / "suite.json").read_text())
+    warm = suite["stage_warmup"]["chunked"]
+    assert 2 <= len(warm["rounds"]) <= 3 and isinstance(warm["settled"], bool), warm
+    assert all(r["value"] == 8 and r["requests"] == 4 and r["dir"].startswith("stage-warmup/") for r in warm["rounds"])
+    assert all(list((results / r["dir"]).glob("records-*.jsonl")) for r in warm["rounds"])
+    first_cell = min(p.stat().st_mtime for p in (results / "chunked_cont_r8").glob("records-*.jsonl"))
+    last_round = max(p.stat().st_mtime for r in warm["rounds"] for p in (results / r["dir"]).glob("records-*.jsonl"))
+    assert last_round <= first_cell
+    assert suite["cells"] == ["chunked_cont_r8"]
+    assert [p.name for p in find_run_dirs(results)] == ["chunked_cont_r8"]

@@ -38,6 +38,7 @@ from tailgate.slo.spec import (
     parse_slo,
     slo_text,
 )
+from tailgate.stagewarmup import EMBEDDED_STAGE_WARMUP, GPU_STAGE_WARMUP, add_stage_warmup_argument
 from tailgate.tailbounds import min_n_for_sequence
 
 #: Eager mode on the CPU server: it starts in ~40 s instead of minutes of torch.compile on 2 cores.
@@ -49,7 +50,7 @@ EMBEDDED: dict[str, Any] = {
     "warmup": 3,
     "max_waiting": -1,
     "duration": 30.0,
-    "stage_warmup": 0,
+    "stage_warmup": EMBEDDED_STAGE_WARMUP,
 }
 GPU: dict[str, Any] = {
     "start_rate": 5.0,
@@ -58,7 +59,7 @@ GPU: dict[str, Any] = {
     "warmup": DEFAULTS["warmup"],
     "max_waiting": -1,
     "duration": 120.0,
-    "stage_warmup": 200,
+    "stage_warmup": GPU_STAGE_WARMUP,
 }
 #: Plan keys a resumed search must share with the folder's: a probe measured under others is another answer.
 RESUME_KEYS = (
@@ -134,10 +135,7 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         "(default 120; embedded 30; 0: --n alone)",
     )
     p.add_argument("--warmup", type=int, default=None, help="warm-up requests per probe (default 25)")
-    p.add_argument("--stage-warmup", type=int, default=None,
-                   help="before the first probe on a server, rounds of this many requests at --max-rate until a "
-                        "round's worst gap stops falling (first-time pauses; default 200, embedded 0; "
-                        "0: none)")  # fmt: skip
+    add_stage_warmup_argument(p, "--max-rate")
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="trace seed; a re-run repeats the same workload")
     p.add_argument("--trace-file", default="", help="JSONL of {prompt_tokens, max_tokens} instead of the seeded mix")
     p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")

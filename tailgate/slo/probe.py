@@ -30,6 +30,7 @@ from tailgate.slo.pooled import pooled_verdicts
 from tailgate.slo.search import Resolution, SearchStopped, search
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Limit, Log, ServerConfig, slo_text
 from tailgate.slo.verdict import binding_limit, check_probe, p99s
+from tailgate.stagewarmup import STAGE_WARMUP_DIR, STAGE_WARMUP_SEED, warm_up, warmup_line, worst_gap_ms
 from tailgate.stats import measured_records
 
 
@@ -120,12 +121,6 @@ class SloPlan:
         return max(4, math.ceil(QUEUE_STOP_SHARE * (self.probe_n(rate) + self.warmup)))
 
 
-STAGE_WARMUP_DIR = "stage-warmup"
-"""Where the stage warm-up's runs go: a subfolder, so the report never reads them as cells."""
-STAGE_WARMUP_ROUNDS = 3
-STAGE_WARMUP_SEED = 500
-PAUSE_RATIO = 1.25
-"""A warm-up round whose worst gap is not this many times below the round before's: the stalls stopped falling."""
 EXTEND_SEED_STEP = 1000
 """Seed distance of an extension's workload from the plan's (far from the suite's own seed + 100 re-draws)."""
 QUEUE_STOP_SHARE = 0.25
@@ -263,8 +258,8 @@ class SloRunner:
         p = self.plan
         if p.stage_warmup <= 0:
             return
-        rounds: list[dict[str, Any]] = []
-        for k in range(1, STAGE_WARMUP_ROUNDS + 1):
+
+        def one_round(k: int) -> dict[str, Any]:
             out = self.root / STAGE_WARMUP_DIR / f"{config.name}_w{k}"
             if (out / PROBE_MARK).exists():
                 mark = json.loads((out / PROBE_MARK).read_text())
@@ -273,18 +268,13 @@ class SloRunner:
                          f"{p.max_rate:g} req/s, the highest rate the search may use")  # fmt: skip
                 out.parent.mkdir(parents=True, exist_ok=True)
                 mark = self._run_child(config, p.max_rate, p.seed + STAGE_WARMUP_SEED + k, out, n=p.stage_warmup)
-            gaps = [float(r["worst_gap_ms"]) for r in self._attempt_data(out, mark)["measured"]
-                    if isinstance(r.get("worst_gap_ms"), (int, float))]  # fmt: skip
-            worst = max(gaps, default=0.0)
-            rounds.append({"round": k, "dir": f"{STAGE_WARMUP_DIR}/{out.name}", "rate": p.max_rate,
-                           "worst_gap_ms": round(worst, 1), "seconds": mark.get("seconds")})  # fmt: skip
-            if k > 1 and worst * PAUSE_RATIO >= rounds[-2]["worst_gap_ms"]:
-                break  # no longer well below the round before: that round had no first-time pause either
-        settled = len(rounds) > 1 and rounds[-1]["worst_gap_ms"] * PAUSE_RATIO >= rounds[-2]["worst_gap_ms"]
-        self._config_state(config)["stage_warmup"] = {"rounds": rounds, "settled": settled}
-        shown = " -> ".join(f"{r['worst_gap_ms']:g}" for r in rounds)
-        self.log(f"[slo] {config.name}: stage warm-up worst gaps {shown} ms: "
-                 f"{'no first-time pause left' if settled else 'still falling after the last round'}")  # fmt: skip
+            worst = worst_gap_ms(self._attempt_data(out, mark)["measured"])
+            return {"round": k, "dir": f"{STAGE_WARMUP_DIR}/{out.name}", "rate": p.max_rate,
+                    "worst_gap_ms": round(worst, 1), "seconds": mark.get("seconds")}  # fmt: skip
+
+        warm = warm_up(one_round)
+        self._config_state(config)["stage_warmup"] = warm
+        self.log(f"[slo] {config.name}: {warmup_line(warm)}")
         self._save()
 
     # -- one Locust run ----------------------------------------------------------------------------

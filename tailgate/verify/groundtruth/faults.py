@@ -123,6 +123,18 @@ def _validate_fault_params(kind: str, p: dict[str, Any]) -> None:
         raise ControlError("retry_after must be a number or a string")
 
 
+def compile_pause(doc: Any) -> tuple[int, int] | None:
+    """``{"at_seq": S, "ms": P}``: a server-wide pause of every stream, the way an engine step that stalls pauses
+    them all at once; it starts when request S arrives. Returns ``(S, P in ns)``; None clears it."""
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or set(doc) != {"at_seq", "ms"}:
+        raise ControlError('pause must be {"at_seq": <request number>, "ms": <pause>} or null')
+    ms = number_field(doc, "ms", None)
+    assert ms is not None
+    return integer_field(doc, "at_seq", 0), round(ms * 1_000_000)
+
+
 def compile_script(doc: Any) -> dict[int, list[int]]:
     """Per-request schedules ``{"schedules": {"seq": [ttft_ms, gap1_ms, ...]}}`` as cumulative ns offsets."""
     if not isinstance(doc, dict) or not set(doc) <= {"schedules"}:

@@ -13,7 +13,7 @@ from typing import Any
 from .bodies import MODEL_MAX_LEN, PREFIX_BLOCK_TOKENS, detokenize, parse_completion, tokenize
 from .connection import Connection
 from .engine import Engine, EngineModel, EngineModelError, EngineRequest
-from .faults import ControlError, Fault, compile_fault, compile_script, integer_field, number_field
+from .faults import ControlError, Fault, compile_fault, compile_pause, compile_script, integer_field, number_field
 from .settings import ChunkLog, Settings
 from .stream import Plan, Stream, Timers
 from .wire import (
@@ -62,6 +62,7 @@ class GroundTruthServer:
         self.connections: set[Connection] = set()
         self.active: set[Stream] = set()
         self.next_seq = 0
+        self.pause_window = (0, 0)
         self.waiting = 0
         self.running = 0
         self.prompt_tokens_total = 0
@@ -126,7 +127,8 @@ class GroundTruthServer:
         Keys: ``ttft_ms``, ``gap_ms``, ``model``, ``accept_any_model``, ``preemptions_total``,
         ``healthy``, ``kv_capacity_tokens``, ``faults`` (replaces the plan, hit counts restart),
         ``script`` (``{"schedules": {"<seq>": [ttft_ms, gap_ms, ...]}}``, replaces the schedules; chunks
-        past a schedule's end follow ``gap_ms``), ``reset_chunklog`` and ``reset_seq``. Settings reach
+        past a schedule's end follow ``gap_ms``), ``pause`` (``{"at_seq": S, "ms": P}``: every stream waits P ms
+        from request S's arrival), ``reset_chunklog`` and ``reset_seq``. Settings reach
         requests that arrive afterwards; streams in flight keep the ones they started with. Returns
         the resulting settings, as ``GET /_control`` does.
         """
@@ -152,6 +154,7 @@ class GroundTruthServer:
                 raise ControlError("faults must be a list")
             faults = [compile_fault(f) for f in doc["faults"]]
         schedules = compile_script(doc["script"]) if "script" in doc else s.schedules
+        pause = compile_pause(doc["pause"]) if "pause" in doc else s.pause
         engine_model = s.engine
         if "engine" in doc:
             try:
@@ -165,6 +168,7 @@ class GroundTruthServer:
         s.healthy = doc.get("healthy", s.healthy)
         s.faults = faults
         s.schedules = schedules
+        s.pause = pause
         if "engine" in doc:
             s.engine = engine_model
             self.set_engine(engine_model)
@@ -358,10 +362,12 @@ class GroundTruthServer:
     # -- completions
 
     def completions(self, conn: Connection, body: bytes, recv_ns: int, *, chat: bool = False) -> None:
+        s = self.settings
         seq = self.next_seq
         self.next_seq += 1
+        if s.pause is not None and seq == s.pause[0]:
+            self.pause_window = (recv_ns, recv_ns + s.pause[1])
         ka = conn.keep_alive
-        s = self.settings
         try:
             req = parse_completion(body, s, chat=chat)
         except HttpError as e:

@@ -31,6 +31,8 @@ class Settings:
     ``vllm:prefix_cache_*`` counters do, and say so in ``vllm:cache_config_info``. Off: queries only."""
     faults: list[Fault] = field(default_factory=list)
     schedules: dict[int, list[int]] = field(default_factory=dict)
+    pause: tuple[int, int] | None = None
+    """``(request number, ns)``: when that request arrives, every stream's next chunk waits out the pause."""
     engine: EngineModel | None = None
     """When set, streaming completions are served by the simulated engine (see :mod:`.engine`) instead of
     the fixed ``ttft_ms``/``gap_ms`` schedule, and the vLLM gauges report the engine's state."""
@@ -47,6 +49,7 @@ class Settings:
             "prefix_caching": self.prefix_caching,
             "faults": [f.describe() for f in self.faults],
             "scripted_requests": sorted(self.schedules),
+            "pause": None if self.pause is None else {"at_seq": self.pause[0], "ms": self.pause[1] / 1e6},
             "engine": None if self.engine is None else self.engine.describe(),
         }
 

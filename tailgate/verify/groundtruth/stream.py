@@ -39,6 +39,8 @@ class StreamServer(Protocol):
     prompt_tokens_total: int
     generation_tokens_done: int
     requests_total: int
+    pause_window: tuple[int, int]
+    """Monotonic ns ``[start, end)`` in which no chunk is written: each waits for ``end`` (a server-wide pause)."""
 
     def engine_submit(self, req: EngineRequest) -> None: ...
 
@@ -232,7 +234,12 @@ class Stream:
             offset = script[k]
         else:
             offset = script[-1] + (k - len(script) + 1) * self.gap_ns
-        return self.base_ns + offset + self.shift_ns
+        target = self.base_ns + offset + self.shift_ns
+        start, end = self.server.pause_window
+        if start <= target < end:  # the server pauses: this chunk and every later one move by what is left
+            self.shift_ns += end - target
+            target = end
+        return target
 
     def schedule(self, k: int) -> None:
         if self.engine_req is not None:

@@ -67,6 +67,7 @@ CHUNK_END = b"0\r\n\r\n"
 MATCH_KEYS = frozenset({"seq", "every", "offset", "prompt_tokens", "all"})
 CONTROL_KEYS = frozenset(
     {
+        "pause",
         "ttft_ms",
         "gap_ms",
         "model",

@@ -1,0 +1,86 @@
+"""The stage warm-up both the suite and the SLO search give a (re)started server before its first measured run.
+
+A fresh engine pauses the first time it meets a new load: kernel compilation, graph capture, allocator growth
+at a new batch size. On an H200 the first 20 req/s of a fresh vLLM brought a ~300 ms pause inside the engine
+that a 25-request warm-up at the stage's own rate never reached. So the server is loaded at the highest rate
+the run will use, in rounds, until a round's worst gap is no longer well below the round before's: that
+round met no first-time pause either. One rule, one set of constants, for every command that measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+STAGE_WARMUP_DIR = "stage-warmup"
+"""Where the stage warm-up's runs go: a subfolder, so the report never reads them as cells."""
+STAGE_WARMUP_ROUNDS = 3
+STAGE_WARMUP_SEED = 500
+PAUSE_RATIO = 1.25
+"""A warm-up round whose worst gap is not this many times below the round before's: the stalls stopped falling."""
+GPU_STAGE_WARMUP = 200
+"""Requests per round by default: enough arrivals at a GPU's rates to reach every batch size the stage will."""
+EMBEDDED_STAGE_WARMUP = 0
+"""None on the embedded CPU server: it runs eager (no graphs to capture) and its rounds would cost minutes."""
+
+
+def add_stage_warmup_argument(p: argparse.ArgumentParser, where: str) -> None:
+    """``--stage-warmup``, declared once for every command that warms a server up (``where``: at what rate)."""
+    p.add_argument("--stage-warmup", type=int, default=None,
+                   help=f"before the first measured run on a server, rounds of this many requests at {where} until "
+                        f"a round's worst gap stops falling (first-time pauses; default {GPU_STAGE_WARMUP}, "
+                        f"embedded {EMBEDDED_STAGE_WARMUP}; 0: none)")  # fmt: skip
+
+
+def stage_warmup_of(value: int | None, embedded: bool) -> int:
+    """The requests per round asked for, or the default of the server kind; raises ValueError when negative."""
+    if value is not None and value < 0:
+        raise ValueError(f"--stage-warmup: must be 0 (none) or more requests, got {value}")
+    if value is not None:
+        return value
+    return EMBEDDED_STAGE_WARMUP if embedded else GPU_STAGE_WARMUP
+
+
+def worst_gap_ms(records: Iterable[Mapping[str, Any]]) -> float:
+    """The worst inter-chunk gap of any stream in a round (0 when none streamed)."""
+    gaps = [float(r["worst_gap_ms"]) for r in records if isinstance(r.get("worst_gap_ms"), (int, float))]
+    return max(gaps, default=0.0)
+
+
+def still_falling(before: float, now: float) -> bool:
+    """A round whose worst gap is well below the round before's: the round before still met a first-time pause."""
+    return now * PAUSE_RATIO < before
+
+
+def warm_up(run_round: Callable[[int], dict[str, Any]], rounds: int = STAGE_WARMUP_ROUNDS) -> dict[str, Any]:
+    """Run rounds (``run_round(k)`` returns the round's facts with ``worst_gap_ms``) until one is no longer
+    well below the round before, ``rounds`` at most; ``settled`` says whether that point was reached."""
+    done: list[dict[str, Any]] = []
+    for k in range(1, rounds + 1):
+        done.append(run_round(k))
+        if k > 1 and not still_falling(done[-2]["worst_gap_ms"], done[-1]["worst_gap_ms"]):
+            break  # no longer well below the round before: that round had no first-time pause either
+    settled = len(done) > 1 and not still_falling(done[-2]["worst_gap_ms"], done[-1]["worst_gap_ms"])
+    return {"rounds": done, "settled": settled}
+
+
+def warmup_line(warm: Mapping[str, Any]) -> str:
+    """The console's one line on a server's warm-up."""
+    shown = " -> ".join(f"{r['worst_gap_ms']:g}" for r in warm["rounds"])
+    ending = "no first-time pause left" if warm["settled"] else "still falling after the last round"
+    return f"stage warm-up worst gaps {shown} ms: {ending}"
+
+
+__all__ = [
+    "PAUSE_RATIO",
+    "STAGE_WARMUP_DIR",
+    "STAGE_WARMUP_ROUNDS",
+    "STAGE_WARMUP_SEED",
+    "add_stage_warmup_argument",
+    "stage_warmup_of",
+    "still_falling",
+    "warm_up",
+    "warmup_line",
+    "worst_gap_ms",
+]
