@@ -37,11 +37,12 @@ PAUSE_FLOOR_MS = 100.0
 ALIGN_MS = 10.0
 MIN_STREAMS = 3
 MIN_SHARE = 0.2
-PAUSE_COLUMNS: tuple[str, ...] = ("server_pauses", "server_pause_max_ms", "server_gaps_250ms")
-"""Per cell: shared-pause events, the largest one (ms), and the server's own count of inter-token gaps of
-0.25 s or more from its latency histogram (NaN where the run has no such snapshot: absent, not zero)."""
-ITL_GAPS_KEY = "itl_gaps_ge_250ms_delta"
-"""A stage summary's server-side count of inter-token gaps of 0.25 s or more, where the load path read it."""
+PAUSE_COLUMNS: tuple[str, ...] = ("server_pauses", "server_pause_max_ms", "server_slow_gaps")
+"""Per cell: shared-pause events, the largest one (ms), and the server's own count of slow inter-token gaps
+from its latency histogram (NaN where the run has no such snapshot: absent, not zero)."""
+ITL_GAPS_KEY = "server_slow_gaps_delta"
+"""A stage summary's server-side count of inter-token gaps over the histogram's first edge at or above
+0.25 s (``server_slow_gap_edge_s``; 0.3 s on vLLM's buckets), where the load path read it."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def cell_pauses(summaries: pd.DataFrame, records: pd.DataFrame) -> pd.DataFrame:
         out.at[idx, "server_pauses"] = float(len(events))
         out.at[idx, "server_pause_max_ms"] = max((e.pause_ms for e in events), default=np.nan)
         itl = pd.to_numeric(pd.Series([row.get(ITL_GAPS_KEY)]), errors="coerce").iloc[0]
-        out.at[idx, "server_gaps_250ms"] = itl
+        out.at[idx, "server_slow_gaps"] = itl
     return out
 
 

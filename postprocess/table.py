@@ -24,7 +24,7 @@ TABLE_COLUMNS: tuple[str, ...] = (
     "ttft_p50", "ttft_p99", "gap_p50", "gap_p99", "total_p50", "total_p99",
     "preemptions_prometheus", "preemptions_direct", "errors",
     "ttft_from_intended_p99", "schedule_lag_p99", "client_coalesced_streams", "prompts", "prefix_hit_rate",
-    "server_pauses", "server_pause_max_ms", "server_gaps_250ms",
+    "server_pauses", "server_pause_max_ms", "server_slow_gaps",
 )  # fmt: skip
 """The Markdown table; the CSV adds :data:`CSV_EXTRA`."""
 NOT_A_MEASUREMENT = " (not a measurement)"
@@ -55,7 +55,7 @@ HEADERS: dict[str, str] = {
     "prefix_hit_rate": "prefix-cache hit rate",
     "server_pauses": "server pauses",
     "server_pause_max_ms": "largest server pause ms",
-    "server_gaps_250ms": "server gaps >=0.25 s",
+    "server_slow_gaps": "server gaps over 0.25-0.3 s",
 }
 
 
@@ -92,7 +92,7 @@ def summary_table(summaries: pd.DataFrame, preemptions: pd.DataFrame | None = No
 
 def _fmt(column: str, value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "absent" if column == "server_gaps_250ms" else "–"  # no histogram snapshot: not zero
+        return "absent" if column == "server_slow_gaps" else "–"  # no histogram snapshot: not zero
     if column in (
         "n",
         "errors",
@@ -105,7 +105,7 @@ def _fmt(column: str, value: Any) -> str:
         "never_sent",
         "client_coalesced_streams",
         "server_pauses",
-        "server_gaps_250ms",
+        "server_slow_gaps",
     ):
         return str(int(value))
     if column.startswith("prefix_") and "hit_rate" in column and isinstance(value, (int, float, np.floating)):

@@ -76,8 +76,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("server_pauses", "server-wide pauses", "events", "server-wide pauses (streams released together)"),
     Column("server_pause_max_ms", "server-wide pauses", "largest (ms)", "largest server-wide pause (ms)",
            "no cell had a pause shared by several streams"),
-    Column("server_gaps_250ms", "server-wide pauses", "server gaps >=0.25 s", "server-side inter-token gaps "
-           ">=0.25 s (latency histogram)", "absent: no inter-token latency histogram was read per cell"),
+    Column("server_slow_gaps", "server-wide pauses", "slow server gaps", "server-side inter-token gaps over the "
+           "latency histogram's first edge at or above 0.25 s (0.3 s on vLLM)",
+           "absent: no inter-token latency histogram was read per cell"),
     Column("errors", "", "errors", "failed requests"),
     Column("preemptions_prometheus", "preemptions", "Prometheus", "preemptions (Prometheus)",
            "no Prometheus scraped the server during these runs"),

@@ -66,7 +66,7 @@ def tailgate_suite(env: dict[str, str], host: str, prom: str, results: Path, *ex
         "--nochunk-compose-file", NOCHUNK_FILE, "--preempt-compose-file", PREEMPT_FILE,
         "--configs", "chunked,nochunk", "--host", host, "--prometheus-url", prom, "--results", str(results),
         "--rates", "2", "--nochunk-rates", "2", "--preempt-rate", "none", "--no-gated",
-        "--n", "6", "--warmup", "2", "--ignore-eos", "--locust-arg=--settle=0", *extra,
+        "--n", "6", "--warmup", "2", "--stage-warmup", "0", "--ignore-eos", "--locust-arg=--settle=0", *extra,
     ]  # fmt: skip
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -91,6 +91,10 @@ def _compare(got: Any, want: Any, where: str, problems: list[str]) -> None:
                 problems.append(f"{where}.{key}: {'missing' if key not in got else 'new'}")
             else:
                 _compare(got[key], want[key], f"{where}.{key}", problems)
+    elif where.endswith("_keys") and isinstance(want, list) and isinstance(got, list):
+        new, gone = sorted(set(got) - set(want)), sorted(set(want) - set(got))
+        if new or gone:
+            problems.append(f"{where}: new {new}, gone {gone}")
     elif isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             _compare(g, w, f"{where}[{i}]", problems)

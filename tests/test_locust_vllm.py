@@ -66,6 +66,9 @@ def test_continuous_ramp_open_loop(vllm_server, tmp_path: Path) -> None:
         summary = summaries[label]
         assert summary["n"] == 20 and summary["errors"] == 0 and summary["sent"] == 24
         assert summary["preemptions_delta"] is not None and summary["preemptions_delta"] >= 0
+        # the engine's own inter-token histogram, read around the stage: the server's count of slow gaps
+        assert summary["server_slow_gaps_delta"] is not None and summary["server_slow_gaps_delta"] >= 0
+        assert summary["server_slow_gap_edge_s"] >= 0.25
         check_summary_matches_records(summary, stage)
     # stages are separated: the second starts after every request of the first ended
     first_end = max(r["end_s"] for r in records if r["stage_label"] == "cont_r2")

@@ -45,7 +45,7 @@ def test_cell_columns_and_the_diagnosis_sentence() -> None:
     cols = cell_pauses(summaries, recs)
     assert cols["server_pauses"].tolist() == [0.0, 1.0]
     assert pd.isna(cols.loc[0, "server_pause_max_ms"]) and cols.loc[1, "server_pause_max_ms"] == 400.0
-    assert cols["server_gaps_250ms"].isna().all()  # no histogram read: absent, not zero
+    assert cols["server_slow_gaps"].isna().all()  # no histogram read: absent, not zero
     text = pause_lines(pd.concat([summaries, cols], axis=1))
     assert len(text) == 1 and "b: 1 (largest 400 ms)" in text[0] and "a:" not in text[0]
 
@@ -72,9 +72,29 @@ def test_the_report_names_the_cell_where_the_server_paused_every_stream(tmp_path
     table = pd.read_csv(paths.table_csv).set_index("cell")
     assert table.loc[paused, "server_pauses"] >= 1 and table.loc[other, "server_pauses"] == 0, table
     assert 0.8 * 400 <= table.loc[paused, "server_pause_max_ms"] < 400 + 2 * 30 + PAUSE_FLOOR_MS
-    assert pd.isna(table.loc[paused, "server_gaps_250ms"])
+    assert pd.isna(table.loc[paused, "server_slow_gaps"])
     md = paths.table_md.read_text()
     assert "server pauses" in md and "absent" in md
     findings = json.loads(paths.diagnosis_json.read_text())["findings"]
     said = " ".join(f["text"] for f in findings)
     assert f"{paused}: " in said and "Server-wide pauses" in said and f"{other}: " not in said
+
+
+def test_the_engines_own_count_of_slow_gaps_comes_from_its_histogram() -> None:
+    """vLLM's buckets jump from 0.2 to 0.3 s: the edge used is the first at or above 0.25 s, and named."""
+    from tailgate.load.metrics import parse_exposition
+    from tailgate.load.stage_workload import slow_gaps
+
+    def exposition(below: float, total: float) -> str:
+        rows = [(0.2, below - 5), (0.3, below), (0.5, below + 1), ("+Inf", total)]
+        return "\n".join(
+            f'vllm:inter_token_latency_seconds_bucket{{engine="{e}",le="{le}",model_name="m"}} {v / 2}'
+            for le, v in rows for e in (0, 1)
+        ) + f'\nvllm:inter_token_latency_seconds_count{{engine="0",model_name="m"}} {total}\n'  # fmt: skip
+
+    before, after = parse_exposition(exposition(100, 104), 1.0), parse_exposition(exposition(180, 190), 2.0)
+    assert (after.itl_slow_edge_s, after.itl_count, after.itl_slow) == (0.3, 190, 10)
+    assert slow_gaps(before, after) == {"server_slow_gaps_delta": 6, "server_slow_gap_edge_s": 0.3}
+    assert slow_gaps(after, before) == {"server_slow_gaps_delta": None, "server_slow_gap_edge_s": None}  # reset
+    assert slow_gaps(None, after)["server_slow_gaps_delta"] is None  # no read before the stage: absent, not 0
+    assert parse_exposition("vllm:num_requests_running 3\n").itl_slow is None

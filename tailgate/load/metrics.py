@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -28,6 +29,11 @@ SERIES: dict[str, tuple[str, ...]] = {
     "prefix_cache_queries_total": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
     "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
 }
+ITL_HISTOGRAMS: tuple[str, ...] = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+"""The engine's own histogram of the gaps between a stream's tokens (current spelling first)."""
+SLOW_GAP_S = 0.25
+"""A gap this long is a pause a user sees. The histogram counts gaps above its bucket edges only, so the
+first edge at or above this is used (0.3 s on vLLM's buckets, which jump from 0.2 to 0.3) and named."""
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 """An info gauge whose labels carry the engine's cache configuration, ``enable_prefix_caching`` among them."""
 
@@ -45,6 +51,11 @@ class Snapshot:
     prefix_cache_hits_total: float | None = None
     prefix_caching: bool | None = None
     """The server's ``enable_prefix_caching`` as its cache-config info gauge states it; None: not exposed."""
+    itl_count: float | None = None
+    """Inter-token gaps the engine has observed (its histogram's count)."""
+    itl_slow: float | None = None
+    """Of them, those longer than :attr:`itl_slow_edge_s`."""
+    itl_slow_edge_s: float | None = None
 
 
 def parse_exposition(text: str, t: float | None = None) -> Snapshot:
@@ -53,10 +64,15 @@ def parse_exposition(text: str, t: float | None = None) -> Snapshot:
     Exact-name matching matters: a counter also exposes ``…_created``, which is a timestamp.
     """
     wanted = {name: field for field, names in SERIES.items() for name in names}
+    buckets = {name + "_bucket": name for name in ITL_HISTOGRAMS}
     sums: dict[str, float] = {}
+    itl: dict[str, dict[float, float]] = {}
     caching: bool | None = None
     for line in text.splitlines():
         if not line.startswith("vllm:"):
+            continue
+        if line.startswith(tuple(b + "{" for b in buckets)):
+            _add_bucket(itl.setdefault(buckets[line[: line.find("{")]], {}), line)
             continue
         if line.startswith(CACHE_CONFIG_INFO + "{"):
             found = _label(line, "enable_prefix_caching")
@@ -84,7 +100,25 @@ def parse_exposition(text: str, t: float | None = None) -> Snapshot:
             if f"{field}|{i}" in sums:
                 setattr(snap, field, sums[f"{field}|{i}"])
                 break
+    family = next((itl[name] for name in ITL_HISTOGRAMS if name in itl), None)
+    if family and math.inf in family:
+        edges = sorted(e for e in family if SLOW_GAP_S <= e < math.inf)
+        if edges:
+            snap.itl_count = family[math.inf]
+            snap.itl_slow_edge_s = edges[0]
+            snap.itl_slow = family[math.inf] - family[edges[0]]
     return snap
+
+
+def _add_bucket(family: dict[float, float], line: str) -> None:
+    """One cumulative bucket line, summed over the other labels (engine, model)."""
+    le = _label(line, "le")
+    try:
+        edge = math.inf if le in ("+Inf", "Inf") else float(le or "")
+        value = float(line[line.rfind("}") + 1 :].split()[0])
+    except (IndexError, ValueError):
+        return
+    family[edge] = family.get(edge, 0.0) + value
 
 
 def _label(line: str, name: str) -> str | None:

@@ -32,6 +32,18 @@ SEED_CACHE_WARNING = (
 )
 
 
+def slow_gaps(before: Snapshot | None, after: Snapshot | None) -> dict[str, Any]:
+    """The engine's own count of the stage's inter-token gaps longer than its histogram's slow edge: many
+    streams' stalls in one pause each count, so this says how much of the stage's tail was the server's.
+    None when the histogram is not exposed or its counter was reset."""
+    b = None if before is None or after is None or before.itl_slow_edge_s != after.itl_slow_edge_s else before
+    slow = None
+    if b is not None and after is not None and b.itl_slow is not None and after.itl_slow is not None:
+        slow = after.itl_slow - b.itl_slow if after.itl_slow >= b.itl_slow else None
+    edge = None if after is None else after.itl_slow_edge_s
+    return {"server_slow_gaps_delta": slow, "server_slow_gap_edge_s": edge if slow is not None else None}
+
+
 def workload_summary(
     s: Settings, stage: Stage, records: list[dict[str, Any]], before: Snapshot | None, after: Snapshot | None
 ) -> dict[str, Any]:
@@ -47,6 +59,7 @@ def workload_summary(
     out["prefix_cache_hit_rate"] = round(hits / queries, 4) if queries and hits is not None else None
     caching = next((x.prefix_caching for x in (before, after) if x is not None and x.prefix_caching is not None), None)
     out["prefix_caching"] = caching
+    out.update(slow_gaps(before, after))
     if s.prompts == "seed" and (caching or (hits or 0) > 0):
         out["prefix_cache_warning"] = SEED_CACHE_WARNING
     diffs = [int(r["prompt_tokens"]) - int(r["prompt_tokens_planned"]) for r in records
