@@ -255,9 +255,14 @@ def to_flags(values: Mapping[str, Any]) -> list[str]:
             out += [declared.flag] if value else []
         elif declared.action == "append":
             for item in value:
-                out += [declared.flag, str(item)]
+                out += _pair(declared.flag, str(item))
         elif isinstance(value, (tuple, list)):
-            out += [declared.flag, rates_text(value)]
+            out += _pair(declared.flag, rates_text(value))
         else:
-            out += [declared.flag, str(value)]
+            out += _pair(declared.flag, str(value))
     return out
+
+
+def _pair(flag: str, text: str) -> list[str]:
+    """``--flag=VALUE`` where the value starts with a dash (argparse would take it for an option)."""
+    return [f"{flag}={text}"] if text.startswith("-") else [flag, text]
