@@ -27,11 +27,10 @@ from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, ArgumentParser,
 from tailgate.load.arrivals import DEFAULT_ARRIVALS, arrival_processes, rate_driven, rate_driven_params
 from tailgate.load.client import Target, TargetError
 from tailgate.load.options import API_KEY_ENV, PREFIX_DEFAULTS, add_prefix_arguments, check_workload
-from tailgate.load.payloads import DEFAULT_ENDPOINT, endpoints
+from tailgate.load.payloads import DEFAULT_ENDPOINT
+from tailgate.optiondecl import add_option, add_options, to_flags
 from tailgate.optiontable import (
     DEFAULTS,
-    STAMP_HELP,
-    STAMP_SOURCES,
     OptionError,
     check_counts,
     check_rate,
@@ -69,22 +68,20 @@ GPU_PREEMPT_FLAGS = ["--max-model-len", "8192", "--num-gpu-blocks-override", "40
 
 
 def add_suite_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--embedded", action="store_true",
-                   help="run everything here: install the CPU vLLM, build the tiny model, start the server "
-                        "(and Prometheus when installed), a scaled-down suite, the report")  # fmt: skip
+    add_option(p, "embedded",
+               help="run everything here: install the CPU vLLM, build the tiny model, start the server "
+                    "(and Prometheus when installed), a scaled-down suite, the report")  # fmt: skip
     add_server_arguments(p)
-    p.add_argument("--results", default="", help="suite folder (default results/suite-<time>); must be new or empty")
+    add_option(p, "results", help="suite folder (default results/suite-<time>); must be new or empty")
     p.add_argument("--resume", action="store_true",
                    help="continue the suite in --results: finished cells are kept, the others run")  # fmt: skip
-    p.add_argument("--api-key", default="",
-                   help=f"Bearer token for the server (default ${API_KEY_ENV}); handed to Locust only "
-                        "through its environment, never written anywhere")  # fmt: skip
-    p.add_argument("--rates", default="", help=f"continuous ramp, req/s (default {rates_text(DEFAULTS['rates'])})")
+    add_option(p, "api_key", help=f"Bearer token for the server (default ${API_KEY_ENV}); handed to Locust only "
+               "through its environment, never written anywhere")  # fmt: skip
+    add_option(p, "rates", default="", help=f"continuous ramp, req/s (default {rates_text(DEFAULTS['rates'])})")
     p.add_argument("--until-knee", action="store_true", help="keep doubling the rate until the tail knees")
     p.add_argument("--knee-factor", type=float, default=2.0, help="a p99 growing past this factor is the knee")
-    p.add_argument("--max-rate", type=float, default=320.0, help="highest rate --until-knee may reach")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help=f"gated arm batch size (default {DEFAULTS['batch_size']})")  # fmt: skip
+    add_option(p, "max_rate")
+    add_option(p, "batch_size", default=None, help=f"gated arm batch size (default {DEFAULTS['batch_size']})")
     p.add_argument("--no-gated", action="store_true", help="skip the gated arm")
     p.add_argument("--nochunk-rates", default="",
                    help=f"chunked-prefill-off arm rates (default {rates_text(DEFAULTS['nochunk_rates'])}; "
@@ -100,16 +97,14 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
         help="server flags of the preemption cell (default: a small --num-gpu-blocks-override)",
     )
     p.add_argument("--nochunk-flags", default="", help="server flags of the chunked-off arm")
-    p.add_argument("--n", type=int, default=None, help=f"measured requests per cell (default {DEFAULTS['n']})")
-    p.add_argument("--warmup", type=int, default=None,
-                   help=f"warm-up requests per cell (default {DEFAULTS['warmup']})")  # fmt: skip
+    add_option(p, "n", default=None, help=f"measured requests per cell (default {DEFAULTS['n']})")
+    add_option(p, "warmup", default=None, help=f"warm-up requests per cell (default {DEFAULTS['warmup']})")
     add_stage_warmup_argument(p, "the highest rate of the server's cells (gated only: the batch)")
-    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")
-    p.add_argument("--processes", default="auto",
-                   help="load processes per cell, or auto (the default: from the cores and the cell's expected "
-                        "chunk rate, so each process stays within what it times exactly)")  # fmt: skip
-    p.add_argument("--prometheus-url", default="", help="a Prometheus scraping the server (compose: :9090)")
+    add_options(p, ("seed", "ignore_eos"))
+    add_option(p, "processes", type=None, default="auto",
+               help="load processes per cell, or auto (the default: from the cores and the cell's expected "
+                    "chunk rate, so each process stays within what it times exactly)")  # fmt: skip
+    add_option(p, "prometheus_url")
     p.add_argument(
         "--nochunk-compose-file",
         default="docker-compose.nochunk.yml",
@@ -120,37 +115,31 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
         default="docker-compose.preempt.yml",
         help="override file whose vllm command has the small KV pool of the preemption cell",
     )
-    p.add_argument("--locust-arg", action="append", default=[], help="extra option for every Locust run")
-    p.add_argument("--chunk-stamp", choices=STAMP_SOURCES, default=None, help=STAMP_HELP)
-    p.add_argument(
-        "--prompts",
-        default="seed",
+    add_options(p, ("locust_arg", "chunk_stamp"))
+    add_option(
+        p,
+        "prompts",
+        choices=None,
         help="prompt source(s), comma-separated: seed, unique, dataset, prefix; two or more run every "
         "open-loop cell once per source on the same arrival schedule (a paired A/B in the report)",
     )
-    p.add_argument(
-        "--endpoint",
-        choices=tuple(endpoints()),
-        default=DEFAULT_ENDPOINT,
-        help="completions or chat completions (streamed, usage in both)",
-    )
-    processes = rate_driven()
-    p.add_argument(
-        "--arrivals",
-        choices=tuple(processes),
-        default=DEFAULT_ARRIVALS,
+    add_option(p, "endpoint", help="completions or chat completions (streamed, usage in both)")
+    add_option(
+        p,
+        "arrivals",
+        choices=tuple(rate_driven()),
         help="open-loop arrival process (gamma: --burstiness; a trace: --locust-arg=--arrival-trace=F with --no-gated)",
     )
     for param in rate_driven_params():
         p.add_argument(param.flag, type=float, default=param.default, help=param.help)
-    p.add_argument("--dataset", default="", help="--prompts dataset: ShareGPT JSON, or JSONL with prompt or messages")
+    add_option(p, "dataset")
     add_prefix_arguments(p)
     p.add_argument(
         "--configs",
         default="chunked,nochunk,preempt",
         help="server configurations to run; with --server url, the one the server has now",
     )
-    p.add_argument("--no-report", action="store_true", help="skip the report at the end")
+    add_option(p, "no_report")
 
 
 def _rates_or_none(text: str, default: tuple[float, ...], option: str) -> tuple[float, ...]:
@@ -233,8 +222,7 @@ def parse_prompt_sources(text: str) -> tuple[str, ...]:
 
 def stamp_locust_args(args: argparse.Namespace) -> list[str]:
     """``--chunk-stamp`` for every Locust run, when given (recorded by each run in its ``run.json``)."""
-    stamp = getattr(args, "chunk_stamp", None)
-    return ["--chunk-stamp", stamp] if stamp else []
+    return to_flags({"chunk_stamp": getattr(args, "chunk_stamp", None)})
 
 
 def workload_locust_args(args: argparse.Namespace) -> list[str]:
@@ -245,14 +233,14 @@ def workload_locust_args(args: argparse.Namespace) -> list[str]:
         if not 0 < value < float("inf"):
             raise OptionError(f"{param.flag}: must be a positive number, got {value:g}")
     if getattr(args, "endpoint", DEFAULT_ENDPOINT) != DEFAULT_ENDPOINT:
-        out += ["--endpoint", args.endpoint]
+        out += to_flags({"endpoint": args.endpoint})
     arrivals = getattr(args, "arrivals", DEFAULT_ARRIVALS)
     if arrivals != DEFAULT_ARRIVALS:
-        out += ["--arrivals", arrivals]
+        out += to_flags({"arrivals": arrivals})
         for param in arrival_processes()[arrivals].params:
             out += [param.flag, f"{getattr(args, param.dest, param.default):g}"]
     if getattr(args, "dataset", ""):
-        out += ["--dataset", str(Path(args.dataset).resolve())]
+        out += to_flags({"dataset": str(Path(args.dataset).resolve())})
     for option, default in PREFIX_DEFAULTS.items():
         value = getattr(args, option, default)
         if value != default:
@@ -574,10 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("slo", help="highest Poisson rate meeting an SLO, per server configuration (scheduler sweep)")
     sub.add_parser("selfcheck", help="measure the load generator's own timing error against a ground-truth server")
     p_trace = sub.add_parser("trace", help="write the seeded trace as JSONL")
-    p_trace.add_argument("--out", required=True)
-    p_trace.add_argument("--n", type=int, default=DEFAULTS["n"])
-    p_trace.add_argument("--warmup", type=int, default=DEFAULTS["warmup"])
-    p_trace.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+    add_options(p_trace, ("out", "n", "warmup", "seed"))
     p_model = sub.add_parser("make-model", help="build the tiny dummy-weight model folder")
     p_model.add_argument("directory")
     args = parser.parse_args(argv)

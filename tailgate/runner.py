@@ -38,6 +38,7 @@ from typing import Any, BinaryIO
 import tailgate.locustfiles as locustfiles
 from tailgate.lifecycle import SignalGuard, deferred, signals_raise, stop_process_tree
 from tailgate.load.processes import master_port_args
+from tailgate.optiondecl import to_flags
 from tailgate.servers.base import ServerController
 
 Log = Callable[[str], None]
@@ -80,23 +81,17 @@ class LocustRun:
 
     def command(self, master_port: int | None = None) -> list[str]:
         cmd = [sys.executable, "-m", "locust", "-f", str(self.locustfile), "--headless", "--only-summary",
-               "--host", self.host, "--results-dir", str(self.results)]  # fmt: skip
-        if self.config_label:
-            cmd += ["--config-label", self.config_label]
-        cmd += ["--n", str(self.n), "--warmup", str(self.warmup), "--seed", str(self.seed), *self.stage]
-        if self.ignore_eos:
-            cmd.append("--ignore-eos")
-        if self.prometheus_url:
-            cmd += ["--prometheus-url", self.prometheus_url]
-        if self.processes > 1:
-            cmd += ["--processes", str(self.processes)]
+               "--host", self.host]  # fmt: skip
+        cmd += to_flags({"results_dir": str(self.results), "config_label": self.config_label,
+                         "n": self.n, "warmup": self.warmup, "seed": self.seed})  # fmt: skip
+        cmd += self.stage
+        # the commands' --processes is handed on as Locust's own option of that name
+        processes = self.processes if self.processes > 1 else None
+        cmd += to_flags({"ignore_eos": self.ignore_eos, "prometheus_url": self.prometheus_url, "processes": processes})
         # always a free master port: Locust's default (5557) makes two runs on one host cross-connect,
         # and a caller's --processes may arrive through ``extra``
         cmd += master_port_args(master_port)
-        if self.realtime:
-            cmd.append("--realtime")
-        if self.chunk_stamp:
-            cmd += ["--chunk-stamp", self.chunk_stamp]
+        cmd += to_flags({"realtime": self.realtime, "chunk_stamp": self.chunk_stamp})
         return cmd + list(self.extra)
 
 

@@ -17,6 +17,8 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 
+from tailgate.optiondecl import add_option
+
 #: snapshot field -> exposed series names (current first, older spellings after)
 SERIES: dict[str, tuple[str, ...]] = {
     "preemptions_total": ("vllm:num_preemptions_total",),
@@ -169,7 +171,7 @@ def poll(url: str, out_path: str, interval: float = 1.0) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tailgate.load.metrics", description="sample /metrics to JSONL")
     ap.add_argument("--url", required=True)
-    ap.add_argument("--out", required=True)
+    add_option(ap, "out")
     ap.add_argument("--interval", type=float, default=1.0)
     args = ap.parse_args(argv)
     poll(args.url, args.out, args.interval)

@@ -27,24 +27,21 @@ from tailgate.load.arrivals import (
     arrival_processes,
 )
 from tailgate.load.client import Target, TargetError, Timeouts, chunk_stamp_mode
-from tailgate.load.payloads import DEFAULT_ENDPOINT, endpoint_help, endpoints
+from tailgate.load.payloads import DEFAULT_ENDPOINT, endpoints
 from tailgate.load.plan import Stage, with_prompts
 from tailgate.load.prompts import PROMPT_SOURCES, DatasetEntry, Prompt, PromptError, load_dataset
 from tailgate.load.workload import PROMPT_WORD, TraceError, TraceItem, load_jsonl, make_trace
+from tailgate.optiondecl import API_KEY_ENV, add_option, add_options
 from tailgate.optiontable import (
     DEFAULTS,
-    STAMP_HELP,
-    STAMP_SOURCES,
     OptionError,
     check_counts,
     parse_rates,
-    rates_text,
 )
 from tailgate.resultfiles import RUN_META
 from tailgate.stats import WARMUP_RULES
 
 ARMS = tuple(arms.ARMS)
-API_KEY_ENV = "TAILGATE_API_KEY"
 
 
 class _EnvNamed:
@@ -64,17 +61,15 @@ class _EnvNamed:
         return action
 
 
+def _is_locust(g: Any) -> bool:
+    """The workload options go to Locust's parser and to a plain one that checks a suite's pass-through."""
+    return isinstance(g, _EnvNamed)
+
+
 def add_arguments(parser: Any) -> None:
     """Add the suite's options to Locust's (configargparse) parser."""
     g = _EnvNamed(parser)  # Locust's own add_argument knows is_secret and include_in_web_ui; groups do not
-    g.add_argument(
-        "--rates",
-        default=rates_text(DEFAULTS["rates"]),
-        help="continuous arm: comma-separated arrival rates in req/s, one stage each",
-    )
-    g.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"], help="gated arm: requests per batch (B)")
-    g.add_argument("--n", type=int, default=DEFAULTS["n"], help="measured requests per stage")
-    g.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="warm-up requests per stage")
+    add_options(g, ("rates", "batch_size", "n", "warmup"), locust=True)
     g.add_argument(
         "--warmup-rule",
         choices=WARMUP_RULES,
@@ -82,28 +77,10 @@ def add_arguments(parser: Any) -> None:
         help="completion: drop the first WARMUP successes to finish (the reference harness); "
         "trace: drop the first WARMUP trace items",
     )
-    g.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="trace seed; arrival gaps use seed+1")
-    g.add_argument("--trace-file", default="", help="JSONL trace (prompt_tokens, max_tokens) instead of the seeded mix")
+    add_options(g, ("seed", "trace_file"), locust=True)
     g.add_argument("--prompt-word", default=PROMPT_WORD, help="filler word repeated prompt_tokens times")
     g.add_argument("--model", default="", help="model name to request (default: the server's first model)")
-    g.add_argument(
-        "--api-key",
-        default="",
-        is_secret=True,
-        help=f"Bearer token for the server (or ${API_KEY_ENV}); never written to outputs",
-    )
-    g.add_argument(
-        "--ignore-eos",
-        action="store_true",
-        default=False,
-        help="ask vLLM to ignore EOS (needed for dummy weights); recorded in the results",
-    )
-    g.add_argument("--results-dir", default="", help="where records and summaries go (default results/<arm>-<time>)")
-    g.add_argument(
-        "--config-label",
-        default="chunked",
-        help="name of the server configuration under test (chunked, nochunk, preempt, ...)",
-    )
+    add_options(g, ("api_key", "ignore_eos", "results_dir", "config_label"), locust=True)
     g.add_argument(
         "--max-in-flight",
         type=int,
@@ -125,12 +102,8 @@ def add_arguments(parser: Any) -> None:
     g.add_argument(
         "--record-chunks", action="store_true", default=False, help="keep every chunk's arrival time in the records"
     )
-    g.add_argument(
-        "--realtime", action="store_true", default=False,
-        help="run the load processes at SCHED_FIFO when the system allows it (a server on the same cores "
-        "cannot then delay the timestamps); refused: a warning, and the run goes on at normal priority",
-    )  # fmt: skip
-    g.add_argument("--chunk-stamp", choices=STAMP_SOURCES, default=chunk_stamp_mode(), help=STAMP_HELP)
+    add_option(g, "realtime", locust=True)
+    add_option(g, "chunk_stamp", locust=True, default=chunk_stamp_mode())
     g.add_argument("--metrics-url", default="", help="server /metrics URL (default: <host>/metrics)")
     g.add_argument(
         "--no-metrics", action="store_true", default=False, help="do not read /metrics (servers that do not expose it)"
@@ -141,7 +114,7 @@ def add_arguments(parser: Any) -> None:
         default=DEFAULTS["sample_metrics"],
         help="seconds between direct /metrics samples kept for the report; 0 = off",
     )
-    g.add_argument("--prometheus-url", default="", help="Prometheus that scrapes the server (recorded for the report)")
+    add_option(g, "prometheus_url", locust=True)
     g.add_argument(
         "--settle",
         type=float,
@@ -181,31 +154,9 @@ def add_prefix_arguments(g: Any) -> None:
 
 def add_workload_arguments(g: Any) -> None:
     """What each request carries and when it arrives (see tailgate/load/prompts.py and arrivals.py)."""
-    g.add_argument(
-        "--prompts",
-        choices=PROMPT_SOURCES,
-        default="seed",
-        help="prompt source: seed (filler word x planned length, the reference), unique (every request "
-        "distinct from its first token, exact length for the served tokenizer via /tokenize), dataset "
-        "(--dataset), prefix (groups sharing a prefix: --prefix-tokens/--prefix-share/--prefix-groups)",
-    )
-    g.add_argument(
-        "--dataset", default="", help="prompts: ShareGPT JSON or JSONL with prompt or messages (optional max_tokens)"
-    )
+    add_options(g, ("prompts", "dataset"), locust=_is_locust(g))
     add_prefix_arguments(g)
-    g.add_argument(
-        "--endpoint",
-        choices=tuple(endpoints()),
-        default=DEFAULT_ENDPOINT,
-        help=endpoint_help(),
-    )
-    processes = arrival_processes()
-    g.add_argument(
-        "--arrivals",
-        choices=tuple(processes),
-        default=DEFAULT_ARRIVALS,
-        help="continuous arm: " + ", ".join(f"{p.name} ({p.help})" for p in processes.values()),
-    )
+    add_options(g, ("endpoint", "arrivals"), locust=_is_locust(g))
     for param in all_params():
         kind = float if param.positive else str
         g.add_argument(param.flag, type=kind, default=param.default, help=param.help)

@@ -16,7 +16,8 @@ from typing import Any
 
 from tailgate.exitcodes import combine
 from tailgate.lifecycle import ArgumentParser, SignalGuard, Stopped
-from tailgate.optiontable import DEFAULTS, STAMP_HELP, STAMP_SOURCES, OptionError, check_counts, check_rate
+from tailgate.optiondecl import add_option, add_options, to_flags
+from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate
 from tailgate.resultfiles import writable_folder_problem
 from tailgate.runner import signal_guard
 from tailgate.servers.spec import SERVER_KINDS, add_server_arguments, make_controller, server_spec
@@ -82,7 +83,7 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--slo", default="", help="limits from the intended send, e.g. 'ttft_p99<=300ms,gap_p99<=200ms,errors<=0.5%%'"
     )
-    p.add_argument("--embedded", action="store_true", help="the CPU vLLM of this machine, scaled down")
+    add_option(p, "embedded")
     add_server_arguments(p)
     p.add_argument(
         "--config",
@@ -92,9 +93,9 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--knob", action="append", default=[], help="knob=v1,v2: a grid over every combination (repeat)")
     p.add_argument("--sweep", default="", help="JSON or TOML file with 'configs' and/or 'grid'")
-    p.add_argument("--results", default="", help="folder (default results/slo-<time>); re-use to resume")
+    add_option(p, "results", help="folder (default results/slo-<time>); re-use to resume")
     p.add_argument("--start-rate", type=float, default=None, help="first rate of the doubling, req/s (default 5)")
-    p.add_argument("--max-rate", type=float, default=None, help="highest rate probed, req/s (default 64)")
+    add_option(p, "max_rate", default=None, help="highest rate probed, req/s (default 64)")
     p.add_argument("--min-rate", type=float, default=None, help="lowest rate halving may reach (default start/8)")
     p.add_argument(
         "--resolution", default="25%", help="bisect until the bracket is this narrow: req/s or a %% of the rate"
@@ -120,9 +121,9 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         help="one-sided confidence of every bound (Clopper-Pearson on the share over a limit)",
     )
     p.add_argument("--resamples", type=int, default=2000, help=argparse.SUPPRESS)  # the bounds are exact now
-    p.add_argument(
-        "--n",
-        type=int,
+    add_option(
+        p,
+        "n",
         default=None,
         help="measured requests per probe at least (default 500: a first-look p99 pass needs 449 independent "
         "ones; with --duration, the minimum)",
@@ -134,12 +135,11 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds of arrivals per probe, so every rate reaches and holds steady state "
         "(default 120; embedded 30; 0: --n alone)",
     )
-    p.add_argument("--warmup", type=int, default=None, help="warm-up requests per probe (default 25)")
+    add_option(p, "warmup", default=None, help=f"warm-up requests per probe (default {DEFAULTS['warmup']})")
     add_stage_warmup_argument(p, "--max-rate")
-    p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="trace seed; a re-run repeats the same workload")
-    p.add_argument("--trace-file", default="", help="JSONL of {prompt_tokens, max_tokens} instead of the seeded mix")
-    p.add_argument("--ignore-eos", action="store_true", help="needed for dummy-weight models")
-    p.add_argument("--processes", type=int, default=1, help="load-generator processes per probe")
+    add_option(p, "seed", help="trace seed; a re-run repeats the same workload")
+    add_options(p, ("trace_file", "ignore_eos"))
+    add_option(p, "processes", help="load-generator processes per probe")
     p.add_argument(
         "--max-waiting",
         type=int,
@@ -147,10 +147,7 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         help="stop a probe when vllm:num_requests_waiting reaches this (default: a quarter of the "
         "probe's requests; 0 = never)",
     )
-    p.add_argument("--prometheus-url", default="", help="a Prometheus scraping the server")
-    p.add_argument("--locust-arg", action="append", default=[], help="extra option for every Locust run")
-    p.add_argument("--chunk-stamp", choices=STAMP_SOURCES, default=None, help=STAMP_HELP)
-    p.add_argument("--no-report", action="store_true", help="skip the report at the end")
+    add_options(p, ("prometheus_url", "locust_arg", "chunk_stamp", "no_report"))
 
 
 def build_plan(args: argparse.Namespace) -> SloPlan:
@@ -202,11 +199,11 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         raise SloError(f"--time-budget: must be 0 (none) or more seconds, got {args.time_budget:g}")
     if args.max_waiting is not None and args.max_waiting < 0:
         raise SloError(f"--max-waiting: must be 0 (never) or more, got {max_waiting}")
-    locust_args = list(args.locust_arg) + (["--chunk-stamp", args.chunk_stamp] if args.chunk_stamp else [])
+    locust_args = list(args.locust_arg) + to_flags({"chunk_stamp": args.chunk_stamp})
     if args.trace_file:
         if not Path(args.trace_file).is_file():
             raise SloError(f"--trace-file: {args.trace_file} is not a file")
-        locust_args += ["--trace-file", str(Path(args.trace_file).resolve())]
+        locust_args += to_flags({"trace_file": str(Path(args.trace_file).resolve())})
         try:  # the file sets the count: every item after the warm-up is measured
             lines = [x for x in Path(args.trace_file).read_text().splitlines() if x.strip()]
         except (OSError, UnicodeDecodeError) as e:

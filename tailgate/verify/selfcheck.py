@@ -57,7 +57,7 @@ from tailgate.clientbound import (
 from tailgate.exitcodes import child_ending
 from tailgate.hoststeal import NOTABLE_SHARE
 from tailgate.lifecycle import Stopped
-from tailgate.optiontable import STAMP_HELP, STAMP_SOURCES
+from tailgate.optiondecl import add_option
 from tailgate.records import read_records
 from tailgate.resultfiles import RUN_META, SUMMARY_GLOB
 from tailgate.runner import ChildRunner, LocustRun, prepare_results, signal_guard
@@ -461,18 +461,18 @@ def build_parser() -> argparse.ArgumentParser:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = SelfCheckConfig()
     p.add_argument("--rate", type=float, default=d.rate, help="arrivals per second (open-loop Poisson)")
-    p.add_argument("--n", type=int, default=d.n, help="requests (all measured)")
+    add_option(p, "n", default=d.n, help="requests (all measured)")
     p.add_argument("--tokens", type=int, default=d.tokens, help="content chunks per stream")
-    p.add_argument("--gap-ms", type=float, default=d.gap_ms, help="server's inter-chunk gap")
-    p.add_argument("--ttft-ms", type=float, default=d.ttft_ms, help="server's time to first chunk")
-    p.add_argument("--processes", type=int, default=d.processes, help="Locust load processes")
-    p.add_argument("--seed", type=int, default=d.seed, help="arrival schedule seed (gaps use seed + 1)")
+    add_option(p, "gap_ms", default=d.gap_ms)
+    add_option(p, "ttft_ms", default=d.ttft_ms)
+    add_option(p, "processes", default=d.processes)
+    add_option(p, "seed", default=d.seed, help="arrival schedule seed (gaps use seed + 1)")
     p.add_argument("--warn-ms", type=float, default=d.warn_p99_ms, help="bound on the p99 chunk error (ms)")
     p.add_argument("--max-gap-p99-ms", type=float, default=d.gap_p99_ms, help="bound on the worst-gap error p99")
     p.add_argument("--max-gap-ms", type=float, default=d.gap_max_ms, help="bound on the largest worst-gap error")
     p.add_argument("--max-ttft-p99-ms", type=float, default=d.ttft_p99_ms, help="bound on the TTFT error p99")
     p.add_argument("--max-merged", type=int, default=d.merged_max, help="bound on streams merged by late reads")
-    p.add_argument("--chunk-stamp", choices=STAMP_SOURCES, default=None, help=STAMP_HELP)
+    add_option(p, "chunk_stamp")
     p.add_argument("--keep", default=None, help="keep trace, records, logs and chunk log in this folder")
     p.add_argument("--json", default=None, help="also write every figure to this JSON file")
 

@@ -13,10 +13,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tailgate.optiondecl import add_options
+
 from .engine import EngineModel
 from .server import GroundTruthServer
 from .settings import Settings
-from .wire import DEFAULT_GAP_MS, DEFAULT_MODEL, DEFAULT_TTFT_MS
+from .wire import DEFAULT_MODEL
 
 # ------------------------------------------------------------------------------------------------ CLI
 
@@ -66,8 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
     p.add_argument("--port-file", help="written with the listening port once the server accepts connections")
     p.add_argument("--chunk-log", help="JSON file the chunk and request logs are written to on shutdown")
-    p.add_argument("--ttft-ms", type=float, default=DEFAULT_TTFT_MS)
-    p.add_argument("--gap-ms", type=float, default=DEFAULT_GAP_MS)
+    add_options(p, ("ttft_ms", "gap_ms"))
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--accept-any-model", action="store_true", help="do not answer 404 for other model names")
     p.add_argument(
