@@ -46,6 +46,7 @@ from typing import Any, TextIO
 from tailgate.contracts import Order
 from tailgate.load.clock import wall
 from tailgate.load.processes import CHUNKS_PER_PROCESS, auto_processes, free_port, master_port_args
+from tailgate.load.tally import StageTally
 from tailgate.records import RequestRecord, worker_name
 from tailgate.resultfiles import records_file, sent_file
 
@@ -285,9 +286,11 @@ class MasterSink:
     accounted exactly: announced but unrecorded -> a ``worker_lost`` record; never announced -> never sent.
     """
 
-    def __init__(self, folder: Path, clock: ClockSync) -> None:
+    def __init__(self, folder: Path, clock: ClockSync, tally: StageTally | None = None) -> None:
         self.folder = folder
         self.clock = clock
+        self.tally = StageTally() if tally is None else tally
+        """Every record written here, kept per stage for the stage summaries (see :mod:`tailgate.load.tally`)."""
         self.sent: dict[str, dict[tuple[int, int], float]] = {}
         self.recorded: dict[str, set[tuple[int, int]]] = {}
         self.workers: dict[str, str] = {}
@@ -338,12 +341,15 @@ class MasterSink:
         out = self._file(self._records, worker, records_file(worker))
         done = self.recorded.setdefault(node, set())
         lines = []
-        for row in data.get("records") or []:
+        rows = data.get("records") or []
+        for row in rows:
             done.add((int(row["stage"]), int(row["trace_id"])))
             lines.append(json.dumps(to_master_clock(row, offset), separators=(",", ":")))
         if lines:
             out.write("\n".join(lines) + "\n")
-            for stage in {int(row["stage"]) for row in data.get("records") or []}:
+            stages = {int(row["stage"]) for row in rows}
+            self.tally.add_many(rows)
+            for stage in stages:
                 self._late(node, stage)
 
     def lose(self, node: str, order: dict[str, Any], reason: str) -> tuple[int, int]:
@@ -375,6 +381,7 @@ class MasterSink:
                 in_flight_at_send=-1, end_s=now, error_class=WORKER_LOST, error=reason,
             )  # fmt: skip
             out.write(record.to_json() + "\n")
+            self.tally.add(record.to_dict())
             lost += 1
         return lost, never
 

@@ -51,8 +51,9 @@ from tailgate.load.sidecars import (
     stop_helper,
 )
 from tailgate.load.stage_workload import order_item, stage_arrivals, workload_summary
+from tailgate.load.tally import StageTally
 from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
-from tailgate.records import lost_in_flight, read_records
+from tailgate.records import lost_in_flight
 from tailgate.resultfiles import REPORT_LOG, RUN_META, report_html, summary_file
 from tailgate.stats import summarize_stage
 
@@ -122,7 +123,9 @@ class RunSession(WorkerRoster):
         """Load process -> (requests sent, ended) as it last reported them (distributed runs)."""
         self.meta: dict[str, Any] = {}
         self.clock = ClockSync(runner)
-        self.sink: MasterSink | None = None if local else MasterSink(self.folder, self.clock)
+        self.tally = StageTally()
+        """Every record the load processes reported, per stage: what the stage summaries are built from."""
+        self.sink: MasterSink | None = None if local else MasterSink(self.folder, self.clock, self.tally)
         """The single writer of a distributed run's records and send journal (None in one process)."""
         if self.sink is not None:
             self.sink.late = self._on_late
@@ -181,7 +184,7 @@ class RunSession(WorkerRoster):
         self._wait_recorded()
         stage = self.current
         if stage is not None and stage.index not in self.summaries:
-            records = [r for r in read_records(self.folder).records if r.get("stage") == stage.index]
+            records = self.tally.records(stage.index)
             after = scrape(self.settings.metrics_url) if self.settings.metrics_url else None
             summary = self._summarize(stage, records, after, partial=True)
             log.info("tailgate: %s (partial)", summary_line(summary))
@@ -199,12 +202,12 @@ class RunSession(WorkerRoster):
         """Every request journaled as sent has its record: a worker process cancels on its own time."""
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while time.monotonic() < deadline:
-            loss = lost_in_flight(self.folder)
+            loss = lost_in_flight(self.folder, recorded=self.tally.keys())
             if loss["lost"] == 0:
                 return
             gevent.sleep(0.1)
-        log.warning("tailgate: %s: %d request(s) still without a record after %.0f s",
-                    self.run_id, lost_in_flight(self.folder)["lost"], DRAIN_TIMEOUT_S)  # fmt: skip
+        log.warning("tailgate: %s: %d request(s) still without a record after %.0f s", self.run_id,
+                    lost_in_flight(self.folder, recorded=self.tally.keys())["lost"], DRAIN_TIMEOUT_S)  # fmt: skip
 
     def _end(self, status: str) -> None:
         if self.ended:
@@ -264,6 +267,8 @@ class RunSession(WorkerRoster):
     def on_done(self, node_id: str, data: dict[str, Any]) -> None:
         if data.get("run_id") not in (None, self.run_id):
             return  # a cancelled order of an earlier run
+        if data.get("records"):  # one process: the order's records come with its DONE (several: streamed)
+            self.tally.add_many(data["records"])
         stage = data.get("stage")
         if node_id in self.lost:
             return  # its share was closed already: written as worker_lost or never sent
@@ -334,7 +339,7 @@ class RunSession(WorkerRoster):
             nodes = [n for n in nodes if n not in self.lost]
             if not nodes and group is not stage.groups[-1]:
                 break  # nobody left for the next batches: they stay never sent
-        records = [r for r in read_records(self.folder).records if r.get("stage") == stage.index]
+        records = self.tally.records(stage.index)
         after = scrape(s.metrics_url) if s.metrics_url else None
         summary = self._summarize(stage, records, after, partial=False, lost=lost_here)
         if not nodes:
@@ -463,7 +468,8 @@ class RunSession(WorkerRoster):
 
     def _on_late(self, stage_index: int) -> None:
         """A worker written off sent or recorded more for a stage (a partition healed): once the burst is in,
-        that stage's summary is written again from the files, so its accounting matches what was sent."""
+        that stage's summary is written again from every record reported, so its accounting matches what was
+        sent."""
         if stage_index in self._late_pending:
             return
         self._late_pending.add(stage_index)
@@ -474,8 +480,8 @@ class RunSession(WorkerRoster):
         old = self.summaries.get(stage_index)
         stage = next((x for x in self.stages if x.index == stage_index), None)
         if old is None or stage is None:
-            return  # not summarized yet: its summary reads the files when it is
-        records = [r for r in read_records(self.folder).records if r.get("stage") == stage_index]
+            return  # not summarized yet: its summary counts these records when it is
+        records = self.tally.records(stage_index)
         summary = self._summarize(stage, records, self._after.get(stage_index), partial=bool(old.get("partial")),
                                   lost=old.get("workers_lost"))  # fmt: skip
         summary["reconciled"] = True

@@ -41,6 +41,7 @@ from tailgate.load.clock import mono_ns, wall
 from tailgate.load.payloads import DEFAULT_ENDPOINT, endpoints
 from tailgate.load.prompts import Prompt
 from tailgate.load.stagegc import QuietCollector
+from tailgate.load.tally import summary_row
 from tailgate.load.workload import build_prompt
 from tailgate.records import RecordWriter, RequestRecord, SendJournal, worker_name
 
@@ -180,6 +181,9 @@ class OrderRunner:
         self._finished: deque[tuple[Any, ...]] = deque()
         self._wake = Event()
         self._sink: gevent.Greenlet | None = None
+        self._rows: list[dict[str, Any]] | None = None
+        """One process: the running order's records as its stage summary needs them, reported with its DONE
+        (several: the master has each record already, from the stream it writes to the files)."""
 
     def submit(self, order: dict[str, Any]) -> None:
         """Queue an order for this process's own order loop.
@@ -197,6 +201,7 @@ class OrderRunner:
         send = self.environment.runner.send_message
         while True:
             order = self.orders.get()
+            self._rows = None
             try:
                 self.busy = True
                 result = self.run(order)
@@ -206,9 +211,11 @@ class OrderRunner:
                 self.cancelled = False
                 result = {
                     "order_id": order.get("order_id"), "run_id": order.get("run_id"), "stage": order.get("stage"),
-                    "worker": self.worker, "records": [], "dropped": 0, "error": f"{type(e).__name__}: {e}",
+                    "worker": self.worker, "dropped": 0, "error": f"{type(e).__name__}: {e}",
                     "sent": self.sent, "ended": self.ended,
                 }  # fmt: skip
+                if self._rows is not None:  # what it recorded before failing still counts in the summary
+                    result["records"] = self._rows
             finally:
                 self.busy = False
             self.flush()
@@ -267,7 +274,7 @@ class OrderRunner:
                 writer.flush()
 
     def run(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Dispatch one order open-loop, wait for all its requests, return its records."""
+        """Dispatch one order open-loop, wait for all its requests, return its DONE reply."""
         order = Order.from_dict(message)
         cfg = order.config
         target = Target.parse(cfg["host"])
@@ -284,7 +291,9 @@ class OrderRunner:
         cap = order.max_in_flight
         t0_ns = mono_ns(order.t0_wall)
         stage = order.stage
-        finished: list[dict[str, Any]] = []
+        streamed = isinstance(writer, distributed.WorkerStream)
+        finished: list[dict[str, Any]] | None = None if streamed else []
+        self._rows = finished
         dropped = 0
         items = order.items
         # every request's bytes exist before the stage starts: nothing is built between a send time and its send
@@ -363,14 +372,15 @@ class OrderRunner:
             quiet.end()
             if progress is not None:
                 progress.kill(block=False)
-        if isinstance(writer, distributed.WorkerStream):
-            finished = []  # the master has them already, streamed
-        return {
+        done = {
             "order_id": order.order_id, "run_id": order.run_id, "stage": order.stage, "worker": self.worker,
-            "records": finished, "dropped": dropped, "sent": self.sent, "ended": self.ended,
+            "dropped": dropped, "sent": self.sent, "ended": self.ended,
             "stamp": "capture" if capture else self.stamp, "stamp_note": self.stamp_note or self.stamps.note,
             "capture": self.stamps.stats(),
         }  # fmt: skip
+        if finished is not None:  # one process: the summary's records go with the DONE, in memory
+            done["records"] = finished
+        return done
 
     def _one(
         self,
@@ -381,7 +391,7 @@ class OrderRunner:
         timeouts: Timeouts,
         cfg: dict[str, Any],
         writer: RecordWriter,
-        finished: list[dict[str, Any]],
+        finished: list[dict[str, Any]] | None,
         gate: BatchGate | None,
         index: int,
     ) -> None:
@@ -429,7 +439,8 @@ class OrderRunner:
         self.stamps.apply(timing, self.stamp)
         record = self._record(order, plan, timing, in_flight, cfg)
         writer.write(record)
-        finished.append(record.to_dict())
+        if finished is not None:
+            finished.append(summary_row(record.to_dict()))
         try:
             self._fire(record)
         except Exception:  # a listener's bug must not lose the records queued behind this one
