@@ -352,7 +352,7 @@ class MasterSink:
             for stage in stages:
                 self._late(node, stage)
 
-    def lose(self, node: str, order: dict[str, Any], reason: str) -> tuple[int, int]:
+    def lose(self, node: str, order: Order, reason: str) -> tuple[int, int]:
         """Close a lost worker's order: returns (written as worker_lost, never sent).
 
         Anything that node still sends afterwards is written too (see :meth:`_late`): a real record supersedes
@@ -361,22 +361,22 @@ class MasterSink:
         worker = self.workers.get(node, node)
         sent = self.sent.get(node, {})
         done = self.recorded.get(node, set())
-        stage = int(order["stage"])
+        stage = order.stage
         lost = never = 0
         out = self._file(self._records, worker, records_file(worker))
         now = time.time()
-        for trace_id, prompt_tokens, max_tokens, offset_s, batch, *_ in order["items"]:
+        for trace_id, prompt_tokens, max_tokens, offset_s, batch, _ in order.items:
             key = (stage, int(trace_id))
             if key in done:
                 continue
             if key not in sent:
                 never += 1
                 continue
-            intended = float(order["t0_master"]) + float(offset_s)
+            intended = order.t0_master + float(offset_s)
             record = RequestRecord(
-                run_id=order["run_id"], worker=worker, trace_id=int(trace_id), stage=stage,
-                stage_label=order["stage_label"], arm=order["arm"], rate_or_batch=order["rate_or_batch"], batch=batch,
-                prompt_tokens_planned=prompt_tokens, max_tokens=max_tokens, ignore_eos=order["config"]["ignore_eos"],
+                run_id=order.run_id, worker=worker, trace_id=int(trace_id), stage=stage,
+                stage_label=order.stage_label, arm=order.arm, rate_or_batch=order.rate_or_batch, batch=batch,
+                prompt_tokens_planned=prompt_tokens, max_tokens=max_tokens, ignore_eos=order.config.ignore_eos,
                 intended_s=intended, sent_s=sent[key], schedule_lag_ms=round((sent[key] - intended) * 1000, 3),
                 in_flight_at_send=-1, end_s=now, error_class=WORKER_LOST, error=reason,
             )  # fmt: skip

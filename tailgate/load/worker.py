@@ -24,7 +24,7 @@ from collections import deque
 from typing import Any
 
 from tailgate import arms
-from tailgate.contracts import Order
+from tailgate.contracts import Order, OrderConfig
 from tailgate.load import distributed
 from tailgate.load.arrivals import DEFAULT_ARRIVALS
 from tailgate.load.batch import BatchGate
@@ -139,11 +139,11 @@ def kernel_clock_disagreement_ms() -> float | None:
     return best
 
 
-def request_body(cfg: dict[str, Any], prompt: Prompt, max_tokens: int, endpoint: str) -> bytes:
+def request_body(cfg: OrderConfig, prompt: Prompt, max_tokens: int, endpoint: str) -> bytes:
     """The JSON body for one request on the chosen endpoint (the seed filler goes to chat as one user turn)."""
     ep = endpoints()[endpoint]
     messages = prompt.wire().get("messages") if ep.messages else None
-    return ep.body(cfg["model"], prompt.text or "", messages, max_tokens, ignore_eos=cfg["ignore_eos"])
+    return ep.body(cfg.model, prompt.text or "", messages, max_tokens, ignore_eos=cfg.ignore_eos)
 
 
 def request_id(run_id: str, stage: int, trace_id: int) -> str:
@@ -277,12 +277,12 @@ class OrderRunner:
         """Dispatch one order open-loop, wait for all its requests, return its DONE reply."""
         order = Order.from_dict(message)
         cfg = order.config
-        target = Target.parse(cfg["host"])
-        timeouts = Timeouts(cfg["connect_timeout"], cfg["request_timeout"], cfg["stall_timeout"])
-        writer, journal = self._writer(cfg["results_dir"])
+        target = Target.parse(cfg.host)
+        timeouts = Timeouts(cfg.connect_timeout, cfg.request_timeout, cfg.stall_timeout)
+        writer, journal = self._writer(cfg.results_dir)
         if isinstance(writer, distributed.WorkerStream):
             writer.begin_order(order)
-        requested = cfg.get("chunk_stamp") or chunk_stamp_mode()
+        requested = cfg.chunk_stamp or chunk_stamp_mode()
         if self.stamp_note is None:  # not given up for good
             self.stamp = "recv" if requested == "recv" else "kernel"
         self.check_stamps()
@@ -299,7 +299,7 @@ class OrderRunner:
         # every request's bytes exist before the stage starts: nothing is built between a send time and its send
         bodies: dict[tuple[int, int], bytes] = {}
         requests: list[bytes] = []
-        endpoint = cfg.get("endpoint") or DEFAULT_ENDPOINT
+        endpoint = cfg.endpoint or DEFAULT_ENDPOINT
         for item in items:
             trace_id, prompt_tokens, max_tokens, given = item.trace_id, item.prompt_tokens, item.max_tokens, item.prompt
             if given is not None:  # a built prompt (unique, dataset, prefix, trace blocks): one body per request
@@ -307,12 +307,12 @@ class OrderRunner:
             else:
                 cached = bodies.get((prompt_tokens, max_tokens))
                 if cached is None:
-                    cached = request_body(cfg, Prompt(text=build_prompt(prompt_tokens, cfg["prompt_word"])),
+                    cached = request_body(cfg, Prompt(text=build_prompt(prompt_tokens, cfg.prompt_word)),
                                           max_tokens, endpoint)  # fmt: skip
                     bodies[prompt_tokens, max_tokens] = cached
                 body = cached
             rid = request_id(order.run_id, stage, trace_id)
-            key = cfg.get("api_key") or distributed.api_key()
+            key = cfg.api_key or distributed.api_key()
             requests.append(build_request(target, body, key, rid, endpoint))
         progress = self._start_progress()
         gate = BatchGate(len(items)) if arms.arm(order.arm).starts_together else None
@@ -389,7 +389,7 @@ class OrderRunner:
         request: bytes,
         target: Target,
         timeouts: Timeouts,
-        cfg: dict[str, Any],
+        cfg: OrderConfig,
         writer: RecordWriter,
         finished: list[dict[str, Any]] | None,
         gate: BatchGate | None,
@@ -402,8 +402,8 @@ class OrderRunner:
         live = True
         try:
             stream_completion(
-                target, b"", timing, timeouts=timeouts, api_key=cfg.get("api_key"),
-                record_chunks=cfg["record_chunks"], request=request,
+                target, b"", timing, timeouts=timeouts, api_key=cfg.api_key,
+                record_chunks=cfg.record_chunks, request=request,
                 write=None if gate is None else gate.writer(index), stamp=self.stamp,
                 capture=self.stamps.capture,
             )  # fmt: skip
@@ -470,7 +470,7 @@ class OrderRunner:
         plan: tuple[int, int, int, int, int | None, int | None],
         t: StreamTiming,
         in_flight: int,
-        cfg: dict[str, Any],
+        cfg: OrderConfig,
     ) -> RequestRecord:
         trace_id, prompt_tokens, max_tokens, intended_ns, batch, tokenized = plan
         sent = t.sent_ns or intended_ns
@@ -479,7 +479,7 @@ class OrderRunner:
             run_id=order.run_id, worker=self.worker, trace_id=trace_id, stage=order.stage,
             stage_label=order.stage_label, arm=order.arm, rate_or_batch=order.rate_or_batch,
             batch=batch, prompt_tokens_planned=prompt_tokens, max_tokens=max_tokens,
-            ignore_eos=cfg["ignore_eos"], intended_s=wall(intended_ns), sent_s=wall(sent),
+            ignore_eos=cfg.ignore_eos, intended_s=wall(intended_ns), sent_s=wall(sent),
             schedule_lag_ms=round((sent - intended_ns) / 1e6, 3), in_flight_at_send=in_flight,
             sent_mono_ns=t.sent_ns or None,
             connected_s=None if t.connected_ns is None else wall(t.connected_ns),
@@ -502,8 +502,8 @@ class OrderRunner:
             chunk_offsets_ms=None if t.chunk_ns is None else _offsets_ms(t.chunk_ns, sent),
             chunk_read_delays_ms=None if t.chunk_delay_ns is None else _delays_ms(t.chunk_delay_ns),
             chunk_read_offsets_ms=None if t.read_chunk_ns is None else _offsets_ms(t.read_chunk_ns, sent),
-            prompt_source=cfg.get("prompts") or "seed", endpoint=cfg.get("endpoint") or DEFAULT_ENDPOINT,
-            arrivals=order.get("arrivals") or DEFAULT_ARRIVALS, prompt_tokens_tokenized=tokenized,
+            prompt_source=cfg.prompts or "seed", endpoint=cfg.endpoint or DEFAULT_ENDPOINT,
+            arrivals=order.arrivals or DEFAULT_ARRIVALS, prompt_tokens_tokenized=tokenized,
         )  # fmt: skip
 
     def _fire(self, r: RequestRecord) -> None:
