@@ -123,6 +123,9 @@ class Contract:
             if tp is None:
                 extra[key] = value
                 continue
+            if _is_contract(tp) and isinstance(value, Mapping):  # a nested contract: checked and kept typed
+                known[key] = tp.from_dict(value, source=f"{source or cls.KIND} {key}")
+                continue
             if not _matches(value, tp):
                 raise ContractError(
                     f"{where}{cls.KIND} key {key!r} should be {_type_name(tp)}, got {_show(value)}"
@@ -139,14 +142,14 @@ class Contract:
         if self.key_order:
             for key in self.key_order:
                 if key in declared:
-                    out[key] = getattr(self, key)
+                    out[key] = _plain(getattr(self, key))
                 elif key in self.extra:
                     out[key] = self.extra[key]
             for key in declared:  # given a value after it was read
                 if key not in out and getattr(self, key) != defaults.get(key, _NOTHING):
-                    out[key] = getattr(self, key)
+                    out[key] = _plain(getattr(self, key))
         else:
-            out = {key: getattr(self, key) for key in declared}
+            out = {key: _plain(getattr(self, key)) for key in declared}
         for key, value in self.extra.items():
             out.setdefault(key, value)
         return out
@@ -206,6 +209,15 @@ class Contract:
         tmp.replace(p)
 
 
+def _is_contract(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, Contract)
+
+
+def _plain(value: Any) -> Any:
+    """A field's JSON value: a nested contract is written as its object."""
+    return value.to_dict() if isinstance(value, Contract) else value
+
+
 # ------------------------------------------------------------------------------------------- order
 
 
@@ -223,21 +235,30 @@ class OrderItem(typing.NamedTuple):
 
 @dataclass(frozen=True)
 class OrderConfig(Contract):
-    """What a load process needs to build and send requests, the same for every order of a run."""
+    """What a load process needs to build and send requests, the same for every order of a run.
+
+    Declared in the order the master writes them, so a config built in code travels as it always did."""
 
     KIND: ClassVar[str] = "order config"
     REQUIRED: ClassVar[tuple[str, ...]] = ("host", "model", "results_dir", "connect_timeout", "request_timeout")
 
     host: str = ""
     model: str = ""
-    prompt_word: str = "hi"
     ignore_eos: bool = False
+    api_key: str | None = None
+    """Only in one process: orders that cross the network leave it out (a worker reads its own)."""
+    prompt_word: str = "hi"
+    record_chunks: bool = False
     results_dir: str = ""
+    prompts: str | None = None
+    """The prompt source (``seed`` when absent)."""
+    endpoint: str | None = None
+    """``completions`` or ``chat`` (the default endpoint when absent)."""
     connect_timeout: float = 10.0
     request_timeout: float = 600.0
     stall_timeout: float | None = None
-    api_key: str | None = None
-    record_chunks: bool = False
+    chunk_stamp: str | None = None
+    """How chunks are stamped (``capture``, ``kernel``, ``recv``); absent: the process's own default."""
 
 
 @dataclass(frozen=True)
@@ -263,7 +284,9 @@ class Order(Contract):
     t0_master: float = 0.0
     max_in_flight: int = 0
     items: list[OrderItem] = field(default_factory=list)
-    config: dict[str, Any] = field(default_factory=dict)
+    config: OrderConfig = field(default_factory=OrderConfig)
+    arrivals: str | None = None
+    """The stage's arrival process (``poisson``, ``gamma``, ``trace``, ``batches``); absent: the default."""
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "") -> Order:
@@ -290,7 +313,6 @@ class Order(Contract):
                 "(, [text, messages, tokens])]"
             )
             raise ContractError(f"{where}order item {i} should be {expected}, got {_show(raw)}")
-        OrderConfig.from_dict(order.config, source=f"{source or 'order'} config")
         return replace(order, items=items)
 
     def to_dict(self) -> dict[str, Any]:

@@ -201,6 +201,12 @@ class RecordScan:
     worker that later reported the request itself, or a worker's own copy of what the master also wrote."""
 
 
+def supersedes(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    """A second record of one request replaces the first only when it is the worker's own and the first is the
+    ``worker_lost`` the master wrote for it: the one rule of the files' reader and the live stage summary."""
+    return old.get("error_class") == "worker_lost" and new.get("error_class") != "worker_lost"
+
+
 def _one_per_request(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
     """Keep one record per (run, stage, request), the worker's own over a ``worker_lost`` written for it."""
     kept: dict[tuple[Any, Any, Any], int] = {}
@@ -214,7 +220,7 @@ def _one_per_request(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
             out.append(row)
             continue
         dropped += 1
-        if out[at].get("error_class") == "worker_lost" and row.get("error_class") != "worker_lost":
+        if supersedes(row, out[at]):
             out[at] = row
     return out, dropped
 

@@ -20,7 +20,16 @@ from typing import Any
 import pytest
 
 from tailgate import arms, resultfiles
-from tailgate.contracts import ContractError, Order, OrderItem, RunMeta, SloMeta, StageSummary, SuiteMeta
+from tailgate.contracts import (
+    ContractError,
+    Order,
+    OrderConfig,
+    OrderItem,
+    RunMeta,
+    SloMeta,
+    StageSummary,
+    SuiteMeta,
+)
 from tailgate.jsonl import Follower, parse_lines
 from tailgate.load.plan import continuous_stage, gated_stage
 from tailgate.load.workload import make_trace
@@ -128,6 +137,35 @@ def test_an_order_types_its_items_and_travels_as_lists() -> None:
     assert order.to_dict()["items"] == _order()["items"]
 
 
+WIRE_CONFIG = (
+    "host", "model", "ignore_eos", "api_key", "prompt_word", "record_chunks", "results_dir", "prompts", "endpoint",
+    "connect_timeout", "request_timeout", "stall_timeout", "chunk_stamp",
+)  # fmt: skip
+"""An order's config keys in the order the master has always sent them."""
+
+
+def test_an_order_built_by_the_master_travels_as_it_always_did_and_is_read_typed() -> None:
+    config = OrderConfig(
+        host="http://h:1", model="m", ignore_eos=True, api_key=None, prompt_word="w", record_chunks=False,
+        results_dir="/r", prompts="unique", endpoint="chat", connect_timeout=2.0, request_timeout=5.0,
+        stall_timeout=None, chunk_stamp="recv",
+    )  # fmt: skip
+    order = Order(
+        order_id="0:0:0", run_id="abc", stage=0, stage_label="cont_r5", arm="continuous", rate_or_batch=5.0,
+        t0_wall=1.5, t0_master=1.25, max_in_flight=0, items=[OrderItem(0, 8, 20, 0.0, None)], config=config,
+        arrivals="gamma",
+    )  # fmt: skip
+    wire = order.to_dict()
+    assert list(wire) == [*Order.REQUIRED[:7], "t0_master", "max_in_flight", "items", "config", "arrivals"]
+    assert list(wire["config"]) == list(WIRE_CONFIG) and wire["config"]["endpoint"] == "chat"
+    assert wire["items"] == [[0, 8, 20, 0.0, None]]
+    read = Order.from_dict(json.loads(json.dumps(wire)))
+    assert read.config == config and read.arrivals == "gamma" and read.config.chunk_stamp == "recv"
+    assert read.to_dict() == wire and list(read.to_dict()["config"]) == list(WIRE_CONFIG)
+    older = Order.from_dict(_order())  # an order without the workload keys reads them as absent
+    assert older.arrivals is None and older.config.endpoint is None and older.to_dict() == _order()
+
+
 # ------------------------------------------------------------------------------------------ validation
 
 
@@ -144,6 +182,8 @@ def test_an_order_types_its_items_and_travels_as_lists() -> None:
         (Order, {**_order(), "items": [[0, 200, 100, 0.0]]}, "order item 0 should be [trace_id int"),
         (Order, {**_order(), "items": [[0, "200", 100, 0.0, None]]}, "order item 0 should be"),
         (Order, {**_order(), "config": {"host": "h"}}, "order config lacks 'model'"),
+        (Order, {**_order(), "config": {**_order()["config"], "endpoint": 5}}, "order config key 'endpoint' should"),
+        (Order, {**_order(), "config": "h"}, "order key 'config' should be OrderConfig"),
     ],
 )
 def test_a_wrong_file_fails_with_one_line_naming_it_and_the_key(

@@ -21,6 +21,7 @@ import pytest
 from conftest import ROOT, write_trace
 from netns import Hosts, NetnsUnavailable
 
+from tailgate.contracts import Order, OrderConfig, OrderItem
 from tailgate.exitcodes import FAILED, INCOMPLETE
 from tailgate.load.distributed import (
     CHUNKS_PER_PROCESS,
@@ -103,10 +104,10 @@ def test_lost_worker_share_is_exactly_accounted(tmp_path: Path) -> None:
     late: list[int] = []
     sink.late = late.append
     folder = str(tmp_path)
-    order = {
-        "run_id": "r", "stage": 0, "stage_label": "cont_r1", "arm": "continuous", "rate_or_batch": 1.0,
-        "t0_master": 1.7e9, "config": {"ignore_eos": True}, "items": [[i, 8, 20, float(i), None] for i in range(5)],
-    }  # fmt: skip
+    order = Order(
+        run_id="r", stage=0, stage_label="cont_r1", arm="continuous", rate_or_batch=1.0, t0_master=1.7e9,
+        config=OrderConfig(ignore_eos=True), items=[OrderItem(i, 8, 20, float(i), None) for i in range(5)],
+    )  # fmt: skip
     for i in range(3):
         sink.on_sent("n1", {"folder": folder, "worker": "w1", "sent": [0, i, 1.7e9 + i]})
     row = {"run_id": "r", "stage": 0, "trace_id": 0, "intended_s": 1.7e9, "error_class": None}

@@ -77,11 +77,12 @@ def test_a_name_is_registered_once_and_unknown_names_list_the_known() -> None:
 
 def test_endpoints_come_from_their_registry_and_build_the_same_bodies() -> None:
     """The registry's endpoints build exactly the bodies the payload functions always built."""
+    from tailgate.contracts import OrderConfig
     from tailgate.load.payloads import ENDPOINTS, build_chat_payload, build_payload
     from tailgate.load.prompts import Prompt
     from tailgate.load.worker import request_body
 
-    cfg = {"model": "m", "ignore_eos": True}
+    cfg = OrderConfig(model="m", ignore_eos=True)
     assert list(ENDPOINTS) == ["completions", "chat"]
     assert request_body(cfg, Prompt(text=" a b"), 4, "completions") == build_payload("m", " a b", 4, ignore_eos=True)
     turn = [{"role": "user", "content": " a b"}]

@@ -46,6 +46,7 @@ from typing import Any, TextIO
 from tailgate.contracts import Order
 from tailgate.load.clock import wall
 from tailgate.load.processes import CHUNKS_PER_PROCESS, auto_processes, free_port, master_port_args
+from tailgate.load.tally import StageTally
 from tailgate.records import RequestRecord, worker_name
 from tailgate.resultfiles import records_file, sent_file
 
@@ -285,9 +286,11 @@ class MasterSink:
     accounted exactly: announced but unrecorded -> a ``worker_lost`` record; never announced -> never sent.
     """
 
-    def __init__(self, folder: Path, clock: ClockSync) -> None:
+    def __init__(self, folder: Path, clock: ClockSync, tally: StageTally | None = None) -> None:
         self.folder = folder
         self.clock = clock
+        self.tally = StageTally() if tally is None else tally
+        """Every record written here, kept per stage for the stage summaries (see :mod:`tailgate.load.tally`)."""
         self.sent: dict[str, dict[tuple[int, int], float]] = {}
         self.recorded: dict[str, set[tuple[int, int]]] = {}
         self.workers: dict[str, str] = {}
@@ -338,15 +341,18 @@ class MasterSink:
         out = self._file(self._records, worker, records_file(worker))
         done = self.recorded.setdefault(node, set())
         lines = []
-        for row in data.get("records") or []:
+        rows = data.get("records") or []
+        for row in rows:
             done.add((int(row["stage"]), int(row["trace_id"])))
             lines.append(json.dumps(to_master_clock(row, offset), separators=(",", ":")))
         if lines:
             out.write("\n".join(lines) + "\n")
-            for stage in {int(row["stage"]) for row in data.get("records") or []}:
+            stages = {int(row["stage"]) for row in rows}
+            self.tally.add_many(rows)
+            for stage in stages:
                 self._late(node, stage)
 
-    def lose(self, node: str, order: dict[str, Any], reason: str) -> tuple[int, int]:
+    def lose(self, node: str, order: Order, reason: str) -> tuple[int, int]:
         """Close a lost worker's order: returns (written as worker_lost, never sent).
 
         Anything that node still sends afterwards is written too (see :meth:`_late`): a real record supersedes
@@ -355,26 +361,27 @@ class MasterSink:
         worker = self.workers.get(node, node)
         sent = self.sent.get(node, {})
         done = self.recorded.get(node, set())
-        stage = int(order["stage"])
+        stage = order.stage
         lost = never = 0
         out = self._file(self._records, worker, records_file(worker))
         now = time.time()
-        for trace_id, prompt_tokens, max_tokens, offset_s, batch, *_ in order["items"]:
+        for trace_id, prompt_tokens, max_tokens, offset_s, batch, _ in order.items:
             key = (stage, int(trace_id))
             if key in done:
                 continue
             if key not in sent:
                 never += 1
                 continue
-            intended = float(order["t0_master"]) + float(offset_s)
+            intended = order.t0_master + float(offset_s)
             record = RequestRecord(
-                run_id=order["run_id"], worker=worker, trace_id=int(trace_id), stage=stage,
-                stage_label=order["stage_label"], arm=order["arm"], rate_or_batch=order["rate_or_batch"], batch=batch,
-                prompt_tokens_planned=prompt_tokens, max_tokens=max_tokens, ignore_eos=order["config"]["ignore_eos"],
+                run_id=order.run_id, worker=worker, trace_id=int(trace_id), stage=stage,
+                stage_label=order.stage_label, arm=order.arm, rate_or_batch=order.rate_or_batch, batch=batch,
+                prompt_tokens_planned=prompt_tokens, max_tokens=max_tokens, ignore_eos=order.config.ignore_eos,
                 intended_s=intended, sent_s=sent[key], schedule_lag_ms=round((sent[key] - intended) * 1000, 3),
                 in_flight_at_send=-1, end_s=now, error_class=WORKER_LOST, error=reason,
             )  # fmt: skip
             out.write(record.to_json() + "\n")
+            self.tally.add(record.to_dict())
             lost += 1
         return lost, never
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tailgate.arms import arm as arm_of
-from tailgate.contracts import Order, StageSummary
+from tailgate.contracts import Order, OrderConfig, StageSummary
 from tailgate.hoststeal import cpu_counters, steal_share
 from tailgate.load.capturelink import stamp_summary
 from tailgate.load.console import summary_line
@@ -51,8 +51,9 @@ from tailgate.load.sidecars import (
     stop_helper,
 )
 from tailgate.load.stage_workload import order_item, stage_arrivals, workload_summary
+from tailgate.load.tally import StageTally
 from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
-from tailgate.records import lost_in_flight, read_records
+from tailgate.records import lost_in_flight
 from tailgate.resultfiles import REPORT_LOG, RUN_META, report_html, summary_file
 from tailgate.stats import summarize_stage
 
@@ -122,7 +123,9 @@ class RunSession(WorkerRoster):
         """Load process -> (requests sent, ended) as it last reported them (distributed runs)."""
         self.meta: dict[str, Any] = {}
         self.clock = ClockSync(runner)
-        self.sink: MasterSink | None = None if local else MasterSink(self.folder, self.clock)
+        self.tally = StageTally()
+        """Every record the load processes reported, per stage: what the stage summaries are built from."""
+        self.sink: MasterSink | None = None if local else MasterSink(self.folder, self.clock, self.tally)
         """The single writer of a distributed run's records and send journal (None in one process)."""
         if self.sink is not None:
             self.sink.late = self._on_late
@@ -139,7 +142,7 @@ class RunSession(WorkerRoster):
         self.written_off: Callable[[str], None] | None = None if gate is None else gate.write_off
         self.refused: dict[str, str] = {}
         """Load processes that could not show they hold the key: never given an order."""
-        self._orders: dict[str, dict[str, Any]] = {}
+        self._orders: dict[str, Order] = {}
         """The running group's order per process: a stop closes the share of any that is gone."""
         self.stage_nodes: dict[int, list[str]] = {}
         """Stage index -> the processes it was split over."""
@@ -181,7 +184,7 @@ class RunSession(WorkerRoster):
         self._wait_recorded()
         stage = self.current
         if stage is not None and stage.index not in self.summaries:
-            records = [r for r in read_records(self.folder).records if r.get("stage") == stage.index]
+            records = self.tally.records(stage.index)
             after = scrape(self.settings.metrics_url) if self.settings.metrics_url else None
             summary = self._summarize(stage, records, after, partial=True)
             log.info("tailgate: %s (partial)", summary_line(summary))
@@ -199,12 +202,12 @@ class RunSession(WorkerRoster):
         """Every request journaled as sent has its record: a worker process cancels on its own time."""
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while time.monotonic() < deadline:
-            loss = lost_in_flight(self.folder)
+            loss = lost_in_flight(self.folder, recorded=self.tally.keys())
             if loss["lost"] == 0:
                 return
             gevent.sleep(0.1)
-        log.warning("tailgate: %s: %d request(s) still without a record after %.0f s",
-                    self.run_id, lost_in_flight(self.folder)["lost"], DRAIN_TIMEOUT_S)  # fmt: skip
+        log.warning("tailgate: %s: %d request(s) still without a record after %.0f s", self.run_id,
+                    lost_in_flight(self.folder, recorded=self.tally.keys())["lost"], DRAIN_TIMEOUT_S)  # fmt: skip
 
     def _end(self, status: str) -> None:
         if self.ended:
@@ -264,6 +267,8 @@ class RunSession(WorkerRoster):
     def on_done(self, node_id: str, data: dict[str, Any]) -> None:
         if data.get("run_id") not in (None, self.run_id):
             return  # a cancelled order of an earlier run
+        if data.get("records"):  # one process: the order's records come with its DONE (several: streamed)
+            self.tally.add_many(data["records"])
         stage = data.get("stage")
         if node_id in self.lost:
             return  # its share was closed already: written as worker_lost or never sent
@@ -314,8 +319,9 @@ class RunSession(WorkerRoster):
             self._done = {}
             self._done_event.clear()
             self._waiting_for = set(nodes)
-            orders: dict[str, dict[str, Any]] = {}
+            orders: dict[str, Order] = {}
             self._orders = orders
+            config = self._order_config()
             for index, node in enumerate(nodes):
                 mine = share(group, index, len(nodes))
                 order = Order(
@@ -323,18 +329,17 @@ class RunSession(WorkerRoster):
                     run_id=self.run_id, stage=stage.index, stage_label=stage.label, arm=stage.arm,
                     rate_or_batch=stage.rate_or_batch, t0_wall=t0 + self.clock.offset(node), t0_master=t0,
                     max_in_flight=s.max_in_flight if arm_of(stage.arm).open_loop else 0,
-                    items=[order_item(a) for a in mine],
-                    config=self._order_config(), extra={"arrivals": stage_arrivals(s, stage)},
-                ).to_dict()  # fmt: skip
+                    items=[order_item(a) for a in mine], config=config, arrivals=stage_arrivals(s, stage),
+                )  # fmt: skip
                 orders[node] = order
-                self.runner.send_message(ORDER_MESSAGE, order, client_id=None if node == "local" else node)
+                self.runner.send_message(ORDER_MESSAGE, order.to_dict(), client_id=None if node == "local" else node)
             last = max((a.offset_s for a in group), default=0.0)
             deadline = t0 + last + s.timeouts.request_s + s.timeouts.connect_s + DEADLINE_MARGIN_S
             lost_here += self._wait_group(stage, orders, deadline, baseline)
             nodes = [n for n in nodes if n not in self.lost]
             if not nodes and group is not stage.groups[-1]:
                 break  # nobody left for the next batches: they stay never sent
-        records = [r for r in read_records(self.folder).records if r.get("stage") == stage.index]
+        records = self.tally.records(stage.index)
         after = scrape(s.metrics_url) if s.metrics_url else None
         summary = self._summarize(stage, records, after, partial=False, lost=lost_here)
         if not nodes:
@@ -342,7 +347,7 @@ class RunSession(WorkerRoster):
         return summary
 
     def _wait_group(
-        self, stage: Stage, orders: dict[str, dict[str, Any]], deadline: float, baseline: tuple[int, int]
+        self, stage: Stage, orders: dict[str, Order], deadline: float, baseline: tuple[int, int]
     ) -> list[str]:
         """Wait for every order's DONE, but never past the deadline and never for a worker that is gone.
 
@@ -373,16 +378,16 @@ class RunSession(WorkerRoster):
                 self._progress(stage, baseline)
                 next_progress = time.monotonic() + 5.0
 
-    def _lose(self, node: str, order: dict[str, Any], reason: str) -> str:
+    def _lose(self, node: str, order: Order, reason: str) -> str:
         """Close a lost worker's share from what it announced: in flight -> worker_lost, the rest never sent."""
         assert self.sink is not None
         in_flight, never = self.sink.lose(node, order, reason)
         self._mark_lost(node, reason)
-        self.lost_in.setdefault(node, int(order["stage"]))
+        self.lost_in.setdefault(node, order.stage)
         name = self._ready.get(node, node)
         if node in self.workers:
-            self.workers[node]["lost"] = f"{order['stage_label']}: {reason}"
-        line = (f"load process {name} lost in {order['stage_label']} ({reason}): {in_flight} request(s) in flight "
+            self.workers[node]["lost"] = f"{order.stage_label}: {reason}"
+        line = (f"load process {name} lost in {order.stage_label} ({reason}): {in_flight} request(s) in flight "
                 f"recorded as {WORKER_LOST}, {never} arrival(s) never sent; "
                 + ("the run goes on with the others" if self.on_worker_loss == "continue" else
                    "the run stops after this stage (--on-worker-loss stop)"))  # fmt: skip
@@ -463,7 +468,8 @@ class RunSession(WorkerRoster):
 
     def _on_late(self, stage_index: int) -> None:
         """A worker written off sent or recorded more for a stage (a partition healed): once the burst is in,
-        that stage's summary is written again from the files, so its accounting matches what was sent."""
+        that stage's summary is written again from every record reported, so its accounting matches what was
+        sent."""
         if stage_index in self._late_pending:
             return
         self._late_pending.add(stage_index)
@@ -474,8 +480,8 @@ class RunSession(WorkerRoster):
         old = self.summaries.get(stage_index)
         stage = next((x for x in self.stages if x.index == stage_index), None)
         if old is None or stage is None:
-            return  # not summarized yet: its summary reads the files when it is
-        records = [r for r in read_records(self.folder).records if r.get("stage") == stage_index]
+            return  # not summarized yet: its summary counts these records when it is
+        records = self.tally.records(stage_index)
         summary = self._summarize(stage, records, self._after.get(stage_index), partial=bool(old.get("partial")),
                                   lost=old.get("workers_lost"))  # fmt: skip
         summary["reconciled"] = True
@@ -493,17 +499,17 @@ class RunSession(WorkerRoster):
         cell = f"{self.settings.config_label}_{stage.label}"  # the cell's one name, as in summary_line
         log.info("tailgate: %s: %d/%d ended, %d in flight%s", cell, ended, stage.size, sent - ended, eta)
 
-    def _order_config(self) -> dict[str, Any]:
+    def _order_config(self) -> OrderConfig:
         s = self.settings
-        return {
-            "host": s.host, "model": s.model, "ignore_eos": s.ignore_eos,
+        return OrderConfig(
+            host=s.host, model=s.model, ignore_eos=s.ignore_eos,
             # orders cross the network to workers: the key goes once at connect (CONNECT_MESSAGE) instead
-            "api_key": s.api_key if self._local else None,
-            "prompt_word": s.prompt_word, "record_chunks": s.record_chunks, "results_dir": str(self.folder),
-            "prompts": s.prompts, "endpoint": s.endpoint,
-            "connect_timeout": s.timeouts.connect_s, "request_timeout": s.timeouts.request_s,
-            "stall_timeout": s.timeouts.stall_s, "chunk_stamp": s.chunk_stamp,
-        }  # fmt: skip
+            api_key=s.api_key if self._local else None,
+            prompt_word=s.prompt_word, record_chunks=s.record_chunks, results_dir=str(self.folder),
+            prompts=s.prompts, endpoint=s.endpoint,
+            connect_timeout=s.timeouts.connect_s, request_timeout=s.timeouts.request_s,
+            stall_timeout=s.timeouts.stall_s, chunk_stamp=s.chunk_stamp,
+        )  # fmt: skip
 
     # -- helper processes -------------------------------------------------------------------------
     def _start_sampler(self) -> subprocess.Popen[bytes] | None:

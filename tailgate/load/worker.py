@@ -24,7 +24,7 @@ from collections import deque
 from typing import Any
 
 from tailgate import arms
-from tailgate.contracts import Order
+from tailgate.contracts import Order, OrderConfig
 from tailgate.load import distributed
 from tailgate.load.arrivals import DEFAULT_ARRIVALS
 from tailgate.load.batch import BatchGate
@@ -41,6 +41,7 @@ from tailgate.load.clock import mono_ns, wall
 from tailgate.load.payloads import DEFAULT_ENDPOINT, endpoints
 from tailgate.load.prompts import Prompt
 from tailgate.load.stagegc import QuietCollector
+from tailgate.load.tally import summary_row
 from tailgate.load.workload import build_prompt
 from tailgate.records import RecordWriter, RequestRecord, SendJournal, worker_name
 
@@ -138,11 +139,11 @@ def kernel_clock_disagreement_ms() -> float | None:
     return best
 
 
-def request_body(cfg: dict[str, Any], prompt: Prompt, max_tokens: int, endpoint: str) -> bytes:
+def request_body(cfg: OrderConfig, prompt: Prompt, max_tokens: int, endpoint: str) -> bytes:
     """The JSON body for one request on the chosen endpoint (the seed filler goes to chat as one user turn)."""
     ep = endpoints()[endpoint]
     messages = prompt.wire().get("messages") if ep.messages else None
-    return ep.body(cfg["model"], prompt.text or "", messages, max_tokens, ignore_eos=cfg["ignore_eos"])
+    return ep.body(cfg.model, prompt.text or "", messages, max_tokens, ignore_eos=cfg.ignore_eos)
 
 
 def request_id(run_id: str, stage: int, trace_id: int) -> str:
@@ -180,6 +181,9 @@ class OrderRunner:
         self._finished: deque[tuple[Any, ...]] = deque()
         self._wake = Event()
         self._sink: gevent.Greenlet | None = None
+        self._rows: list[dict[str, Any]] | None = None
+        """One process: the running order's records as its stage summary needs them, reported with its DONE
+        (several: the master has each record already, from the stream it writes to the files)."""
 
     def submit(self, order: dict[str, Any]) -> None:
         """Queue an order for this process's own order loop.
@@ -197,6 +201,7 @@ class OrderRunner:
         send = self.environment.runner.send_message
         while True:
             order = self.orders.get()
+            self._rows = None
             try:
                 self.busy = True
                 result = self.run(order)
@@ -206,9 +211,11 @@ class OrderRunner:
                 self.cancelled = False
                 result = {
                     "order_id": order.get("order_id"), "run_id": order.get("run_id"), "stage": order.get("stage"),
-                    "worker": self.worker, "records": [], "dropped": 0, "error": f"{type(e).__name__}: {e}",
+                    "worker": self.worker, "dropped": 0, "error": f"{type(e).__name__}: {e}",
                     "sent": self.sent, "ended": self.ended,
                 }  # fmt: skip
+                if self._rows is not None:  # what it recorded before failing still counts in the summary
+                    result["records"] = self._rows
             finally:
                 self.busy = False
             self.flush()
@@ -267,15 +274,15 @@ class OrderRunner:
                 writer.flush()
 
     def run(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Dispatch one order open-loop, wait for all its requests, return its records."""
+        """Dispatch one order open-loop, wait for all its requests, return its DONE reply."""
         order = Order.from_dict(message)
         cfg = order.config
-        target = Target.parse(cfg["host"])
-        timeouts = Timeouts(cfg["connect_timeout"], cfg["request_timeout"], cfg["stall_timeout"])
-        writer, journal = self._writer(cfg["results_dir"])
+        target = Target.parse(cfg.host)
+        timeouts = Timeouts(cfg.connect_timeout, cfg.request_timeout, cfg.stall_timeout)
+        writer, journal = self._writer(cfg.results_dir)
         if isinstance(writer, distributed.WorkerStream):
             writer.begin_order(order)
-        requested = cfg.get("chunk_stamp") or chunk_stamp_mode()
+        requested = cfg.chunk_stamp or chunk_stamp_mode()
         if self.stamp_note is None:  # not given up for good
             self.stamp = "recv" if requested == "recv" else "kernel"
         self.check_stamps()
@@ -284,13 +291,15 @@ class OrderRunner:
         cap = order.max_in_flight
         t0_ns = mono_ns(order.t0_wall)
         stage = order.stage
-        finished: list[dict[str, Any]] = []
+        streamed = isinstance(writer, distributed.WorkerStream)
+        finished: list[dict[str, Any]] | None = None if streamed else []
+        self._rows = finished
         dropped = 0
         items = order.items
         # every request's bytes exist before the stage starts: nothing is built between a send time and its send
         bodies: dict[tuple[int, int], bytes] = {}
         requests: list[bytes] = []
-        endpoint = cfg.get("endpoint") or DEFAULT_ENDPOINT
+        endpoint = cfg.endpoint or DEFAULT_ENDPOINT
         for item in items:
             trace_id, prompt_tokens, max_tokens, given = item.trace_id, item.prompt_tokens, item.max_tokens, item.prompt
             if given is not None:  # a built prompt (unique, dataset, prefix, trace blocks): one body per request
@@ -298,12 +307,12 @@ class OrderRunner:
             else:
                 cached = bodies.get((prompt_tokens, max_tokens))
                 if cached is None:
-                    cached = request_body(cfg, Prompt(text=build_prompt(prompt_tokens, cfg["prompt_word"])),
+                    cached = request_body(cfg, Prompt(text=build_prompt(prompt_tokens, cfg.prompt_word)),
                                           max_tokens, endpoint)  # fmt: skip
                     bodies[prompt_tokens, max_tokens] = cached
                 body = cached
             rid = request_id(order.run_id, stage, trace_id)
-            key = cfg.get("api_key") or distributed.api_key()
+            key = cfg.api_key or distributed.api_key()
             requests.append(build_request(target, body, key, rid, endpoint))
         progress = self._start_progress()
         gate = BatchGate(len(items)) if arms.arm(order.arm).starts_together else None
@@ -363,14 +372,15 @@ class OrderRunner:
             quiet.end()
             if progress is not None:
                 progress.kill(block=False)
-        if isinstance(writer, distributed.WorkerStream):
-            finished = []  # the master has them already, streamed
-        return {
+        done = {
             "order_id": order.order_id, "run_id": order.run_id, "stage": order.stage, "worker": self.worker,
-            "records": finished, "dropped": dropped, "sent": self.sent, "ended": self.ended,
+            "dropped": dropped, "sent": self.sent, "ended": self.ended,
             "stamp": "capture" if capture else self.stamp, "stamp_note": self.stamp_note or self.stamps.note,
             "capture": self.stamps.stats(),
         }  # fmt: skip
+        if finished is not None:  # one process: the summary's records go with the DONE, in memory
+            done["records"] = finished
+        return done
 
     def _one(
         self,
@@ -379,9 +389,9 @@ class OrderRunner:
         request: bytes,
         target: Target,
         timeouts: Timeouts,
-        cfg: dict[str, Any],
+        cfg: OrderConfig,
         writer: RecordWriter,
-        finished: list[dict[str, Any]],
+        finished: list[dict[str, Any]] | None,
         gate: BatchGate | None,
         index: int,
     ) -> None:
@@ -392,8 +402,8 @@ class OrderRunner:
         live = True
         try:
             stream_completion(
-                target, b"", timing, timeouts=timeouts, api_key=cfg.get("api_key"),
-                record_chunks=cfg["record_chunks"], request=request,
+                target, b"", timing, timeouts=timeouts, api_key=cfg.api_key,
+                record_chunks=cfg.record_chunks, request=request,
                 write=None if gate is None else gate.writer(index), stamp=self.stamp,
                 capture=self.stamps.capture,
             )  # fmt: skip
@@ -429,7 +439,8 @@ class OrderRunner:
         self.stamps.apply(timing, self.stamp)
         record = self._record(order, plan, timing, in_flight, cfg)
         writer.write(record)
-        finished.append(record.to_dict())
+        if finished is not None:
+            finished.append(summary_row(record.to_dict()))
         try:
             self._fire(record)
         except Exception:  # a listener's bug must not lose the records queued behind this one
@@ -459,7 +470,7 @@ class OrderRunner:
         plan: tuple[int, int, int, int, int | None, int | None],
         t: StreamTiming,
         in_flight: int,
-        cfg: dict[str, Any],
+        cfg: OrderConfig,
     ) -> RequestRecord:
         trace_id, prompt_tokens, max_tokens, intended_ns, batch, tokenized = plan
         sent = t.sent_ns or intended_ns
@@ -468,7 +479,7 @@ class OrderRunner:
             run_id=order.run_id, worker=self.worker, trace_id=trace_id, stage=order.stage,
             stage_label=order.stage_label, arm=order.arm, rate_or_batch=order.rate_or_batch,
             batch=batch, prompt_tokens_planned=prompt_tokens, max_tokens=max_tokens,
-            ignore_eos=cfg["ignore_eos"], intended_s=wall(intended_ns), sent_s=wall(sent),
+            ignore_eos=cfg.ignore_eos, intended_s=wall(intended_ns), sent_s=wall(sent),
             schedule_lag_ms=round((sent - intended_ns) / 1e6, 3), in_flight_at_send=in_flight,
             sent_mono_ns=t.sent_ns or None,
             connected_s=None if t.connected_ns is None else wall(t.connected_ns),
@@ -491,8 +502,8 @@ class OrderRunner:
             chunk_offsets_ms=None if t.chunk_ns is None else _offsets_ms(t.chunk_ns, sent),
             chunk_read_delays_ms=None if t.chunk_delay_ns is None else _delays_ms(t.chunk_delay_ns),
             chunk_read_offsets_ms=None if t.read_chunk_ns is None else _offsets_ms(t.read_chunk_ns, sent),
-            prompt_source=cfg.get("prompts") or "seed", endpoint=cfg.get("endpoint") or DEFAULT_ENDPOINT,
-            arrivals=order.get("arrivals") or DEFAULT_ARRIVALS, prompt_tokens_tokenized=tokenized,
+            prompt_source=cfg.prompts or "seed", endpoint=cfg.endpoint or DEFAULT_ENDPOINT,
+            arrivals=order.arrivals or DEFAULT_ARRIVALS, prompt_tokens_tokenized=tokenized,
         )  # fmt: skip
 
     def _fire(self, r: RequestRecord) -> None:
