@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     if not bins:
         sys.stderr.write(f"lag_timeline: error: no timed records in {folder}\n")
         return 2
+    t0 = min(r["intended_s"] for r in read_records(folder).records if r.get("intended_s"))
+    print(f"t = 0 at {t0:.3f} (epoch s, the first intended send)")
     print(f"{'t s':>6} {'arrivals':>8} {'in flight':>9} {'lag max ms':>10} {'read delay max ms':>17} {'merged':>6}")
     for b in bins:
         lag = "-" if b["lag_max_ms"] is None else f"{b['lag_max_ms']:.2f}"
