@@ -53,6 +53,7 @@ def cell_figures(result: dict[str, Any]) -> dict[str, Any]:
         "drops": cap.get("drops"),
         "missed": cap.get("missed_streams"),
         "stamps": result.get("chunk_stamps"),
+        "host_held": result.get("host_held"),
         "ok": result["ok"],
         "exact": result["join"]["exact"],
         "problems": result["join"]["problems"][:3],

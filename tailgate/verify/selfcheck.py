@@ -62,6 +62,7 @@ from tailgate.records import read_records
 from tailgate.resultfiles import RUN_META, SUMMARY_GLOB
 from tailgate.runner import ChildRunner, LocustRun, prepare_results, signal_guard
 from tailgate.verify.cpu import SAMPLE_INTERVAL_S, CpuSampler, machine_facts
+from tailgate.verify.hostheld import HostHeldWatch, held_line
 from tailgate.verify.join import (
     Join,
     KSResult,
@@ -110,6 +111,8 @@ class SelfCheckConfig:
     """``--chunk-stamp`` of the Locust run (None: its default)."""
     keep_dir: str | None = None
     """Keep the trace, records, Locust log and chunk log here instead of a temporary folder."""
+    host_watch: bool = True
+    """Run a sleeper per CPU during the stage (:mod:`tailgate.verify.hostheld`) to tell held CPUs apart."""
     extra_locust_args: tuple[str, ...] = ()
 
     def limits(self) -> dict[str, float]:
@@ -241,14 +244,19 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
     else:
         tmp = tempfile.TemporaryDirectory(prefix="tailgate-selfcheck-")
         work = Path(tmp.name)
+    watch = HostHeldWatch()
+    run: LoadRun | None = None
     try:
         before = machine_facts()
         server = start_server_process(ttft_ms=cfg.ttft_ms, gap_ms=cfg.gap_ms, chunk_log=work / "chunklog.json")
         try:
+            if cfg.host_watch:
+                watch.start()
             run = run_load(cfg, server, work, log)
             dump = server.dump()
         finally:
             server.close()
+            held = watch.stop(_stage_window(run.records) if run is not None else None)
         after = machine_facts()
         records = run.records
         from tailgate.load.client import chunk_stamp_mode
@@ -325,6 +333,7 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
             },
             "locust": {"exit_code": run.exit_code, "wall_s": run.wall_s, "cpu_s_total": run.cpu_s_total},
             "client_coalesced_streams": merged,
+            "host_held": held,
             "bounds": [f.to_dict() for f in findings],
             "verdict": verdict,
             "ok": ok,
@@ -438,6 +447,9 @@ def render(result: Mapping[str, Any]) -> str:
             "every process here was paused meanwhile, so late reads are the host's as much as the client's: "
             "measure again on a quieter host"
         )
+    held_text = held_line(result.get("host_held"), client_late=not result["ok"] or bool(merged))
+    if held_text:
+        lines.append(held_text)
     lines.append(
         f"locust: exit {result['locust']['exit_code']}, {result['locust']['cpu_s_total']:.2f} s CPU in all "
         f"(start-up included), {result['locust']['wall_s']:.1f} s wall"
@@ -474,6 +486,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-merged", type=int, default=d.merged_max, help="bound on streams merged by late reads")
     add_option(p, "chunk_stamp")
     p.add_argument("--keep", default=None, help="keep trace, records, logs and chunk log in this folder")
+    p.add_argument("--no-host-watch", action="store_true",
+                   help="no sleeper per CPU (they tell CPUs the host held back from a late client)")  # fmt: skip
     p.add_argument("--json", default=None, help="also write every figure to this JSON file")
 
 
@@ -482,7 +496,7 @@ def config_from_args(args: argparse.Namespace) -> SelfCheckConfig:
         rate=args.rate, n=args.n, tokens=args.tokens, gap_ms=args.gap_ms, ttft_ms=args.ttft_ms,
         processes=args.processes, seed=args.seed, warn_p99_ms=args.warn_ms, keep_dir=args.keep,
         gap_p99_ms=args.max_gap_p99_ms, gap_max_ms=args.max_gap_ms, ttft_p99_ms=args.max_ttft_p99_ms,
-        merged_max=args.max_merged, chunk_stamp=args.chunk_stamp,
+        merged_max=args.max_merged, chunk_stamp=args.chunk_stamp, host_watch=not args.no_host_watch,
     )  # fmt: skip
 
 
