@@ -99,7 +99,7 @@ def test_times_that_cannot_be_the_streams_are_refused() -> None:
     assert not causal(t, [3_500_000_000, 3_510_000_000])  # after the reads: another connection's segments
     assert not causal(t, [900_000_000, 1_059_000_000])  # before the request was written
     t.chunk_ns = [1_050_000_000, 1_060_000_000]
-    assert not causal(t, [1_049_000_000, 1_070_000_000])  # one chunk after its own read
+    assert not causal(t, [1_049_000_000, 1_090_000_000])  # one chunk 30 ms after its own read
 
 
 def test_event_ends_finds_each_blank_line_even_split_between_reads() -> None:
@@ -225,7 +225,8 @@ def test_a_query_after_the_ports_were_reused_gets_its_own_connection() -> None:
         for key, sent, connected, ended in streams:
             answer = link.ask({"conn": key, "after": sent, "before": connected})
             times = chunk_times(answer["isn"], answer["segs"], [8, 17])
-            assert times is not None and all(sent <= t <= ended for t in times), (times, sent, ended)
+            # each within its own connection's life (the capture's clock conversion known to the millisecond)
+            assert times is not None and all(sent - 1e6 <= t <= ended + 1e6 for t in times), (times, sent, ended)
     finally:
         link.close()
         srv.close()

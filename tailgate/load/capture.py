@@ -10,10 +10,9 @@ connection's segments (by 4-tuple) and gives each chunk the arrival of the segme
 
 The socket is ``SOCK_DGRAM`` (no link-layer header, so any interface type works) with a classic BPF
 filter: IPv4 or IPv6 TCP from the server's port, not outgoing. On loopback every packet is seen twice,
-once leaving (``PACKET_OUTGOING``) and once arriving; the socket asks not to be handed the copies leaving
-(``PACKET_IGNORE_OUTGOING``, Linux 4.20 on) and the filter drops them where it is handed them anyway.
-Only the headers are copied (the filter returns :data:`SNAP` bytes); a payload's length comes from the IP
-header. Drops (the socket buffer full) are counted by the kernel (``PACKET_STATISTICS``) and reported.
+once leaving (``PACKET_OUTGOING``) and once arriving; the filter keeps the arrival. Only the headers are
+copied (the filter returns :data:`SNAP` bytes); a payload's length comes from the IP header. Drops (the
+socket buffer full) are counted by the kernel (``PACKET_STATISTICS``) and reported.
 
 Run as ``python -m tailgate.load.capture --port P``: one such process per host and server port serves every
 load process there (:func:`capture_address`); with one per load process each would copy and parse every
@@ -40,7 +39,6 @@ ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_STATISTICS = 6
 PACKET_OUTGOING = 4
-PACKET_IGNORE_OUTGOING = 23
 SO_RCVBUFFORCE = 33
 SO_ATTACH_FILTER = 26
 SNAP = 160
@@ -109,12 +107,6 @@ def open_capture(port: int) -> socket.socket:
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
     try:
         attach_filter(sock, port)
-        try:
-            # the filter drops every copy of a packet leaving the host; without this the kernel clones each
-            # one for it first, in the context of whichever process sent it (the load process's ACKs)
-            sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
-        except OSError:  # before Linux 4.20: the filter alone drops them
-            pass
         if SO_TIMESTAMPNS is None:  # not Linux: no packet sockets either
             raise PermissionError("kernel packet stamps need Linux")
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
@@ -148,9 +140,11 @@ def connection_key(server: tuple[str, int], client: tuple[str, int]) -> str:
     return raw.hex()
 
 
-JOIN_SLACK_NS = 2_000_000
-"""How far a SYN-ACK's converted stamp may lie outside the window in which the client was connecting: the
-two processes convert the kernel's wall-clock stamps with offsets each known to tens of microseconds."""
+JOIN_SLACK_NS = 20_000_000
+"""How far a SYN-ACK's stamp may lie outside the window in which the client was connecting and still be its
+connection's. The stamps agree with the load process's clock to tens of microseconds on a quiet host, but
+under full CPU stress they were seen a millisecond or two early; generations of one 4-tuple are a whole
+stream apart, and the nearest one is taken."""
 
 
 class Segments:
@@ -210,8 +204,9 @@ class Segments:
         """The segments of one connection, forgotten once given.
 
         ``after_ns`` and ``before_ns`` (``perf_counter_ns``) bound when the asking stream was connecting: the
-        generation whose SYN-ACK arrived then is its connection, the latest such if any doubt. Without them,
-        the latest generation. ``isn`` None: no generation fits (never seen, or seen only for another stream).
+        generation whose SYN-ACK arrived nearest that window (within :data:`JOIN_SLACK_NS`) is its connection.
+        Without them, the latest generation. ``isn`` None: no generation fits (never seen, or seen only for
+        another stream).
         """
         gens = self.conns.get(bytes.fromhex(key_hex))
         if not gens:
@@ -220,14 +215,11 @@ class Segments:
         to_clock = self._wall.to_clock
         pick = len(gens) - 1
         if after_ns is not None and before_ns is not None:
-            fits = [
-                i
-                for i, g in enumerate(gens)
-                if after_ns - JOIN_SLACK_NS <= to_clock(g[3], now) <= before_ns + JOIN_SLACK_NS
-            ]
-            if not fits:
+            # distance of each SYN-ACK from the connecting window (0 inside it); the nearest within the slack
+            away = [max(after_ns - t, t - before_ns, 0) for t in (to_clock(g[3], now) for g in gens)]
+            pick = min(range(len(gens)), key=lambda i: (away[i], -i))
+            if away[pick] > JOIN_SLACK_NS:
                 return {"isn": None, "segs": [], "generations": len(gens)}
-            pick = fits[-1]
         entry = gens.pop(pick)
         if not gens:
             del self.conns[bytes.fromhex(key_hex)]
