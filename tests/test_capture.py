@@ -261,38 +261,6 @@ def test_without_cap_net_raw_the_run_falls_back_to_kernel_stamps_and_says_so(tmp
 
 
 @pytest.mark.skipif(not CAN_CAPTURE, reason="needs CAP_NET_RAW")
-def test_load_processes_of_one_host_share_one_capture_process() -> None:
-    """Each load process of a host copying every segment of the host would multiply the capture's work by
-    the process count: the second link joins the first one's process, counters are told once, and the
-    process ends when the last link has gone."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-    port = srv.getsockname()[1]
-    first = CaptureLink(port)
-    second = CaptureLink(port)
-    try:
-        assert first.proc is not None and second.proc is None  # the second found the first's capture
-        client = socket.create_connection(("127.0.0.1", port))
-        conn, _ = srv.accept()
-        conn.sendall(b"data: x\n\n")
-        assert client.recv(100) == b"data: x\n\n"
-        key = connection_key(client.getpeername()[:2], client.getsockname()[:2])
-        assert first.ask({"stats": 1})["new_packets"] >= 2  # the SYN-ACK and the data segment
-        assert second.ask({"stats": 1})["new_packets"] == 0  # already told: stage sums do not double
-        first.close()
-        assert first.proc.poll() is None  # still serving the second load process
-        answer = second.ask({"conn": key})
-        assert chunk_times(answer["isn"], answer["segs"], [8]) is not None
-        client.close()
-        conn.close()
-    finally:
-        second.close()
-        srv.close()
-    assert first.proc.wait(timeout=10) == 0
-
-
-@pytest.mark.skipif(not CAN_CAPTURE, reason="needs CAP_NET_RAW")
 def test_queries_from_two_greenlets_each_get_their_own_answer() -> None:
     """The record sink and an order's final drain may ask at once: one query at a time, never a mixed answer."""
     code = (

@@ -14,16 +14,15 @@ once leaving (``PACKET_OUTGOING``) and once arriving; the filter keeps the arriv
 copied (the filter returns :data:`SNAP` bytes); a payload's length comes from the IP header. Drops (the
 socket buffer full) are counted by the kernel (``PACKET_STATISTICS``) and reported.
 
-Run as ``python -m tailgate.load.capture --port P``: one such process per host and server port serves every
-load process there (:func:`capture_address`); with one per load process each would copy and parse every
-segment of the host. It answers one JSON line per query line. No gevent here: this process only reads
-sockets.
+Run as ``python -m tailgate.load.capture --port P --fd N``: ``N`` is a connected Unix stream socket on
+which it answers one JSON line per query line. One per load process: each copies and parses every segment
+from the server's port (a process shared by a host's load processes is not built). No gevent here: this
+process only reads sockets.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import select
@@ -257,80 +256,36 @@ def read_drops(sock: socket.socket, segs: Segments) -> None:
     segs.drops += drops
 
 
-def capture_address(port: int) -> str:
-    """Where the one capture process of this host (network namespace) and user for ``port`` answers: an
-    abstract Unix socket, so there is no file to clean up and it goes away with the process."""
-    return f"\0tailgate-capture-{os.getuid()}-{port}"
-
-
-def _same_user(conn: socket.socket) -> bool:
-    """Abstract sockets have no permissions: answer only the user that started the capture."""
+def serve(port: int, ctl: socket.socket) -> int:
+    """Capture until the control socket closes; one JSON answer per query line."""
     try:
-        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    except OSError:
-        return False
-    return uid == os.getuid()
-
-
-def serve(port: int, listener: socket.socket, capture: socket.socket | None, error: str | None) -> int:
-    """Capture for every load process of this host that connects; one JSON answer per query line.
-
-    Each client is greeted with ``{"ready": true}`` (or the error that stopped the capture, after which the
-    process ends). The process ends when its last client has gone: load processes of one run come and go
-    together, and a later run starts its own. Counters are handed out once: ``new_packets`` and
-    ``new_drops`` are what nobody was told of yet, so the stage summaries of several load processes add up.
-    """
+        sock = open_capture(port)
+    except (OSError, ValueError, AttributeError) as e:
+        ctl.sendall((json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n").encode())
+        return 1
     segs = Segments()
-    clients: dict[socket.socket, bytes] = {}
-    told = (0, 0)
-    had_client = False
+    ctl.sendall(b'{"ready": true}\n')
+    pending = b""
     last_expire = time.monotonic()
     while True:
-        ready, _, _ = select.select([listener, *clients], [], [], DRAIN_S)
-        if capture is not None:
-            drain(capture, segs)
-        if listener in ready:
-            conn, _ = listener.accept()
-            if not _same_user(conn):
-                conn.close()
-            elif error is not None:
-                conn.sendall((json.dumps({"error": error}) + "\n").encode())
-                conn.close()
-                return 1
-            else:
-                conn.sendall(b'{"ready": true}\n')
-                clients[conn] = b""
-                had_client = True
-        for conn in [c for c in ready if c in clients]:
-            try:
-                data = conn.recv(65536)
-            except OSError:
-                data = b""
+        ready, _, _ = select.select([ctl], [], [], DRAIN_S)
+        drain(sock, segs)
+        if ctl in ready:
+            data = ctl.recv(65536)
             if not data:
-                del clients[conn]
-                conn.close()
-                continue
-            pending = clients[conn] + data
+                return 0
+            pending += data
             answers = []
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
                 query = json.loads(line)
-                if capture is not None:
-                    drain(capture, segs)
+                drain(sock, segs)
                 if "conn" in query:
                     answers.append(segs.take(query["conn"], query.get("after"), query.get("before")))
                 else:
-                    if capture is not None:
-                        read_drops(capture, segs)
-                    new = (segs.packets - told[0], segs.drops - told[1])
-                    told = (segs.packets, segs.drops)
-                    answers.append({"packets": segs.packets, "drops": segs.drops, "new_packets": new[0],
-                                    "new_drops": new[1], "open": len(segs.conns), "clients": len(clients)})  # fmt: skip
-            clients[conn] = pending
-            with contextlib.suppress(OSError):
-                conn.sendall("".join(json.dumps(a, separators=(",", ":")) + "\n" for a in answers).encode())
-        if had_client and not clients:
-            return 0
+                    read_drops(sock, segs)
+                    answers.append({"packets": segs.packets, "drops": segs.drops, "open": len(segs.conns)})
+            ctl.sendall("".join(json.dumps(a, separators=(",", ":")) + "\n" for a in answers).encode())
         if time.monotonic() - last_expire > 10:
             last_expire = time.monotonic()
             segs.expire(last_expire)
@@ -368,28 +323,15 @@ def chunk_times(isn: int, segs: Sequence[Sequence[int]], last_bytes: Sequence[in
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tailgate.load.capture")
     p.add_argument("--port", type=int, required=True, help="the server's TCP port")
+    p.add_argument("--fd", type=int, required=True, help="a connected Unix stream socket to answer on")
     args = p.parse_args(argv)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ctl = socket.socket(fileno=args.fd)
     try:
-        listener.bind(capture_address(args.port))
-    except OSError:  # another load process started the capture first: it serves this one too
-        listener.close()
-        return 0
-    listener.listen(64)
-    capture: socket.socket | None = None
-    error = None
-    try:
-        capture = open_capture(args.port)
-    except (OSError, ValueError, AttributeError) as e:
-        error = f"{type(e).__name__}: {e}"
-    try:
-        return serve(args.port, listener, capture, error)
-    except KeyboardInterrupt:
+        return serve(args.port, ctl)
+    except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         return 0
     finally:
-        listener.close()
-        if capture is not None:
-            capture.close()
+        ctl.close()
 
 
 __all__ = [
@@ -397,7 +339,6 @@ __all__ = [
     "SNAP",
     "Segments",
     "bpf_program",
-    "capture_address",
     "chunk_times",
     "connection_key",
     "main",

@@ -9,7 +9,6 @@ capture process gone) keeps its in-process stamps and says so in its record (``c
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import logging
@@ -17,16 +16,16 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
 
-from tailgate.load.capture import capture_address, chunk_times
+from tailgate.load.capture import chunk_times
 from tailgate.load.client import StreamTiming, Target
 
 log = logging.getLogger(__name__)
 
-READY_S = 10.0
-"""How long a capture process may take to say it is capturing before the run goes on without it."""
+READY_S = 30.0
+"""How long a capture process may take to say it is capturing before the run goes on without it: a Python
+start-up on two cores under full CPU stress was seen to take over 10 s."""
 QUERY_S = 5.0
 
 
@@ -46,52 +45,29 @@ def capture_refusal(target: Target) -> str | None:
 
 
 class CaptureLink:
-    """This load process's connection to the host's capture process for one server port, started here if
-    no other load process has started it (:func:`~tailgate.load.capture.capture_address`)."""
+    """One capture process for one server port, and the socket it answers queries on."""
 
     def __init__(self, port: int) -> None:
         self.port = port
-        self.proc: subprocess.Popen[bytes] | None = None
-        """The capture process when this load process started it (others may be using it too)."""
+        ours, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tailgate.load.capture", "--port", str(port), "--fd", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        finally:
+            theirs.close()
+        self._sock = ours
         self._buf = b""
         self._lock = threading.Lock()
         """One query at a time: the record sink and the order's final drain may both ask (under gevent's
         monkey-patching this lock is cooperative)."""
-        self._sock = self._connect()
-        try:
-            self._sock.settimeout(READY_S)
-            first = self._line()
-        except OSError:
-            self.close()
-            raise
+        ours.settimeout(READY_S)
+        first = self._line()
         if not first.get("ready"):
             self.close()
             raise OSError(str(first.get("error") or "the capture process did not start"))
-        self._sock.settimeout(QUERY_S)
-
-    def _connect(self) -> socket.socket:
-        """Connect to the capture process, starting it when none answers; two load processes starting it at
-        once both end up on the one that bound the address first."""
-        address = capture_address(self.port)
-        deadline = time.monotonic() + READY_S
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(address)
-                return sock
-            except OSError:
-                sock.close()
-            if self.proc is None or self.proc.poll() is not None:
-                if self.proc is not None and self.proc.returncode != 0:
-                    raise OSError(f"the capture process exited {self.proc.returncode}")
-                # its own session: a Ctrl-C to this run's processes must not end it under another load process
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "tailgate.load.capture", "--port", str(self.port)],
-                    stdin=subprocess.DEVNULL, start_new_session=True,
-                )  # fmt: skip
-            if time.monotonic() > deadline:
-                raise OSError("the capture process did not answer")
-            time.sleep(0.01)
+        ours.settimeout(QUERY_S)
 
     def _line(self) -> dict[str, Any]:
         while b"\n" not in self._buf:
@@ -108,18 +84,16 @@ class CaptureLink:
             return self._line()
 
     def ended(self) -> bool:
-        """Whether the capture process this load process started has ended (one it joined: unknown here,
-        a failed query says so)."""
-        return self.proc is not None and self.proc.poll() is not None
+        """Whether its capture process has ended."""
+        return self.proc.poll() is not None
 
     def close(self) -> None:
-        """Leave the capture process; it ends once its last load process has left (never killed from here:
-        another load process may still be using it)."""
-        if hasattr(self, "_sock"):
-            self._sock.close()
-        if self.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=1)
+        self._sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class StampSource:
@@ -132,6 +106,8 @@ class StampSource:
         self.missed = 0
         """Streams the capture could not account for in this order (they kept their in-process stamps)."""
         self._refused: str | None = None
+        self._seen = (0, 0)
+        """Segments and drops the capture had counted at the end of the last order."""
 
     def prepare(self, requested: str, target: Target) -> None:
         """Before an order: start (or keep) the capture process for ``target``'s port when capture is asked
@@ -177,16 +153,16 @@ class StampSource:
         apply_times(timing, times)
 
     def stats(self) -> dict[str, Any] | None:
-        """Segments the capture saw and dropped since any load process last asked (each counted by one
-        load process only, so stage summaries add up), and the streams it could not account for here."""
+        """Segments the capture saw and dropped during this order, and the streams it could not account for."""
         if not self.capture or self.link is None:
             return None
         try:
             got = self.link.ask({"stats": 1})
         except (OSError, ValueError):
             return None
-        packets, drops = int(got.get("new_packets") or 0), int(got.get("new_drops") or 0)
-        return {"packets": packets, "drops": drops, "missed_streams": self.missed}
+        packets, drops = int(got.get("packets") or 0), int(got.get("drops") or 0)
+        seen, self._seen = self._seen, (packets, drops)
+        return {"packets": packets - seen[0], "drops": drops - seen[1], "missed_streams": self.missed}
 
     def close(self) -> None:
         if self.link is not None:
