@@ -238,8 +238,9 @@ def test_capture_stamps_keep_the_true_gaps_when_the_reader_is_late(tmp_path: Pat
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["chunk_stamps"] == {"capture": 60}, out
     by = result["by_stamp"]
-    # the kernel's receive stamp of a late read is the newest segment's: the stall shows in its gaps
-    assert by["kernel"]["gap_error_ms"]["max"] > 150
+    # the kernel's receive stamp of a late read is the newest segment's: the stall shows in its gaps (how much of
+    # the 300 ms depends on how many streams were mid-gap when it landed: 58 ms was seen under CPU stress)
+    assert by["kernel"]["gap_error_ms"]["max"] > max(40.0, 5 * by["capture"]["gap_error_ms"]["max"])
     # the capture's is each segment's own arrival: the stall is not in its gaps, nor in its verdict
     assert result["worst_gap_error_ms"]["max"] < 50 and by["capture"]["gap_error_ms"]["max"] < 50
     assert result["client_coalesced_streams"] == 0
