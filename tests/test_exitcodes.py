@@ -71,7 +71,7 @@ def test_a_probe_that_lost_a_load_process_makes_the_search_exit_incomplete(tmp_p
                "--slo", "ttft_p99<=10s,errors<=60%", "--results", str(results), "--n", "40", "--warmup", "0",
                "--duration", "0", "--start-rate", "8", "--max-rate", "8", "--max-probes", "1", "--reruns", "0",
                "--extend", "0", "--no-report", "--processes", "2", "--trace-file", str(trace),
-               "--locust-arg=--settle=0", "--locust-arg=--request-timeout=5"]  # fmt: skip
+               "--locust-arg=--settle=0", "--locust-arg=--request-timeout=5", "--model-replicates", "0"]  # fmt: skip
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:

@@ -113,7 +113,8 @@ def test_a_manual_server_never_records_flags_as_applied(gt: ServerProcess, tmp_p
     entry = prepare_server(_manual(gt), "seqs8", flags, log=lambda _line: None)
     assert entry["flags_applied"] is False and entry["flags"] is None and entry["requested_flags"] == flags
     # slo: the same step, recorded in slo.json
-    plan = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=300ms"), configs=[slo.parse_config("seqs8: max-num-seqs=8")])
+    plan = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=300ms"), configs=[slo.parse_config("seqs8: max-num-seqs=8")],
+                       model_replicates=0)
     runner = slo.SloRunner(plan, _manual(gt), tmp_path / "slo", log=lambda _line: None)
     runner.root.mkdir()
     runner._ensure_server(plan.configs[0])
@@ -160,7 +161,7 @@ def test_sigterm_of_slo_mid_probe_stops_the_locust_tree(gt: ServerProcess, tmp_p
     cmd = [sys.executable, "-m", "tailgate.cli", "slo", "--server", "url", "--host", gt.base_url,
            "--slo", "ttft_p99<=60s", "--trace-file", str(trace), "--warmup", "0", "--start-rate", "8",
            "--max-rate", "8", "--processes", "2", "--results", str(results), "--no-report",
-           "--locust-arg=--settle=0"]  # fmt: skip
+           "--locust-arg=--settle=0", "--model-replicates", "0"]  # fmt: skip
     with open(logs, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)  # fmt: skip
@@ -203,7 +204,7 @@ def test_sigterm_of_embedded_slo_mid_probe_leaves_no_process(tmp_path: Path) -> 
     cmd = [sys.executable, "-m", "tailgate.cli", "slo", "--embedded", "--results", str(results),
            "--slo", "ttft_p99<=60s", "--trace-file", str(trace), "--warmup", "0", "--start-rate", "1",
            "--max-rate", "1", "--max-probes", "1", "--reruns", "0", "--no-report",
-           "--locust-arg=--settle=0"]  # fmt: skip
+           "--locust-arg=--settle=0", "--model-replicates", "0"]  # fmt: skip
     with open(logs, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)  # fmt: skip

@@ -643,7 +643,8 @@ def test_embedded_slo_end_to_end(tmp_path: Path) -> None:
            "--slo", "ttft_p99<=60s,gap_p99<=30s,errors<=30%", "--config", "seqs4: max-num-seqs=4",
            "--trace-file", str(trace), "--warmup", "1", "--start-rate", "1", "--min-rate", "1", "--max-rate", "16",
            "--resolution", "50%", "--max-probes", "6", "--reruns", "1", "--extend", "0", "--resamples", "500",
-           "--locust-arg=--settle=0", "--locust-arg=--max-in-flight=1"]  # fmt: skip
+           "--locust-arg=--settle=0", "--locust-arg=--max-in-flight=1", "--model-replicates", "2",
+           "--model-requests", "2000"]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     out = done.stdout + done.stderr
     state = json.loads((results / "slo.json").read_text())
@@ -673,6 +674,10 @@ def test_embedded_slo_end_to_end(tmp_path: Path) -> None:
         assert any(p["phase"] in ("bisect", "halve", "above") for p in probes)  # doubling then narrowing
     if result["first_fail_rate"] is not None:
         assert result["binding"] in ("ttft_p99", "gap_p99", "errors", "sustained")
+    # the step loop fitted to the real engine's streams: labelled, and either an interval or why there is none
+    fitted = result["fitted"]
+    assert fitted["label"] == "model estimate, not a measurement" and fitted["why"]
+    assert fitted["bracket"] is None or fitted["usable"]
     # 12 measured requests can support no bound on a p99 (an anytime-valid 95% one needs 449): never a pass,
     # and the command says why
     assert all(p["verdict"] != "pass" for p in probes) and "below the 449 an anytime-valid 95% bound" in out

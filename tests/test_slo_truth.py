@@ -74,7 +74,8 @@ def _free_port() -> int:
 
 
 def _slo(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tailgate.cli", "slo", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tailgate.cli", "slo", *args, "--model-replicates", "0"], cwd=ROOT,
+                          capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
 
 

@@ -150,6 +150,7 @@ def answer_line(result: Mapping[str, Any]) -> str:
         text += (f"\n[slo]     model estimate (not a measurement): capacity ~{model['capacity']:.3g} req/s, saturation "
                  f"~{model['mu']:.3g} req/s; its p99 lies inside {model['consistent']} of {model['checked']} measured "
                  "probes' intervals")  # fmt: skip
+    text += fitted_text(result.get("fitted"))
     for u in result.get("undecided") or []:
         neff = u.get("n_effective")
         eff = f"effective n {neff:g} of {u.get('n')}" if isinstance(neff, (int, float)) else "no effective n"
@@ -158,6 +159,28 @@ def answer_line(result: Mapping[str, Any]) -> str:
                 f"; not even {MORE_DATA_CAP}x its data at the measured share would decide it: the capacity is "
                 "about here")  # fmt: skip
         text += f"\n[slo]     not enough data at {u['rate']:g} req/s ({eff}): {u.get('reason')}{more}"
+    return text
+
+
+def fitted_text(fitted: Mapping[str, Any] | None) -> str:
+    """The fitted step loop's answer, labelled: its interval, the bracket it narrows, or why it narrows nothing."""
+    if not fitted:
+        return ""
+    cap, (low, high) = fitted.get("capacity"), fitted.get("interval") or [None, None]
+    if cap is None:
+        return f"\n[slo]     fitted step loop (model estimate): no capacity: {fitted.get('why')}"
+    rows = fitted.get("replay") or []
+    held = sum(1 for r in rows if r.get("inside"))
+    text = (
+        f"\n[slo]     fitted step loop (model estimate, not a measurement): capacity {cap:.3g} req/s, 95% "
+        f"interval [{low:.3g}, {high:.3g}]; its replay of {held} of {len(rows)} probes agrees with what was measured"
+    )
+    br = fitted.get("bracket")
+    if fitted.get("usable") and br:
+        rel = (br[1] - br[0]) / br[0] if br[0] else math.inf
+        text += f"\n[slo]     bracket narrowed by the model: [{br[0]:.3g}, {br[1]:.3g}] req/s ({rel:.0%} wide)"
+    else:
+        text += f"\n[slo]     the model narrows nothing: {fitted.get('why')}"
     return text
 
 

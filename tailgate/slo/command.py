@@ -147,6 +147,14 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         help="stop a probe when vllm:num_requests_waiting reaches this (default: a quarter of the "
         "probe's requests; 0 = never)",
     )
+    p.add_argument(
+        "--model-replicates",
+        type=int,
+        default=8,
+        help="simulations of the step loop fitted to the server's own streams, for the model's capacity interval "
+        "(a labelled estimate that narrows the bracket only when its replay of every probe holds; 0: no model)",
+    )
+    p.add_argument("--model-requests", type=int, default=10000, help="simulated requests per model replicate")
     add_options(p, ("prometheus_url", "locust_arg", "chunk_stamp", "no_report"))
 
 
@@ -197,6 +205,12 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         raise SloError(f"--processes: must be at least 1, got {args.processes}")
     if not (math.isfinite(args.time_budget) and args.time_budget >= 0):
         raise SloError(f"--time-budget: must be 0 (none) or more seconds, got {args.time_budget:g}")
+    if args.model_replicates < 0 or (args.model_replicates and not 1 <= args.model_replicates <= 64):
+        raise SloError(f"--model-replicates: 0 (no model) or 2 to 64, got {args.model_replicates}")
+    if args.model_replicates == 1:
+        raise SloError("--model-replicates: an interval needs at least 2 replicates (0: no model)")
+    if args.model_requests < 1000:
+        raise SloError(f"--model-requests: at least 1000, got {args.model_requests}")
     if args.max_waiting is not None and args.max_waiting < 0:
         raise SloError(f"--max-waiting: must be 0 (never) or more, got {max_waiting}")
     locust_args = list(args.locust_arg) + to_flags({"chunk_stamp": args.chunk_stamp})
@@ -226,6 +240,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         time_budget=args.time_budget, duration=0.0 if args.trace_file else duration,
         stage_warmup=args.stage_warmup if args.stage_warmup is not None else int(scaled["stage_warmup"]),
         locust_args=locust_args, base_flags=list(EMBEDDED_BASE_FLAGS) if args.embedded else [],
+        model_replicates=args.model_replicates, model_requests=args.model_requests,
     )  # fmt: skip
 
 

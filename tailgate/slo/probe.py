@@ -27,7 +27,8 @@ from tailgate.runner import ChildRunner, LocustRun, prepare_results, prepare_ser
 from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
 from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.pooled import pooled_verdicts
-from tailgate.slo.search import Resolution, SearchStopped, search
+from tailgate.slo.replay import model_answer, probes_of
+from tailgate.slo.search import Resolution, SearchOutcome, SearchStopped, search
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Limit, Log, ServerConfig, slo_text
 from tailgate.slo.verdict import binding_limit, check_probe, p99s
 from tailgate.stagewarmup import STAGE_WARMUP_DIR, STAGE_WARMUP_SEED, warm_up, warmup_line, worst_gap_ms
@@ -69,6 +70,9 @@ class SloPlan:
     locust_args: list[str] = field(default_factory=list)
     base_flags: list[str] = field(default_factory=list)
     """Flags every configuration starts with (the embedded server's eager mode), before its own."""
+    model_replicates: int = 8
+    """Simulations of the step loop fitted to the server's streams (0: no fitted model)."""
+    model_requests: int = 10000
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -80,7 +84,8 @@ class SloPlan:
             "seed": self.seed, "ignore_eos": self.ignore_eos, "processes": self.processes,
             "max_waiting": self.max_waiting, "duration": self.duration,
             "time_budget": self.time_budget, "locust_args": self.locust_args, "stage_warmup": self.stage_warmup,
-            "base_flags": self.base_flags,
+            "base_flags": self.base_flags, "model_replicates": self.model_replicates,
+            "model_requests": self.model_requests,
             "measured_from": "intended send (TTFT, total); worst gap inside the stream",
             "verdicts": "anytime-valid mixture-martingale confidence sequences on the share over each limit, "
                         "design effect of time blocks and runs, pooled across rates by isotonic blocks; "
@@ -430,6 +435,25 @@ class SloRunner:
         limits = {lim.key: lim.limit for lim in self.plan.limits if lim.p is not None}
         return binding_model(self._config_state(config)["probes"], limits)
 
+    def _fitted(self, config: ServerConfig, outcome: SearchOutcome) -> dict[str, Any] | None:
+        """The step loop fitted to this configuration's streams: its capacity interval, its checks, and the
+        bracket it narrows when they hold (a model estimate, labelled so wherever it is shown)."""
+        p = self.plan
+        qs = {lim.p for lim in p.limits if lim.p is not None}
+        if not p.model_replicates or len(qs) != 1:
+            return None
+        latest = {float(pr["rate"]): pr["checks"] for pr in self._config_state(config)["probes"]}
+        probes = probes_of(self._by_rate, latest)
+        mix = [(s.prompt, s.tokens) for pr in probes for a in pr.attempts for s in a]
+        if not probes or not mix:
+            return None
+        self.log(f"[slo] {config.name}: fitting the server's step loop to {len(mix)} streams and simulating it "
+                 f"({p.model_replicates} x {p.model_requests} requests)")  # fmt: skip
+        limits = {lim.metric: lim.limit for lim in p.limits if lim.p is not None}
+        answer = model_answer(probes, limits, qs.pop() / 100.0, (outcome.best, outcome.first_fail), mix=mix,
+                              requests=p.model_requests, replicates=p.model_replicates, seed=p.seed)  # fmt: skip
+        return answer.as_dict()
+
     def run_config(self, config: ServerConfig) -> dict[str, Any]:
         p = self.plan
         cs = self._config_state(config)
@@ -449,6 +473,7 @@ class SloRunner:
         cs["result"] = result_of(outcome, cs["probes"], p)
         model = self._model(config)
         cs["result"]["model"] = model.as_dict() if model is not None else None
+        cs["result"]["fitted"] = self._fitted(config, outcome)
         cs["status"] = "done"
         self._save()
         self.log(f"[slo] {config.name}: {answer_line(cs['result'])}")

@@ -1,0 +1,456 @@
+"""The server's own service, fitted and replayed: a model of the capacity that narrows the bracket when it is checked.
+
+Near its capacity a server's TTFT tail comes in queue build-ups lasting many seconds, so a probe there carries the
+evidence of a few hundred independent requests at most, and a measured bracket narrower than ~50% costs hours. The
+service the server gave each request is measured much faster: every stream's inter-token time, how many streams
+shared the engine at that moment and how many prompt tokens were prefilled beside it. A continuous-batching engine
+(vLLM's scheduler) is a step loop: a step costs ``step_ms + step_ms_per_seq * running + prefill_ms_per_token *
+prefilled`` and admits waiting requests while fewer than ``slots`` run. Those four figures are fitted to the probes'
+own streams (least squares on each stream's decode time), the slot count and the prefill policy (whole prompts, or
+chunks of 512, 2048 or 8192 tokens a step) chosen by replaying every probe's own arrivals through the fitted engine
+and comparing the TTFT it predicts with the TTFT measured on the same requests.
+
+The fitted engine then predicts the steady-state percentile at any rate (a long simulation of the workload's
+requests, drawn from those measured), and so a capacity. Its interval comes from independent simulation
+replicates (Student's t on their spread, floored at :data:`FLOOR`). The model narrows the bracket only when it
+passes its checks: its replay of every probe lies inside that probe's own distribution-free interval, its
+capacity lies inside the measured bracket, and the server preempted nothing (KV-cache pressure is not in the
+model). Every figure here is labelled a model estimate; the measured bracket is never replaced, only intersected.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
+
+CHUNK_CHOICES = (0, 512, 2048, 8192)
+"""Prefill policies tried: whole prompts in one step (0), or chunks of this many prompt tokens a step."""
+UNLIMITED_SLOTS = 4096
+"""The slot count of a model whose probes never filled the engine: admission never waits."""
+REPLAY_TOLERANCE = 0.15
+"""A replayed percentile further than this (relative) from the measured one, and outside its interval, fails."""
+FLOOR = 0.025
+"""Least half-width of the model's interval, relative: the fitted form's own error on an engine of its family."""
+T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+"""Student's t, 97.5% two-sided, by degrees of freedom (more: 2.2)."""
+METRIC_OF_OUTCOME = {"ttft": "ttft_ms", "gap": "worst_gap_ms", "total": "total_ms"}
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One finished request as the fit and the replay see it (seconds on the attempt's clock, tokens)."""
+
+    intended: float
+    first: float
+    end: float
+    prompt: int
+    tokens: int
+    ttft_ms: float
+    measured: bool
+
+
+def streams_of(records: Sequence[Mapping[str, Any]], measured_ids: set[Any]) -> list[Stream]:
+    """The successful records of one attempt as streams; ``measured_ids`` are the trace ids past the warm-up."""
+    out = []
+    for r in records:
+        if r.get("error_class") is not None:
+            continue
+        t0, end = r.get("intended_s"), r.get("end_s")
+        ttft = r.get("ttft_from_intended_ms")
+        if not all(isinstance(v, (int, float)) for v in (t0, end, ttft)):
+            continue
+        first = r.get("first_chunk_s")
+        first = float(first) if isinstance(first, (int, float)) else float(t0) + float(ttft) / 1000.0  # type: ignore[arg-type]
+        prompt = next((r[k] for k in ("prompt_tokens", "prompt_tokens_tokenized", "prompt_tokens_planned")
+                       if isinstance(r.get(k), int) and r[k] > 0), None)  # fmt: skip
+        tokens = next((r[k] for k in ("completion_tokens", "chunks") if isinstance(r.get(k), int) and r[k] > 0), None)
+        if prompt is None or tokens is None:
+            continue
+        out.append(Stream(float(t0), first, float(end), int(prompt), int(tokens), float(ttft),  # type: ignore[arg-type]
+                          r.get("trace_id") in measured_ids))  # fmt: skip
+    return out
+
+
+@dataclass
+class Probe:
+    """One rate's attempts for the model: each attempt's streams, and the measured check of every limit."""
+
+    rate: float
+    attempts: list[list[Stream]]
+    checks: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    preempted: bool = False
+
+
+def probes_of(
+    attempts_by_rate: Mapping[float, Sequence[Mapping[str, Any]]],
+    checks_by_rate: Mapping[float, Sequence[Mapping[str, Any]]],
+) -> list[Probe]:
+    """The model's view of a search: every rate's attempts (as :func:`tailgate.slo.check_probe` takes them, with
+    ``records``, every record of the attempt) and its latest checks. An attempt the early stop cut short is left
+    out: its cancelled streams were running, and neither the fit nor the replay can see them."""
+    out = []
+    for rate, attempts in sorted(attempts_by_rate.items()):
+        if rate not in checks_by_rate:
+            continue
+        full = [a for a in attempts if not a.get("stopped_early") and a.get("records")]
+        preempted = any(float(getattr(a.get("summary"), "preemptions_delta", None) or 0) > 0 for a in attempts)
+        streams = [streams_of(a["records"], {r.get("trace_id") for r in a["measured"]}) for a in full]
+        if streams:
+            checks = {str(c["key"]): c for c in checks_by_rate[rate]}
+            out.append(Probe(rate, streams, checks, preempted))
+    return out
+
+
+def _running_integral(streams: Sequence[Stream]) -> tuple[list[float], list[float], list[int]]:
+    """Event times, the integral of the decoding-stream count up to each, and the count after each."""
+    events = sorted([(s.first, 1) for s in streams] + [(s.end, -1) for s in streams])
+    times, integral, count = [], [], []
+    run, acc, last = 0, 0.0, events[0][0] if events else 0.0
+    for t, d in events:
+        acc += run * (t - last)
+        run += d
+        last = t
+        times.append(t)
+        integral.append(acc)
+        count.append(run)
+    return times, integral, count
+
+
+def _integral_at(t: float, times: list[float], integral: list[float], count: list[int]) -> float:
+    i = bisect.bisect_right(times, t) - 1
+    if i < 0:
+        return 0.0
+    return integral[i] + count[i] * (t - times[i])
+
+
+def decode_rows(streams: Sequence[Stream]) -> list[tuple[float, float, float, float]]:
+    """Per stream with three tokens or more: (weight, mean step ms, mean streams decoding, prompt tokens per step)."""
+    if not streams:
+        return []
+    times, integral, count = _running_integral(streams)
+    by_first = sorted(streams, key=lambda s: s.first)
+    firsts = [s.first for s in by_first]
+    prefix = [0]
+    for s in by_first:
+        prefix.append(prefix[-1] + s.prompt)
+    rows = []
+    for s in streams:
+        steps = s.tokens - 1
+        span = s.end - s.first
+        if steps < 2 or span <= 0:
+            continue
+        running = (_integral_at(s.end, times, integral, count) - _integral_at(s.first, times, integral, count)) / span
+        i, j = bisect.bisect_right(firsts, s.first), bisect.bisect_right(firsts, s.end)
+        rows.append((float(steps), span * 1000.0 / steps, running, (prefix[j] - prefix[i]) / steps))
+    return rows
+
+
+def _solve(rows: Sequence[tuple[float, float, float, float]], use: tuple[bool, bool]) -> list[float] | None:
+    """Weighted least squares of mean step on (1, running, prefill per step), the unused regressors held at 0."""
+    cols = [0] + [k + 1 for k, u in enumerate(use) if u]
+    size = len(cols)
+    a = [[0.0] * size for _ in range(size)]
+    b = [0.0] * size
+    for w, y, r, p in rows:
+        x = [1.0, r, p]
+        for i, ci in enumerate(cols):
+            b[i] += w * x[ci] * y
+            for j, cj in enumerate(cols):
+                a[i][j] += w * x[ci] * x[cj]
+    # Gaussian elimination with partial pivoting (at most 3x3)
+    for i in range(size):
+        piv = max(range(i, size), key=lambda k: abs(a[k][i]))
+        if abs(a[piv][i]) < 1e-12:
+            return None
+        a[i], a[piv], b[i], b[piv] = a[piv], a[i], b[piv], b[i]
+        for k in range(i + 1, size):
+            f = a[k][i] / a[i][i]
+            for j in range(i, size):
+                a[k][j] -= f * a[i][j]
+            b[k] -= f * b[i]
+    sol = [0.0] * size
+    for i in reversed(range(size)):
+        sol[i] = (b[i] - sum(a[i][j] * sol[j] for j in range(i + 1, size))) / a[i][i]
+    out = [0.0, 0.0, 0.0]
+    for ci, v in zip(cols, sol, strict=True):
+        out[ci] = v
+    return out
+
+
+def fit_step_cost(rows: Sequence[tuple[float, float, float, float]]) -> tuple[float, float, float] | None:
+    """(step ms, ms per running stream, ms per prefilled token), every figure at least 0 (dropped and refitted)."""
+    if len(rows) < 10:
+        return None
+    for use in ((True, True), (True, False), (False, True), (False, False)):
+        sol = _solve(rows, use)
+        if sol is not None and sol[0] > 0 and sol[1] >= 0 and sol[2] >= 0:
+            return sol[0], sol[1], sol[2]
+    return None
+
+
+def max_concurrency(streams: Sequence[Stream]) -> int:
+    _, _, count = _running_integral(streams)
+    return max(count, default=0)
+
+
+def replay(engine: EngineModel, streams: Sequence[Stream]) -> list[float]:
+    """The TTFTs (ms) the engine gives the measured streams when it is sent every stream of the attempt."""
+    if not streams:
+        return []
+    t0 = min(s.intended for s in streams)
+    order = sorted(range(len(streams)), key=lambda i: streams[i].intended)
+    arrivals = [
+        (round((streams[i].intended - t0) * 1e9) + k, streams[i].prompt, streams[i].tokens) for k, i in enumerate(order)
+    ]  # fmt: skip  (+k: distinct times keep the order)
+    outs = simulate(engine, arrivals)
+    by_arrival = {o.arrival_ns: o for o in outs}
+    return [by_arrival[a[0]].ttft_ms for a, i in zip(arrivals, order, strict=True) if streams[i].measured]
+
+
+@dataclass
+class ReplayRow:
+    rate: float
+    key: str
+    measured: float
+    model: float
+    low: float | None
+    high: float | None
+    inside: bool
+
+
+def replay_rows(engine: EngineModel, probes: Sequence[Probe], q: float) -> list[ReplayRow]:
+    """Each probe's TTFT percentile, measured and replayed on its own arrivals; inside its interval or close."""
+    rows = []
+    for p in probes:
+        measured = [s.ttft_ms for a in p.attempts for s in a if s.measured]
+        if len(measured) < 20:
+            continue
+        model = [t for a in p.attempts for t in replay(engine, a)]
+        m, r = quantile(measured, q), quantile(model, q)
+        chk = next((c for k, c in p.checks.items() if k.startswith("ttft_")), {})
+        low, high = chk.get("low"), chk.get("high")
+        within = (low is not None or high is not None) and (low is None or r >= low) and (high is None or r <= high)
+        close = abs(r - m) <= REPLAY_TOLERANCE * max(m, 1.0)
+        rows.append(ReplayRow(p.rate, chk.get("key", f"ttft_p{q * 100:g}"), round(m, 1), round(r, 1), low, high,
+                              within or close))  # fmt: skip
+    return rows
+
+
+def _score(rows: Sequence[ReplayRow]) -> float:
+    return sum(math.log(max(r.model, 1.0) / max(r.measured, 1.0)) ** 2 for r in rows)
+
+
+@dataclass
+class ServiceFit:
+    """The engine fitted to a server's own streams, and how well it replays what was measured."""
+
+    engine: EngineModel
+    slots_reached: bool
+    """The probes filled the engine (its slot count is measured); else admission is taken as never waiting."""
+    streams: int
+    replay: list[ReplayRow]
+
+    @property
+    def consistent(self) -> bool:
+        return bool(self.replay) and all(r.inside for r in self.replay)
+
+
+def fit_service(probes: Sequence[Probe], q: float = 0.99) -> ServiceFit | None:
+    """Fit the step loop to every probe's streams; the slot count and prefill policy that replay the probes best."""
+    rows = [row for p in probes for a in p.attempts for row in decode_rows(a)]
+    cost = fit_step_cost(rows)
+    if cost is None:
+        return None
+    peak = max((max_concurrency(a) for p in probes for a in p.attempts), default=0)
+    best: tuple[float, ServiceFit] | None = None
+    for slots in sorted({max(1, peak), UNLIMITED_SLOTS}):
+        for chunk in CHUNK_CHOICES:
+            engine = EngineModel(slots=slots, step_ms=cost[0], step_ms_per_seq=cost[1], prefill_ms_per_token=cost[2],
+                                 chunked=chunk > 0, chunk_tokens=chunk or 512)  # fmt: skip
+            rep = replay_rows(engine, probes, q)
+            if not rep:
+                continue
+            score = _score(rep)
+            if best is None or score < best[0]:
+                best = (score, ServiceFit(engine, slots < UNLIMITED_SLOTS, len(rows), rep))
+    return None if best is None else best[1]
+
+
+class Replicates:
+    """Independent simulations of the fitted engine at any rate, each with its own requests and arrival draws.
+
+    The share of requests over a limit near the capacity comes from rare queue build-ups, so one short run's
+    share is skewed (usually under, now and then far over): the capacity where a single run crosses the limit
+    is biased upward. The replicates' counts are pooled at each rate instead, and the capacity is where the
+    pooled share crosses; a replicate left out at a time (the jackknife) gives its spread."""
+
+    def __init__(self, engine: EngineModel, mixes: Sequence[Sequence[tuple[int, int]]], seed: int) -> None:
+        self.engine = engine
+        self.mixes = mixes
+        rngs = [random.Random(seed * 104729 + k) for k in range(len(mixes))]
+        self.gaps = [[rng.expovariate(1.0) for _ in m] for rng, m in zip(rngs, mixes, strict=True)]
+        self.counts: dict[float, list[dict[str, tuple[int, int]]]] = {}
+        """Per rate, per replicate: metric -> (requests over the limit, requests)."""
+
+    def at(self, rate: float, limits: Mapping[str, float]) -> list[dict[str, tuple[int, int]]]:
+        if rate not in self.counts:
+            rows = []
+            for mix, gaps in zip(self.mixes, self.gaps, strict=True):
+                t, arrivals = 0.0, []
+                for (p, mx), g in zip(mix, gaps, strict=True):
+                    t += g / rate  # common random numbers: the same unit-rate draws at every rate
+                    arrivals.append((round(t * 1e9), p, mx))
+                outs: list[Outcome] = simulate(self.engine, arrivals)[len(arrivals) // 20 :]  # the empty start out
+                rows.append({m: (sum(1 for o in outs if getattr(o, METRIC_OF_OUTCOME[m]) > lim), len(outs))
+                             for m, lim in limits.items()})  # fmt: skip
+            self.counts[rate] = rows
+        return self.counts[rate]
+
+
+def excess(rows: Sequence[Mapping[str, tuple[int, int]]], q: float, keep: Sequence[int]) -> float:
+    """How far the pooled share over the worst limit is above its allowance, relative (<= 0: the limits hold)."""
+    worst = -1.0
+    for m in rows[0]:
+        over = sum(rows[k][m][0] for k in keep)
+        n = sum(rows[k][m][1] for k in keep)
+        worst = max(worst, over / max(1, n) / (1.0 - q) - 1.0)
+    return worst
+
+
+def crossing(reps: Replicates, q: float, keep: Sequence[int]) -> float | None:
+    """The rate where the pooled share crosses its allowance, interpolated between the rates simulated."""
+    rates = sorted(reps.counts)
+    ex = [excess(reps.counts[r], q, keep) for r in rates]
+    bad = next((i for i, e in enumerate(ex) if e > 0), None)
+    if bad is None:
+        return rates[-1] if rates else None
+    ok = max((i for i in range(bad) if ex[i] <= 0), default=None)
+    if ok is None:
+        return None
+    r0, r1, e0, e1 = rates[ok], rates[bad], ex[ok], ex[bad]
+    return r0 + (r1 - r0) * (-e0) / (e1 - e0) if e1 > e0 else r0
+
+
+def capacity_of(reps: Replicates, limits: Mapping[str, float], q: float, *, near: float,
+                tolerance: float = 0.005) -> tuple[float | None, list[float]]:  # fmt: skip
+    """The pooled capacity (bisection from around ``near``, then interpolation) and each leave-one-out capacity."""
+    every = list(range(len(reps.mixes)))
+
+    def ok(rate: float) -> bool:
+        return excess(reps.at(rate, limits), q, every) <= 0
+
+    lo, hi = near * 0.8, near * 1.25
+    while not ok(lo):
+        hi, lo = lo, lo / 2
+        if lo < near / 20:
+            return None, []
+    while ok(hi):
+        lo, hi = hi, hi * 1.5
+        if hi > near * 100:
+            return None, []
+    while hi - lo > tolerance * lo:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    whole = crossing(reps, q, every)
+    jack = [c for k in every if (c := crossing(reps, q, [j for j in every if j != k])) is not None]
+    return whole, jack
+
+
+@dataclass
+class ModelAnswer:
+    """The model's capacity with its interval, its checks, and the bracket it narrows (all model estimates)."""
+
+    capacity: float | None
+    low: float | None
+    high: float | None
+    replicates: list[float]
+    """Each leave-one-out capacity (the jackknife of the pooled replicates)."""
+    fit: ServiceFit | None
+    usable: bool
+    why: str
+    bracket: tuple[float, float] | None = None
+    """The measured bracket intersected with the model's interval: only when ``usable``."""
+
+    def as_dict(self) -> dict[str, Any]:
+        fit = self.fit
+        return {
+            "label": "model estimate, not a measurement", "form": "fitted step loop, replayed",
+            "capacity": _r(self.capacity), "interval": [_r(self.low), _r(self.high)],
+            "leave_one_out": [_r(c) for c in self.replicates], "usable": self.usable, "why": self.why,
+            "bracket": None if self.bracket is None else [_r(self.bracket[0]), _r(self.bracket[1])],
+            "engine": None if fit is None else fit.engine.describe(),
+            "slots_reached": None if fit is None else fit.slots_reached,
+            "streams": None if fit is None else fit.streams,
+            "replay": [] if fit is None else [asdict(r) for r in fit.replay],
+        }  # fmt: skip
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+def model_answer(
+    probes: Sequence[Probe],
+    limits: Mapping[str, float],
+    q: float,
+    measured: tuple[float | None, float | None],
+    *,
+    mix: Sequence[tuple[int, int]],
+    requests: int = 20000,
+    replicates: int = 4,
+    seed: int = 1,
+) -> ModelAnswer:
+    """Fit, check, and simulate: the model's capacity interval and, when it holds up, the narrowed bracket.
+
+    ``limits``: metric (``ttft``, ``gap``, ``total``) -> ms at the quantile ``q``; ``measured``: the measured
+    bracket [highest pass, lowest fail] (either end None when open); ``mix``: (prompt, output tokens) of the
+    workload's requests, resampled for each simulation."""
+    fit = fit_service(probes, q)
+    if fit is None:
+        return ModelAnswer(None, None, None, [], None, False, "too few streams of three tokens or more to fit")
+    lo_m, hi_m = measured
+    near = lo_m or (hi_m / 2 if hi_m else None) or max(p.rate for p in probes)
+    mixes = []
+    for k in range(replicates):
+        rng = random.Random(seed * 7919 + k)
+        mixes.append([mix[rng.randrange(len(mix))] for _ in range(requests)])
+    cap, jack = capacity_of(Replicates(fit.engine, mixes, seed), limits, q, near=near)
+    if cap is None or len(jack) < 2:
+        return ModelAnswer(None, None, None, jack, fit, False, "the fitted engine crosses the limits at no rate tried")
+    r = len(jack)
+    se = math.sqrt((r - 1) / r * sum((c - statistics.fmean(jack)) ** 2 for c in jack))
+    half = max(T975.get(r - 1, 2.2) * se, FLOOR * cap)
+    mean, caps = cap, jack
+    low, high = mean - half, mean + half
+    why = _unusable(fit, probes, (low, high), measured)
+    answer = ModelAnswer(mean, low, high, caps, fit, not why, why or "every check held")
+    if not why:
+        answer.bracket = (max(low, lo_m or 0.0), min(high, hi_m if hi_m is not None else math.inf))
+    return answer
+
+
+def _unusable(fit: ServiceFit, probes: Sequence[Probe], interval: tuple[float, float],
+              measured: tuple[float | None, float | None]) -> str:  # fmt: skip
+    """Why the model may not narrow the bracket ('' when it may)."""
+    if any(p.preempted for p in probes):
+        return "the server preempted requests: KV-cache pressure is not in the model"
+    bad = [r for r in fit.replay if not r.inside]
+    if bad:
+        r = bad[0]
+        return (
+            f"its replay of {r.rate:g} req/s gives {r.key} {r.model:g} ms where {r.measured:g} ms was measured "
+            f"(interval {r.low}..{r.high})"
+        )
+    lo_m, hi_m = measured
+    if lo_m is not None and interval[1] < lo_m:
+        return f"its interval ends under the measured pass at {lo_m:g} req/s"
+    if hi_m is not None and interval[0] >= hi_m:
+        return f"its interval starts over the measured failure at {hi_m:g} req/s"
+    return ""

@@ -1,0 +1,115 @@
+"""The step loop fitted to a server's own streams: it recovers an engine it was measured on, its interval holds
+that engine's capacity, and it refuses to narrow anything for a server it cannot replay.
+
+The servers are the ground-truth simulated engine (its answers are known) and the same engine behind a front end
+that holds every request before the engine sees it (outside the fitted family)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from tailgate.load.workload import make_trace
+from tailgate.slo.replay import (
+    Probe,
+    Replicates,
+    capacity_of,
+    fit_service,
+    model_answer,
+    probes_of,
+    streams_of,
+)
+from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
+
+ENGINE = EngineModel(slots=8, step_ms=2.0, step_ms_per_seq=0.4, prefill_ms_per_token=0.004)
+LIMITS = {"ttft": 800.0}
+Q = 0.99
+
+
+def lengths(n: int, seed: int) -> list[tuple[int, int]]:
+    return [(t.prompt_tokens, t.max_tokens) for t in make_trace(n, seed)]
+
+
+def attempt(rate: float, n: int, seed: int, front_ms: float = 0.0, warmup: int = 25) -> dict[str, Any]:
+    """One probe attempt as ``tailgate slo`` hands it over: every record, the measured ones past the warm-up.
+    ``front_ms`` holds every request that long before the engine sees it (a front end outside the model)."""
+    arrivals = poisson_arrivals(rate, lengths(n + warmup, seed), seed + 1)
+    delayed = [(a + round(front_ms * 1e6), p, m) for a, p, m in arrivals]
+    outs = simulate(ENGINE, delayed)
+    recs = []
+    for i, (o, (a, p, m)) in enumerate(zip(outs, arrivals, strict=True)):
+        t0 = a / 1e9
+        ttft = o.ttft_ms + front_ms
+        recs.append({"trace_id": i, "intended_s": t0, "first_chunk_s": t0 + ttft / 1e3,
+                     "end_s": t0 + (o.total_ms + front_ms) / 1e3, "ttft_from_intended_ms": ttft,
+                     "worst_gap_ms": o.worst_gap_ms, "total_from_intended_ms": o.total_ms + front_ms,
+                     "prompt_tokens": p, "completion_tokens": m, "error_class": None})  # fmt: skip
+    measured = sorted(recs, key=lambda r: r["end_s"])[warmup:]
+    return {"records": recs, "measured": measured, "stopped_early": None, "sent": len(recs), "errors": 0}
+
+
+def probes(rates: list[float], front_ms: float = 0.0) -> list[Probe]:
+    by_rate = {r: [attempt(r, 900, 11 + k, front_ms)] for k, r in enumerate(rates)}
+    return probes_of(by_rate, {r: [] for r in rates})
+
+
+def test_fit_recovers_the_engine_it_was_measured_on() -> None:
+    fit = fit_service(probes([2.0, 6.0, 9.0]), Q)
+    assert fit is not None
+    e = fit.engine
+    assert e.step_ms == pytest.approx(ENGINE.step_ms, rel=0.1)
+    assert e.step_ms_per_seq == pytest.approx(ENGINE.step_ms_per_seq, rel=0.1)
+    assert e.prefill_ms_per_token == pytest.approx(ENGINE.prefill_ms_per_token, rel=0.25)
+    assert e.slots == ENGINE.slots and fit.slots_reached and not e.chunked
+    assert fit.consistent and all(abs(r.model - r.measured) <= 0.15 * r.measured for r in fit.replay)
+
+
+@pytest.fixture(scope="module")
+def truth() -> float:
+    """The engine's capacity under the limit, from pooled long simulations of the workload's mix."""
+    mixes = [lengths(30000, 500 + k) for k in range(3)]
+    value, _ = capacity_of(Replicates(ENGINE, mixes, seed=3), LIMITS, Q, near=8.0, tolerance=0.002)
+    assert value is not None
+    return value
+
+
+def test_the_interval_holds_the_capacity_and_narrows_the_bracket(truth: float) -> None:
+    measured = (0.5 * truth, 1.6 * truth)  # a wide measured bracket, as a short search leaves it
+    ps = probes([0.3 * truth, 0.7 * truth, 1.1 * truth])
+    mix = [(s.prompt, s.tokens) for p in ps for a in p.attempts for s in a]
+    answer = model_answer(ps, LIMITS, Q, measured, mix=mix, requests=6000, replicates=6, seed=5)
+    assert answer.usable, answer.why
+    assert answer.low is not None and answer.high is not None and answer.bracket is not None
+    assert answer.low <= truth <= answer.high, (answer.low, truth, answer.high)
+    lo, hi = answer.bracket
+    assert measured[0] <= lo and hi <= measured[1] and (hi - lo) / truth <= 0.25
+    doc = answer.as_dict()
+    assert doc["label"] == "model estimate, not a measurement" and len(doc["leave_one_out"]) == 6
+
+
+def test_a_server_it_cannot_replay_narrows_nothing() -> None:
+    """A front end holding every request 400 ms: the decode fit is the engine's, the TTFTs are not."""
+    ps = probes([2.0, 6.0, 9.0], front_ms=400.0)
+    mix = [(s.prompt, s.tokens) for p in ps for a in p.attempts for s in a]
+    answer = model_answer(ps, {"ttft": 2000.0}, Q, (2.0, None), mix=mix, requests=3000, replicates=3, seed=5)
+    assert not answer.usable and answer.bracket is None
+    assert "replay" in answer.why
+
+
+def test_preempting_server_and_cut_attempts_are_kept_out() -> None:
+    a = attempt(4.0, 300, 3)
+    cut = {**attempt(8.0, 300, 4), "stopped_early": "queue without bound"}
+    got = probes_of({4.0: [a], 8.0: [cut]}, {4.0: [], 8.0: []})
+    assert [p.rate for p in got] == [4.0]  # the cut attempt's running streams are not all in its records
+    assert len(streams_of(a["records"], set())) == len(a["records"])
+
+    class Summary:
+        preemptions_delta = 3.0
+
+    pre = probes_of({4.0: [{**a, "summary": Summary()}]}, {4.0: []})
+    mix = [(s.prompt, s.tokens) for p in pre for at in p.attempts for s in at]
+    answer = model_answer(pre * 1, LIMITS, Q, (None, None), mix=random.Random(1).sample(mix, 200), requests=2000,
+                          replicates=2)  # fmt: skip
+    assert not answer.usable and ("preempted" in answer.why or answer.capacity is None)
