@@ -314,6 +314,7 @@ def e2e(model: EngineModel, limits_text: str, args: argparse.Namespace) -> dict[
         "exit": proc.returncode, "seconds": round(seconds), "best": result.get("best_rate"),
         "first_fail": result.get("first_fail_rate"), "status": result.get("status"),
         "probes": [(p["rate"], p["verdict"]) for p in state["configs"][0]["probes"]], "folder": str(out),
+        "fitted": result.get("fitted") or {},
         "tail": proc.stdout.splitlines()[-12:],
     }  # fmt: skip
 
@@ -398,6 +399,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{e2e_capacity:.3f} req/s, seed {args.e2e_seed}): exit {r['exit']}, {r['seconds']} s, bracket "
               f"[{r['best']}, {r['first_fail']}] ({r['status']}), holds the truth: {ok}; probes {r['probes']}; "
               f"results in {r['folder']}")  # fmt: skip
+        f_br = r["fitted"].get("bracket")
+        verdict = "no narrowed bracket" if not f_br else "holds" if f_br[0] <= e2e_capacity <= f_br[1] else "MISSES"
+        print(f"  fitted step loop: capacity {r['fitted'].get('capacity')} interval {r['fitted'].get('interval')}, "
+              f"narrowed bracket {f_br} ({verdict}); {r['fitted'].get('why')}")  # fmt: skip
         for line in r["tail"]:
             print("   ", line)
     return 0

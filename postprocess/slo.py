@@ -265,6 +265,7 @@ def slo_rows(state: Mapping[str, Any], records: pd.DataFrame | None = None) -> l
             "uncertain": (r.get("not_enough_data_rates") or r.get("uncertain_rates")) or [],
             "undecided_detail": r.get("undecided") or [],
             "model": r.get("model") or {},
+            "fitted": r.get("fitted") or {},
             "bracket_text": bracket_text(r) if r else "search not finished",
         })  # fmt: skip
     return rows
@@ -273,7 +274,8 @@ def slo_rows(state: Mapping[str, Any], records: pd.DataFrame | None = None) -> l
 HEADERS = ("configuration", "flags", "highest rate meeting the SLO (req/s)", "lowest failing rate above it",
            "bracket width",
            "TTFT p99 there (ms)", "worst-gap p99 there (ms)", "total p99 there (ms)", "binding limit",
-           "mechanism at the limit", "probes (attempts)", "not enough data at")  # fmt: skip
+           "mechanism at the limit", "probes (attempts)", "not enough data at",
+           "narrowed by the fitted step loop (model estimate)")  # fmt: skip
 
 
 def _best_text(row: Mapping[str, Any]) -> str:
@@ -310,8 +312,15 @@ def _cells(row: Mapping[str, Any]) -> list[str]:
         row["config"], row["flags"], _best_text(row), _rate(row["first_fail_rate"]), _width_text(row),
         _ms(row["p99"].get("ttft")), _ms(row["p99"].get("gap")), _ms(row["p99"].get("total")),
         row["binding"] or "–", row["mechanism"], _probes_text(row),
-        ", ".join(_rate(u) for u in row["uncertain"]) or "–",
+        ", ".join(_rate(u) for u in row["uncertain"]) or "–", _fitted_text(row.get("fitted") or {}),
     ]  # fmt: skip
+
+
+def _fitted_text(fitted: Mapping[str, Any]) -> str:
+    br = fitted.get("bracket")
+    if fitted.get("usable") and br:
+        return f"[{_rate(br[0])}, {_rate(br[1])}] ({(br[1] - br[0]) / br[0]:.0%})" if br[0] else f"[0, {_rate(br[1])}]"
+    return "not used: " + str(fitted["why"]) if fitted.get("why") else "–"
 
 
 def table_markdown(rows: Sequence[Mapping[str, Any]], slo: str) -> str:

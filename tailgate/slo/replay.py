@@ -54,6 +54,11 @@ class Stream:
     tokens: int
     ttft_ms: float
     measured: bool
+    gap_ms: float = 0.0
+    total_ms: float = 0.0
+
+    def value(self, metric: str) -> float:
+        return {"ttft": self.ttft_ms, "gap": self.gap_ms, "total": self.total_ms}[metric]
 
 
 def streams_of(records: Sequence[Mapping[str, Any]], measured_ids: set[Any]) -> list[Stream]:
@@ -73,8 +78,10 @@ def streams_of(records: Sequence[Mapping[str, Any]], measured_ids: set[Any]) -> 
         tokens = next((r[k] for k in ("completion_tokens", "chunks") if isinstance(r.get(k), int) and r[k] > 0), None)
         if prompt is None or tokens is None:
             continue
+        gap, total = r.get("worst_gap_ms"), r.get("total_from_intended_ms")
         out.append(Stream(float(t0), first, float(end), int(prompt), int(tokens), float(ttft),  # type: ignore[arg-type]
-                          r.get("trace_id") in measured_ids))  # fmt: skip
+                          r.get("trace_id") in measured_ids, float(gap) if isinstance(gap, (int, float)) else 0.0,
+                          float(total) if isinstance(total, (int, float)) else (float(end) - float(t0)) * 1000.0))  # type: ignore[arg-type]  # fmt: skip
     return out
 
 
@@ -200,8 +207,8 @@ def max_concurrency(streams: Sequence[Stream]) -> int:
     return max(count, default=0)
 
 
-def replay(engine: EngineModel, streams: Sequence[Stream]) -> list[float]:
-    """The TTFTs (ms) the engine gives the measured streams when it is sent every stream of the attempt."""
+def replay(engine: EngineModel, streams: Sequence[Stream]) -> list[Outcome]:
+    """What the engine gives the measured streams when it is sent every stream of the attempt, at its times."""
     if not streams:
         return []
     t0 = min(s.intended for s in streams)
@@ -211,7 +218,7 @@ def replay(engine: EngineModel, streams: Sequence[Stream]) -> list[float]:
     ]  # fmt: skip  (+k: distinct times keep the order)
     outs = simulate(engine, arrivals)
     by_arrival = {o.arrival_ns: o for o in outs}
-    return [by_arrival[a[0]].ttft_ms for a, i in zip(arrivals, order, strict=True) if streams[i].measured]
+    return [by_arrival[a[0]] for a, i in zip(arrivals, order, strict=True) if streams[i].measured]
 
 
 @dataclass
@@ -225,21 +232,26 @@ class ReplayRow:
     inside: bool
 
 
-def replay_rows(engine: EngineModel, probes: Sequence[Probe], q: float) -> list[ReplayRow]:
-    """Each probe's TTFT percentile, measured and replayed on its own arrivals; inside its interval or close."""
+def replay_rows(
+    engine: EngineModel, probes: Sequence[Probe], q: float, metrics: Sequence[str] = ("ttft",)
+) -> list[ReplayRow]:
+    """Each probe's percentile of every limited metric, measured and replayed on the probe's own arrivals: inside
+    the probe's interval, or within :data:`REPLAY_TOLERANCE` of the measured value."""
     rows = []
     for p in probes:
-        measured = [s.ttft_ms for a in p.attempts for s in a if s.measured]
-        if len(measured) < 20:
+        if sum(1 for a in p.attempts for s in a if s.measured) < 20:
             continue
-        model = [t for a in p.attempts for t in replay(engine, a)]
-        m, r = quantile(measured, q), quantile(model, q)
-        chk = next((c for k, c in p.checks.items() if k.startswith("ttft_")), {})
-        low, high = chk.get("low"), chk.get("high")
-        within = (low is not None or high is not None) and (low is None or r >= low) and (high is None or r <= high)
-        close = abs(r - m) <= REPLAY_TOLERANCE * max(m, 1.0)
-        rows.append(ReplayRow(p.rate, chk.get("key", f"ttft_p{q * 100:g}"), round(m, 1), round(r, 1), low, high,
-                              within or close))  # fmt: skip
+        model = [o for a in p.attempts for o in replay(engine, a)]
+        for metric in metrics:
+            measured = [s.value(metric) for a in p.attempts for s in a if s.measured]
+            m = quantile(measured, q)
+            r = quantile([getattr(o, METRIC_OF_OUTCOME[metric]) for o in model], q)
+            key = f"{metric}_p{q * 100:g}"
+            chk = p.checks.get(key, {})
+            low, high = chk.get("low"), chk.get("high")
+            within = (low is not None or high is not None) and (low is None or r >= low) and (high is None or r <= high)
+            close = abs(r - m) <= REPLAY_TOLERANCE * max(m, 1.0)
+            rows.append(ReplayRow(p.rate, key, round(m, 1), round(r, 1), low, high, within or close))
     return rows
 
 
@@ -262,7 +274,7 @@ class ServiceFit:
         return bool(self.replay) and all(r.inside for r in self.replay)
 
 
-def fit_service(probes: Sequence[Probe], q: float = 0.99) -> ServiceFit | None:
+def fit_service(probes: Sequence[Probe], q: float = 0.99, metrics: Sequence[str] = ("ttft",)) -> ServiceFit | None:
     """Fit the step loop to every probe's streams; the slot count and prefill policy that replay the probes best."""
     rows = [row for p in probes for a in p.attempts for row in decode_rows(a)]
     cost = fit_step_cost(rows)
@@ -274,7 +286,7 @@ def fit_service(probes: Sequence[Probe], q: float = 0.99) -> ServiceFit | None:
         for chunk in CHUNK_CHOICES:
             engine = EngineModel(slots=slots, step_ms=cost[0], step_ms_per_seq=cost[1], prefill_ms_per_token=cost[2],
                                  chunked=chunk > 0, chunk_tokens=chunk or 512)  # fmt: skip
-            rep = replay_rows(engine, probes, q)
+            rep = replay_rows(engine, probes, q, metrics)
             if not rep:
                 continue
             score = _score(rep)
@@ -412,7 +424,7 @@ def model_answer(
     ``limits``: metric (``ttft``, ``gap``, ``total``) -> ms at the quantile ``q``; ``measured``: the measured
     bracket [highest pass, lowest fail] (either end None when open); ``mix``: (prompt, output tokens) of the
     workload's requests, resampled for each simulation."""
-    fit = fit_service(probes, q)
+    fit = fit_service(probes, q, list(limits))
     if fit is None:
         return ModelAnswer(None, None, None, [], None, False, "too few streams of three tokens or more to fit")
     lo_m, hi_m = measured
