@@ -479,6 +479,7 @@ def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") ->
                 ax.plot([p["rate"]], [v], marker=marker, color=color, mfc=face, ms=7, ls="none")
         if key:
             _model_curves(ax, state, key, names)
+        _fitted_curves(ax, state, metric, names)
         if lim:
             ax.axhline(lim["limit"], color="#a02020", ls="--", lw=1)
             ax.text(0.01, lim["limit"], f" limit {lim['limit']:g} ms", color="#a02020", fontsize=8, va="bottom",
@@ -511,6 +512,23 @@ def _model_curves(ax: Any, state: Mapping[str, Any], key: str, names: Sequence[s
             label=f"{c['name']} (model)",
             gid="model",
         )
+
+
+def _fitted_curves(ax: Any, state: Mapping[str, Any], metric: str, names: Sequence[str]) -> None:
+    """The fitted step loop's simulated p99 against rate with its band, per configuration: dash-dot, labelled a
+    model, drawn only over the rates the probes spanned (the rest is extrapolation)."""
+    for c in state.get("configs", []):
+        fitted = (c.get("result") or {}).get("fitted") or {}
+        rates = [float(p["rate"]) for p in c.get("probes", [])]
+        pts = [(float(row["rate"]), row[metric]) for row in fitted.get("curve") or [] if row.get(metric)]
+        pts = [(x, b) for x, b in pts if rates and min(rates) * 0.9 <= x <= max(rates) * 1.1]
+        if len(pts) < 2:
+            continue
+        color = charts.config_color(c["name"], names)
+        xs = [x for x, _ in pts]
+        ax.fill_between(xs, [b[1] for _, b in pts], [b[2] for _, b in pts], color=color, alpha=0.12, gid="model")
+        ax.plot(xs, [b[0] for _, b in pts], color=color, ls="-.", lw=1.2, gid="model",
+                label=f"{c['name']} (fitted step loop, model)")  # fmt: skip
 
 
 def _rate_axis(ax: Any) -> None:
@@ -581,7 +599,9 @@ def slo_section(results_dir: str | Path, records: pd.DataFrame | None, out_dir: 
              "p99 (order statistics, counts shrunk by the design effect); an arrow up: no upper bound exists at "
              "that n. o pass, X fail, hollow ◇ not enough data; the dashed line is the limit. Dotted: the model "
              "base + scale·rate/(saturation − rate) fitted to the probes, a model estimate and not a measurement "
-             "(its fit to each probe's interval is in slo.json)."),
+             "(its fit to each probe's interval is in slo.json). Dash-dot with a shaded band: the step loop "
+             "fitted to the server's own streams, simulated at each rate (the band: the jackknife over its "
+             "replicates), also a model estimate."),
         )
     ]  # fmt: skip
     plan = state.get("plan", {})

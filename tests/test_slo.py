@@ -803,6 +803,51 @@ def test_terminal_and_report_show_both_ends_width_and_why_undecided(tmp_path: Pa
     assert "None" not in html and "unresolved" not in html and "bootstrap" not in html
     assert "lowest failing rate above it" in html and "4 req/s (100%)" in html and "370.3" in html
     assert "effective n 139.0 of 1875" in html and "effective n 139 of 1875" in html
+    # the fitted step loop: labelled wherever it is shown, its narrowed bracket only when its checks held
+    fitted = {
+        "label": "model estimate, not a measurement",
+        "capacity": 6.6,
+        "interval": [6.3, 6.9],
+        "usable": True,
+        "why": "every check held",
+        "bracket": [6.3, 6.9],
+        "slots_reached": True,
+        "streams": 5600,
+        "engine": {
+            "slots": 4,
+            "step_ms": 0.5,
+            "step_ms_per_seq": 0.5,
+            "prefill_ms_per_token": 0.005,
+            "chunked": False,
+            "chunk_tokens": 512,
+        },
+        "replay": [
+            {
+                "rate": 4,
+                "key": "ttft_p99",
+                "measured": 370.3,
+                "model": 360.0,
+                "low": 300.0,
+                "high": None,
+                "inside": True,
+            }
+        ],
+        "curve": [{"rate": r, "ttft": [v, v * 0.9, v * 1.1]} for r, v in ((4, 360), (6, 450), (8, 700))],
+    }
+    result["fitted"] = fitted
+    line = answer_line(result)
+    assert "fitted step loop (model estimate, not a measurement): capacity 6.6 req/s" in line
+    assert "bracket narrowed by the model: [6.3, 6.9] req/s (10% wide)" in line
+    (tmp_path / "slo.json").write_text(json.dumps(state))
+    section = slo_section(tmp_path, pd.DataFrame(), tmp_path / "report")
+    assert section is not None
+    html = str(section.html)
+    assert "Fitted step loop (model estimate, not a measurement)" in html and "the bracket narrowed by it" in html
+    assert "[6.3, 6.9] (10%)" in section.table_md.read_text()
+    svg = (tmp_path / "report" / "slo_p99.svg").read_text()
+    assert "a (fitted step loop, model)" in svg
+    result["fitted"] = {**fitted, "usable": False, "bracket": None, "why": "its replay of 8 req/s gives more"}
+    assert "the model narrows nothing: its replay of 8 req/s gives more" in answer_line(result)
 
 
 def test_rate_model_recovers_a_known_curve_and_is_checked_against_the_probes() -> None:

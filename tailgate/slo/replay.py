@@ -34,6 +34,8 @@ CHUNK_CHOICES = (0, 512, 2048, 8192)
 """Prefill policies tried: whole prompts in one step (0), or chunks of this many prompt tokens a step."""
 UNLIMITED_SLOTS = 4096
 """The slot count of a model whose probes never filled the engine: admission never waits."""
+SLOTS_MARGIN = 0.0025
+"""Per replayed percentile, the squared log error a slot count must save over unlimited admission (5% each)."""
 REPLAY_TOLERANCE = 0.15
 """A replayed percentile further than this (relative) from the measured one, and outside its interval, fails."""
 FLOOR = 0.025
@@ -282,14 +284,16 @@ def fit_service(probes: Sequence[Probe], q: float = 0.99, metrics: Sequence[str]
         return None
     peak = max((max_concurrency(a) for p in probes for a in p.attempts), default=0)
     best: tuple[float, ServiceFit] | None = None
-    for slots in sorted({max(1, peak), UNLIMITED_SLOTS}):
+    # unlimited admission first: a slot count is taken only when replaying it is clearly better (a limit the
+    # probes never reached replays the same, and would cap the simulated capacity at a concurrency merely seen)
+    for slots in sorted({max(1, peak), UNLIMITED_SLOTS}, reverse=True):
         for chunk in CHUNK_CHOICES:
             engine = EngineModel(slots=slots, step_ms=cost[0], step_ms_per_seq=cost[1], prefill_ms_per_token=cost[2],
                                  chunked=chunk > 0, chunk_tokens=chunk or 512)  # fmt: skip
             rep = replay_rows(engine, probes, q, metrics)
             if not rep:
                 continue
-            score = _score(rep)
+            score = _score(rep) + (0.0 if slots == UNLIMITED_SLOTS else SLOTS_MARGIN * len(rep))
             if best is None or score < best[0]:
                 best = (score, ServiceFit(engine, slots < UNLIMITED_SLOTS, len(rows), rep))
     return None if best is None else best[1]
@@ -310,10 +314,14 @@ class Replicates:
         self.gaps = [[rng.expovariate(1.0) for _ in m] for rng, m in zip(rngs, mixes, strict=True)]
         self.counts: dict[float, list[dict[str, tuple[int, int]]]] = {}
         """Per rate, per replicate: metric -> (requests over the limit, requests)."""
+        self.curve: dict[float, dict[str, tuple[float, float, float]]] = {}
+        """Per rate: metric -> the pooled percentile and its jackknife band (low, high), ms."""
+        self.q = 0.99
 
     def at(self, rate: float, limits: Mapping[str, float]) -> list[dict[str, tuple[int, int]]]:
         if rate not in self.counts:
             rows = []
+            per_rep: list[dict[str, list[float]]] = []
             for mix, gaps in zip(self.mixes, self.gaps, strict=True):
                 t, arrivals = 0.0, []
                 for (p, mx), g in zip(mix, gaps, strict=True):
@@ -322,8 +330,23 @@ class Replicates:
                 outs: list[Outcome] = simulate(self.engine, arrivals)[len(arrivals) // 20 :]  # the empty start out
                 rows.append({m: (sum(1 for o in outs if getattr(o, METRIC_OF_OUTCOME[m]) > lim), len(outs))
                              for m, lim in limits.items()})  # fmt: skip
+                per_rep.append({m: [getattr(o, METRIC_OF_OUTCOME[m]) for o in outs] for m in limits})
             self.counts[rate] = rows
+            self.curve[rate] = {m: _pooled_band([r[m] for r in per_rep], self.q) for m in limits}
         return self.counts[rate]
+
+
+def _pooled_band(values: Sequence[Sequence[float]], q: float) -> tuple[float, float, float]:
+    """The q-quantile of the replicates pooled, and a 95% band from the jackknife over replicates (ms)."""
+    whole = quantile([v for vs in values for v in vs], q)
+    r = len(values)
+    if r < 2:
+        return whole, whole, whole
+    jack = [quantile([v for j, vs in enumerate(values) if j != k for v in vs], q) for k in range(r)]
+    mean = statistics.fmean(jack)
+    se = math.sqrt((r - 1) / r * sum((x - mean) ** 2 for x in jack))
+    half = T975.get(r - 1, 2.2) * se
+    return whole, max(0.0, whole - half), whole + half
 
 
 def excess(rows: Sequence[Mapping[str, tuple[int, int]]], q: float, keep: Sequence[int]) -> float:
@@ -354,6 +377,7 @@ def capacity_of(reps: Replicates, limits: Mapping[str, float], q: float, *, near
                 tolerance: float = 0.005) -> tuple[float | None, list[float]]:  # fmt: skip
     """The pooled capacity (bisection from around ``near``, then interpolation) and each leave-one-out capacity."""
     every = list(range(len(reps.mixes)))
+    reps.q = q
 
     def ok(rate: float) -> bool:
         return excess(reps.at(rate, limits), q, every) <= 0
@@ -389,6 +413,9 @@ class ModelAnswer:
     why: str
     bracket: tuple[float, float] | None = None
     """The measured bracket intersected with the model's interval: only when ``usable``."""
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    """The simulated percentile against rate, per limited metric, with its band: the rates the search for the
+    capacity simulated."""
 
     def as_dict(self) -> dict[str, Any]:
         fit = self.fit
@@ -401,6 +428,7 @@ class ModelAnswer:
             "slots_reached": None if fit is None else fit.slots_reached,
             "streams": None if fit is None else fit.streams,
             "replay": [] if fit is None else [asdict(r) for r in fit.replay],
+            "curve": self.curve,
         }  # fmt: skip
 
 
@@ -433,7 +461,10 @@ def model_answer(
     for k in range(replicates):
         rng = random.Random(seed * 7919 + k)
         mixes.append([mix[rng.randrange(len(mix))] for _ in range(requests)])
-    cap, jack = capacity_of(Replicates(fit.engine, mixes, seed), limits, q, near=near)
+    reps = Replicates(fit.engine, mixes, seed)
+    cap, jack = capacity_of(reps, limits, q, near=near)
+    curve = [{"rate": round(r, 4), **{m: [round(v, 1) for v in band] for m, band in reps.curve[r].items()}}
+             for r in sorted(reps.curve)]  # fmt: skip
     if cap is None or len(jack) < 2:
         return ModelAnswer(None, None, None, jack, fit, False, "the fitted engine crosses the limits at no rate tried")
     r = len(jack)
@@ -442,7 +473,7 @@ def model_answer(
     mean, caps = cap, jack
     low, high = mean - half, mean + half
     why = _unusable(fit, probes, (low, high), measured)
-    answer = ModelAnswer(mean, low, high, caps, fit, not why, why or "every check held")
+    answer = ModelAnswer(mean, low, high, caps, fit, not why, why or "every check held", curve=curve)
     if not why:
         answer.bracket = (max(low, lo_m or 0.0), min(high, hi_m if hi_m is not None else math.inf))
     return answer
