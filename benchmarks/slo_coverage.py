@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tailgate import slo
 from tailgate.load.workload import make_trace
 from tailgate.slo.model import RateModel, binding_model
-from tailgate.slo.replay import ModelAnswer, Replicates, capacity_of, model_answer, probes_of
+from tailgate.slo.replay import ModelAnswer, Replicates, capacity_of, model_answer, probes_of, workload_of
 from tailgate.verify.groundtruth import start_server_process
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate, true_capacity
 
@@ -121,7 +121,7 @@ class Search:
                 break
             s = self.seed + 1000 * k  # each attempt a new sample of the workload, as the extensions draw
             attempt = simulated_probe(self.model, rate, seed=s, duration=a.duration, min_n=a.min_n, warmup=a.warmup)
-            attempts.append({**attempt, "workload": s})
+            attempts.append({**attempt, "workload": s})  # the seed of its trace, as tailgate slo records it
             self.seconds += cost
             verdict, checks = slo.check_probe(attempts, self.limits, level=a.confidence, rate=rate,
                                               sequential=not a.fixed)  # fmt: skip
@@ -150,13 +150,13 @@ class Search:
             return None
         checks = {r: p["checks"] for r, p in self.latest.items()}
         probes = probes_of(self.by_rate, checks)
-        mix = [(s.prompt, s.tokens) for pr in probes for at in pr.attempts for s in at]
-        if not probes:
+        workload = workload_of(self.by_rate, trace_file=a.model_mix == "measured")
+        if not probes or workload is None:
             return None
         limits = {lim.metric: lim.limit for lim in self.limits if lim.p is not None}
         q = next(lim.p for lim in self.limits if lim.p is not None) / 100.0
-        return model_answer(probes, limits, q, (out.best, out.first_fail), mix=mix, requests=a.model_requests,
-                            replicates=a.model_replicates, seed=self.seed)  # fmt: skip
+        return model_answer(probes, limits, q, (out.best, out.first_fail), workload=workload,
+                            requests=a.model_requests, replicates=a.model_replicates, seed=self.seed)  # fmt: skip
 
     def run(self) -> slo.SearchOutcome:
         a = self.args
@@ -347,6 +347,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-model", action="store_true", help="no model of p99 against rate to place probes")
     p.add_argument("--model-replicates", type=int, default=8, help="fitted step loop simulations (0: none)")
     p.add_argument("--model-requests", type=int, default=10000)
+    p.add_argument("--model-mix", choices=("seeded", "measured"), default="seeded",
+                   help="the fitted model's requests: the seeded mix (as tailgate slo for the seeded workload) "
+                        "or the distinct requests measured (as for a trace file)")  # fmt: skip
     p.add_argument("--truth-requests", type=int, default=100000, help="simulated requests per truth replicate")
     p.add_argument("--truth-replicates", type=int, default=4)
     p.add_argument("--truth", type=float, default=0.0, help="the true capacity, when computed before (one shape)")

@@ -6,7 +6,6 @@ that holds every request before the engine sees it (outside the fitted family)."
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
@@ -15,11 +14,13 @@ from tailgate.load.workload import make_trace
 from tailgate.slo.replay import (
     Probe,
     Replicates,
+    Workload,
     capacity_of,
     fit_service,
     model_answer,
     probes_of,
     streams_of,
+    workload_of,
 )
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
 
@@ -78,8 +79,7 @@ def truth() -> float:
 def test_the_interval_holds_the_capacity_and_narrows_the_bracket(truth: float) -> None:
     measured = (0.5 * truth, 1.6 * truth)  # a wide measured bracket, as a short search leaves it
     ps = probes([0.3 * truth, 0.7 * truth, 1.1 * truth])
-    mix = [(s.prompt, s.tokens) for p in ps for a in p.attempts for s in a]
-    answer = model_answer(ps, LIMITS, Q, measured, mix=mix, requests=6000, replicates=6, seed=5)
+    answer = model_answer(ps, LIMITS, Q, measured, workload=Workload(seeded=True), requests=6000, replicates=6, seed=5)
     assert answer.usable, answer.why
     assert answer.low is not None and answer.high is not None and answer.bracket is not None
     assert answer.low <= truth <= answer.high, (answer.low, truth, answer.high)
@@ -92,8 +92,8 @@ def test_the_interval_holds_the_capacity_and_narrows_the_bracket(truth: float) -
 def test_a_server_it_cannot_replay_narrows_nothing() -> None:
     """A front end holding every request 400 ms: the decode fit is the engine's, the TTFTs are not."""
     ps = probes([2.0, 6.0, 9.0], front_ms=400.0)
-    mix = [(s.prompt, s.tokens) for p in ps for a in p.attempts for s in a]
-    answer = model_answer(ps, {"ttft": 2000.0}, Q, (2.0, None), mix=mix, requests=3000, replicates=3, seed=5)
+    answer = model_answer(ps, {"ttft": 2000.0}, Q, (2.0, None), workload=Workload(seeded=True), requests=3000,
+                          replicates=3, seed=5)  # fmt: skip
     assert not answer.usable and answer.bracket is None
     assert "replay" in answer.why
 
@@ -109,7 +109,23 @@ def test_preempting_server_and_cut_attempts_are_kept_out() -> None:
         preemptions_delta = 3.0
 
     pre = probes_of({4.0: [{**a, "summary": Summary()}]}, {4.0: []})
-    mix = [(s.prompt, s.tokens) for p in pre for at in p.attempts for s in at]
-    answer = model_answer(pre * 1, LIMITS, Q, (None, None), mix=random.Random(1).sample(mix, 200), requests=2000,
-                          replicates=2)  # fmt: skip
+    mix = tuple((s.prompt, s.tokens) for p in pre for at in p.attempts for s in at)
+    answer = model_answer(pre, LIMITS, Q, (None, None), workload=Workload(items=mix), requests=2000, replicates=2)
     assert not answer.usable and ("preempted" in answer.why or answer.capacity is None)
+
+
+def test_the_workload_is_the_seeded_mix_only_when_every_request_came_from_it() -> None:
+    """The capacity moves with the mix: the seeded mix's population is known; anything else is the distinct
+    requests measured (each probe's first attempt repeats one trace: counted once), resampled per replicate."""
+    a, b = attempt(4.0, 200, 3), attempt(6.0, 300, 3)  # one workload seed: the same trace items again
+    for x in (a, b):
+        x["workload"] = 3
+    assert workload_of({4.0: [a], 6.0: [b]}, trace_file=False) == Workload(seeded=True)
+    measured = workload_of({4.0: [a], 6.0: [b]}, trace_file=True)
+    assert measured is not None and not measured.seeded and len(measured.items) == 325  # 300 + 25, once each
+    stopped = {**a, "records": [{**r, "max_tokens": r["completion_tokens"] + 1} for r in a["records"]]}
+    assert not workload_of({4.0: [stopped]}, trace_file=False).seeded  # type: ignore[union-attr]
+    draws = [measured.draw(k, 500, 1) for k in range(2)]
+    assert draws[0] != draws[1] and all(len(d) == 500 and set(d) <= set(measured.items) for d in draws)
+    seeded = Workload(seeded=True).draw(0, 1000, 1)
+    assert 0.05 < sum(1 for p, _ in seeded if p == 6000) / 1000 < 0.15

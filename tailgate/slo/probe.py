@@ -27,7 +27,7 @@ from tailgate.runner import ChildRunner, LocustRun, prepare_results, prepare_ser
 from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
 from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.pooled import pooled_verdicts
-from tailgate.slo.replay import model_answer, probes_of
+from tailgate.slo.replay import model_answer, probes_of, workload_of
 from tailgate.slo.search import Resolution, SearchOutcome, SearchStopped, search
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Limit, Log, ServerConfig, slo_text
 from tailgate.slo.verdict import binding_limit, check_probe, p99s
@@ -444,14 +444,16 @@ class SloRunner:
             return None
         latest = {float(pr["rate"]): pr["checks"] for pr in self._config_state(config)["probes"]}
         probes = probes_of(self._by_rate, latest)
-        mix = [(s.prompt, s.tokens) for pr in probes for a in pr.attempts for s in a]
-        if not probes or not mix:
+        workload = workload_of(self._by_rate, "--trace-file" in p.locust_args)
+        if not probes or workload is None:
             return None
-        self.log(f"[slo] {config.name}: fitting the server's step loop to {len(mix)} streams and simulating it "
-                 f"({p.model_replicates} x {p.model_requests} requests)")  # fmt: skip
+        streams = sum(len(a) for pr in probes for a in pr.attempts)
+        self.log(f"[slo] {config.name}: fitting the server's step loop to {streams} streams and simulating it "
+                 f"({p.model_replicates} x {p.model_requests} requests of {workload.describe()})")  # fmt: skip
         limits = {lim.metric: lim.limit for lim in p.limits if lim.p is not None}
-        answer = model_answer(probes, limits, qs.pop() / 100.0, (outcome.best, outcome.first_fail), mix=mix,
-                              requests=p.model_requests, replicates=p.model_replicates, seed=p.seed)  # fmt: skip
+        answer = model_answer(probes, limits, qs.pop() / 100.0, (outcome.best, outcome.first_fail),
+                              workload=workload, requests=p.model_requests, replicates=p.model_replicates,
+                              seed=p.seed)  # fmt: skip
         return answer.as_dict()
 
     def run_config(self, config: ServerConfig) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tailgate.load.workload import make_trace
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
 
 CHUNK_CHOICES = (0, 512, 2048, 8192)
@@ -413,6 +414,8 @@ class ModelAnswer:
     why: str
     bracket: tuple[float, float] | None = None
     """The measured bracket intersected with the model's interval: only when ``usable``."""
+    workload: str = ""
+    """Where the simulated requests came from."""
     curve: list[dict[str, Any]] = field(default_factory=list)
     """The simulated percentile against rate, per limited metric, with its band: the rates the search for the
     capacity simulated."""
@@ -428,12 +431,58 @@ class ModelAnswer:
             "slots_reached": None if fit is None else fit.slots_reached,
             "streams": None if fit is None else fit.streams,
             "replay": [] if fit is None else [asdict(r) for r in fit.replay],
-            "curve": self.curve,
+            "curve": self.curve, "workload": self.workload,
         }  # fmt: skip
 
 
 def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Where each replicate's requests come from: the workload's own generator, or the distinct requests measured.
+
+    The capacity depends on the mix as much as on the engine (one 6,000-token prompt in ten, or in nine, moves it
+    by several percent), and a search's few thousand measured requests are few distinct ones (every probe's first
+    attempt repeats one trace). With the generator the mix is the workload's own; with measured items each
+    replicate draws from its own bootstrap resample of them, so the interval carries the mix's uncertainty."""
+
+    items: tuple[tuple[int, int], ...] = ()
+    """The distinct (prompt, output tokens) measured; empty: the seeded mix (``seeded``)."""
+    seeded: bool = False
+
+    def draw(self, k: int, requests: int, seed: int) -> list[tuple[int, int]]:
+        if self.seeded:
+            return [(t.prompt_tokens, t.max_tokens) for t in make_trace(requests, seed * 7919 + k)]
+        rng = random.Random(seed * 7919 + k)
+        resample = [self.items[rng.randrange(len(self.items))] for _ in self.items]
+        return [resample[rng.randrange(len(resample))] for _ in range(requests)]
+
+    def describe(self) -> str:
+        if self.seeded:
+            return "the seeded mix (70% 200->100, 20% 1000->300, 10% 6000->600 tokens)"
+        return f"a bootstrap resample of the {len(self.items)} distinct requests measured, per replicate"
+
+
+def workload_of(attempts_by_rate: Mapping[float, Sequence[Mapping[str, Any]]], trace_file: bool) -> Workload | None:
+    """The seeded mix when every measured request came from it and ran to its planned length (its population is
+    known); else the distinct requests measured (a trace file, other prompts, streams that stopped early)."""
+    distinct: dict[tuple[Any, Any], tuple[int, int]] = {}
+    seeded = not trace_file
+    for attempts in attempts_by_rate.values():
+        for a in attempts:
+            for r in a.get("records") or []:
+                if r.get("error_class") is not None:
+                    continue
+                for s in streams_of([r], set()):
+                    distinct[(a.get("workload"), r.get("trace_id"))] = (s.prompt, s.tokens)
+                    planned = (r.get("prompt_tokens_planned"), r.get("max_tokens"))
+                    if r.get("prompt_source", "seed") != "seed" or (planned[1] is not None and s.tokens != planned[1]):
+                        seeded = False
+    if not distinct:
+        return None
+    return Workload(seeded=True) if seeded else Workload(items=tuple(distinct.values()))
 
 
 def model_answer(
@@ -442,7 +491,7 @@ def model_answer(
     q: float,
     measured: tuple[float | None, float | None],
     *,
-    mix: Sequence[tuple[int, int]],
+    workload: Workload,
     requests: int = 20000,
     replicates: int = 4,
     seed: int = 1,
@@ -450,17 +499,14 @@ def model_answer(
     """Fit, check, and simulate: the model's capacity interval and, when it holds up, the narrowed bracket.
 
     ``limits``: metric (``ttft``, ``gap``, ``total``) -> ms at the quantile ``q``; ``measured``: the measured
-    bracket [highest pass, lowest fail] (either end None when open); ``mix``: (prompt, output tokens) of the
-    workload's requests, resampled for each simulation."""
+    bracket [highest pass, lowest fail] (either end None when open); ``workload``: where each replicate's
+    requests come from."""
     fit = fit_service(probes, q, list(limits))
     if fit is None:
         return ModelAnswer(None, None, None, [], None, False, "too few streams of three tokens or more to fit")
     lo_m, hi_m = measured
     near = lo_m or (hi_m / 2 if hi_m else None) or max(p.rate for p in probes)
-    mixes = []
-    for k in range(replicates):
-        rng = random.Random(seed * 7919 + k)
-        mixes.append([mix[rng.randrange(len(mix))] for _ in range(requests)])
+    mixes = [workload.draw(k, requests, seed) for k in range(replicates)]
     reps = Replicates(fit.engine, mixes, seed)
     cap, jack = capacity_of(reps, limits, q, near=near)
     curve = [{"rate": round(r, 4), **{m: [round(v, 1) for v in band] for m, band in reps.curve[r].items()}}
@@ -469,11 +515,16 @@ def model_answer(
         return ModelAnswer(None, None, None, jack, fit, False, "the fitted engine crosses the limits at no rate tried")
     r = len(jack)
     se = math.sqrt((r - 1) / r * sum((c - statistics.fmean(jack)) ** 2 for c in jack))
+    if not workload.seeded:
+        # the mix's own error does not average out over replicates drawn from one measured sample: the spread of
+        # a single replicate (the jackknife's times sqrt(r)) is its share, the simulation's noise on top
+        se *= math.sqrt(r)
     half = max(T975.get(r - 1, 2.2) * se, FLOOR * cap)
     mean, caps = cap, jack
     low, high = mean - half, mean + half
     why = _unusable(fit, probes, (low, high), measured)
-    answer = ModelAnswer(mean, low, high, caps, fit, not why, why or "every check held", curve=curve)
+    answer = ModelAnswer(mean, low, high, caps, fit, not why, why or "every check held", curve=curve,
+                         workload=workload.describe())  # fmt: skip
     if not why:
         answer.bracket = (max(low, lo_m or 0.0), min(high, hi_m if hi_m is not None else math.inf))
     return answer
