@@ -1,0 +1,94 @@
+"""The fitted step loop of a finished ``tailgate slo`` folder, computed again from its records.
+
+A search's probes are its expensive part (minutes each, on a server); the model at its end is seconds of CPU. This
+recomputes it for every configuration of a results folder from the records on disk, with this tree's rules and
+the given simulation size, and prints each configuration's measured bracket, the model's interval, every probe's
+replay beside what was measured, and the narrowed bracket or why there is none. Nothing is written unless
+``--json`` names a file.
+
+Run: ``python benchmarks/slo_refit.py RESULTS [--replicates 8] [--requests 10000] [--json out.json]``
+(for the H200 search kept in the tree: ``tar xzf results/h200/slo-fitted/results-slo-chunked.tar.gz -C /tmp``
+then ``python benchmarks/slo_refit.py /tmp/slo``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tailgate.records import read_records
+from tailgate.slo.replay import model_answer, probes_of, workload_of
+from tailgate.stats import measured_records
+
+
+def refit(root: Path, config: dict[str, Any], plan: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    warmup = int(plan.get("warmup", 25))
+    by_rate: dict[float, list[dict[str, Any]]] = {}
+    checks: dict[float, list[dict[str, Any]]] = {}
+    for probe in config.get("probes", []):
+        rate = float(probe["rate"])
+        checks[rate] = probe.get("checks", [])
+        for a in probe.get("attempts", []):
+            recs = read_records(root / a["dir"]).records
+            attempt = {"records": recs, "measured": measured_records(recs, warmup), "workload": a.get("seed"),
+                       "stopped_early": a.get("stopped_early")}  # fmt: skip
+            by_rate.setdefault(rate, []).append(attempt)
+    limits = {lim["metric"]: float(lim["limit"]) for lim in plan["limits"] if lim.get("p") is not None}
+    qs = {lim["p"] for lim in plan["limits"] if lim.get("p") is not None}
+    result = config.get("result") or {}
+    measured = (result.get("best_rate"), result.get("first_fail_rate"))
+    workload = workload_of(by_rate, trace_file=any("trace-file" in x for x in plan.get("locust_args", [])))
+    if workload is None or len(qs) != 1:
+        return {"config": config["name"], "fitted": None}
+    t0 = time.monotonic()
+    probes = probes_of(by_rate, checks)
+    seed = int(plan.get("seed", 7))
+    answer = model_answer(probes, limits, qs.pop() / 100.0, measured, workload=workload, requests=args.requests,
+                          replicates=args.replicates, seed=seed)  # fmt: skip
+    return {"config": config["name"], "measured": list(measured), "seconds": round(time.monotonic() - t0, 1),
+            "fitted": answer.as_dict()}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("results", type=Path)
+    p.add_argument("--replicates", type=int, default=8)
+    p.add_argument("--requests", type=int, default=10000)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    state_file = args.results / "slo.json"
+    if not state_file.is_file():
+        p.error(f"{state_file} not found: give a tailgate slo results folder")
+    state = json.loads(state_file.read_text())
+    rows = [refit(args.results, c, state["plan"], args) for c in state.get("configs", [])]
+    for row in rows:
+        f = row["fitted"]
+        print(f"{row['config']}: measured bracket {row.get('measured')}")
+        if not f:
+            print("  no fitted model (no streams, or limits at different percentiles)")
+            continue
+        e = f["engine"] or {}
+        print(f"  fitted step loop ({row['seconds']} s): {e.get('slots')} slots "
+              f"({'reached' if f['slots_reached'] else 'never filled: unlimited'}), step {e.get('step_ms', 0):.3g} ms "
+              f"+ {e.get('step_ms_per_seq', 0):.3g} ms/stream + {e.get('prefill_ms_per_token', 0):.3g} ms/prefilled "
+              f"token, {'chunks of ' + str(e.get('chunk_tokens')) if e.get('chunked') else 'whole prompts'}; "
+              f"{f['streams']} streams; requests from {f['workload']}")  # fmt: skip
+        for r in f["replay"]:
+            print(f"    {r['rate']:>6g} req/s {r['key']:<9} measured {r['measured']:>7.1f} ms  replayed "
+                  f"{r['model']:>7.1f} ms  interval [{r['low']}, {r['high']}]  "
+                  f"{'agrees' if r['inside'] else 'DISAGREES'}")  # fmt: skip
+        print(f"  capacity {f['capacity']} req/s, 95% interval {f['interval']} (model estimate); "
+              f"narrowed bracket {f['bracket']}; {f['why']}")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
