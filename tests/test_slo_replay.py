@@ -13,6 +13,7 @@ import pytest
 from tailgate.load.workload import make_trace
 from tailgate.slo.replay import (
     Probe,
+    ReplayRow,
     Replicates,
     Workload,
     capacity_of,
@@ -20,6 +21,7 @@ from tailgate.slo.replay import (
     model_answer,
     probes_of,
     streams_of,
+    systematic_error,
     workload_of,
 )
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
@@ -129,3 +131,24 @@ def test_the_workload_is_the_seeded_mix_only_when_every_request_came_from_it() -
     assert draws[0] != draws[1] and all(len(d) == 500 and set(d) <= set(measured.items) for d in draws)
     seeded = Workload(seeded=True).draw(0, 1000, 1)
     assert 0.05 < sum(1 for p, _ in seeded if p == 6000) / 1000 < 0.15
+
+
+def test_a_replay_on_one_side_of_every_probe_is_a_systematic_error() -> None:
+    """Each probe alone may agree within its interval; five on one side by 8% on average do not happen by chance
+    (a sign test: 1 in 16), while mixed signs or a 2% lean are noise."""
+
+    def rows(errs: list[float], key: str = "ttft_p99") -> list[ReplayRow]:
+        return [ReplayRow(float(i + 1), key, 100.0, 100.0 * (1 + e), 50.0, None, True) for i, e in enumerate(errs)]
+
+    assert "under the measured ttft_p99 at every one of 5 probes (-8%" in systematic_error(rows([-0.08] * 5))
+    assert "over the measured gap_p99" in systematic_error(rows([0.06, 0.1, 0.07, 0.09, 0.08], "gap_p99"))
+    assert systematic_error(rows([-0.08, -0.1, 0.05, -0.09, -0.08])) == ""
+    assert systematic_error(rows([-0.02] * 6)) == "" and systematic_error(rows([-0.2] * 4)) == ""
+
+
+def test_the_prefill_cost_is_calibrated_by_the_replay() -> None:
+    """At low load the TTFT p99 is one long prompt's prefill: the replay must give it within a few percent."""
+    fit = fit_service(probes([1.0, 3.0, 6.0]), Q)
+    assert fit is not None
+    low = next(r for r in fit.replay if r.rate == 1.0)
+    assert abs(low.model - low.measured) <= 0.08 * low.measured, low

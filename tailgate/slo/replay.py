@@ -547,6 +547,20 @@ def model_answer(
     return answer
 
 
+def systematic_error(replay: Sequence[ReplayRow]) -> str:
+    """A model on one side of the measured percentile at every probe is off by more than its noise, even when each
+    probe alone agrees within its interval ('' when no limit's replay is)."""
+    for key in sorted({r.key for r in replay}):
+        errs = [(r.model - r.measured) / r.measured for r in replay if r.key == key and r.measured > 0]
+        if len(errs) >= BIAS_PROBES and (all(e < 0 for e in errs) or all(e > 0 for e in errs)):
+            mean = statistics.fmean(errs)
+            if abs(mean) >= BIAS_SHARE:
+                side = "under" if mean < 0 else "over"
+                return (f"its replay is {side} the measured {key} at every one of {len(errs)} probes "
+                        f"({mean:+.0%} on average): a systematic error, not noise")  # fmt: skip
+    return ""
+
+
 def _unusable(fit: ServiceFit, probes: Sequence[Probe], interval: tuple[float, float],
               measured: tuple[float | None, float | None]) -> str:  # fmt: skip
     """Why the model may not narrow the bracket ('' when it may)."""
@@ -559,15 +573,9 @@ def _unusable(fit: ServiceFit, probes: Sequence[Probe], interval: tuple[float, f
             f"its replay of {r.rate:g} req/s gives {r.key} {r.model:g} ms where {r.measured:g} ms was measured "
             f"(interval {r.low}..{r.high})"
         )
-    for key in sorted({r.key for r in fit.replay}):
-        rows = [r for r in fit.replay if r.key == key and r.measured > 0]
-        errs = [(r.model - r.measured) / r.measured for r in rows]
-        if len(errs) >= BIAS_PROBES and (all(e < 0 for e in errs) or all(e > 0 for e in errs)):
-            mean = statistics.fmean(errs)
-            if abs(mean) >= BIAS_SHARE:
-                side = "under" if mean < 0 else "over"
-                return (f"its replay is {side} the measured {key} at every one of {len(errs)} probes "
-                        f"({mean:+.0%} on average): a systematic error, not noise")  # fmt: skip
+    bias = systematic_error(fit.replay)
+    if bias:
+        return bias
     lo_m, hi_m = measured
     if lo_m is not None and interval[1] < lo_m:
         return f"its interval ends under the measured pass at {lo_m:g} req/s"
