@@ -113,8 +113,9 @@ def test_a_manual_server_never_records_flags_as_applied(gt: ServerProcess, tmp_p
     entry = prepare_server(_manual(gt), "seqs8", flags, log=lambda _line: None)
     assert entry["flags_applied"] is False and entry["flags"] is None and entry["requested_flags"] == flags
     # slo: the same step, recorded in slo.json
-    plan = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=300ms"), configs=[slo.parse_config("seqs8: max-num-seqs=8")],
-                       model_replicates=0)
+    plan = slo.SloPlan(
+        limits=slo.parse_slo("ttft_p99<=300ms"), configs=[slo.parse_config("seqs8: max-num-seqs=8")], model_replicates=0
+    )
     runner = slo.SloRunner(plan, _manual(gt), tmp_path / "slo", log=lambda _line: None)
     runner.root.mkdir()
     runner._ensure_server(plan.configs[0])
