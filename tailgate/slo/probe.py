@@ -475,7 +475,12 @@ class SloRunner:
         cs["result"] = result_of(outcome, cs["probes"], p)
         model = self._model(config)
         cs["result"]["model"] = model.as_dict() if model is not None else None
-        cs["result"]["fitted"] = self._fitted(config, outcome)
+        try:
+            cs["result"]["fitted"] = self._fitted(config, outcome)
+        except (ArithmeticError, ValueError, KeyError, TypeError, RecursionError, MemoryError) as e:
+            # a model estimate never costs the measured answer it sits beside
+            why = f"the fitted model failed: {type(e).__name__}: {e}"
+            cs["result"]["fitted"] = {"label": "model estimate, not a measurement", "capacity": None, "why": why}
         cs["status"] = "done"
         self._save()
         self.log(f"[slo] {config.name}: {answer_line(cs['result'])}")
