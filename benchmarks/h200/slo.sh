@@ -26,7 +26,15 @@
 # ~15 s; TIME_BUDGET_S bounds the probing, and the server's start (~80-100 s) comes on top: keep the two under
 # the 10-minute command limit.
 #
-# Device calls (../shared/gpu/README.md: `prepare.sh .gpu` here first, with the suite's wheels as for device.sh):
+# At the end of the search `tailgate slo` fits the server's step loop to the probes' streams and simulates it
+# (8 x 10,000 requests, ~1 minute on the GPU host's CPU): a labelled model interval that narrows the bracket when
+# its replay of every probe agrees (README, "The server's own step loop"); keep ~90 s of the call for it.
+#
+# Device calls (../shared/gpu/README.md: `prepare.sh .gpu` here first, with the suite's wheels as for device.sh).
+# The tree plus one carried chunk must stay under 64 MiB: with the tree's ~25 MB of results, split the bundle in
+# 36 MB chunks (cat .gpu/p*/chunk.* | split -b 36000000 -d - chunk.; one per .gpu/pK). gevent needs zope.event
+# and zope.interface, both in the `zope` namespace: unzip their wheels into /tmp/site (pip --target replaces the
+# whole `zope` folder with each one).
 #   carry [.gpu/p1, .gpu/s]:    bash .gpu/s/go.sh env; bash .gpu/s/go.sh stage 1      (then stage K for each chunk)
 #   carry [.gpu/s, .gpu/model]: bash .gpu/s/go.sh install && bash benchmarks/h200/slo.sh chunked 200
 #   carry [.gpu/s]:             bash benchmarks/h200/slo.sh mnbt2048 200
