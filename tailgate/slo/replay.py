@@ -45,8 +45,10 @@ BIAS_PROBES = 5
 BIAS_SHARE = 0.05
 REPLAY_TOLERANCE = 0.15
 """A replayed percentile further than this (relative) from the measured one, and outside its interval, fails."""
-FLOOR = 0.025
-"""Least half-width of the model's interval, relative: the fitted form's own error on an engine of its family."""
+FLOOR = 0.04
+"""Least half-width of the model's interval, relative: the fit's own error on an engine of its family, which the
+replicates do not see (a prefill cost or step slope a few percent off). On the coverage benchmark's four shapes
+(70 searches) the centre was within 3.7% of the truth in 95% of them, and at most 4.8% off."""
 T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 """Student's t, 97.5% two-sided, by degrees of freedom (more: 2.2)."""
 METRIC_OF_OUTCOME = {"ttft": "ttft_ms", "gap": "worst_gap_ms", "total": "total_ms"}
