@@ -33,6 +33,7 @@ from tailgate.postprocess.diagnosis import (
 )
 from tailgate.postprocess.html import render
 from tailgate.postprocess.load import ResultsError
+from tailgate.postprocess.slofitted import fitted_cell, fitted_curves
 from tailgate.postprocess.timeline import prefill_attribution
 from tailgate.resultfiles import SLO_ANALYSIS
 from tailgate.resultfiles import SLO_META as SLO_FILE
@@ -312,15 +313,8 @@ def _cells(row: Mapping[str, Any]) -> list[str]:
         row["config"], row["flags"], _best_text(row), _rate(row["first_fail_rate"]), _width_text(row),
         _ms(row["p99"].get("ttft")), _ms(row["p99"].get("gap")), _ms(row["p99"].get("total")),
         row["binding"] or "–", row["mechanism"], _probes_text(row),
-        ", ".join(_rate(u) for u in row["uncertain"]) or "–", _fitted_text(row.get("fitted") or {}),
+        ", ".join(_rate(u) for u in row["uncertain"]) or "–", fitted_cell(row.get("fitted") or {}),
     ]  # fmt: skip
-
-
-def _fitted_text(fitted: Mapping[str, Any]) -> str:
-    br = fitted.get("bracket")
-    if fitted.get("usable") and br:
-        return f"[{_rate(br[0])}, {_rate(br[1])}] ({(br[1] - br[0]) / br[0]:.0%})" if br[0] else f"[0, {_rate(br[1])}]"
-    return "not used: " + str(fitted["why"]) if fitted.get("why") else "–"
 
 
 def table_markdown(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
@@ -479,7 +473,7 @@ def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") ->
                 ax.plot([p["rate"]], [v], marker=marker, color=color, mfc=face, ms=7, ls="none")
         if key:
             _model_curves(ax, state, key, names)
-        _fitted_curves(ax, state, metric, names)
+        fitted_curves(ax, state, metric, names)
         if lim:
             ax.axhline(lim["limit"], color="#a02020", ls="--", lw=1)
             ax.text(0.01, lim["limit"], f" limit {lim['limit']:g} ms", color="#a02020", fontsize=8, va="bottom",
@@ -512,23 +506,6 @@ def _model_curves(ax: Any, state: Mapping[str, Any], key: str, names: Sequence[s
             label=f"{c['name']} (model)",
             gid="model",
         )
-
-
-def _fitted_curves(ax: Any, state: Mapping[str, Any], metric: str, names: Sequence[str]) -> None:
-    """The fitted step loop's simulated p99 against rate with its band, per configuration: dash-dot, labelled a
-    model, drawn only over the rates the probes spanned (the rest is extrapolation)."""
-    for c in state.get("configs", []):
-        fitted = (c.get("result") or {}).get("fitted") or {}
-        rates = [float(p["rate"]) for p in c.get("probes", [])]
-        pts = [(float(row["rate"]), row[metric]) for row in fitted.get("curve") or [] if row.get(metric)]
-        pts = [(x, b) for x, b in pts if rates and min(rates) * 0.9 <= x <= max(rates) * 1.1]
-        if len(pts) < 2:
-            continue
-        color = charts.config_color(c["name"], names)
-        xs = [x for x, _ in pts]
-        ax.fill_between(xs, [b[1] for _, b in pts], [b[2] for _, b in pts], color=color, alpha=0.12, gid="model")
-        ax.plot(xs, [b[0] for _, b in pts], color=color, ls="-.", lw=1.2, gid="model",
-                label=f"{c['name']} (fitted step loop, model)")  # fmt: skip
 
 
 def _rate_axis(ax: Any) -> None:
