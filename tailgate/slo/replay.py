@@ -5,17 +5,19 @@ evidence of a few hundred independent requests at most, and a measured bracket n
 service the server gave each request is measured much faster: every stream's inter-token time, how many streams
 shared the engine at that moment and how many prompt tokens were prefilled beside it. A continuous-batching engine
 (vLLM's scheduler) is a step loop: a step costs ``step_ms + step_ms_per_seq * running + prefill_ms_per_token *
-prefilled`` and admits waiting requests while fewer than ``slots`` run. Those four figures are fitted to the probes'
-own streams (least squares on each stream's decode time), the slot count and the prefill policy (whole prompts, or
-chunks of 512, 2048 or 8192 tokens a step) chosen by replaying every probe's own arrivals through the fitted engine
-and comparing the TTFT it predicts with the TTFT measured on the same requests.
+prefilled`` and admits waiting requests while fewer than ``slots`` run. The three costs are fitted to the probes'
+own streams (least squares on each stream's decode time); the slot count, the prefill policy (whole prompts, or
+chunks of 512, 2048 or 8192 tokens a step) and the prefill cost are then chosen by replaying every probe's own
+arrivals through the fitted engine and comparing each limited percentile with the one measured on the same
+requests.
 
-The fitted engine then predicts the steady-state percentile at any rate (a long simulation of the workload's
-requests, drawn from those measured), and so a capacity. Its interval comes from independent simulation
-replicates (Student's t on their spread, floored at :data:`FLOOR`). The model narrows the bracket only when it
-passes its checks: its replay of every probe lies inside that probe's own distribution-free interval, its
-capacity lies inside the measured bracket, and the server preempted nothing (KV-cache pressure is not in the
-model). Every figure here is labelled a model estimate; the measured bracket is never replaced, only intersected.
+The fitted engine then predicts the steady-state percentile at any rate (pooled simulation replicates of the
+workload's requests: its own generator when known, else the distinct requests measured), and so a capacity. Its
+interval is the jackknife over the replicates, floored at :data:`FLOOR`. The model narrows the bracket only when
+it passes its checks: its replay of every probe lies inside that probe's own distribution-free interval or close
+to the measured value, no limit's replay leans one way at every probe, its interval overlaps the measured bracket,
+and the server preempted nothing (KV-cache pressure is not in the model). Every figure here is labelled a model
+estimate; the measured bracket is never replaced, only intersected.
 """
 
 from __future__ import annotations
