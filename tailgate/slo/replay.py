@@ -541,10 +541,9 @@ def model_answer(
         # a single replicate (the jackknife's times sqrt(r)) is its share, the simulation's noise on top
         se *= math.sqrt(r)
     half = max(T975.get(r - 1, 2.2) * se, FLOOR * cap)
-    mean, caps = cap, jack
-    low, high = mean - half, mean + half
+    low, high = cap - half, cap + half
     why = _unusable(fit, probes, (low, high), measured)
-    answer = ModelAnswer(mean, low, high, caps, fit, not why, why or "every check held", curve=curve,
+    answer = ModelAnswer(cap, low, high, jack, fit, not why, why or "every check held", curve=curve,
                          workload=workload.describe())  # fmt: skip
     if not why:
         answer.bracket = (max(low, lo_m or 0.0), min(high, hi_m if hi_m is not None else math.inf))
