@@ -20,10 +20,10 @@ from tailgate.slo.replay import (
     fit_service,
     model_answer,
     probes_of,
-    streams_of,
     systematic_error,
     workload_of,
 )
+from tailgate.slo.stepfit import fit_costs, prefill_from_idle, streams_of
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
 
 ENGINE = EngineModel(slots=8, step_ms=2.0, step_ms_per_seq=0.4, prefill_ms_per_token=0.004)
@@ -35,12 +35,14 @@ def lengths(n: int, seed: int) -> list[tuple[int, int]]:
     return [(t.prompt_tokens, t.max_tokens) for t in make_trace(n, seed)]
 
 
-def attempt(rate: float, n: int, seed: int, front_ms: float = 0.0, warmup: int = 25) -> dict[str, Any]:
+def attempt(
+    rate: float, n: int, seed: int, front_ms: float = 0.0, warmup: int = 25, engine: EngineModel = ENGINE
+) -> dict[str, Any]:
     """One probe attempt as ``tailgate slo`` hands it over: every record, the measured ones past the warm-up.
     ``front_ms`` holds every request that long before the engine sees it (a front end outside the model)."""
     arrivals = poisson_arrivals(rate, lengths(n + warmup, seed), seed + 1)
     delayed = [(a + round(front_ms * 1e6), p, m) for a, p, m in arrivals]
-    outs = simulate(ENGINE, delayed)
+    outs = simulate(engine, delayed)
     recs = []
     for i, (o, (a, p, m)) in enumerate(zip(outs, arrivals, strict=True)):
         t0 = a / 1e9
@@ -53,8 +55,8 @@ def attempt(rate: float, n: int, seed: int, front_ms: float = 0.0, warmup: int =
     return {"records": recs, "measured": measured, "stopped_early": None, "sent": len(recs), "errors": 0}
 
 
-def probes(rates: list[float], front_ms: float = 0.0) -> list[Probe]:
-    by_rate = {r: [attempt(r, 900, 11 + k, front_ms)] for k, r in enumerate(rates)}
+def probes(rates: list[float], front_ms: float = 0.0, engine: EngineModel = ENGINE) -> list[Probe]:
+    by_rate = {r: [attempt(r, 900, 11 + k, front_ms, engine=engine)] for k, r in enumerate(rates)}
     return probes_of(by_rate, {r: [] for r in rates})
 
 
@@ -152,3 +154,34 @@ def test_the_prefill_cost_is_calibrated_by_the_replay() -> None:
     assert fit is not None
     low = next(r for r in fit.replay if r.rate == 1.0)
     assert abs(low.model - low.measured) <= 0.08 * low.measured, low
+
+
+def test_the_costs_are_measured_without_the_fits_biases() -> None:
+    """A stream's mean step is an average over steps: the running count is taken per step, not per second (per
+    second it weighs the long steps of many streams more, and the step cost came out ~5% low). The prefill cost
+    is measured on requests that found no queue: a front end holding every request moves their TTFT, not its
+    slope against the prompt."""
+    ps = probes([2.0, 6.0, 9.0])
+    by_rate = [p.attempts for p in ps]
+    costs = fit_costs(by_rate)
+    assert costs, "no fit"
+    step, per_seq, _ = costs[0]
+    assert step == pytest.approx(ENGINE.step_ms, rel=0.01)
+    assert per_seq == pytest.approx(ENGINE.step_ms_per_seq, rel=0.03)
+    direct = prefill_from_idle(by_rate)
+    held = prefill_from_idle([p.attempts for p in probes([2.0, 6.0, 9.0], front_ms=400.0)])
+    assert direct == pytest.approx(ENGINE.prefill_ms_per_token, rel=0.03)
+    assert held == pytest.approx(ENGINE.prefill_ms_per_token, rel=0.03)
+    assert any(c[2] == direct for c in costs)  # offered to the replay beside the fitted one
+    same = [[[s for s in a if s.prompt == 200] for a in p.attempts] for p in ps]
+    assert prefill_from_idle(same) is None  # one prompt length: no slope to measure
+
+
+def test_a_chunked_engine_is_told_from_a_whole_prompt_one() -> None:
+    """Chunked prefill puts a chunk's step overhead on every 512 prompt tokens: the direct slope is then not the
+    per-token cost, and the replay must pick the fitted cost and the chunk size."""
+    chunked = EngineModel(slots=64, step_ms=10.0, step_ms_per_seq=0.05, prefill_ms_per_token=0.01, chunked=True)
+    fit = fit_service(probes([2.0, 8.0, 14.0], engine=chunked), Q)
+    assert fit is not None and fit.engine.chunked and fit.engine.chunk_tokens == 512, fit
+    assert fit.engine.prefill_ms_per_token == pytest.approx(0.01, rel=0.15)
+    assert fit.consistent and not systematic_error(fit.replay)

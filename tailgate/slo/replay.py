@@ -6,7 +6,8 @@ service the server gave each request is measured much faster: every stream's int
 shared the engine at that moment and how many prompt tokens were prefilled beside it. A continuous-batching engine
 (vLLM's scheduler) is a step loop: a step costs ``step_ms + step_ms_per_seq * running + prefill_ms_per_token *
 prefilled`` and admits waiting requests while fewer than ``slots`` run. The three costs are fitted to the probes'
-own streams (least squares on each stream's decode time); the slot count, the prefill policy (whole prompts, or
+own streams (:mod:`tailgate.slo.stepfit`: each stream's decode time, and the TTFT of requests that found no
+queue); the slot count, the prefill policy (whole prompts, or
 chunks of 512, 2048 or 8192 tokens a step) and the prefill cost are then chosen by replaying every probe's own
 arrivals through the fitted engine and comparing each limited percentile with the one measured on the same
 requests.
@@ -22,7 +23,6 @@ estimate; the measured bracket is never replaced, only intersected.
 
 from __future__ import annotations
 
-import bisect
 import math
 import random
 import statistics
@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tailgate.load.workload import make_trace
+from tailgate.slo.stepfit import Stream, fit_costs, max_concurrency, streams_of
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
 
 CHUNK_CHOICES = (0, 512, 2048, 8192)
@@ -40,7 +41,7 @@ UNLIMITED_SLOTS = 4096
 SLOTS_MARGIN = 0.0025
 """Per replayed percentile, the squared log error a slot count must save over unlimited admission (5% each)."""
 PREFILL_FACTORS = (0.7, 0.8, 0.9, 1.12, 1.25, 1.4)
-"""Multiples of the decode fit's prefill cost tried by replaying the probes."""
+"""Multiples of the fitted prefill cost tried by replaying the probes."""
 BIAS_PROBES = 5
 """A model on the same side of the measured percentile at this many probes or more, by at least
 :data:`BIAS_SHARE` on average, is systematically off (a sign test: 1 in 16 by chance for five)."""
@@ -54,48 +55,6 @@ replicates do not see (a prefill cost or step slope a few percent off). On the c
 T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 """Student's t, 97.5% two-sided, by degrees of freedom (more: 2.2)."""
 METRIC_OF_OUTCOME = {"ttft": "ttft_ms", "gap": "worst_gap_ms", "total": "total_ms"}
-
-
-@dataclass(frozen=True)
-class Stream:
-    """One finished request as the fit and the replay see it (seconds on the attempt's clock, tokens)."""
-
-    intended: float
-    first: float
-    end: float
-    prompt: int
-    tokens: int
-    ttft_ms: float
-    measured: bool
-    gap_ms: float = 0.0
-    total_ms: float = 0.0
-
-    def value(self, metric: str) -> float:
-        return {"ttft": self.ttft_ms, "gap": self.gap_ms, "total": self.total_ms}[metric]
-
-
-def streams_of(records: Sequence[Mapping[str, Any]], measured_ids: set[Any]) -> list[Stream]:
-    """The successful records of one attempt as streams; ``measured_ids`` are the trace ids past the warm-up."""
-    out = []
-    for r in records:
-        if r.get("error_class") is not None:
-            continue
-        t0, end = r.get("intended_s"), r.get("end_s")
-        ttft = r.get("ttft_from_intended_ms")
-        if not all(isinstance(v, (int, float)) for v in (t0, end, ttft)):
-            continue
-        first = r.get("first_chunk_s")
-        first = float(first) if isinstance(first, (int, float)) else float(t0) + float(ttft) / 1000.0  # type: ignore[arg-type]
-        prompt = next((r[k] for k in ("prompt_tokens", "prompt_tokens_tokenized", "prompt_tokens_planned")
-                       if isinstance(r.get(k), int) and r[k] > 0), None)  # fmt: skip
-        tokens = next((r[k] for k in ("completion_tokens", "chunks") if isinstance(r.get(k), int) and r[k] > 0), None)
-        if prompt is None or tokens is None:
-            continue
-        gap, total = r.get("worst_gap_ms"), r.get("total_from_intended_ms")
-        out.append(Stream(float(t0), first, float(end), int(prompt), int(tokens), float(ttft),  # type: ignore[arg-type]
-                          r.get("trace_id") in measured_ids, float(gap) if isinstance(gap, (int, float)) else 0.0,
-                          float(total) if isinstance(total, (int, float)) else (float(end) - float(t0)) * 1000.0))  # type: ignore[arg-type]  # fmt: skip
-    return out
 
 
 @dataclass
@@ -126,98 +85,6 @@ def probes_of(
             checks = {str(c["key"]): c for c in checks_by_rate[rate]}
             out.append(Probe(rate, streams, checks, preempted))
     return out
-
-
-def _running_integral(streams: Sequence[Stream]) -> tuple[list[float], list[float], list[int]]:
-    """Event times, the integral of the decoding-stream count up to each, and the count after each."""
-    events = sorted([(s.first, 1) for s in streams] + [(s.end, -1) for s in streams])
-    times, integral, count = [], [], []
-    run, acc, last = 0, 0.0, events[0][0] if events else 0.0
-    for t, d in events:
-        acc += run * (t - last)
-        run += d
-        last = t
-        times.append(t)
-        integral.append(acc)
-        count.append(run)
-    return times, integral, count
-
-
-def _integral_at(t: float, times: list[float], integral: list[float], count: list[int]) -> float:
-    i = bisect.bisect_right(times, t) - 1
-    if i < 0:
-        return 0.0
-    return integral[i] + count[i] * (t - times[i])
-
-
-def decode_rows(streams: Sequence[Stream]) -> list[tuple[float, float, float, float]]:
-    """Per stream with three tokens or more: (weight, mean step ms, mean streams decoding, prompt tokens per step)."""
-    if not streams:
-        return []
-    times, integral, count = _running_integral(streams)
-    by_first = sorted(streams, key=lambda s: s.first)
-    firsts = [s.first for s in by_first]
-    prefix = [0]
-    for s in by_first:
-        prefix.append(prefix[-1] + s.prompt)
-    rows = []
-    for s in streams:
-        steps = s.tokens - 1
-        span = s.end - s.first
-        if steps < 2 or span <= 0:
-            continue
-        running = (_integral_at(s.end, times, integral, count) - _integral_at(s.first, times, integral, count)) / span
-        i, j = bisect.bisect_right(firsts, s.first), bisect.bisect_right(firsts, s.end)
-        rows.append((float(steps), span * 1000.0 / steps, running, (prefix[j] - prefix[i]) / steps))
-    return rows
-
-
-def _solve(rows: Sequence[tuple[float, float, float, float]], use: tuple[bool, bool]) -> list[float] | None:
-    """Weighted least squares of mean step on (1, running, prefill per step), the unused regressors held at 0."""
-    cols = [0] + [k + 1 for k, u in enumerate(use) if u]
-    size = len(cols)
-    a = [[0.0] * size for _ in range(size)]
-    b = [0.0] * size
-    for w, y, r, p in rows:
-        x = [1.0, r, p]
-        for i, ci in enumerate(cols):
-            b[i] += w * x[ci] * y
-            for j, cj in enumerate(cols):
-                a[i][j] += w * x[ci] * x[cj]
-    # Gaussian elimination with partial pivoting (at most 3x3)
-    for i in range(size):
-        piv = max(range(i, size), key=lambda k: abs(a[k][i]))
-        if abs(a[piv][i]) < 1e-12:
-            return None
-        a[i], a[piv], b[i], b[piv] = a[piv], a[i], b[piv], b[i]
-        for k in range(i + 1, size):
-            f = a[k][i] / a[i][i]
-            for j in range(i, size):
-                a[k][j] -= f * a[i][j]
-            b[k] -= f * b[i]
-    sol = [0.0] * size
-    for i in reversed(range(size)):
-        sol[i] = (b[i] - sum(a[i][j] * sol[j] for j in range(i + 1, size))) / a[i][i]
-    out = [0.0, 0.0, 0.0]
-    for ci, v in zip(cols, sol, strict=True):
-        out[ci] = v
-    return out
-
-
-def fit_step_cost(rows: Sequence[tuple[float, float, float, float]]) -> tuple[float, float, float] | None:
-    """(step ms, ms per running stream, ms per prefilled token), every figure at least 0 (dropped and refitted)."""
-    if len(rows) < 10:
-        return None
-    for use in ((True, True), (True, False), (False, True), (False, False)):
-        sol = _solve(rows, use)
-        if sol is not None and sol[0] > 0 and sol[1] >= 0 and sol[2] >= 0:
-            return sol[0], sol[1], sol[2]
-    return None
-
-
-def max_concurrency(streams: Sequence[Stream]) -> int:
-    _, _, count = _running_integral(streams)
-    return max(count, default=0)
 
 
 def replay(engine: EngineModel, streams: Sequence[Stream]) -> list[Outcome]:
@@ -289,31 +156,33 @@ class ServiceFit:
 
 def fit_service(probes: Sequence[Probe], q: float = 0.99, metrics: Sequence[str] = ("ttft",)) -> ServiceFit | None:
     """Fit the step loop to every probe's streams; the slot count and prefill policy that replay the probes best."""
-    rows = [row for p in probes for a in p.attempts for row in decode_rows(a)]
-    cost = fit_step_cost(rows)
-    if cost is None:
-        return None
+    costs = fit_costs([p.attempts for p in sorted(probes, key=lambda p: p.rate)])
+    streams = sum(len(a) for p in probes for a in p.attempts)
     peak = max((max_concurrency(a) for p in probes for a in p.attempts), default=0)
     best: tuple[float, ServiceFit] | None = None
     # unlimited admission first: a slot count is taken only when replaying it is clearly better (a limit the
     # probes never reached replays the same, and would cap the simulated capacity at a concurrency merely seen)
-    for slots in sorted({max(1, peak), UNLIMITED_SLOTS}, reverse=True):
-        for chunk in CHUNK_CHOICES:
-            engine = EngineModel(slots=slots, step_ms=cost[0], step_ms_per_seq=cost[1], prefill_ms_per_token=cost[2],
-                                 chunked=chunk > 0, chunk_tokens=chunk or 512)  # fmt: skip
-            rep = replay_rows(engine, probes, q, metrics)
-            if not rep:
-                continue
-            score = _score(rep) + (0.0 if slots == UNLIMITED_SLOTS else SLOTS_MARGIN * len(rep))
-            if best is None or score < best[0]:
-                best = (score, ServiceFit(engine, slots < UNLIMITED_SLOTS, len(rows), rep))
+    for cost in costs:
+        for slots in sorted({max(1, peak), UNLIMITED_SLOTS}, reverse=True):
+            for chunk in CHUNK_CHOICES:
+                step, per_seq, prefill = cost
+                engine = EngineModel(slots=slots, step_ms=step, step_ms_per_seq=per_seq, prefill_ms_per_token=prefill,
+                                     chunked=chunk > 0, chunk_tokens=chunk or 512)  # fmt: skip
+                rep = replay_rows(engine, probes, q, metrics)
+                if not rep:
+                    continue
+                score = _score(rep) + (0.0 if slots == UNLIMITED_SLOTS else SLOTS_MARGIN * len(rep))
+                if best is None or score < best[0]:
+                    best = (score, ServiceFit(engine, slots < UNLIMITED_SLOTS, streams, rep))
     if best is None:
         return None
-    # the prefill cost is the least determined by the decode fit (it rides on a few long prompts per span), and
-    # the most visible in TTFT: it is calibrated by the replay, the decode fit's value kept unless clearly worse
+    # the prefill cost is the least determined (it rides on a few long prompts per span, and a direct measure
+    # holds only where prompts are not chunked) and the most visible in TTFT: it is calibrated by the replay,
+    # the fitted value kept unless clearly worse
     score, fit = best
+    base = fit.engine.prefill_ms_per_token
     for factor in PREFILL_FACTORS:
-        engine = replace(fit.engine, prefill_ms_per_token=cost[2] * factor)
+        engine = replace(fit.engine, prefill_ms_per_token=base * factor)
         rep = replay_rows(engine, probes, q, metrics)
         tried = _score(rep) + SLOTS_MARGIN * len(rep)
         if rep and tried < score:

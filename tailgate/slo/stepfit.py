@@ -1,0 +1,260 @@
+"""The step loop's three costs, measured on a server's own streams.
+
+A continuous-batching step costs ``step_ms + step_ms_per_seq * running + prefill_ms_per_token * prefilled``. Each
+stream's decode time is a sum of such steps, so the costs follow from a least-squares fit of every stream's mean
+step against how many streams shared the engine and how many prompt tokens were prefilled beside it. Two things
+bias that fit, and both are measured away here:
+
+- A stream's mean step is an average over steps, but the share of time a count of streams was running weighs long
+  steps (many streams) more: the count is taken per step (time weighted by the inverse of the step's cost at
+  that count, from the fit before), or the step cost comes out a few percent low and every queue replays short.
+- The prefill cost rides on a few long prompts per span and comes out 10-15% off. It is measured directly where
+  it is plain: the TTFT of requests that found no queue, against their prompt length.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+IDLE_ROWS = 200
+"""Requests that found no queue wanted for the direct prefill estimate, taken from the lowest rates first."""
+PROMPT_SPREAD = 2.0
+"""The longest prompt among them at least this many times the shortest, or the slope is not determined."""
+TRIM = 4.0
+"""Residuals beyond this many robust standard deviations are dropped once (a front end's hiccup)."""
+ROUNDS = 3
+"""Refits with the per-step running count from the fit before (it settles within 0.2% by the second)."""
+
+Row = tuple[float, float, float, float]
+"""(weight, response, first regressor, second regressor): one row of the fits' least squares."""
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One finished request as the fit and the replay see it (seconds on the attempt's clock, tokens)."""
+
+    intended: float
+    first: float
+    end: float
+    prompt: int
+    tokens: int
+    ttft_ms: float
+    measured: bool
+    gap_ms: float = 0.0
+    total_ms: float = 0.0
+
+    def value(self, metric: str) -> float:
+        return {"ttft": self.ttft_ms, "gap": self.gap_ms, "total": self.total_ms}[metric]
+
+
+def streams_of(records: Sequence[Mapping[str, Any]], measured_ids: set[Any]) -> list[Stream]:
+    """The successful records of one attempt as streams; ``measured_ids`` are the trace ids past the warm-up."""
+    out = []
+    for r in records:
+        if r.get("error_class") is not None:
+            continue
+        t0, end = r.get("intended_s"), r.get("end_s")
+        ttft = r.get("ttft_from_intended_ms")
+        if not all(isinstance(v, (int, float)) for v in (t0, end, ttft)):
+            continue
+        first = r.get("first_chunk_s")
+        first = float(first) if isinstance(first, (int, float)) else float(t0) + float(ttft) / 1000.0  # type: ignore[arg-type]
+        prompt = next((r[k] for k in ("prompt_tokens", "prompt_tokens_tokenized", "prompt_tokens_planned")
+                       if isinstance(r.get(k), int) and r[k] > 0), None)  # fmt: skip
+        tokens = next((r[k] for k in ("completion_tokens", "chunks") if isinstance(r.get(k), int) and r[k] > 0), None)
+        if prompt is None or tokens is None:
+            continue
+        gap, total = r.get("worst_gap_ms"), r.get("total_from_intended_ms")
+        out.append(Stream(float(t0), first, float(end), int(prompt), int(tokens), float(ttft),  # type: ignore[arg-type]
+                          r.get("trace_id") in measured_ids, float(gap) if isinstance(gap, (int, float)) else 0.0,
+                          float(total) if isinstance(total, (int, float)) else (float(end) - float(t0)) * 1000.0))  # type: ignore[arg-type]  # fmt: skip
+    return out
+
+
+def _count_steps(streams: Sequence[Stream]) -> list[tuple[float, int]]:
+    """The running count's changes: (time, count from then on)."""
+    events = sorted([(s.first, 1) for s in streams] + [(s.end, -1) for s in streams])
+    out, run = [], 0
+    for t, d in events:
+        run += d
+        out.append((t, run))
+    return out
+
+
+class _PerStep:
+    """Integrals over time of ``n w(n)`` and ``w(n)`` with ``w(n) = 1 / (step + per_seq n)``: their ratio over a
+    span is the running count averaged per step rather than per second."""
+
+    def __init__(self, streams: Sequence[Stream], step: float, per_seq: float) -> None:
+        self.times: list[float] = []
+        self.counts: list[int] = []
+        self.num: list[float] = []
+        self.den: list[float] = []
+        self.step, self.per_seq = step, per_seq
+        num = den = 0.0
+        last, run = None, 0
+        for t, after in _count_steps(streams):
+            if last is not None:
+                w = self._w(run)
+                num += run * w * (t - last)
+                den += w * (t - last)
+            last, run = t, after
+            self.times.append(t)
+            self.counts.append(after)
+            self.num.append(num)
+            self.den.append(den)
+
+    def _w(self, n: int) -> float:
+        return 1.0 / (self.step + self.per_seq * n) if n else 0.0
+
+    def _at(self, t: float) -> tuple[float, float]:
+        i = bisect.bisect_right(self.times, t) - 1
+        if i < 0:
+            return 0.0, 0.0
+        n = self.counts[i]
+        w = self._w(n)
+        return self.num[i] + n * w * (t - self.times[i]), self.den[i] + w * (t - self.times[i])
+
+    def mean(self, start: float, end: float) -> float:
+        (n0, d0), (n1, d1) = self._at(start), self._at(end)
+        return (n1 - n0) / (d1 - d0) if d1 > d0 else 0.0
+
+
+def decode_rows(streams: Sequence[Stream], step: float = 1.0, per_seq: float = 0.0) -> list[Row]:
+    """Per stream with three tokens or more: (weight, mean step ms, streams running per step, prompt tokens
+    prefilled per step). ``step`` and ``per_seq`` weigh the running count per step (``per_seq`` 0: per second)."""
+    if not streams:
+        return []
+    per_step = _PerStep(streams, step, per_seq)
+    by_first = sorted(streams, key=lambda s: s.first)
+    firsts = [s.first for s in by_first]
+    prefix = [0]
+    for s in by_first:
+        prefix.append(prefix[-1] + s.prompt)
+    rows = []
+    for s in streams:
+        steps = s.tokens - 1
+        span = s.end - s.first
+        if steps < 2 or span <= 0:
+            continue
+        i, j = bisect.bisect_right(firsts, s.first), bisect.bisect_right(firsts, s.end)
+        prefilled = (prefix[j] - prefix[i]) / steps
+        rows.append((float(steps), span * 1000.0 / steps, per_step.mean(s.first, s.end), prefilled))
+    return rows
+
+
+def solve(rows: Sequence[Row], use: tuple[bool, bool]) -> list[float] | None:
+    """Weighted least squares of the response on (1, first, second), the unused regressors held at 0."""
+    cols = [0] + [k + 1 for k, u in enumerate(use) if u]
+    size = len(cols)
+    a = [[0.0] * size for _ in range(size)]
+    b = [0.0] * size
+    for w, y, r, p in rows:
+        x = [1.0, r, p]
+        for i, ci in enumerate(cols):
+            b[i] += w * x[ci] * y
+            for j, cj in enumerate(cols):
+                a[i][j] += w * x[ci] * x[cj]
+    # Gaussian elimination with partial pivoting (at most 3x3)
+    for i in range(size):
+        piv = max(range(i, size), key=lambda k: abs(a[k][i]))
+        if abs(a[piv][i]) < 1e-12:
+            return None
+        a[i], a[piv], b[i], b[piv] = a[piv], a[i], b[piv], b[i]
+        for k in range(i + 1, size):
+            f = a[k][i] / a[i][i]
+            for j in range(i, size):
+                a[k][j] -= f * a[i][j]
+            b[k] -= f * b[i]
+    sol = [0.0] * size
+    for i in reversed(range(size)):
+        sol[i] = (b[i] - sum(a[i][j] * sol[j] for j in range(i + 1, size))) / a[i][i]
+    out = [0.0, 0.0, 0.0]
+    for ci, v in zip(cols, sol, strict=True):
+        out[ci] = v
+    return out
+
+
+def fit_step_cost(rows: Sequence[Row], prefill: float | None = None) -> tuple[float, float, float] | None:
+    """(step ms, ms per running stream, ms per prefilled token), every figure at least 0 (dropped and refitted);
+    a known ``prefill`` cost is taken off each row's mean step and not fitted."""
+    if len(rows) < 10:
+        return None
+    if prefill is not None:
+        rows = [(w, y - prefill * p, r, 0.0) for w, y, r, p in rows]
+    for use in ((True, prefill is None), (True, False), (False, prefill is None), (False, False)):
+        sol = solve(rows, use)
+        if sol is not None and sol[0] > 0 and sol[1] >= 0 and sol[2] >= 0:
+            return sol[0], sol[1], sol[2] if prefill is None else prefill
+    return None
+
+
+def idle_rows(streams: Sequence[Stream]) -> list[Row]:
+    """(1, TTFT ms, streams running, prompt tokens) of each request that found no earlier request still waiting
+    for its first token and saw none arrive before its own: its TTFT is one prefill beside the running decodes."""
+    order = sorted(streams, key=lambda s: s.intended)
+    waiting_until = float("-inf")  # the latest first token among the requests that arrived before
+    starts = _count_steps(order)
+    times = [t for t, _ in starts]
+    rows = []
+    for k, s in enumerate(order):
+        alone = k + 1 == len(order) or order[k + 1].intended >= s.first
+        if waiting_until <= s.intended and alone:
+            i = bisect.bisect_right(times, s.intended) - 1
+            rows.append((1.0, s.ttft_ms, float(starts[i][1]) if i >= 0 else 0.0, float(s.prompt)))
+        waiting_until = max(waiting_until, s.first)
+    return rows
+
+
+def prefill_from_idle(attempts_by_rate: Sequence[Sequence[Sequence[Stream]]]) -> float | None:
+    """ms per prompt token from the TTFT of requests that found no queue, the lowest rates first (their requests
+    are the likeliest to find none); None when too few, or their prompts too alike to give a slope."""
+    rows: list[Row] = []
+    for attempts in attempts_by_rate:
+        if len(rows) >= IDLE_ROWS:
+            break
+        rows += [row for a in attempts for row in idle_rows(a)]
+    prompts = [p for *_, p in rows]
+    if len(rows) < IDLE_ROWS // 4 or min(prompts) <= 0 or max(prompts) < PROMPT_SPREAD * min(prompts):
+        return None
+    sol = solve(rows, (True, True))
+    if sol is None:
+        return None
+    resid = sorted(abs(y - sol[0] - sol[1] * r - sol[2] * p) for _, y, r, p in rows)
+    spread = 1.4826 * resid[len(resid) // 2]
+    if spread > 0:
+        kept = [row for row in rows if abs(row[1] - sol[0] - sol[1] * row[2] - sol[2] * row[3]) <= TRIM * spread]
+        sol = solve(kept, (True, True)) if len(kept) >= IDLE_ROWS // 4 else None
+    return sol[2] if sol is not None and sol[2] > 0 else None
+
+
+def fit_costs(attempts_by_rate: Sequence[Sequence[Sequence[Stream]]]) -> list[tuple[float, float, float]]:
+    """The three costs from every attempt's streams (``attempts_by_rate`` in rising rate), the running count per
+    step: with the prefill cost fitted beside the others, and (when it can be measured) with the prefill cost
+    measured on requests that found no queue. The two differ where prompts are prefilled in chunks (a chunk's
+    step overhead then counts as prefill in the direct slope), so both are offered and the replay chooses."""
+    attempts = [a for by_rate in attempts_by_rate for a in by_rate]
+    first = fit_step_cost([row for a in attempts for row in decode_rows(a)])
+    if first is None:
+        return []
+    out = []
+    for prefill in (None, prefill_from_idle(attempts_by_rate)):
+        cost: tuple[float, float, float] | None = first
+        for _ in range(ROUNDS):
+            assert cost is not None
+            refit = fit_step_cost([row for a in attempts for row in decode_rows(a, cost[0], cost[1])], prefill)
+            if refit is None:
+                break
+            cost = refit
+        if cost is not None and (prefill is None or prefill == cost[2]) and cost not in out:
+            out.append(cost)
+        if prefill is None and cost is not None:
+            first = cost
+    return out
+
+
+def max_concurrency(streams: Sequence[Stream]) -> int:
+    return max((n for _, n in _count_steps(streams)), default=0)
