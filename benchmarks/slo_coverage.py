@@ -43,7 +43,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tailgate import slo
 from tailgate.load.workload import make_trace
 from tailgate.slo.model import RateModel, binding_model
-from tailgate.slo.replay import ModelAnswer, Replicates, capacity_of, model_answer, probes_of, workload_of
+from tailgate.slo.replay import (
+    ModelAnswer,
+    Probe,
+    Replicates,
+    Workload,
+    capacity_of,
+    model_answer,
+    probes_of,
+    settling_answer,
+    workload_of,
+)
 from tailgate.verify.groundtruth import start_server_process
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate, true_capacity
 
@@ -107,6 +117,8 @@ class Search:
         self.by_rate: dict[float, list[dict[str, Any]]] = {}
         self.latest: dict[float, dict[str, Any]] = {}
         self.tails = {lim.key: 1.0 - lim.p / 100.0 for lim in limits if lim.p is not None}
+        self.settled: ModelAnswer | None = None
+        self.settle_tried = 0
 
     def probe(self, rate: float, phase: str) -> str:
         a = self.args
@@ -143,8 +155,7 @@ class Search:
         m = None if self.args.no_model else self.rate_model()
         return None if m is None else m.capacity
 
-    def fitted(self, out: slo.SearchOutcome) -> ModelAnswer | None:
-        """The step loop fitted to the search's streams, as ``tailgate slo`` computes it at the end."""
+    def model_inputs(self) -> tuple[list[Probe], Workload, dict[str, float], float] | None:
         a = self.args
         if not a.model_replicates:
             return None
@@ -154,7 +165,34 @@ class Search:
         if not probes or workload is None:
             return None
         limits = {lim.metric: lim.limit for lim in self.limits if lim.p is not None}
-        q = next(lim.p for lim in self.limits if lim.p is not None) / 100.0
+        return probes, workload, limits, next(lim.p for lim in self.limits if lim.p is not None) / 100.0
+
+    def settles(self) -> bool:
+        """As ``tailgate slo`` asks after each probe: does the checked model meet the resolution already?"""
+        a = self.args
+        inputs = None if a.no_model_stop else self.model_inputs()
+        if inputs is None:
+            return False
+        probes, workload, limits, q = inputs
+        seen = sum(len(x) for x in self.by_rate.values())
+        if seen == self.settle_tried:
+            return False  # no new attempt since the last try
+        self.settle_tried = seen
+        answer = settling_answer(probes, limits, q, slo.bracket(self.pooled()),
+                                 slo.Resolution.parse(a.resolution).narrow, workload=workload,
+                                 requests=a.model_requests, replicates=a.model_replicates, seed=self.seed)  # fmt: skip
+        self.settled = answer
+        return answer is not None
+
+    def fitted(self, out: slo.SearchOutcome) -> ModelAnswer | None:
+        """The step loop fitted to the search's streams, as ``tailgate slo`` computes it at the end."""
+        a = self.args
+        if self.settled is not None:
+            return self.settled
+        inputs = self.model_inputs()
+        if inputs is None:
+            return None
+        probes, workload, limits, q = inputs
         return model_answer(probes, limits, q, (out.best, out.first_fail), workload=workload,
                             requests=a.model_requests, replicates=a.model_replicates, seed=self.seed)  # fmt: skip
 
@@ -162,7 +200,7 @@ class Search:
         a = self.args
         return slo.search(self.probe, start=a.start, max_rate=a.max_rate, min_rate=a.start / 8,
                           resolution=slo.Resolution.parse(a.resolution), max_probes=a.max_probes,
-                          pooled=self.pooled, guess=self.guess)  # fmt: skip
+                          pooled=self.pooled, guess=self.guess, settled=self.settles)  # fmt: skip
 
 
 TRUTH_CACHE = Path(__file__).resolve().parent / "results" / "slo-truth.json"
@@ -347,6 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-model", action="store_true", help="no model of p99 against rate to place probes")
     p.add_argument("--model-replicates", type=int, default=8, help="fitted step loop simulations (0: none)")
     p.add_argument("--model-requests", type=int, default=10000)
+    p.add_argument("--no-model-stop", action="store_true", help="spend the whole budget (no early stop on the model)")
     p.add_argument("--model-mix", choices=("seeded", "measured"), default="seeded",
                    help="the fitted model's requests: the seeded mix (as tailgate slo for the seeded workload) "
                         "or the distinct requests measured (as for a trace file)")  # fmt: skip

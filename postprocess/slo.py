@@ -45,6 +45,7 @@ METRICS = ("ttft", "gap", "total")
 METRIC_NAMES = {"ttft": "TTFT", "gap": "worst gap", "total": "total"}
 STATUS_TEXT = {
     "bracketed": "bracketed to the resolution",
+    "settled": "the fitted model, checked against every probe, met the resolution first (model estimate)",
     "max_rate": "met at the highest rate probed (the capacity may be higher)",
     "below_min": "not met even at the lowest rate probed",
     "probe_limit": "probe count spent before the bracket met the resolution (the bracket so far)",

@@ -338,6 +338,18 @@ def test_search_stops_on_the_budget_with_the_bracket_so_far() -> None:
     assert (out.best, out.first_fail, out.status) == (4, 8, "time_budget") and out.width == 4
 
 
+def test_search_ends_when_a_checked_model_settles() -> None:
+    """A model checked against the probes that meets the resolution ends the search before its budget; the
+    measured bracket is what the probes so far gave, and the status says why it ended."""
+    probe, seen = _fake(13.0)
+    out = slo.search(probe, start=2, max_rate=64, min_rate=1, resolution=slo.Resolution(0.05, True), max_probes=20,
+                     settled=lambda: len(seen) >= 5)  # fmt: skip
+    assert out.status == "settled" and len(out.steps) == 5 and out.best == 12 and out.first_fail == 16
+    out = slo.search(probe, start=2, max_rate=64, min_rate=1, resolution=slo.Resolution(0.05, True), max_probes=20,
+                     settled=lambda: False)  # fmt: skip
+    assert out.status == "bracketed"
+
+
 def test_pooling_across_rates_decides_what_one_rate_cannot() -> None:
     """Two rates whose measured shares break the monotone order are one isotonic block: 5 req/s alone (0.3%
     of 300 effective) cannot pass, but pooled with 6 req/s (no exceedance in 600) it passes, and so

@@ -6,6 +6,8 @@ that holds every request before the engine sees it (outside the fitted family)."
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from tailgate.slo.replay import (
     fit_service,
     model_answer,
     probes_of,
+    settling_answer,
     systematic_error,
     workload_of,
 )
@@ -185,3 +188,73 @@ def test_a_chunked_engine_is_told_from_a_whole_prompt_one() -> None:
     assert fit is not None and fit.engine.chunked and fit.engine.chunk_tokens == 512, fit
     assert fit.engine.prefill_ms_per_token == pytest.approx(0.01, rel=0.15)
     assert fit.consistent and not systematic_error(fit.replay)
+
+
+def test_a_checked_model_may_end_the_search_only_past_five_probes_and_a_failure(truth: float) -> None:
+    """Fewer than five probes cannot show a systematic error, and without a measured failure nothing above the
+    capacity was checked: no early end. With both, a model whose every check held and whose bracket meets the
+    resolution ends it, and its bracket holds the truth."""
+    rates = [0.3 * truth, 0.6 * truth, 0.8 * truth, 0.95 * truth, 1.2 * truth]
+    ps = probes(rates)
+    sim = {"workload": Workload(seeded=True), "requests": 6000, "replicates": 6, "seed": 5}
+
+    def within(share: float) -> Any:
+        return lambda lo, hi: hi - lo <= share * lo
+
+    assert settling_answer(ps[:4], LIMITS, Q, (rates[0], rates[3]), within(0.2), **sim) is None
+    assert settling_answer(ps, LIMITS, Q, (rates[0], None), within(0.2), **sim) is None
+    assert settling_answer(ps, LIMITS, Q, (rates[0], rates[4]), within(0.01), **sim) is None  # too wide for 1%
+    answer = settling_answer(ps, LIMITS, Q, (rates[0], rates[4]), within(0.2), **sim)
+    assert answer is not None and answer.usable and answer.bracket is not None
+    assert answer.bracket[0] <= truth <= answer.bracket[1]
+    held = settling_answer(probes(rates, front_ms=400.0), {"ttft": 2000.0}, Q, (rates[0], rates[4]), within(0.5), **sim)
+    assert held is None  # refuted by its own probes, so not even simulated
+
+
+def test_the_runner_ends_a_search_the_checked_model_settles(tmp_path: Path, truth: float) -> None:
+    """``tailgate slo`` against the simulated engine (its Locust runs replaced by the engine's own streams): the
+    search ends once the fitted model, checked against its probes, brackets the capacity to the resolution; the
+    answer it ends with is the one written, and it holds the truth."""
+    from tailgate import slo
+
+    class Controller:
+        base_url, restarts, applies_flags, flags_in_files = "http://127.0.0.1:9", True, True, False
+
+        def use_config(self, config: str) -> None: ...
+        def restart(self, flags: Any) -> None: ...
+        def wait_healthy(self) -> float:
+            return 0.0
+
+        def describe(self) -> dict[str, Any]:
+            return {"command": ["vllm"]}
+
+        def stop(self) -> None: ...
+
+    plan = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=800ms"), configs=[slo.parse_config("a: max-num-seqs=8")],
+                       start_rate=2, max_rate=64, min_rate=1, resolution=slo.Resolution(0.3, True), n=900,
+                       warmup=25, max_probes=14, reruns=0, extend=0, model_replicates=4,
+                       model_requests=4000)  # fmt: skip
+    lines: list[str] = []
+    runner = slo.SloRunner(plan, Controller(), tmp_path, log=lines.append)
+
+    def run_child(config: Any, rate: float, seed: int, out: Path, n: int | None = None) -> dict[str, Any]:
+        out.mkdir(parents=True)
+        mark = {"rate": rate, "seed": seed, "stopped_early": None, "waiting_max": 0.0, "seconds": 1.0}
+        (out / slo.PROBE_MARK).write_text(json.dumps(mark))
+        return mark
+
+    def attempt_data(out: Path, mark: dict[str, Any]) -> dict[str, Any]:
+        return {**attempt(mark["rate"], 900, mark["seed"] + int(mark["rate"] * 1000)), "summary": {}}
+
+    runner._run_child = run_child  # type: ignore[method-assign]
+    runner._attempt_data = attempt_data  # type: ignore[method-assign]
+    runner.run()
+    config = json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"][0]
+    result, probes_run = config["result"], config["probes"]
+    assert result["status"] == "settled" and 5 <= len(probes_run) < plan.max_probes, [p["rate"] for p in probes_run]
+    fitted = result["fitted"]
+    assert fitted["usable"] and fitted["bracket"][0] <= truth <= fitted["bracket"][1]
+    assert (fitted["bracket"][1] - fitted["bracket"][0]) <= 0.3 * fitted["bracket"][0]
+    assert any("the search ends here" in line for line in lines)
+    assert not any("fitting the server's step loop" in line for line in lines)  # the settling answer is kept
+    assert sum("the search ends here" in line for line in lines) == 1

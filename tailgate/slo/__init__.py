@@ -29,7 +29,7 @@ from tailgate.slo.command import (
 )
 from tailgate.slo.pooled import isotonic_blocks, pooled_verdicts
 from tailgate.slo.probe import PROBE_OVERHEAD_S, SloPlan, SloRunError, SloRunner, probe_dir_name
-from tailgate.slo.search import Resolution, SearchOutcome, SearchStep, SearchStopped, next_probe, search
+from tailgate.slo.search import Resolution, SearchOutcome, SearchStep, SearchStopped, bracket, next_probe, search
 from tailgate.slo.spec import (
     EMBEDDED_MAX_MODEL_LEN,
     EXIT_FAILED,
@@ -81,6 +81,7 @@ __all__ = [
     "Sustain",
     "add_slo_arguments",
     "binding_limit",
+    "bracket",
     "build_plan",
     "build_sweep",
     "check_probe",

@@ -19,6 +19,7 @@ from tailgate.tailbounds import NOT_ENOUGH, seq_above, seq_below
 
 STATUS_WORDS = {
     "bracketed": "bracketed to the resolution",
+    "settled": "the fitted model, checked against every probe, met the resolution first (model estimate)",
     "max_rate": "met at the highest rate allowed (the capacity may be higher)",
     "below_min": "not met even at the lowest rate allowed",
     "probe_limit": "probe count spent before the bracket met the resolution: the bracket so far",

@@ -155,6 +155,13 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         "(a labelled estimate that narrows the bracket only when its replay of every probe holds; 0: no model)",
     )
     p.add_argument("--model-requests", type=int, default=10000, help="simulated requests per model replicate")
+    p.add_argument(
+        "--no-model-stop",
+        dest="model_stop",
+        action="store_false",
+        help="spend the whole budget even when the fitted model, checked against five probes or more, already "
+        "brackets the capacity to the resolution (by default the search then ends)",
+    )
     add_options(p, ("prometheus_url", "locust_arg", "chunk_stamp", "no_report"))
 
 
@@ -240,7 +247,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         time_budget=args.time_budget, duration=0.0 if args.trace_file else duration,
         stage_warmup=args.stage_warmup if args.stage_warmup is not None else int(scaled["stage_warmup"]),
         locust_args=locust_args, base_flags=list(EMBEDDED_BASE_FLAGS) if args.embedded else [],
-        model_replicates=args.model_replicates, model_requests=args.model_requests,
+        model_replicates=args.model_replicates, model_requests=args.model_requests, model_stop=args.model_stop,
     )  # fmt: skip
 
 

@@ -27,8 +27,8 @@ from tailgate.runner import ChildRunner, LocustRun, prepare_results, prepare_ser
 from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
 from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.pooled import pooled_verdicts
-from tailgate.slo.replay import model_answer, probes_of, workload_of
-from tailgate.slo.search import Resolution, SearchOutcome, SearchStopped, search
+from tailgate.slo.replay import ModelAnswer, Probe, Workload, model_answer, probes_of, settling_answer, workload_of
+from tailgate.slo.search import Resolution, SearchOutcome, SearchStopped, bracket, search
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Limit, Log, ServerConfig, slo_text
 from tailgate.slo.verdict import binding_limit, check_probe, p99s
 from tailgate.stagewarmup import STAGE_WARMUP_DIR, STAGE_WARMUP_SEED, warm_up, warmup_line, worst_gap_ms
@@ -73,6 +73,8 @@ class SloPlan:
     model_replicates: int = 8
     """Simulations of the step loop fitted to the server's streams (0: no fitted model)."""
     model_requests: int = 10000
+    model_stop: bool = True
+    """End the search early once the fitted model, checked against the probes, meets the resolution."""
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -85,7 +87,7 @@ class SloPlan:
             "max_waiting": self.max_waiting, "duration": self.duration,
             "time_budget": self.time_budget, "locust_args": self.locust_args, "stage_warmup": self.stage_warmup,
             "base_flags": self.base_flags, "model_replicates": self.model_replicates,
-            "model_requests": self.model_requests,
+            "model_requests": self.model_requests, "model_stop": self.model_stop,
             "measured_from": "intended send (TTFT, total); worst gap inside the stream",
             "verdicts": "anytime-valid mixture-martingale confidence sequences on the share over each limit, "
                         "design effect of time blocks and runs, pooled across rates by isotonic blocks; "
@@ -224,6 +226,10 @@ class SloRunner:
         """What the time budget is counted on (a test may substitute its own)."""
         self._config_t0 = self.clock()
         self._by_rate: dict[float, list[dict[str, Any]]] = {}
+        self._settled: tuple[int, ModelAnswer] | None = None
+        """(probes, answer) of the fitted model that ended the search early."""
+        self._settle_tried = 0
+        """Attempts the last early-stop check saw."""
         """Attempt data of every rate probed in the configuration under search: a later probe pools them."""
 
     # -- state file ------------------------------------------------------------------------------
@@ -435,9 +441,8 @@ class SloRunner:
         limits = {lim.key: lim.limit for lim in self.plan.limits if lim.p is not None}
         return binding_model(self._config_state(config)["probes"], limits)
 
-    def _fitted(self, config: ServerConfig, outcome: SearchOutcome) -> dict[str, Any] | None:
-        """The step loop fitted to this configuration's streams: its capacity interval, its checks, and the
-        bracket it narrows when they hold (a model estimate, labelled so wherever it is shown)."""
+    def _model_inputs(self, config: ServerConfig) -> tuple[list[Probe], Workload, dict[str, float], float] | None:
+        """What the fitted step loop is given: the probes, the workload, the limits and their quantile."""
         p = self.plan
         qs = {lim.p for lim in p.limits if lim.p is not None}
         if not p.model_replicates or len(qs) != 1:
@@ -447,13 +452,47 @@ class SloRunner:
         workload = workload_of(self._by_rate, "--trace-file" in p.locust_args)
         if not probes or workload is None:
             return None
+        limits = {lim.metric: lim.limit for lim in p.limits if lim.p is not None}
+        return probes, workload, limits, qs.pop() / 100.0
+
+    def _settles(self, config: ServerConfig) -> bool:
+        """Whether the fitted model, checked against this configuration's probes so far, meets the resolution
+        (:func:`tailgate.slo.replay.settling_answer`): the search may end before its budget."""
+        p = self.plan
+        inputs = self._model_inputs(config) if p.model_stop else None
+        if inputs is None:
+            return False
+        probes, workload, limits, q = inputs
+        seen = sum(len(a) for a in self._by_rate.values())
+        if seen == self._settle_tried:
+            return False  # no new attempt since the last try: the same data give the same answer
+        self._settle_tried = seen
+        answer = settling_answer(probes, limits, q, bracket(self._pooled(config)), p.resolution.narrow,
+                                 workload=workload, requests=p.model_requests, replicates=p.model_replicates,
+                                 seed=p.seed)  # fmt: skip
+        if answer is None or answer.bracket is None:
+            return False
+        lo, hi = answer.bracket
+        self.log(f"[slo] {config.name}: the fitted model, checked against {len(probes)} probes, brackets the "
+                 f"capacity at [{lo:.3g}, {hi:.3g}] req/s (model estimate): the search ends here")  # fmt: skip
+        self._settled = (len(probes), answer)
+        return True
+
+    def _fitted(self, config: ServerConfig, outcome: SearchOutcome) -> dict[str, Any] | None:
+        """The step loop fitted to this configuration's streams: its capacity interval, its checks, and the
+        bracket it narrows when they hold (a model estimate, labelled so wherever it is shown)."""
+        p = self.plan
+        inputs = self._model_inputs(config)
+        if inputs is None:
+            return None
+        probes, workload, limits, q = inputs
+        if self._settled is not None and self._settled[0] == len(probes):
+            return self._settled[1].as_dict()  # computed on these very probes when the search settled
         streams = sum(len(a) for pr in probes for a in pr.attempts)
         self.log(f"[slo] {config.name}: fitting the server's step loop to {streams} streams and simulating it "
                  f"({p.model_replicates} x {p.model_requests} requests of {workload.describe()})")  # fmt: skip
-        limits = {lim.metric: lim.limit for lim in p.limits if lim.p is not None}
-        answer = model_answer(probes, limits, qs.pop() / 100.0, (outcome.best, outcome.first_fail),
-                              workload=workload, requests=p.model_requests, replicates=p.model_replicates,
-                              seed=p.seed)  # fmt: skip
+        answer = model_answer(probes, limits, q, (outcome.best, outcome.first_fail), workload=workload,
+                              requests=p.model_requests, replicates=p.model_replicates, seed=p.seed)  # fmt: skip
         return answer.as_dict()
 
     def run_config(self, config: ServerConfig) -> dict[str, Any]:
@@ -464,11 +503,12 @@ class SloRunner:
         counter = itertools.count(1)
         self._config_t0 = self.clock()
         self._by_rate = {}
+        self._settled, self._settle_tried = None, 0
         outcome = search(
             lambda rate, phase: self.probe(config, rate, phase, next(counter)),
             start=p.start_rate, max_rate=p.max_rate, min_rate=p.min_rate,
             resolution=p.resolution, max_probes=p.max_probes, pooled=lambda: self._pooled(config),
-            guess=lambda: getattr(self._model(config), "capacity", None),
+            guess=lambda: getattr(self._model(config), "capacity", None), settled=lambda: self._settles(config),
         )  # fmt: skip
         if outcome.status == "time_budget":
             self.log(f"[slo] {config.name}: time budget spent; the bracket so far is the answer")

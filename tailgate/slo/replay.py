@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -46,6 +46,8 @@ BIAS_PROBES = 5
 """A model on the same side of the measured percentile at this many probes or more, by at least
 :data:`BIAS_SHARE` on average, is systematically off (a sign test: 1 in 16 by chance for five)."""
 BIAS_SHARE = 0.05
+STOP_PROBES = BIAS_PROBES
+"""Probes a fitted answer must be checked against before it may end a search early."""
 REPLAY_TOLERANCE = 0.15
 """A replayed percentile further than this (relative) from the measured one, and outside its interval, fails."""
 FLOOR = 0.04
@@ -385,15 +387,18 @@ def model_answer(
     requests: int = 20000,
     replicates: int = 4,
     seed: int = 1,
+    quick: bool = False,
 ) -> ModelAnswer:
     """Fit, check, and simulate: the model's capacity interval and, when it holds up, the narrowed bracket.
 
     ``limits``: metric (``ttft``, ``gap``, ``total``) -> ms at the quantile ``q``; ``measured``: the measured
     bracket [highest pass, lowest fail] (either end None when open); ``workload``: where each replicate's
-    requests come from."""
+    requests come from. ``quick``: a fit its own probes refute is not simulated (no capacity, only why)."""
     fit = fit_service(probes, q, list(limits))
     if fit is None:
         return ModelAnswer(None, None, None, [], None, False, "too few streams of three tokens or more to fit")
+    if quick and _refuted(fit, probes):
+        return ModelAnswer(None, None, None, [], fit, False, _refuted(fit, probes))
     lo_m, hi_m = measured
     near = lo_m or (hi_m / 2 if hi_m else None) or max(p.rate for p in probes)
     mixes = [workload.draw(k, requests, seed) for k in range(replicates)]
@@ -419,6 +424,26 @@ def model_answer(
     return answer
 
 
+def settling_answer(
+    probes: Sequence[Probe],
+    limits: Mapping[str, float],
+    q: float,
+    measured: tuple[float | None, float | None],
+    narrow: Callable[[float, float], bool],
+    **simulation: Any,
+) -> ModelAnswer | None:
+    """The fitted answer when it may end a search early, else None: it needs a measured failure above the
+    capacity and :data:`STOP_PROBES` probes to be checked against (fewer cannot show a systematic error), every
+    check held, and its narrowed bracket within the resolution (``narrow(low, high)``). The measured bracket is
+    then what those probes gave, and the answer is labelled a model estimate as always."""
+    if len(probes) < STOP_PROBES or measured[1] is None:
+        return None
+    answer = model_answer(probes, limits, q, measured, quick=True, **simulation)
+    if answer.usable and answer.bracket is not None and narrow(*answer.bracket):
+        return answer
+    return None
+
+
 def systematic_error(replay: Sequence[ReplayRow]) -> str:
     """A model on one side of the measured percentile at every probe is off by more than its noise, even when each
     probe alone agrees within its interval ('' when no limit's replay is)."""
@@ -436,6 +461,19 @@ def systematic_error(replay: Sequence[ReplayRow]) -> str:
 def _unusable(fit: ServiceFit, probes: Sequence[Probe], interval: tuple[float, float],
               measured: tuple[float | None, float | None]) -> str:  # fmt: skip
     """Why the model may not narrow the bracket ('' when it may)."""
+    refuted = _refuted(fit, probes)
+    if refuted:
+        return refuted
+    lo_m, hi_m = measured
+    if lo_m is not None and interval[1] < lo_m:
+        return f"its interval ends under the measured pass at {lo_m:g} req/s"
+    if hi_m is not None and interval[0] >= hi_m:
+        return f"its interval starts over the measured failure at {hi_m:g} req/s"
+    return ""
+
+
+def _refuted(fit: ServiceFit, probes: Sequence[Probe]) -> str:
+    """Why the probes themselves refute the fitted engine ('' when none does): checks before any simulation."""
     if any(p.preempted for p in probes):
         return "the server preempted requests: KV-cache pressure is not in the model"
     bad = [r for r in fit.replay if not r.inside]
@@ -445,12 +483,4 @@ def _unusable(fit: ServiceFit, probes: Sequence[Probe], interval: tuple[float, f
             f"its replay of {r.rate:g} req/s gives {r.key} {r.model:g} ms where {r.measured:g} ms was measured "
             f"(interval {r.low}..{r.high})"
         )
-    bias = systematic_error(fit.replay)
-    if bias:
-        return bias
-    lo_m, hi_m = measured
-    if lo_m is not None and interval[1] < lo_m:
-        return f"its interval ends under the measured pass at {lo_m:g} req/s"
-    if hi_m is not None and interval[0] >= hi_m:
-        return f"its interval starts over the measured failure at {hi_m:g} req/s"
-    return ""
+    return systematic_error(fit.replay)

@@ -53,7 +53,7 @@ class SearchStep:
     verdict: str
 
 
-STATUSES = ("bracketed", "max_rate", "below_min", "probe_limit", "time_budget")
+STATUSES = ("bracketed", "settled", "max_rate", "below_min", "probe_limit", "time_budget")
 
 
 @dataclass
@@ -64,7 +64,8 @@ class SearchOutcome:
     """Lowest rate above ``best`` that *failed* (None: none did). Rates with not enough data above ``best``
     do not close the bracket: the capacity may lie above them."""
     status: str
-    """``bracketed`` (to the resolution), ``max_rate`` (passed at the cap), ``below_min`` (nothing passed),
+    """``bracketed`` (to the resolution), ``settled`` (a checked model estimate met the resolution first: the
+    measured bracket is what the probes so far gave), ``max_rate`` (passed at the cap), ``below_min`` (nothing passed),
     ``probe_limit`` or ``time_budget`` (spent before the bracket met the resolution: the bracket so far)."""
     steps: list[SearchStep] = field(default_factory=list)
     verdicts: dict[float, str] = field(default_factory=dict)
@@ -190,6 +191,7 @@ def search(
     max_probes: int,
     pooled: Callable[[], Mapping[float, str]] | None = None,
     guess: Callable[[], float | None] | None = None,
+    settled: Callable[[], bool] | None = None,
 ) -> SearchOutcome:
     """Probe until the bracket meets the resolution, the cap or floor is reached, or the probes run out.
 
@@ -197,9 +199,10 @@ def search(
     (a rate probed again pools its attempts); it may raise :class:`SearchStopped`. ``pooled()``, when
     given, returns every rate's verdict after pooling across rates under the monotone order, which may
     decide rates their own data did not. ``guess()``, when given, returns a model's capacity from the probes
-    so far, used only to place probes (:func:`next_probe`). Only ``pass`` counts as meeting the SLO; the
-    reported upper end is the lowest rate that *failed*, so the bracket holds the capacity whenever the
-    verdicts do.
+    so far, used only to place probes (:func:`next_probe`). ``settled()``, when given, is asked after each
+    probe whether a model checked against the probes has met the resolution: the search then ends early.
+    Only ``pass`` counts as meeting the SLO; the reported upper end is the lowest rate that *failed*, so the
+    bracket holds the capacity whenever the verdicts do.
     """
     steps: list[SearchStep] = []
     own: dict[float, str] = {}
@@ -224,6 +227,9 @@ def search(
             break
         steps.append(SearchStep(rate, phase, verdict))
         own[rate] = verdict
+        if settled is not None and settled():
+            status = "settled"
+            break
     verdicts = current()
     lo, hi = bracket(verdicts)
     if status == "bracketed" and (lo is None or hi is None or not resolution.narrow(lo, hi)):
