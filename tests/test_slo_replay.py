@@ -167,8 +167,8 @@ def test_the_costs_are_measured_without_the_fits_biases() -> None:
     ps = probes([2.0, 6.0, 9.0])
     by_rate = [p.attempts for p in ps]
     costs = fit_costs(by_rate)
-    assert costs, "no fit"
-    step, per_seq, _ = costs[0]
+    assert len(costs) == 3, costs  # per second; per step; per step with the prefill measured directly
+    step, per_seq, _ = costs[1]
     assert step == pytest.approx(ENGINE.step_ms, rel=0.01)
     assert per_seq == pytest.approx(ENGINE.step_ms_per_seq, rel=0.03)
     direct = prefill_from_idle(by_rate)

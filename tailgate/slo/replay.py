@@ -157,31 +157,47 @@ class ServiceFit:
 
 
 def fit_service(probes: Sequence[Probe], q: float = 0.99, metrics: Sequence[str] = ("ttft",)) -> ServiceFit | None:
-    """Fit the step loop to every probe's streams; the slot count and prefill policy that replay the probes best."""
-    costs = fit_costs([p.attempts for p in sorted(probes, key=lambda p: p.rate)])
+    """Fit the step loop to every probe's streams: of the candidate costs (:func:`fit_costs`), each with the slot
+    count and prefill policy that replay it best and its prefill cost calibrated, the one that replays best."""
     streams = sum(len(a) for p in probes for a in p.attempts)
     peak = max((max_concurrency(a) for p in probes for a in p.attempts), default=0)
     best: tuple[float, ServiceFit] | None = None
+    for cost in fit_costs([p.attempts for p in sorted(probes, key=lambda p: p.rate)]):
+        tried = _calibrated(_policy(cost, peak, probes, q, metrics, streams), probes, q, metrics)
+        if tried is not None and (best is None or tried[0] < best[0]):
+            best = tried
+    return best[1] if best is not None else None
+
+
+def _policy(cost: tuple[float, float, float], peak: int, probes: Sequence[Probe], q: float, metrics: Sequence[str],
+            streams: int) -> tuple[float, ServiceFit] | None:  # fmt: skip
+    """The slot count and prefill policy that replay the probes best with these costs, and its score."""
+    best: tuple[float, ServiceFit] | None = None
+    step, per_seq, prefill = cost
     # unlimited admission first: a slot count is taken only when replaying it is clearly better (a limit the
     # probes never reached replays the same, and would cap the simulated capacity at a concurrency merely seen)
-    for cost in costs:
-        for slots in sorted({max(1, peak), UNLIMITED_SLOTS}, reverse=True):
-            for chunk in CHUNK_CHOICES:
-                step, per_seq, prefill = cost
-                engine = EngineModel(slots=slots, step_ms=step, step_ms_per_seq=per_seq, prefill_ms_per_token=prefill,
-                                     chunked=chunk > 0, chunk_tokens=chunk or 512)  # fmt: skip
-                rep = replay_rows(engine, probes, q, metrics)
-                if not rep:
-                    continue
-                score = _score(rep) + (0.0 if slots == UNLIMITED_SLOTS else SLOTS_MARGIN * len(rep))
-                if best is None or score < best[0]:
-                    best = (score, ServiceFit(engine, slots < UNLIMITED_SLOTS, streams, rep))
-    if best is None:
+    for slots in sorted({max(1, peak), UNLIMITED_SLOTS}, reverse=True):
+        for chunk in CHUNK_CHOICES:
+            engine = EngineModel(slots=slots, step_ms=step, step_ms_per_seq=per_seq, prefill_ms_per_token=prefill,
+                                 chunked=chunk > 0, chunk_tokens=chunk or 512)  # fmt: skip
+            rep = replay_rows(engine, probes, q, metrics)
+            if not rep:
+                continue
+            score = _score(rep) + (0.0 if slots == UNLIMITED_SLOTS else SLOTS_MARGIN * len(rep))
+            if best is None or score < best[0]:
+                best = (score, ServiceFit(engine, slots < UNLIMITED_SLOTS, streams, rep))
+    return best
+
+
+def _calibrated(
+    found: tuple[float, ServiceFit] | None, probes: Sequence[Probe], q: float, metrics: Sequence[str]
+) -> tuple[float, ServiceFit] | None:
+    """The prefill cost is the least determined (it rides on a few long prompts per span, and a direct measure
+    holds only where prompts are not chunked) and the most visible in TTFT: it is calibrated by the replay, the
+    fitted value kept unless clearly worse."""
+    if found is None:
         return None
-    # the prefill cost is the least determined (it rides on a few long prompts per span, and a direct measure
-    # holds only where prompts are not chunked) and the most visible in TTFT: it is calibrated by the replay,
-    # the fitted value kept unless clearly worse
-    score, fit = best
+    score, fit = found
     base = fit.engine.prefill_ms_per_token
     for factor in PREFILL_FACTORS:
         engine = replace(fit.engine, prefill_ms_per_token=base * factor)
@@ -189,7 +205,7 @@ def fit_service(probes: Sequence[Probe], q: float = 0.99, metrics: Sequence[str]
         tried = _score(rep) + SLOTS_MARGIN * len(rep)
         if rep and tried < score:
             score, fit = tried, ServiceFit(engine, fit.slots_reached, fit.streams, rep)
-    return fit
+    return score, fit
 
 
 class Replicates:

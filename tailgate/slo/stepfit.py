@@ -3,7 +3,8 @@
 A continuous-batching step costs ``step_ms + step_ms_per_seq * running + prefill_ms_per_token * prefilled``. Each
 stream's decode time is a sum of such steps, so the costs follow from a least-squares fit of every stream's mean
 step against how many streams shared the engine and how many prompt tokens were prefilled beside it. Two things
-bias that fit, and both are measured away here:
+bias that fit on an engine of the fitted family; each is measured here, and the replay of the probes chooses
+among the costs that result (:func:`fit_costs`), since a real server is not always of that family:
 
 - A stream's mean step is an average over steps, but the share of time a count of streams was running weighs long
   steps (many streams) more: the count is taken per step (time weighted by the inverse of the step's cost at
@@ -232,27 +233,26 @@ def prefill_from_idle(attempts_by_rate: Sequence[Sequence[Sequence[Stream]]]) ->
 
 
 def fit_costs(attempts_by_rate: Sequence[Sequence[Sequence[Stream]]]) -> list[tuple[float, float, float]]:
-    """The three costs from every attempt's streams (``attempts_by_rate`` in rising rate), the running count per
-    step: with the prefill cost fitted beside the others, and (when it can be measured) with the prefill cost
-    measured on requests that found no queue. The two differ where prompts are prefilled in chunks (a chunk's
-    step overhead then counts as prefill in the direct slope), so both are offered and the replay chooses."""
+    """Candidate costs from every attempt's streams (``attempts_by_rate`` in rising rate), for the replay to
+    choose from: the running count per second; per step with the prefill cost fitted; per step with the prefill
+    cost measured on requests that found no queue. On a step loop of the fitted family the last is exact, but a
+    chunk's step overhead counts as prefill in the direct slope, and on a real server a few long prefill steps
+    weigh on the per-step count as many steps would: which holds is what the probes' own replay shows."""
     attempts = [a for by_rate in attempts_by_rate for a in by_rate]
-    first = fit_step_cost([row for a in attempts for row in decode_rows(a)])
-    if first is None:
+    per_second = fit_step_cost([row for a in attempts for row in decode_rows(a)])
+    if per_second is None:
         return []
-    out = []
+    out = [per_second]
     for prefill in (None, prefill_from_idle(attempts_by_rate)):
-        cost: tuple[float, float, float] | None = first
+        cost: tuple[float, float, float] | None = per_second
         for _ in range(ROUNDS):
             assert cost is not None
             refit = fit_step_cost([row for a in attempts for row in decode_rows(a, cost[0], cost[1])], prefill)
             if refit is None:
                 break
             cost = refit
-        if cost is not None and (prefill is None or prefill == cost[2]) and cost not in out:
+        if cost is not None and cost is not per_second and cost not in out:
             out.append(cost)
-        if prefill is None and cost is not None:
-            first = cost
     return out
 
 
