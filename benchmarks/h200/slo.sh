@@ -28,7 +28,11 @@
 #
 # At the end of the search `tailgate slo` fits the server's step loop to the probes' streams and simulates it
 # (8 x 10,000 requests, ~1 minute on the GPU host's CPU): a labelled model interval that narrows the bracket when
-# its replay of every probe agrees (README, "The server's own step loop"); keep ~90 s of the call for it.
+# its replay of every probe agrees (README, "The server's own step loop"); keep ~90 s of the call for it. From the
+# fifth probe on, once a rate has failed, the same fit runs after each attempt, and the search ends as soon as its
+# checked bracket meets RESOLUTION (status settled): keep ~60 s per such probe too.
+# A call that resumes a configuration whose server is still up from the call before (a warm machine) may skip the
+# restart: SERVE=0 (saves the ~75-100 s start; the flags are then recorded as declared).
 #
 # Device calls (../shared/gpu/README.md: `prepare.sh .gpu` here first, with the suite's wheels as for device.sh).
 # The tree plus one carried chunk must stay under 64 MiB: with the tree's ~25 MB of results, split the bundle in
