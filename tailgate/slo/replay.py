@@ -413,8 +413,9 @@ def model_answer(
     fit = fit_service(probes, q, list(limits))
     if fit is None:
         return ModelAnswer(None, None, None, [], None, False, "too few streams of three tokens or more to fit")
-    if quick and _refuted(fit, probes):
-        return ModelAnswer(None, None, None, [], fit, False, _refuted(fit, probes))
+    refuted = _refuted(fit, probes) if quick else ""
+    if refuted:
+        return ModelAnswer(None, None, None, [], fit, False, refuted)
     lo_m, hi_m = measured
     near = lo_m or (hi_m / 2 if hi_m else None) or max(p.rate for p in probes)
     mixes = [workload.draw(k, requests, seed) for k in range(replicates)]
