@@ -151,17 +151,41 @@ def _locust_children(parent: int) -> list[int]:
     return found
 
 
+def _in_flight(results: Path) -> int:
+    """Requests journaled as sent but not yet recorded, once the stage streams (one record is on disk).
+
+    A stall placed on the first record alone can land, on a starved machine, after the last stream ended;
+    a stall is only a test of the stamps while streams are mid-gap."""
+
+    def lines(pattern: str, skip: bytes | None = None) -> int:
+        count = 0
+        for path in results.glob(pattern):
+            try:
+                text = path.read_bytes()
+            except OSError:
+                continue
+            complete = text[: text.rfind(b"\n") + 1].splitlines()
+            count += sum(1 for line in complete if skip is None or skip not in line)
+        return count
+
+    recorded = lines("records-*.jsonl")
+    if recorded == 0:
+        return 0
+    sent = lines("sent-*.log", skip=b"dropped")
+    dropped = lines("sent-*.log") - sent
+    return sent - dropped - recorded
+
+
 def stall_locust_mid_stage(keep: Path, extra: list[str]) -> tuple[str, int]:
     """Run ``tailgate selfcheck`` (20 req/s, 60 streams of 40 chunks) and stop its Locust process (SIGSTOP)
-    for 300 ms once streams are in flight; the output and exit code."""
+    for 300 ms while at least four streams are in flight; the output and exit code."""
     cmd = [sys.executable, "-m", "tailgate.verify.selfcheck", "--rate", "20", "--n", "60", "--tokens", "40",
            "--gap-ms", "10", "--keep", str(keep), *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stalled = False
     try:
         while proc.poll() is None and not stalled:
-            records = list((keep / "results").glob("records-*.jsonl"))
-            if records and any(p.stat().st_size for p in records):
+            if _in_flight(keep / "results") >= 4:
                 for pid in _locust_children(proc.pid):
                     os.kill(pid, signal.SIGSTOP)
                     time.sleep(0.3)
