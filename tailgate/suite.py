@@ -24,16 +24,16 @@ from typing import Any
 import tailgate
 from tailgate import arms
 from tailgate.arms import CONTINUOUS, GATED, cell_folder, stage_label
+from tailgate.cell import CellSpec, run_cell
 from tailgate.clientbound import merged_breached
 from tailgate.contracts import RunMeta, StageSummary, SuiteMeta
-from tailgate.exitcodes import child_ending
 from tailgate.load.processes import auto_processes
 from tailgate.load.rxstamp import chunk_stamp_mode
 from tailgate.load.workload import SEED_MIX
 from tailgate.optiontable import DEFAULTS
 from tailgate.records import read_records
 from tailgate.resultfiles import RUN_META, SUITE_META, summary_file
-from tailgate.runner import ChildRunner, LocustRun, prepare_results, prepare_server
+from tailgate.runner import ChildRunner, LocustRun, prepare_server
 from tailgate.servers import CHUNKED_OFF_FLAG
 from tailgate.servers.base import redact_argv
 from tailgate.stagewarmup import STAGE_WARMUP_DIR, STAGE_WARMUP_SEED, warm_up, warmup_line, worst_gap_ms
@@ -272,15 +272,12 @@ class Suite:
 
         def one_round(k: int) -> dict[str, Any]:
             out = self.root / STAGE_WARMUP_DIR / f"{config}_w{k}"
-            prepare_results(out, None)  # an earlier start's round warmed another engine
-            out.parent.mkdir(parents=True, exist_ok=True)
             run = replace(self.locust_run(top, out), n=p.stage_warmup, warmup=0, seed=p.seed + STAGE_WARMUP_SEED + k,
                           prometheus_url=None)  # fmt: skip
-            done = self.child.run(run.command())
-            ending = child_ending(done.exit_code)
-            if not ending.finished:
-                detail = "\n".join(done.tail[-15:])
-                raise SuiteError(f"stage warm-up of {config} failed ({ending.describe()}); last output:\n{detail}")
+            # aside_root None: an earlier start's round warmed another engine, so it is removed
+            done = run_cell(CellSpec(run, f"stage warm-up of {config}"), self.child)
+            if not done.ending.finished:
+                raise SuiteError(done.failure())
             return {"round": k, "dir": f"{STAGE_WARMUP_DIR}/{out.name}", "arm": top.arm, "value": top.value,
                     "requests": p.stage_warmup, "worst_gap_ms": round(worst_gap_ms(read_records(out).records), 1),
                     "seconds": round(done.seconds, 1)}  # fmt: skip
@@ -305,7 +302,6 @@ class Suite:
 
     def run_cell(self, cell: Cell, index: int, total: int) -> dict[str, Any]:
         out = self.root / cell.name
-        prepare_results(out, self.root)
         self._ensure_server(cell.config)
         processes = cell_processes(cell, self.plan.processes, self.plan.locust_args)
         how = " (auto)" if self.plan.processes == 0 else ""
@@ -316,17 +312,16 @@ class Suite:
             if "tailgate" in line:
                 self.log("    " + line.split("tailgate: ", 1)[-1])
 
-        done = self.child.run(self.locust_run(cell, out).command(), on_line=echo)
+        spec = CellSpec(self.locust_run(cell, out), f"cell {cell.name}", aside_root=self.root)
+        done = run_cell(spec, self.child, on_line=echo)
         self._current_cell = None
-        ending = child_ending(done.exit_code)
         summary = load_summary(self.root, cell)
         # failed requests are data (error records): the cell counts as done whenever its run finished and
         # wrote its summary, complete or not (a lost load process: exit 4, combined into the suite's own)
-        if not ending.finished or summary is None or not cell_done(self.root, cell):
-            mark_run_ended(out / RUN_META, ending.describe(), status="failed")
-            detail = "\n".join(done.tail[-15:])
-            raise SuiteError(f"cell {cell.name} failed ({ending.describe()}); last output:\n{detail}")
-        self.cell_codes.append(ending.code)
+        if not done.complete or summary is None or not cell_done(self.root, cell):
+            mark_run_ended(out / RUN_META, done.ending.describe(), status="failed")
+            raise SuiteError(done.failure())
+        self.cell_codes.append(done.ending.code)
         merged = summary.get("client_coalesced_streams") or 0
         behind = f"; CLIENT BEHIND: {merged} merged stream(s), gaps show the client" if merged_breached(merged) else ""
         self.log(f"[suite] {cell.name} done in {done.seconds:.0f} s{behind}")

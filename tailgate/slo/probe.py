@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from tailgate.arms import CONTINUOUS
+from tailgate.cell import CellSpec, read_summaries, run_cell
 from tailgate.contracts import SloMeta, StageSummary
-from tailgate.exitcodes import child_ending
 from tailgate.jsonl import Follower
 from tailgate.load.plan import rate_label
 from tailgate.records import read_records
-from tailgate.resultfiles import RECORDS_GLOB, SERVER_METRICS, SUMMARY_GLOB
-from tailgate.runner import ChildRunner, LocustRun, prepare_results, prepare_server
+from tailgate.resultfiles import RECORDS_GLOB, SERVER_METRICS
+from tailgate.runner import ChildRunner, LocustRun, prepare_server
 from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
 from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.pooled import pooled_verdicts
@@ -289,15 +289,17 @@ class SloRunner:
         self._save()
 
     # -- one Locust run ----------------------------------------------------------------------------
-    def _command(self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None) -> list[str]:
+    def _cell(self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None) -> CellSpec:
         p = self.plan
         fixed = "--trace-file" in p.locust_args  # the file sets the count
-        return LocustRun(
+        run = LocustRun(
             arm=CONTINUOUS.name, host=self.controller.base_url, results=out, stage=tuple(CONTINUOUS.value_args(rate)),
             n=p.probe_n(rate) if n is None or fixed else n, warmup=p.warmup if n is None or fixed else 0, seed=seed,
             config_label=config.name, processes=p.processes,
             ignore_eos=p.ignore_eos, prometheus_url=self.prometheus_url, extra=tuple(p.locust_args),
-        ).command()  # fmt: skip
+        )  # fmt: skip
+        # an interrupted attempt is kept aside, never mixed in
+        return CellSpec(run, f"probe {out.name}", aside_root=self.root)
 
     def _error_budget(self) -> int | None:
         """Errors beyond which a probe fails whatever happens next (None: no error limit)."""
@@ -316,7 +318,6 @@ class SloRunner:
         self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None
     ) -> dict[str, Any]:
         """Run one Locust child, stopping it early when the queue or the errors already decide the probe."""
-        prepare_results(out, self.root)  # an interrupted attempt: kept aside, never mixed in
         base = self.controller.base_url
         watch = _Watch(out, f"{base.rstrip('/')}/metrics" if isinstance(base, str) and base else None)
         budget = self._error_budget_at(rate)
@@ -331,18 +332,15 @@ class SloRunner:
                 return f"{watch.errors} errors: over the SLO's error budget of {budget} for the probe"
             return None
 
-        done = self.child.run(self._command(config, rate, seed, out, n), watch=decided)
-        code, stopped = done.exit_code, done.stopped_early
-        ending = child_ending(code)
+        done = run_cell(self._cell(config, rate, seed, out, n), self.child, watch=decided)
+        code, stopped = done.child.exit_code, done.stopped_early
         if stopped:
             self.log(f"[slo]   stopped the probe early: {stopped}")
         watch.poll()
-        summaries = sorted(out.glob(SUMMARY_GLOB))
-        if stopped is None and (not ending.finished or not summaries):
-            detail = "\n".join(done.tail[-15:])
-            raise SloRunError(f"probe {out.name} failed ({ending.describe()}); last output:\n{detail}")
+        if stopped is None and not done.complete:
+            raise SloRunError(done.failure())
         if stopped is None:  # a probe the search stopped itself was interrupted on purpose
-            self.probe_codes.append(ending.code)
+            self.probe_codes.append(done.ending.code)
         mark = {
             "rate": rate, "seed": seed, "exit_code": code, "seconds": round(done.seconds, 1),
             "stopped_early": stopped, "waiting_max": watch.waiting_max, "queue_stop": queue_stop,
@@ -355,8 +353,7 @@ class SloRunner:
         """What a verdict needs from one attempt's folder."""
         scan = read_records(out)
         recs = [r for r in scan.records if r.get("error_class") != "cancelled" or not mark.get("stopped_early")]
-        summaries = sorted(out.glob(SUMMARY_GLOB))
-        summary = StageSummary.read(summaries[0]) if summaries else StageSummary()
+        summary = next(iter(read_summaries(out)), StageSummary())
         dropped = int(summary.dropped_arrivals or 0)
         # requests the early stop itself cancelled are not the server's errors
         errors = sum(1 for r in recs if r.get("error_class") is not None) + dropped

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tailgate.cell import CellSpec, run_cell
 from tailgate.clientbound import (
     CHUNK_P99,
     DEFAULT_LIMITS,
@@ -60,7 +61,7 @@ from tailgate.lifecycle import Stopped
 from tailgate.optiondecl import add_option
 from tailgate.records import read_records
 from tailgate.resultfiles import RUN_META, SUMMARY_GLOB
-from tailgate.runner import ChildRunner, LocustRun, prepare_results, signal_guard
+from tailgate.runner import ChildRunner, LocustRun, signal_guard
 from tailgate.verify.cpu import SAMPLE_INTERVAL_S, CpuSampler, machine_facts
 from tailgate.verify.hostheld import HostHeldWatch, held_line
 from tailgate.verify.join import (
@@ -145,7 +146,7 @@ def write_trace(path: Path, n: int, prompt_tokens: int, tokens: int) -> None:
             f.write(json.dumps({"id": i, "prompt_tokens": prompt_tokens, "max_tokens": tokens}) + "\n")
 
 
-def locust_command(cfg: SelfCheckConfig, host: str, trace: Path, results: Path, model: str) -> list[str]:
+def locust_run(cfg: SelfCheckConfig, host: str, trace: Path, results: Path, model: str) -> LocustRun:
     """The Locust run under test: the continuous arm exactly as a user runs it, plus chunk recording.
 
     Server sampling is off so that the only extra process is the one being measured; one stage
@@ -157,7 +158,11 @@ def locust_command(cfg: SelfCheckConfig, host: str, trace: Path, results: Path, 
         chunk_stamp=cfg.chunk_stamp,
         extra=("--trace-file", str(trace), "--model", model, "--record-chunks", "--sample-metrics", "0",
                "--settle", "0", "--loglevel", "WARNING", *cfg.extra_locust_args),
-    ).command()  # fmt: skip
+    )  # fmt: skip
+
+
+def locust_command(cfg: SelfCheckConfig, host: str, trace: Path, results: Path, model: str) -> list[str]:
+    return locust_run(cfg, host, trace, results, model).command()
 
 
 def capture_figures(results: Path) -> dict[str, Any] | None:
@@ -203,10 +208,9 @@ def run_load(cfg: SelfCheckConfig, server: Any, work: Path, log: Callable[[str],
 
     trace = work / "trace.jsonl"
     results = work / "results"
-    prepare_results(results, None)
     write_trace(trace, cfg.n, cfg.prompt_tokens, cfg.tokens)
-    cmd = locust_command(cfg, server.base_url, trace, results, DEFAULT_MODEL)
-    log(f"[selfcheck] server {server.base_url} (pid {server.pid}); running: {' '.join(cmd)}")
+    run = locust_run(cfg, server.base_url, trace, results, DEFAULT_MODEL)
+    log(f"[selfcheck] server {server.base_url} (pid {server.pid}); running: {' '.join(run.command())}")
     log_path = work / "locust.log"
     child = ChildRunner(log, env={"PYTHONPATH": str(_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     sampler: CpuSampler | None = None
@@ -217,7 +221,8 @@ def run_load(cfg: SelfCheckConfig, server: Any, work: Path, log: Callable[[str],
         sampler.start()
 
     try:
-        done = child.run(cmd, output=log_path, on_start=sample)
+        # aside_root None: a kept folder's earlier results are removed, never mixed in
+        done = run_cell(CellSpec(run, "the self-check's run", output=log_path), child, on_start=sample).child
     finally:
         child.stop()
         if sampler is not None:
