@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -154,7 +155,9 @@ def run_ours(server: ServerProcess, limit_ms: float, work: Path, args: argparse.
         "--warmup", "25", "--seed", str(TRACE_SEED), "--max-probes", "30", "--reruns", "0",
         "--time-budget", f"{args.time_budget:g}", "--extend", "0", "--confidence", "0.95",
     ]  # fmt: skip
-    row: dict[str, Any] = {"command": shlex.join(["tailgate", *cmd[3:]]).replace(server.base_url, "<server>")}
+    row: dict[str, Any] = {
+        "command": shlex.join(["tailgate", *cmd[3:]]).replace(server.base_url, "<server>").replace(str(work), "<work>")
+    }
     rc = run_capped(cmd, cwd=ROOT, log=work / "ours.log", cap_s=args.cap_min * 60,
                     env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     row["exit"] = rc
@@ -214,8 +217,8 @@ def run_aiperf(server: ServerProcess, limit_ms: float, work: Path, args: argpars
     row["exit"] = run_capped(cmd, cwd=work, log=work / "aiperf.log", cap_s=args.cap_min * 60)
     hist_file = art / "search_history.json"
     if not hist_file.exists():
-        row["error"] = f"no search_history.json (exit {row['exit']}): {tail(work / 'aiperf.log')}"
-        return row
+        runs = aiperf_runs(art / "search_checkpoint.json")
+        return {**row, **aiperf_checkpoint(art / "search_checkpoint.json", limit_ms, row["exit"], work), "runs": runs}
     hist = json.loads(hist_file.read_text())
     summary = hist.get("boundary_summary") or {}
     best = (summary.get("feasible_max") or {}).get("value")
@@ -225,9 +228,43 @@ def run_aiperf(server: ServerProcess, limit_ms: float, work: Path, args: argpars
     ]
     row.update({
         "answer": best, "bracket": [best, fail], "status": hist.get("convergence_reason"), "probes": iterations,
+        "runs": aiperf_runs(art / "search_checkpoint.json"),
         "uncertainty": f"boundary [{best}, {fail}] (feasible_max, infeasible_min)",
     })  # fmt: skip
     return row
+
+
+def aiperf_runs(path: Path) -> list[tuple[int, float | None, float | None]]:
+    """(rate, TTFT p99 ms, requests) of every finished run, in order, from the search's checkpoint."""
+    if not path.exists():
+        return []
+    out = []
+    for it in json.loads(path.read_text()).get("iterations", []):
+        rate = int(next(iter(it["variation_values"].values())))
+        for r in it.get("results", []):
+            m = r.get("summary_metrics") or {}
+            out.append(
+                (rate, (m.get("time_to_first_token") or {}).get("p99"), (m.get("request_count") or {}).get("avg"))
+            )
+    return out
+
+
+def aiperf_checkpoint(path: Path, limit_ms: float, rc: int, work: Path) -> dict[str, Any]:
+    """A search stopped by the cap leaves no history, only its checkpoint of finished runs: the bracket its
+    planner had latched so far (a rate latches after two agreeing runs), marked as interrupted."""
+    if not path.exists():
+        return {"error": f"no search_history.json nor checkpoint (exit {rc}): {tail(work / 'aiperf.log')}"}
+    verdicts: dict[int, list[bool]] = {}
+    for rate, p99, _ in aiperf_runs(path):
+        verdicts.setdefault(rate, []).append(p99 is not None and p99 <= limit_ms)
+    passed = [r for r, v in verdicts.items() if len(v) >= 2 and all(v[-2:])]
+    failed = [r for r, v in verdicts.items() if len(v) >= 2 and not any(v[-2:])]
+    best, fail = max(passed, default=None), min(failed, default=None)
+    return {
+        "answer": best, "bracket": [best, fail], "status": f"interrupted by the cap (exit {rc})",
+        "probes": sorted((r, v) for r, v in verdicts.items()),
+        "uncertainty": f"interrupted; bracket latched so far [{best}, {fail}] (from its checkpoint)",
+    }  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- GuideLLM
@@ -381,18 +418,47 @@ def markdown() -> str:
             saw = f"{_f(mix.get('mean_prompt_tokens'), '{:.0f}')} / {_f(mix.get('mean_output_tokens'), '{:.0f}')}"
             for name, answer in variants:
                 unc = row.get("uncertainty") or ""
+                if tool == "ours":
+                    lo, hi = row.get("bracket") or (None, None)
+                    unc = f"measured bracket [{_f(lo, '{:g}')}, {_f(hi, '{:g}')}]" + (
+                        " (nothing passed)" * (lo is None)
+                    )
                 if name == "ours-fitted":
-                    unc = f"interval {row.get('fitted_interval')}"
+                    unc = f"95% interval {row.get('fitted_interval')}"
                 if row.get("error"):
                     unc = f"FAILED: {row['error'][:200]}".replace("|", "/").replace("\n", " ")
                 err = error_pct(answer, truth)
                 lines.append(
                     f"| {doc['shape']} | {doc['slo']} | {truth:.3f} | {LABELS[name]} | {_f(answer, '{:.3f}')} | "
                     f"{_f(err, '{:+.1f}%')} | {unc} | {_f(row.get('minutes'), '{:.1f}')} | {saw} | "
-                    f"`{row.get('command', '')}` |"
+                    f"`{re.sub(r'/tmp/slo-peers-[A-Za-z0-9_-]+', '<work>', row.get('command', ''))}` |"
                 )
-    lines += ["", *[f"{text}\n" for text in NOTES.values()]]
+    lines += ["", "## What each tool measured", ""]
+    for path in sorted(RESULTS.glob("slo-peers-*.json")):
+        doc = json.loads(path.read_text())
+        for tool in TOOLS:
+            row = doc["tools"].get(tool)
+            if row is not None and not row.get("error"):
+                lines.append(f"- {doc['shape']}, {LABELS[tool]}: {detail(tool, row)}")
+    lines += ["", "## What the answers mean", "", *[f"{text}\n" for text in NOTES.values()]]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def detail(tool: str, row: dict[str, Any]) -> str:
+    """The probes behind an answer, as the tool saw them."""
+    if tool == "ours":
+        probes = ", ".join(f"{r:g} {v}" for r, v in row.get("probes") or [])
+        return f"probes {probes}; status {row.get('status')}; fitted: {row.get('fitted_why')}"
+    if tool == "aiperf":
+        runs = ", ".join(f"{r}: {_f(p99, '{:.0f}')} ms (n {_f(n, '{:.0f}')})" for r, p99, n in row.get("runs") or [])
+        return f"TTFT p99 per run (rate req/s: p99, requests) {runs}; {row.get('status')}"
+    pts = []
+    for pt in row.get("points") or []:
+        req = pt.get("requests") or {}
+        rate = "sync" if pt["strategy"] == "synchronous" else "max" if pt["strategy"] == "throughput" else None
+        pts.append(f"{rate or _f(pt['rate'], '{:.2f}')}: {_f(pt['ttft_p99'], '{:.0f}')} ms "
+                   f"({req.get('successful')} ok, {req.get('incomplete')} cut off)")  # fmt: skip
+    return f"TTFT p99 per benchmark (rate req/s: p99) {'; '.join(pts)}"
 
 
 def run_tool(tool: str, model: EngineModel, limit_ms: float, args: argparse.Namespace) -> dict[str, Any]:
