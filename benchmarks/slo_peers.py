@@ -433,6 +433,8 @@ def markdown() -> str:
                     unc = f"measured bracket [{_f(lo, '{:g}')}, {_f(hi, '{:g}')}]" + (
                         " (nothing passed)" * (lo is None)
                     )
+                if tool.startswith("guidellm") and answer is None and row.get("points"):
+                    unc = guidellm_nothing(row["points"])
                 if name == "ours-fitted":
                     unc = f"95% interval {row.get('fitted_interval')}"
                 if row.get("error"):
@@ -454,6 +456,17 @@ def markdown() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def guidellm_nothing(points: list[dict[str, Any]]) -> str:
+    """When no Poisson rate passed: what the sweep does show, the rate one request at a time reached."""
+    sync = next((p for p in points if p["strategy"] == "synchronous"), None)
+    rates = [p["rate"] for p in points if p["strategy"] == "poisson"]
+    text = f"no Poisson rate passed (lowest swept {_f(min(rates, default=None), '{:.2f}')} req/s failed)"
+    if sync is not None:
+        text += (f"; its synchronous benchmark (one request at a time, not open-loop) ran "
+                 f"{_f(sync['achieved'], '{:.2f}')} req/s with p99 {_f(sync['ttft_p99'], '{:.0f}')} ms")  # fmt: skip
+    return text
+
+
 def detail(tool: str, row: dict[str, Any]) -> str:
     """The probes behind an answer, as the tool saw them."""
     if tool == "ours":
@@ -466,9 +479,10 @@ def detail(tool: str, row: dict[str, Any]) -> str:
     for pt in row.get("points") or []:
         req = pt.get("requests") or {}
         rate = "sync" if pt["strategy"] == "synchronous" else "max" if pt["strategy"] == "throughput" else None
-        pts.append(f"{rate or _f(pt['rate'], '{:.2f}')}: {_f(pt['ttft_p99'], '{:.0f}')} ms "
-                   f"({req.get('successful')} ok, {req.get('incomplete')} cut off)")  # fmt: skip
-    return f"TTFT p99 per benchmark (rate req/s: p99) {'; '.join(pts)}"
+        pts.append(f"{rate or _f(pt['rate'], '{:.2f}')}: {_f(pt['ttft_p99'], '{:.0f}')} ms, ran "
+                   f"{_f(pt['achieved'], '{:.2f}')} req/s ({req.get('successful')} ok, {req.get('incomplete')} "
+                   f"cut off)")  # fmt: skip
+    return f"TTFT p99 per benchmark (target rate req/s: p99, achieved rate) {'; '.join(pts)}"
 
 
 def run_tool(tool: str, model: EngineModel, limit_ms: float, args: argparse.Namespace) -> dict[str, Any]:
