@@ -445,6 +445,12 @@ def markdown() -> str:
                     f"{_f(err, '{:+.1f}%')} | {unc} | {_f(row.get('minutes'), '{:.1f}')} | {saw} | "
                     f"`{re.sub(r'/tmp/slo-peers-[A-Za-z0-9_-]+', '<work>', row.get('command', ''))}` |"
                 )
+    missing = []
+    for path in sorted(RESULTS.glob("slo-peers-*.json")):
+        doc = json.loads(path.read_text())
+        missing += [f"{LABELS[t]} on {doc['shape']}" for t in TOOLS if t not in doc["tools"]]
+    if missing:
+        lines += ["", f"Not measured (the runs did not fit the time available): {'; '.join(missing)}."]
     lines += ["", "## What each tool measured", ""]
     for path in sorted(RESULTS.glob("slo-peers-*.json")):
         doc = json.loads(path.read_text())
