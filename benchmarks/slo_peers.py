@@ -325,7 +325,7 @@ def run_guidellm(
     above = min((p["rate"] for p in failing if best is None or p["rate"] > best), default=None)
     row.update({
         "answer": best, "bracket": [best, above], "points": points,
-        "uncertainty": "none stated (one run per rate; its per-percentile CIs are in points)",
+        "uncertainty": "none stated (one run per rate, no interval on its p99)",
     })  # fmt: skip
     return row
 
@@ -383,7 +383,9 @@ NOTES = {
         "at the end of a run leave its percentiles. Its worker processes (10 by default) each draw Poisson delays "
         "from `random.Random(42)` and add them to one shared clock, so each delay repeats once per worker: the "
         "arrivals clump far more than a Poisson process at that rate, which raises TTFT and pushes the answer "
-        "down; the one-worker run removes the repetition."
+        "down; the one-worker run removes the repetition. Its reported request rate also differs from the rate it "
+        "names: above the target with ten workers, below it with one (one process falls behind its own schedule), "
+        "so with one worker the named rate overstates the load the server was given, and the answer errs high."
     ),
 }
 
