@@ -31,6 +31,7 @@ from tailgate.load.processes import auto_processes
 from tailgate.load.rxstamp import chunk_stamp_mode
 from tailgate.load.workload import SEED_MIX
 from tailgate.optiontable import DEFAULTS
+from tailgate.policies import FixedCells, KneeRamp
 from tailgate.records import read_records
 from tailgate.resultfiles import RUN_META, SUITE_META, summary_file
 from tailgate.runner import ChildRunner, LocustRun, prepare_server
@@ -189,22 +190,8 @@ def cell_done(root: Path, cell: Cell) -> bool:
     return meta is not None and meta.completed and (root / cell.name / summary_file(cell.stage_label)).exists()
 
 
-def load_summary(root: Path, cell: Cell) -> dict[str, Any] | None:
-    summary = StageSummary.read_or_none(root / cell.name / summary_file(cell.stage_label))
-    return None if summary is None else summary.to_dict()
-
-
-def kneed(previous: dict[str, Any] | None, current: dict[str, Any], factor: float) -> str | None:
-    """Why the ramp should stop here, or None: errors, or a tail that grew past ``factor``."""
-    if current.get("errors"):
-        return f"{current['errors']} errors at {current['rate_or_batch']} req/s"
-    if previous is None:
-        return None
-    for key in ("ttft_p99", "gap_p99"):
-        before, now = previous.get(key), current.get(key)
-        if before and now and now > factor * before:
-            return f"{key} grew x{now / before:.1f} ({before} -> {now} ms) at {current['rate_or_batch']} req/s"
-    return None
+def load_summary(root: Path, cell: Cell) -> StageSummary | None:
+    return StageSummary.read_or_none(root / cell.name / summary_file(cell.stage_label))
 
 
 class Suite:
@@ -300,7 +287,7 @@ class Suite:
             extra=(*(("--prompts", cell.prompts) if cell.prompts != "seed" else ()), *p.locust_args),
         )  # fmt: skip
 
-    def run_cell(self, cell: Cell, index: int, total: int) -> dict[str, Any]:
+    def run_cell(self, cell: Cell, index: int, total: int) -> StageSummary:
         out = self.root / cell.name
         self._ensure_server(cell.config)
         processes = cell_processes(cell, self.plan.processes, self.plan.locust_args)
@@ -322,10 +309,25 @@ class Suite:
             mark_run_ended(out / RUN_META, done.ending.describe(), status="failed")
             raise SuiteError(done.failure())
         self.cell_codes.append(done.ending.code)
-        merged = summary.get("client_coalesced_streams") or 0
+        merged = summary.client_coalesced_streams or 0
         behind = f"; CLIENT BEHIND: {merged} merged stream(s), gaps show the client" if merged_breached(merged) else ""
         self.log(f"[suite] {cell.name} done in {done.seconds:.0f} s{behind}")
         return summary
+
+    def policies(self) -> tuple[KneeRamp[Cell], FixedCells[Cell]]:
+        """The order of the cells: the chunked ramp first (extended and stopped by its knee), then the rest."""
+        p = self.plan
+        cells = p.fixed_cells()
+
+        def on_ramp(c: Cell) -> bool:
+            return c.config == "chunked" and c.arm == CONTINUOUS.name and c.prompts == p.prompts[0]
+
+        ramp = KneeRamp(
+            [c for c in cells if on_ramp(c)], lambda c: c.value,
+            lambda rate: Cell("chunked", CONTINUOUS.name, rate, p.prompts[0]),
+            until_knee=p.until_knee, factor=p.knee_factor, max_rate=p.max_rate,
+        )  # fmt: skip
+        return ramp, FixedCells([c for c in cells if not on_ramp(c)])
 
     def run(self) -> list[Cell]:
         """Run every pending cell; return the cells that exist when done."""
@@ -335,43 +337,23 @@ class Suite:
             started=_iso(time.time()), plan=asdict(p), prometheus_url=self.prometheus_url, **self.extra_metadata,
             status="running", exit_code=None, ended=None, end_detail=None,
         )  # fmt: skip
-        cells = p.fixed_cells()
+        ramp, rest = self.policies()
+        planned = len(p.fixed_cells())
         done_cells: list[Cell] = []
-        total = len(cells)
-        index = 0
-        # the chunked ramp first, deciding as it goes whether to extend it
-        previous: dict[str, Any] | None = None
-        ramp = [c for c in cells if c.config == "chunked" and c.arm == CONTINUOUS.name and c.prompts == p.prompts[0]]
-        rate = ramp[-1].value if ramp else 0.0
-        while ramp:
-            cell = ramp.pop(0)
-            index += 1
-            if cell_done(self.root, cell):
-                self.log(f"[suite] cell {index}/{total}: {cell.name} already done, skipped")
-                summary = load_summary(self.root, cell)
-            else:
-                summary = self.run_cell(cell, index, total)
-            done_cells.append(cell)
-            assert summary is not None
-            why = kneed(previous, summary, p.knee_factor)
-            previous = summary
-            if why and p.until_knee:
-                self.knee = why
-                self.log(f"[suite] the tail knees: {why}; ramp stops")
-                break
-            if not ramp and p.until_knee and rate * 2 <= p.max_rate:
-                rate *= 2
-                ramp.append(Cell("chunked", CONTINUOUS.name, rate, p.prompts[0]))
-                total += 1
-        for cell in cells:
-            if cell.config == "chunked" and cell.arm == CONTINUOUS.name and cell.prompts == p.prompts[0]:
-                continue
-            index += 1
-            if cell_done(self.root, cell):
-                self.log(f"[suite] cell {index}/{total}: {cell.name} already done, skipped")
-            else:
-                self.run_cell(cell, index, total)
-            done_cells.append(cell)
+        for policy in (ramp, rest):
+            while (cell := policy.next_cell()) is not None:
+                index, total = len(done_cells) + 1, planned + ramp.added
+                if cell_done(self.root, cell):
+                    self.log(f"[suite] cell {index}/{total}: {cell.name} already done, skipped")
+                    summary = load_summary(self.root, cell)
+                    assert summary is not None
+                else:
+                    summary = self.run_cell(cell, index, total)
+                done_cells.append(cell)
+                policy.record(cell, summary)
+            if policy is ramp and ramp.knee is not None:
+                self.knee = ramp.knee
+                self.log(f"[suite] the tail knees: {ramp.knee}; ramp stops")
         meta = SuiteMeta.read_or_none(self._meta_path())
         earlier = list(meta.cells or []) if meta is not None else []
         names = [*earlier, *(c.name for c in done_cells if c.name not in earlier)]
@@ -450,4 +432,4 @@ def host_facts() -> dict[str, Any]:
     }  # fmt: skip
 
 
-__all__ = ["Cell", "Suite", "SuiteError", "SuitePlan", "cell_done", "kneed"]
+__all__ = ["Cell", "Suite", "SuiteError", "SuitePlan", "cell_done"]
