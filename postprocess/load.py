@@ -26,6 +26,7 @@ from pandas.api.types import union_categoricals
 from tailgate.arms import OPEN_LOOP, cell_name, value_text
 from tailgate.contracts import C, ContractError, RunMeta, StageSummary
 from tailgate.jsonl import parse_lines
+from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.records import RECORD_FIELDS, WORKLOAD_DEFAULTS, record_files
 from tailgate.resultfiles import RUN_META, SENT_GLOB, SERVER_METRICS, SUMMARY_GLOB
 
@@ -209,7 +210,7 @@ def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
     df["rate_or_batch"] = pd.to_numeric(df["rate_or_batch"], errors="coerce")
     df["cell"] = [cell_name(c, a, r) for c, a, r in zip(df["config"], df["arm"], df["rate_or_batch"], strict=True)]
     if "prompts" in df.columns:  # another prompt source at the same cell: its name says which
-        other = df["prompts"].notna() & (df["prompts"].astype(str) != "seed")
+        other = df["prompts"].notna() & (df["prompts"].astype(str) != DEFAULT_PROMPTS)
         df.loc[other, "cell"] = df.loc[other, "cell"] + "+" + df.loc[other, "prompts"].astype(str)
     df = order_cells(df)
     # the same cell measured twice (a repeat run) keeps both rows, told apart by a suffix

@@ -26,8 +26,9 @@ from tailgate.exitcodes import combine
 from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, ArgumentParser, Stopped, usage_error
 from tailgate.load.arrivals import DEFAULT_ARRIVALS, arrival_processes, rate_driven, rate_driven_params
 from tailgate.load.client import Target, TargetError
-from tailgate.load.options import API_KEY_ENV, PREFIX_DEFAULTS, add_prefix_arguments, check_workload
+from tailgate.load.options import API_KEY_ENV, add_prefix_arguments, check_workload
 from tailgate.load.payloads import DEFAULT_ENDPOINT
+from tailgate.load.promptsources import PREFIX_DEFAULTS
 from tailgate.optiondecl import add_option, add_options, to_flags
 from tailgate.optiontable import (
     DEFAULTS,
@@ -210,13 +211,14 @@ def build_plan(args: argparse.Namespace) -> Any:
 
 
 def parse_prompt_sources(text: str) -> tuple[str, ...]:
-    from tailgate.load.prompts import PROMPT_SOURCES
+    from tailgate.load.promptsources import selectable_sources
 
+    known = selectable_sources()
     sources = tuple(dict.fromkeys(x.strip() for x in str(text).split(",") if x.strip()))
-    bad = [x for x in sources if x not in PROMPT_SOURCES]
+    bad = [x for x in sources if x not in known]
     if bad or not sources:
         raise OptionError(f"--prompts: unknown source {', '.join(bad) or '(none)'}; choose from "
-                          f"{', '.join(PROMPT_SOURCES)}, comma-separated")  # fmt: skip
+                          f"{', '.join(known)}, comma-separated")  # fmt: skip
     return sources
 
 

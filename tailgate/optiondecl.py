@@ -104,9 +104,9 @@ def _endpoint_help() -> str:
 
 
 def _prompt_sources() -> tuple[str, ...]:
-    from tailgate.load.prompts import PROMPT_SOURCES
+    from tailgate.load.promptsources import selectable_sources
 
-    return tuple(PROMPT_SOURCES)
+    return selectable_sources()
 
 
 def _arrivals() -> tuple[str, ...]:

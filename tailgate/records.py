@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from tailgate import jsonl, resultfiles
 from tailgate.load.arrivals import DEFAULT_ARRIVALS
 from tailgate.load.payloads import DEFAULT_ENDPOINT
+from tailgate.load.promptsources import DEFAULT_PROMPTS
 
 RECORD_SCHEMA_VERSION = 3
 """2: the connect and request-written instants, and how much of a record's timing the client could have hidden.
@@ -101,7 +102,7 @@ class RequestRecord:
     socket), ``kernel`` (the kernel's receive stamp of each read's newest bytes) or ``recv`` (each read's
     return); None in records from before the choice was recorded."""
     # workload (schema 3; older records load with these defaults: the seed's filler on completions, Poisson)
-    prompt_source: str = "seed"
+    prompt_source: str = DEFAULT_PROMPTS
     """Which prompt source built this request's prompt (``seed``, ``unique``, ``dataset``, ``prefix``,
     ``mooncake``)."""
     endpoint: str = DEFAULT_ENDPOINT
@@ -152,7 +153,7 @@ class RequestRecord:
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
 WORKLOAD_DEFAULTS: dict[str, Any] = {
-    "prompt_source": "seed", "endpoint": DEFAULT_ENDPOINT, "arrivals": DEFAULT_ARRIVALS,
+    "prompt_source": DEFAULT_PROMPTS, "endpoint": DEFAULT_ENDPOINT, "arrivals": DEFAULT_ARRIVALS,
     "prompt_tokens_tokenized": None,
 }  # fmt: skip
 """Schema 3's fields and the value a record without them (schema 2, or a seed run) means."""

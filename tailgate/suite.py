@@ -28,6 +28,7 @@ from tailgate.cell import CellSpec, run_cell
 from tailgate.clientbound import merged_breached
 from tailgate.contracts import RunMeta, StageSummary, SuiteMeta
 from tailgate.load.processes import auto_processes
+from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.rxstamp import chunk_stamp_mode
 from tailgate.load.workload import SEED_MIX
 from tailgate.optiontable import DEFAULTS
@@ -111,12 +112,12 @@ class Cell:
     arm: str
     value: float
     """Arrival rate (continuous) or batch size (gated)."""
-    prompts: str = "seed"
+    prompts: str = DEFAULT_PROMPTS
     """Prompt source; a cell with another source than the seed's is the B side of a prompt A/B."""
 
     @property
     def name(self) -> str:
-        suffix = "" if self.prompts == "seed" else f"+{self.prompts}"
+        suffix = "" if self.prompts == DEFAULT_PROMPTS else f"+{self.prompts}"
         return cell_folder(self.config, self.arm, self.value) + suffix
 
     @property
@@ -151,7 +152,7 @@ class SuitePlan:
     """Server configurations to run now (a server nobody can restart runs one at a time)."""
     realtime: bool = False
     """Load processes at SCHED_FIFO where allowed: set when the server shares this machine's cores."""
-    prompts: tuple[str, ...] = ("seed",)
+    prompts: tuple[str, ...] = (DEFAULT_PROMPTS,)
     """Prompt sources; with two or more, every open-loop cell runs once per source on the same arrival
     schedule (same seed): a paired A/B the report compares with the intervals of chunked on vs off."""
     stage_warmup: int = 0
@@ -284,7 +285,7 @@ class Suite:
             arm=cell.arm, host=self.controller.base_url, results=out, stage=stage, n=p.n, warmup=p.warmup,
             seed=p.seed, config_label=cell.config, processes=cell_processes(cell, p.processes, p.locust_args),
             ignore_eos=p.ignore_eos, prometheus_url=self.prometheus_url, realtime=p.realtime,
-            extra=(*(("--prompts", cell.prompts) if cell.prompts != "seed" else ()), *p.locust_args),
+            extra=(*(("--prompts", cell.prompts) if cell.prompts != DEFAULT_PROMPTS else ()), *p.locust_args),
         )  # fmt: skip
 
     def run_cell(self, cell: Cell, index: int, total: int) -> StageSummary:

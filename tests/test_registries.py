@@ -24,7 +24,10 @@ from tailgate.load import arrivals
 from tailgate.verify.groundtruth import ServerProcess, start_server_process
 
 FIXTURES = ROOT / "tests" / "fixtures"
-PLUGIN_ENV = {"TAILGATE_PLUGINS": "arrival_fixed", "PYTHONPATH": os.pathsep.join([str(FIXTURES), str(ROOT)])}
+PLUGIN_ENV = {
+    "TAILGATE_PLUGINS": "arrival_fixed,prompts_sevens",
+    "PYTHONPATH": os.pathsep.join([str(FIXTURES), str(ROOT)]),
+}
 PRODUCT = [ROOT / "tailgate", ROOT / "shapes", ROOT / "locustfiles", ROOT / "postprocess"]
 
 
@@ -96,16 +99,19 @@ def _is_docstring(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
     return isinstance(parent, ast.Expr)
 
 
-REGISTRY_FILES = {ROOT / "tailgate" / "load" / "arrivals.py", ROOT / "tailgate" / "load" / "payloads.py"}
+REGISTRY_FILES = {ROOT / "tailgate" / "load" / f for f in ("arrivals.py", "payloads.py", "promptsources.py")}
 
 
 def test_no_product_module_but_a_registry_names_its_entries() -> None:
-    """An arrival process's or an endpoint's name in code outside its registry (a comparison, a choices tuple,
-    a default) is a second place a new one would have to be added; ``trace`` is also a warm-up rule and a
-    subcommand, so only comparisons against an ``arrivals`` value count for it."""
+    """An arrival process's, an endpoint's or a prompt source's name in code outside its registry (a comparison,
+    a choices tuple, a default) is a second place a new one would have to be added; ``trace`` is also a warm-up
+    rule and a subcommand, so only comparisons against an ``arrivals`` value count for it, and a prompt source
+    (``seed``, ``dataset`` are also options) only in a comparison with a prompt source."""
     from tailgate.load.payloads import ENDPOINTS
+    from tailgate.load.promptsources import SOURCES
 
     names = set(arrivals.ARRIVALS) | set(ENDPOINTS)
+    sources = set(SOURCES)  # "seed" and "dataset" are also options: only comparisons with a prompt source count
     found = []
     for folder in PRODUCT:
         for path in folder.rglob("*.py"):
@@ -117,10 +123,11 @@ def test_no_product_module_but_a_registry_names_its_entries() -> None:
                 named = isinstance(node, ast.Constant) and node.value in names - {"trace"}
                 if named and not _is_docstring(node, parents):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
-                if isinstance(node, ast.Compare) and "arrivals" in ast.unparse(node):
-                    sides = [node.left, *node.comparators]
-                    if any(isinstance(s, ast.Constant) and s.value in names for s in sides):
-                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+                for axis, known in (("arrivals", names), ("prompt", sources)):
+                    if isinstance(node, ast.Compare) and axis in ast.unparse(node):
+                        sides = [node.left, *node.comparators]
+                        if any(isinstance(s, ast.Constant) and s.value in known for s in sides):
+                            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
     assert found == []
 
 
@@ -149,3 +156,30 @@ def test_a_plugin_process_runs_end_to_end(gt: ServerProcess, tmp_path: Path) -> 
     assert statistics.median(b - a for a, b in itertools.pairwise(sent)) == pytest.approx(0.05, abs=0.01)
     meta = json.loads((results / "run.json").read_text())
     assert meta["workload"]["arrivals"] == "fixed" and meta["workload"]["fixed_phase"] == 0.5
+
+
+def test_a_plugin_prompt_source_is_offered_and_sent_end_to_end(gt: ServerProcess, tmp_path: Path) -> None:
+    """``--prompts sevens`` from a test-only module: listed by Locust's and the suite's ``--prompts``, built
+    before the run, sent as built, recorded under its name with the server's count equal to the plan."""
+    out = _child(
+        "from locust.argument_parser import get_parser\n"
+        "from tailgate.load.options import add_arguments\n"
+        "from tailgate.cli import parse_prompt_sources\n"
+        "p = get_parser(); add_arguments(p)\n"
+        "print(list(next(x for x in p._actions if x.dest == 'prompts').choices))\n"
+        "print(parse_prompt_sources('seed,sevens'))\n"
+    )
+    locust_choices, suite_sources = out.splitlines()
+    assert locust_choices == "['seed', 'unique', 'dataset', 'prefix', 'sevens']"
+    assert suite_sources == "('seed', 'sevens')"
+    results = tmp_path / "sevens"
+    done = run_locust("continuous.py", gt.base_url, results, "--prompts", "sevens", "--rates", "20", "--n", "6",
+                      "--warmup", "0", "--settle", "0", "--no-metrics", env=PLUGIN_ENV)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = load_records(results)
+    assert len(records) == 6
+    assert {r["prompt_source"] for r in records} == {"sevens"}
+    assert all(r["prompt_tokens"] == r["prompt_tokens_planned"] for r in records), records
+    run = json.loads((results / "run.json").read_text())
+    assert run["workload"]["prompts"] == "sevens"
+    assert run["workload"]["prompt_check"]["built_by"] == "prompts_sevens"

@@ -29,7 +29,15 @@ from tailgate.load.arrivals import (
 from tailgate.load.client import Target, TargetError, Timeouts, chunk_stamp_mode
 from tailgate.load.payloads import DEFAULT_ENDPOINT, endpoints
 from tailgate.load.plan import Stage, with_prompts
-from tailgate.load.prompts import PROMPT_SOURCES, DatasetEntry, Prompt, PromptError, load_dataset
+from tailgate.load.prompts import DatasetEntry, Prompt, PromptError
+from tailgate.load.promptsources import (
+    DEFAULT_PROMPTS,
+    PREFIX_DEFAULTS,
+    TRACE_BLOCKS,
+    prefix_options,
+    prompt_source,
+    selectable_sources,
+)
 from tailgate.load.workload import PROMPT_WORD, TraceError, TraceItem, load_jsonl, make_trace
 from tailgate.optiondecl import API_KEY_ENV, add_option, add_options
 from tailgate.optiontable import (
@@ -126,10 +134,6 @@ def add_arguments(parser: Any) -> None:
     add_workload_arguments(g)
 
 
-PREFIX_DEFAULTS: dict[str, Any] = {"prefix_tokens": 512, "prefix_share": 0.5, "prefix_groups": 4}
-"""The prefix source's shape when not given: one table for Locust's options, the suite's and validation."""
-
-
 def add_prefix_arguments(g: Any) -> None:
     """The prefix source's shape, for Locust's options and the suite's alike."""
     g.add_argument(
@@ -193,7 +197,7 @@ class Settings:
     """Load processes asked for SCHED_FIFO (whether they got it is in their log)."""
     chunk_stamp: str = "kernel"
     """The stamp source asked for (``--chunk-stamp``); what each process used is in ``run.json``."""
-    prompts: str = "seed"
+    prompts: str = DEFAULT_PROMPTS
     """Prompt source (tailgate/load/prompts.py); ``mooncake`` when a Mooncake trace's hash_ids make the prompts."""
     endpoint: str = DEFAULT_ENDPOINT
     arrivals: str = DEFAULT_ARRIVALS
@@ -213,7 +217,12 @@ class Settings:
 
     @property
     def needs_tokenizer(self) -> bool:
-        return self.prompts != "seed"
+        return prompt_source(self.prompts).tokenized
+
+    def prompt_options(self) -> dict[str, Any]:
+        """The prompt sources' own option values (what :class:`~tailgate.load.promptsources.PromptPlan` carries)."""
+        return {"dataset": self.dataset, "dataset_entries": self.dataset_entries, "prefix_tokens": self.prefix_tokens,
+                "prefix_share": self.prefix_share, "prefix_groups": self.prefix_groups}  # fmt: skip
 
     def stages(self) -> list[Stage]:
         the_arm = arms.arm(self.arm)
@@ -233,11 +242,8 @@ class Settings:
         out: dict[str, Any] = {"prompts": self.prompts, "endpoint": self.endpoint, "arrivals": self.arrivals}
         known = {**self.arrival_params, "trace_format": self.trace_format}
         out.update({key: known[key] for key in arrival_process(self.arrivals).recorded_keys()})
-        if self.prompts == "dataset":
-            out["dataset"] = self.dataset
-        if self.prompts == "prefix":
-            out.update(prefix_tokens=self.prefix_tokens, prefix_share=self.prefix_share,
-                       prefix_groups=self.prefix_groups)  # fmt: skip
+        options = self.prompt_options()
+        out.update({key: options[key] for key in prompt_source(self.prompts).recorded})
         if self.prompt_check:
             out["prompt_check"] = self.prompt_check
         return out
@@ -393,10 +399,11 @@ def _validate_workload(opts: Any, arm: str) -> dict[str, Any]:
     def get(name: str, default: Any) -> Any:
         return getattr(opts, name, default)
 
-    prompts, endpoint = get("prompts", "seed") or "seed", get("endpoint", DEFAULT_ENDPOINT) or DEFAULT_ENDPOINT
+    prompts = get("prompts", DEFAULT_PROMPTS) or DEFAULT_PROMPTS
+    endpoint = get("endpoint", DEFAULT_ENDPOINT) or DEFAULT_ENDPOINT
     arrivals = get("arrivals", DEFAULT_ARRIVALS) or DEFAULT_ARRIVALS
-    if prompts not in PROMPT_SOURCES:
-        raise OptionError(f"--prompts: unknown source {prompts!r}; choose one of {', '.join(PROMPT_SOURCES)}")
+    if prompts not in selectable_sources():
+        raise OptionError(f"--prompts: unknown source {prompts!r}; choose one of {', '.join(selectable_sources())}")
     if endpoint not in endpoints():
         raise OptionError(f"--endpoint: unknown endpoint {endpoint!r}; choose one of {', '.join(endpoints())}")
     params, arrivals = _arrival_params(get, arrivals)
@@ -415,35 +422,22 @@ def _validate_workload(opts: Any, arm: str) -> dict[str, Any]:
             raise OptionError(f"{flag}: {e}") from None
         rows = tuple(loaded)
         if trace_format == "mooncake" and any(r.hash_ids for r in rows):
-            if prompts != "seed":
+            if prompts != DEFAULT_PROMPTS:
                 raise OptionError(f"--prompts {prompts}: a Mooncake trace's hash_ids already define its prompts")
-            prompts = "mooncake"
-    entries: tuple[DatasetEntry, ...] = ()
-    dataset = get("dataset", "") or ""
-    if prompts == "dataset":
-        if not dataset:
-            raise OptionError("--prompts dataset: name the file with --dataset (ShareGPT JSON or JSONL)")
+            prompts = TRACE_BLOCKS
+    # every source carries the prefix shape and a dataset slot; a source checks only its own options (a suite
+    # A/B passes the dataset to every cell: only the dataset source reads it)
+    own: dict[str, Any] = {"dataset": "", "dataset_entries": (), **prefix_options(get)}
+    check = prompt_source(prompts).check
+    if check is not None:
         try:
-            entries = tuple(load_dataset(dataset))
+            own.update(check(get))
         except PromptError as e:
-            raise OptionError(f"--dataset: {e}") from None
-    else:
-        dataset = ""  # only the dataset source reads it (a suite A/B passes it to every cell)
-    prefix_tokens = int(get("prefix_tokens", PREFIX_DEFAULTS["prefix_tokens"]))
-    prefix_share = float(get("prefix_share", PREFIX_DEFAULTS["prefix_share"]))
-    prefix_groups = int(get("prefix_groups", PREFIX_DEFAULTS["prefix_groups"]))
-    if prompts == "prefix":
-        if prefix_tokens < 1:
-            raise OptionError(f"--prefix-tokens: must be at least 1, got {prefix_tokens}")
-        if not 0 <= prefix_share <= 1:
-            raise OptionError(f"--prefix-share: must be between 0 and 1, got {prefix_share:g}")
-        if prefix_groups < 1:
-            raise OptionError(f"--prefix-groups: must be at least 1, got {prefix_groups}")
+            raise OptionError(str(e)) from None
     return {
         "prompts": prompts, "endpoint": endpoint, "arrivals": arrivals, "arrival_params": params,
         "trace_format": trace_format, "trace_rows": rows,
-        "dataset": dataset, "dataset_entries": entries, "prefix_tokens": prefix_tokens,
-        "prefix_share": prefix_share, "prefix_groups": prefix_groups,
+        **own,
     }  # fmt: skip
 
 

@@ -27,7 +27,6 @@ from typing import Any
 
 from tailgate.load.payloads import endpoints
 
-PROMPT_SOURCES = ("seed", "unique", "dataset", "prefix")
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` entry of a Mooncake trace."""
 PROBE_BATCH = 512

@@ -12,6 +12,7 @@ from tailgate.contracts import OrderItem
 from tailgate.load.metrics import Snapshot
 from tailgate.load.options import Settings
 from tailgate.load.plan import Arrival, Stage
+from tailgate.load.promptsources import prompt_source
 
 
 def order_item(a: Arrival) -> OrderItem:
@@ -60,7 +61,7 @@ def workload_summary(
     caching = next((x.prefix_caching for x in (before, after) if x is not None and x.prefix_caching is not None), None)
     out["prefix_caching"] = caching
     out.update(slow_gaps(before, after))
-    if s.prompts == "seed" and (caching or (hits or 0) > 0):
+    if prompt_source(s.prompts).same_text and (caching or (hits or 0) > 0):
         out["prefix_cache_warning"] = SEED_CACHE_WARNING
     diffs = [int(r["prompt_tokens"]) - int(r["prompt_tokens_planned"]) for r in records
              if r.get("prompt_tokens") is not None and r.get("prompt_tokens_planned") is not None]  # fmt: skip

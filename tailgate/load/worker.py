@@ -40,6 +40,7 @@ from tailgate.load.client import (
 from tailgate.load.clock import mono_ns, wall
 from tailgate.load.payloads import DEFAULT_ENDPOINT, endpoints
 from tailgate.load.prompts import Prompt
+from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.stagegc import QuietCollector
 from tailgate.load.tally import summary_row
 from tailgate.load.workload import build_prompt
@@ -502,7 +503,7 @@ class OrderRunner:
             chunk_offsets_ms=None if t.chunk_ns is None else _offsets_ms(t.chunk_ns, sent),
             chunk_read_delays_ms=None if t.chunk_delay_ns is None else _delays_ms(t.chunk_delay_ns),
             chunk_read_offsets_ms=None if t.read_chunk_ns is None else _offsets_ms(t.read_chunk_ns, sent),
-            prompt_source=cfg.prompts or "seed", endpoint=cfg.endpoint or DEFAULT_ENDPOINT,
+            prompt_source=cfg.prompts or DEFAULT_PROMPTS, endpoint=cfg.endpoint or DEFAULT_ENDPOINT,
             arrivals=order.arrivals or DEFAULT_ARRIVALS, prompt_tokens_tokenized=tokenized,
         )  # fmt: skip
 

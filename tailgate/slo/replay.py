@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.workload import make_trace
 from tailgate.slo.stepfit import Stream, fit_costs, max_concurrency, streams_of
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
@@ -386,7 +387,9 @@ def workload_of(attempts_by_rate: Mapping[float, Sequence[Mapping[str, Any]]], t
                 for s in streams_of([r], set()):
                     distinct[(a.get("workload"), r.get("trace_id"))] = (s.prompt, s.tokens)
                     planned = (r.get("prompt_tokens_planned"), r.get("max_tokens"))
-                    if r.get("prompt_source", "seed") != "seed" or (planned[1] is not None and s.tokens != planned[1]):
+                    if r.get("prompt_source", DEFAULT_PROMPTS) != DEFAULT_PROMPTS or (
+                        planned[1] is not None and s.tokens != planned[1]
+                    ):
                         seeded = False
     if not distinct:
         return None
