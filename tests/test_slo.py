@@ -19,6 +19,7 @@ import pytest
 
 from tailgate import slo
 from tailgate.servers.sweep import CommandServer, ComposeWithFlags
+from tailgate.slo.state import ConfigSearch, SloState
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -798,7 +799,8 @@ def test_terminal_and_report_show_both_ends_width_and_why_undecided(tmp_path: Pa
     stopped = check_text({**probes[0]["checks"][1], "point": None, "verdict": "fail", "reason": "stopped early: queue"})
     assert stopped == "sustained: stopped early: queue: fail"
     logged: list[str] = []
-    slo.print_table({"plan": {"slo": "ttft_p99<=500ms"}, "configs": [{"name": "a", "result": result}]}, logged.append)
+    table = SloState(plan={"slo": "ttft_p99<=500ms"}, configs=[ConfigSearch("a", result=result)])
+    slo.print_table(table, logged.append)
     assert "[4, 8] req/s" in logged[1] and "ttft p99 370.3 ms" in logged[1]  # the table's own figure
     state = {"plan": {"slo": "ttft_p99<=500ms", "limits": [{"key": "ttft_p99", "metric": "ttft", "p": 99,
                                                               "limit": 500.0}], "start_rate": 2, "max_rate": 64,

@@ -14,6 +14,7 @@ from typing import Any
 
 from tailgate.slo.search import SearchOutcome
 from tailgate.slo.spec import Log
+from tailgate.slo.state import SloState
 from tailgate.slo.verdict import KEEP_UP, Check
 from tailgate.tailbounds import NOT_ENOUGH, seq_above, seq_below
 
@@ -185,15 +186,15 @@ def fitted_text(fitted: Mapping[str, Any] | None) -> str:
     return text
 
 
-def print_table(state: Mapping[str, Any], log: Log) -> None:
+def print_table(state: SloState, log: Log) -> None:
     """The answer in the terminal: per configuration both ends of the bracket, its width, and the p99s at
     the lower end (the same figures as the report's table)."""
-    log(f"[slo] SLO {state.get('plan', {}).get('slo')}: highest Poisson rate meeting it, per configuration")
-    for c in state.get("configs", []):
-        r = c.get("result") or {}
+    log(f"[slo] SLO {(state.plan or {}).get('slo')}: highest Poisson rate meeting it, per configuration")
+    for c in state.configs:
+        r = c.result or {}
         p99 = r.get("p99_at_best") or {}
         shown = " ".join(f"{k} p99 {v:.1f} ms" for k, v in p99.items() if isinstance(v, (int, float)))
-        log(f"[slo]   {c['name']:<28} {bracket_text(r)}  {shown}  binding: {r.get('binding') or '-'}  "
+        log(f"[slo]   {c.name:<28} {bracket_text(r)}  {shown}  binding: {r.get('binding') or '-'}  "
             f"({STATUS_WORDS.get(str(r.get('status')), r.get('status'))})")  # fmt: skip
 
 

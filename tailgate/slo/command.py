@@ -376,17 +376,17 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
             paths = build_report(root, prometheus_url=args.prometheus_url or None)
             log(f"[slo] report: {getattr(paths, 'html', paths)}")
         log(f"[slo] finished in {time.monotonic() - started:.0f} s")
-        configs = runner.state.get("configs", [])
-        met = any((c.get("result") or {}).get("best_rate") is not None for c in configs)
-        erred = [c for c in configs if (c.get("result") or {}).get("best_rate") is None and c.get("probes")
-                 and all(p["verdict"] == "fail" and p.get("binding") == "errors" for p in c["probes"])]  # fmt: skip
+        configs = runner.state.configs
+        met = any((c.result or {}).get("best_rate") is not None for c in configs)
+        erred = [c for c in configs if (c.result or {}).get("best_rate") is None and c.probes
+                 and all(p.verdict == "fail" and p.binding == "errors" for p in c.probes)]  # fmt: skip
         if not met and erred:
             c = erred[0]
-            first = c["probes"][0]["attempts"][0] if c.get("probes") and c["probes"][0].get("attempts") else {}
+            first = c.probes[0].attempts[0] if c.probes[0].attempts else {}
             cut = int(first.get("cancelled") or 0)
             ended = int(first["sent"]) - cut if isinstance(first.get("sent"), int) else "?"
             also = f", {cut} more cut off by its early stop" if cut else ""
-            log(f"[slo] errors bind, not latency: '{c['name']}' failed every probe on errors "
+            log(f"[slo] errors bind, not latency: '{c.name}' failed every probe on errors "
                 f"({first.get('errors', '?')} of {ended} requests that ended at the first probe{also}); "
                 "check the server and the request (model name, max tokens, authentication)")  # fmt: skip
             return EXIT_FAILED

@@ -30,6 +30,7 @@ from tailgate.slo.pooled import pooled_verdicts
 from tailgate.slo.replay import ModelAnswer, Probe, Workload, model_answer, probes_of, settling_answer, workload_of
 from tailgate.slo.search import Resolution, SearchOutcome, SearchStopped, bracket, search
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Limit, Log, ServerConfig, slo_text
+from tailgate.slo.state import ConfigSearch, ProbeEntry, SloState
 from tailgate.slo.verdict import binding_limit, check_probe, p99s
 from tailgate.stagewarmup import STAGE_WARMUP_DIR, STAGE_WARMUP_SEED, warm_up, warmup_line, worst_gap_ms
 from tailgate.stats import measured_records
@@ -221,7 +222,9 @@ class SloRunner:
         """Each probe's Locust exit code this invocation ran: the command's exit code combines them."""
         self._running: str | None = None
         self._interrupted = False
-        self.state: dict[str, Any] = {}
+        self.state = SloState()
+        self._loaded = False
+        """Whether :meth:`run` has read (or begun) this folder's ``slo.json``: nothing to close before."""
         self.clock: Callable[[], float] = time.monotonic
         """What the time budget is counted on (a test may substitute its own)."""
         self._config_t0 = self.clock()
@@ -236,17 +239,11 @@ class SloRunner:
     def _save(self) -> None:
         path = self.root / SLO_FILE
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, indent=1, default=str) + "\n")
+        tmp.write_text(json.dumps(self.state.to_dict(), indent=1, default=str) + "\n")
         tmp.replace(path)
 
-    def _config_state(self, config: ServerConfig) -> dict[str, Any]:
-        configs = self.state.setdefault("configs", [])
-        for c in configs:
-            if c["name"] == config.name:
-                return c
-        c = {**config.as_dict(), "status": "pending", "probes": [], "server": None}
-        configs.append(c)
-        return c
+    def _config_state(self, config: ServerConfig) -> ConfigSearch:
+        return self.state.config(config)
 
     # -- server ------------------------------------------------------------------------------------
     def _ensure_server(self, config: ServerConfig) -> None:
@@ -255,7 +252,7 @@ class SloRunner:
         flags = [*self.plan.base_flags, *config.flags]
         cs = self._config_state(config)
         t0 = self.clock()
-        cs["server"] = prepare_server(self.controller, config.name, flags, declared=flags, log=self.log, tag="[slo] ")
+        cs.server = prepare_server(self.controller, config.name, flags, declared=flags, log=self.log, tag="[slo] ")
         self._running = config.name
         self._save()
         self._stage_warmup(config)
@@ -284,7 +281,7 @@ class SloRunner:
                     "worst_gap_ms": round(worst, 1), "seconds": mark.get("seconds")}  # fmt: skip
 
         warm = warm_up(one_round)
-        self._config_state(config)["stage_warmup"] = warm
+        self._config_state(config).stage_warmup = warm
         self.log(f"[slo] {config.name}: {warmup_line(warm)}")
         self._save()
 
@@ -375,7 +372,7 @@ class SloRunner:
         growing data may be looked at after every attempt at the stated confidence."""
         p = self.plan
         attempts = self._by_rate.setdefault(rate, [])
-        entry: dict[str, Any] = {"index": index, "rate": rate, "phase": phase, "attempts": []}
+        entry = ProbeEntry(index, rate, phase)
         verdict, checks = "not_enough_data", list[Any]()
         first = len(attempts) + 1
         for attempt in range(first, first + p.looks):
@@ -406,7 +403,7 @@ class SloRunner:
             data["workload"] = p.seed if "--trace-file" in p.locust_args else seed
             attempts.append(data)
             verdict, checks = check_probe(attempts, p.limits, level=p.look_confidence, rate=rate)
-            entry["attempts"].append(attempt_row(out.name, seed, mark, data))
+            entry.attempts.append(attempt_row(out.name, seed, mark, data))
             self.log(f"[slo]   -> {verdict_line(verdict, checks)}")
             if verdict != "not_enough_data":
                 break
@@ -417,26 +414,24 @@ class SloRunner:
                 self.log(f"[slo]   not enough data for a verdict: extending with a new sample of the workload "
                          f"(seed {p.attempt_seed(attempt + 1)}), pooled as blocks of their own")  # fmt: skip
         pooled = [r for a in attempts for r in a["measured"]]
-        entry.update({"verdict": verdict, "checks": [asdict(c) for c in checks], "pooled_attempts": len(attempts),
-                      "binding": binding_limit(checks), "p99": p99s(pooled),
-                      "undecided_reason": undecided_reason(verdict, checks)})  # fmt: skip
-        if not entry["attempts"]:
+        entry.verdict, entry.checks, entry.pooled_attempts = verdict, [asdict(c) for c in checks], len(attempts)
+        entry.binding, entry.p99 = binding_limit(checks), p99s(pooled)
+        entry.undecided_reason = undecided_reason(verdict, checks)
+        if not entry.attempts:
             return verdict
-        cs = next(c for c in self.state["configs"] if c["name"] == config.name)
-        cs["probes"].append(entry)
+        self._config_state(config).probes.append(entry)
         self._save()
         return verdict
 
     def _pooled(self, config: ServerConfig) -> dict[float, str]:
         """Every rate's verdict with the evidence pooled across rates (the latest entry of each rate)."""
-        cs = self._config_state(config)
-        latest = {float(pr["rate"]): pr for pr in cs["probes"]}
-        return pooled_verdicts(list(latest.values()), self.plan.tails, self.plan.look_confidence)
+        latest = self._config_state(config).latest()
+        return pooled_verdicts([pr.to_dict() for pr in latest.values()], self.plan.tails, self.plan.look_confidence)
 
     def _model(self, config: ServerConfig) -> RateModel | None:
         """The model of the binding percentile against rate, fitted to this configuration's probes so far."""
         limits = {lim.key: lim.limit for lim in self.plan.limits if lim.p is not None}
-        return binding_model(self._config_state(config)["probes"], limits)
+        return binding_model(self._config_state(config).probe_dicts(), limits)
 
     def _model_inputs(self, config: ServerConfig) -> tuple[list[Probe], Workload, dict[str, float], float] | None:
         """What the fitted step loop is given: the probes, the workload, the limits and their quantile."""
@@ -444,7 +439,7 @@ class SloRunner:
         qs = {lim.p for lim in p.limits if lim.p is not None}
         if not p.model_replicates or len(qs) != 1:
             return None
-        latest = {float(pr["rate"]): pr["checks"] for pr in self._config_state(config)["probes"]}
+        latest = {rate: pr.checks for rate, pr in self._config_state(config).latest().items()}
         probes = probes_of(self._by_rate, latest)
         workload = workload_of(self._by_rate, "--trace-file" in p.locust_args)
         if not probes or workload is None:
@@ -492,10 +487,10 @@ class SloRunner:
                               requests=p.model_requests, replicates=p.model_replicates, seed=p.seed)  # fmt: skip
         return answer.as_dict()
 
-    def run_config(self, config: ServerConfig) -> dict[str, Any]:
+    def run_config(self, config: ServerConfig) -> ConfigSearch:
         p = self.plan
         cs = self._config_state(config)
-        cs.update({"status": "running", "probes": []})
+        cs.status, cs.probes = "running", []
         self._save()
         counter = itertools.count(1)
         self._config_t0 = self.clock()
@@ -509,45 +504,43 @@ class SloRunner:
         )  # fmt: skip
         if outcome.status == "time_budget":
             self.log(f"[slo] {config.name}: time budget spent; the bracket so far is the answer")
-        cs["result"] = result_of(outcome, cs["probes"], p)
+        result = result_of(outcome, cs.probe_dicts(), p)
         model = self._model(config)
-        cs["result"]["model"] = model.as_dict() if model is not None else None
+        result["model"] = model.as_dict() if model is not None else None
         try:
-            cs["result"]["fitted"] = self._fitted(config, outcome)
+            result["fitted"] = self._fitted(config, outcome)
         except (ArithmeticError, ValueError, KeyError, TypeError, RecursionError, MemoryError) as e:
             # a model estimate never costs the measured answer it sits beside
             why = f"the fitted model failed: {type(e).__name__}: {e}"
-            cs["result"]["fitted"] = {"label": "model estimate, not a measurement", "capacity": None, "why": why}
-        cs["status"] = "done"
+            result["fitted"] = {"label": "model estimate, not a measurement", "capacity": None, "why": why}
+        cs.result, cs.status = result, "done"
         self._save()
-        self.log(f"[slo] {config.name}: {answer_line(cs['result'])}")
+        self.log(f"[slo] {config.name}: {answer_line(result)}")
         return cs
 
-    def run(self) -> list[dict[str, Any]]:
+    def run(self) -> list[ConfigSearch]:
         self.root.mkdir(parents=True, exist_ok=True)
         found = SloMeta.read_or_none(self.root / SLO_FILE)
-        self.state = found.to_dict() if found is not None else {"created": _iso(time.time())}
-        self.state.update({"started": _iso(time.time()), "plan": self.plan.describe(), **self.extra})
         # configurations searched by earlier invocations (one per device call) stay in the file
-        self.state.setdefault("configs", [])
+        self.state = SloState.from_meta(found) if found is not None else SloState(created=_iso(time.time()))
+        self.state.started, self.state.plan = _iso(time.time()), self.plan.describe()
+        self.state.extra.update(self.extra)
+        self._loaded = True
         self._save()
-        done = []
-        for config in self.plan.configs:
-            done.append(self.run_config(config))
-        self.state["ended"] = _iso(time.time())
+        done = [self.run_config(config) for config in self.plan.configs]
+        self.state.ended = _iso(time.time())
         self._save()
         return done
 
     def close_running(self, status: str, reason: str) -> None:
         """Mark configurations still searching as ended by ``status`` (``interrupted``, ``failed``), with why:
         a slo.json left "running" after its process is gone would read as a search still under way."""
-        if not self.state:
+        if not self._loaded:
             return
-        for c in self.state.get("configs", []):
-            if c.get("status") == "running":
-                c["status"] = status
-                c["error"] = reason
-        self.state["ended"] = _iso(time.time())
+        for c in self.state.configs:
+            if c.status == "running":
+                c.status, c.error = status, reason
+        self.state.ended = _iso(time.time())
         self._save()
 
     def interrupt(self) -> None:

@@ -1,0 +1,143 @@
+"""The search's state as it runs: typed from the first probe to ``slo.json`` and back on a resume.
+
+``slo.json`` is saved after every step, so an interrupted search resumes where it stopped and the report
+reads what the terminal printed. The runner keeps the state in these classes; a dict exists only where the
+file is written and read (:meth:`SloState.to_dict`, :meth:`SloState.from_meta`) and where the analysis
+shared with the report takes a probe as the file holds it (:meth:`ProbeEntry.to_dict`). Keys a later or
+earlier version wrote and this one does not declare are kept in ``extra`` and written back unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+
+from tailgate.contracts import SloMeta
+from tailgate.slo.spec import ServerConfig
+from tailgate.tailbounds import NOT_ENOUGH
+
+T = TypeVar("T")
+
+
+def _split(cls: type[T], data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The keys ``cls`` declares, and the rest."""
+    names = {f.name for f in fields(cls)} - {"extra"}  # type: ignore[arg-type]
+    return {k: v for k, v in data.items() if k in names}, {k: v for k, v in data.items() if k not in names}
+
+
+@dataclass
+class ProbeEntry:
+    """One call of a probe at one rate: its attempts, and the verdict on all attempts at that rate so far."""
+
+    index: int
+    rate: float
+    phase: str
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    """One row per attempt run in this call (:func:`tailgate.slo.answer.attempt_row`)."""
+    verdict: str = NOT_ENOUGH
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    """Each limit's :class:`tailgate.slo.verdict.Check`, as the file keeps it."""
+    pooled_attempts: int = 0
+    binding: str | None = None
+    p99: dict[str, float | None] = field(default_factory=dict)
+    undecided_reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProbeEntry:
+        known, extra = _split(cls, data)
+        return cls(**known, extra=extra)
+
+
+@dataclass
+class ConfigSearch:
+    """One server configuration's search: its server, warm-up, probes in the order run, and its answer."""
+
+    name: str
+    knobs: dict[str, str] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+    status: str = "pending"
+    """pending, running, done, interrupted or failed."""
+    probes: list[ProbeEntry] = field(default_factory=list)
+    server: dict[str, Any] | None = None
+    stage_warmup: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    """Both ends of the bracket, its width, the undecided rates and the models (``result_of`` in answer.py)."""
+    error: str | None = None
+    """Why a search that did not finish ended (with status interrupted or failed)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    OPTIONAL = ("stage_warmup", "result", "error")
+    """Written only once set, as the file always had them."""
+
+    @classmethod
+    def of(cls, config: ServerConfig) -> ConfigSearch:
+        return cls(config.name, dict(config.knobs), list(config.flags))
+
+    def latest(self) -> dict[float, ProbeEntry]:
+        """The last probe of each rate: it carries the verdict on every attempt at that rate."""
+        return {float(p.rate): p for p in self.probes}
+
+    def probe_dicts(self) -> list[dict[str, Any]]:
+        """The probes as the file holds them: what the analysis shared with the report reads."""
+        return [p.to_dict() for p in self.probes]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra" or (f.name in self.OPTIONAL and value is None):
+                continue
+            out[f.name] = self.probe_dicts() if f.name == "probes" else value
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ConfigSearch:
+        known, extra = _split(cls, data)
+        known["probes"] = [ProbeEntry.from_dict(p) for p in known.get("probes") or []]
+        return cls(**known, extra=extra)
+
+
+@dataclass
+class SloState:
+    """``slo.json``: when it was made and run, the plan, and every configuration searched in this folder
+    (earlier invocations' configurations stay: one device call per configuration adds up in one file)."""
+
+    created: str | None = None
+    started: str | None = None
+    ended: str | None = None
+    plan: dict[str, Any] | None = None
+    configs: list[ConfigSearch] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    """The environment, the server kind and whatever else the command records beside the plan."""
+
+    def config(self, config: ServerConfig) -> ConfigSearch:
+        """The configuration's search, added (pending) the first time it is asked for."""
+        for c in self.configs:
+            if c.name == config.name:
+                return c
+        found = ConfigSearch.of(config)
+        self.configs.append(found)
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        head = {"created": self.created, "started": self.started, "plan": self.plan, **self.extra}
+        out = {k: v for k, v in head.items() if v is not None or k in self.extra}
+        out["configs"] = [c.to_dict() for c in self.configs]
+        if self.ended is not None:
+            out["ended"] = self.ended
+        return out
+
+    @classmethod
+    def from_meta(cls, meta: SloMeta) -> SloState:
+        data = meta.to_dict()
+        known, extra = _split(cls, data)
+        known["configs"] = [ConfigSearch.from_dict(c) for c in known.get("configs") or [] if isinstance(c, dict)]
+        return cls(**known, extra=extra)
+
+
+__all__ = ["ConfigSearch", "ProbeEntry", "SloState"]
