@@ -492,6 +492,11 @@ def _unusable(fit: ServiceFit, probes: Sequence[Probe], interval: tuple[float, f
     return ""
 
 
+def _ms(value: float | None) -> str:
+    """An interval end as the verdict lines print it: no bound is ``n/a``, not ``None``."""
+    return "n/a" if value is None else f"{value:g} ms"
+
+
 def _refuted(fit: ServiceFit, probes: Sequence[Probe]) -> str:
     """Why the probes themselves refute the fitted engine ('' when none does): checks before any simulation."""
     if any(p.preempted for p in probes):
@@ -501,6 +506,6 @@ def _refuted(fit: ServiceFit, probes: Sequence[Probe]) -> str:
         r = bad[0]
         return (
             f"its replay of {r.rate:g} req/s gives {r.key} {r.model:g} ms where {r.measured:g} ms was measured "
-            f"(interval {r.low}..{r.high})"
+            f"(its interval [{_ms(r.low)}, {_ms(r.high)}])"
         )
     return systematic_error(fit.replay)
