@@ -40,7 +40,8 @@
 # and zope.interface, both in the `zope` namespace: unzip their wheels into /tmp/site (pip --target replaces the
 # whole `zope` folder with each one).
 #   carry [.gpu/p1, .gpu/s]:    bash .gpu/s/go.sh env; bash .gpu/s/go.sh stage 1      (then stage K for each chunk)
-#   carry [.gpu/s, .gpu/model]: bash .gpu/s/go.sh install && bash benchmarks/h200/slo.sh chunked 200
+#   carry [.gpu/s, .gpu/model, .wheels312]:
+#                               bash .gpu/s/go.sh install && bash benchmarks/h200/loadpath.sh && bash benchmarks/h200/slo.sh chunked 200
 #   carry [.gpu/s]:             bash benchmarks/h200/slo.sh mnbt2048 200
 #   carry [.gpu/s]:             bash benchmarks/h200/slo.sh mnbt512 200
 #   carry [.gpu/s]:             bash benchmarks/h200/slo.sh nochunk 200; bash .gpu/s/go.sh stop
@@ -66,6 +67,8 @@ if [ "${SERVE:-1}" = 1 ]; then
 else
   server=(--server url)
 fi
+python3 -c "import locust, gevent" 2>/dev/null || {
+  echo "slo.sh: the load path is not installed here (no locust): run benchmarks/h200/loadpath.sh first"; exit 2; }
 t0=$(date +%s)
 python3 -m tailgate.cli slo "${server[@]}" --host "$HOST" --results "$R" --config "$config: $knobs" \
   --slo "$SLO" --n "$n" --duration "${DURATION:-90}" --warmup 25 --seed 7 --ignore-eos \
