@@ -32,7 +32,8 @@ MORE_DATA_CAP = 64
 """The most times a rate's data are scaled when estimating what would decide it."""
 
 
-def _fmt(key: str, v: float | None) -> str:
+def figure_text(key: str, v: float | None) -> str:
+    """A limit's figure as the verdict lines print it: a share, a percentage of errors, or ms; no bound is n/a."""
     if v is None:
         return "n/a"
     if key == "sustained":
@@ -47,12 +48,13 @@ def check_text(c: Check | Mapping[str, Any]) -> str:
     if key == "sustained":
         if d.get("point") is None:  # stopped early, or too few timed requests: the reason says which
             return f"sustained: {d.get('reason') or 'no completion figure'}: {verdict}"
-        return f"sustained: {_fmt(key, d.get('point'))} completed in the window (at least {KEEP_UP:.0%}): {verdict}"
+        done = figure_text(key, d.get("point"))
+        return f"sustained: {done} completed in the window (at least {KEEP_UP:.0%}): {verdict}"
     low, high = d.get("low"), d.get("high")
-    bounds = "" if low is None and high is None else f" [{_fmt(key, low)}, {_fmt(key, high)}]"
+    bounds = "" if low is None and high is None else f" [{figure_text(key, low)}, {figure_text(key, high)}]"
     neff = d.get("n_effective")
     eff = f", effective n {neff:g} of {d.get('n')}" if isinstance(neff, (int, float)) else ""
-    return f"{key} {_fmt(key, d.get('point'))}{bounds} <= {_fmt(key, d.get('limit'))}{eff}: {verdict}"
+    return f"{key} {figure_text(key, d.get('point'))}{bounds} <= {figure_text(key, d.get('limit'))}{eff}: {verdict}"
 
 
 def verdict_line(verdict: str, checks: Sequence[Check]) -> str:

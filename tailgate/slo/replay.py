@@ -32,6 +32,7 @@ from typing import Any
 
 from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.workload import make_trace
+from tailgate.slo.answer import figure_text
 from tailgate.slo.stepfit import Stream, fit_costs, max_concurrency, streams_of
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
 
@@ -492,11 +493,6 @@ def _unusable(fit: ServiceFit, probes: Sequence[Probe], interval: tuple[float, f
     return ""
 
 
-def _ms(value: float | None) -> str:
-    """An interval end as the verdict lines print it: no bound is ``n/a``, not ``None``."""
-    return "n/a" if value is None else f"{value:g} ms"
-
-
 def _refuted(fit: ServiceFit, probes: Sequence[Probe]) -> str:
     """Why the probes themselves refute the fitted engine ('' when none does): checks before any simulation."""
     if any(p.preempted for p in probes):
@@ -506,6 +502,6 @@ def _refuted(fit: ServiceFit, probes: Sequence[Probe]) -> str:
         r = bad[0]
         return (
             f"its replay of {r.rate:g} req/s gives {r.key} {r.model:g} ms where {r.measured:g} ms was measured "
-            f"(its interval [{_ms(r.low)}, {_ms(r.high)}])"
+            f"(its interval [{figure_text(r.key, r.low)}, {figure_text(r.key, r.high)}])"
         )
     return systematic_error(fit.replay)
