@@ -223,11 +223,11 @@ from tailgate.load.client import StreamTiming, Target, Timeouts, build_payload, 
 from tailgate.verify.groundtruth import DEFAULT_MODEL, start_server_process
 
 made = []
-original = client.CooperativeReads.__init__
+original = client.HubReads.__init__
 def counting(self, *a, **k):
     made.append(1)
     original(self, *a, **k)
-client.CooperativeReads.__init__ = counting
+client.HubReads.__init__ = counting
 
 out = {}
 with start_server_process(ttft_ms=20, gap_ms=10) as server:
@@ -258,7 +258,7 @@ def test_reads_under_gevent_wait_on_one_watcher_and_keep_both_limits() -> None:
                           cwd=ROOT)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["cooperative"] == 3  # every stream read through CooperativeReads
+    assert out["cooperative"] == 3  # every stream read in the hub (HubReads)
     assert out["plain"]["done"] and out["plain"]["chunks"] == 6 and out["plain"]["stamps_rise"]
     assert out["stall"]["error"] == "stall_timeout" and out["stall"]["chunks"] == 2
     assert 0.3 <= out["stall"]["s"] < 2.5

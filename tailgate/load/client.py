@@ -22,6 +22,7 @@ from itertools import repeat
 
 from tailgate.load.capture import connection_key
 from tailgate.load.payloads import ENDPOINT_PATHS, build_chat_payload, build_payload, build_request
+from tailgate.load.reads import RECV_BYTES, HubReads, read_stamped
 from tailgate.load.rxstamp import (
     CHUNK_STAMP_ENV,
     CHUNK_STAMPS,
@@ -29,10 +30,6 @@ from tailgate.load.rxstamp import (
     PAIR_NS,
     REFRESH_NS,
     SO_TIMESTAMPNS,
-    SOL_SOCKET,
-    TIMESPEC,
-    TS_SPACE,
-    WALL,
     WallToClock,
     chunk_stamp_mode,
     enable_rx_timestamps,
@@ -51,7 +48,7 @@ __all__ = [  # the request's parts live beside this module; their names stay imp
     "REFRESH_NS",
     "SO_TIMESTAMPNS",
     "TEMPLATE_ATTEMPTS",
-    "CooperativeReads",
+    "HubReads",
     "StreamTiming",
     "Target",
     "TargetError",
@@ -66,7 +63,6 @@ __all__ = [  # the request's parts live beside this module; their names stay imp
     "stream_completion",
 ]
 
-RECV_BYTES = 65536
 
 LATE_READ_NS = 1_000_000
 """A read this long after its newest bytes arrived is late: the client, not the server, set its events' times.
@@ -170,104 +166,6 @@ def _connect(target: Target, timeout: float) -> socket.socket:
     return sock
 
 
-def _read(sock: socket.socket, timestamps: bool, clock: Callable[[], int]) -> tuple[bytes, int, int | None]:
-    """``(bytes, when the read returned, how long its newest bytes had waited)``; the wait is None unknown.
-
-    The stamp is taken once, as the call returns, for everything the read delivered. With receive
-    timestamps, the wait is the read's return minus the kernel's receive time (wall clock) of the newest
-    bytes read, put on ``clock`` with :data:`rxstamp.WALL` (no clock read beyond ``clock()`` on most reads).
-    """
-    if not timestamps:
-        data = sock.recv(RECV_BYTES)
-        return data, clock(), None
-    data, ancillary, _, _ = sock.recvmsg(RECV_BYTES, TS_SPACE)
-    now = clock()
-    if ancillary:
-        level, kind, payload = ancillary[0]
-        if kind == SO_TIMESTAMPNS and level == SOL_SOCKET and len(payload) >= 16:
-            sec, nsec = TIMESPEC.unpack_from(payload)
-            return data, now, max(0, now - WALL.to_clock(sec * 1_000_000_000 + nsec, now))
-    return data, now, None
-
-
-class CooperativeReads:
-    """The stream's reads under gevent: wait for the socket first, then one ``recvmsg``; no timer per read.
-
-    gevent's own ``recvmsg`` tries the call first (a failed system call and a raised exception whenever,
-    as is usual between two chunks, nothing is there yet) and arms a fresh ``Timeout`` around every wait.
-    Here one I/O watcher is reused for every wait, and one timer per stream enforces the stall and
-    request limits: it fires at the latest moment the next read may still come, and a read that comes
-    in time only moves that moment (no re-arming per read). The timer throws ``TimeoutError`` only into
-    a wait; if it fires while the stream is parsing, the next read raises it instead.
-    """
-
-    __slots__ = ("_deadline_ns", "_expired", "_glet", "_hub", "_io", "_last_ns", "_limit_ns", "_timer", "_waiting")
-
-    def __init__(self, sock: socket.socket, stall_s: float, deadline_ns: int, now_ns: int) -> None:
-        from gevent import get_hub, getcurrent
-
-        self._hub = get_hub()
-        self._glet = getcurrent()
-        self._io = self._hub.loop.io(sock.fileno(), 1)
-        self._limit_ns = int(stall_s * 1e9)
-        self._deadline_ns = deadline_ns
-        self._last_ns = now_ns
-        self._waiting = False
-        self._expired = False
-        self._timer = None
-        sock.settimeout(None)  # the stream's timer bounds every wait instead
-        self._arm(now_ns)
-
-    @staticmethod
-    def usable(sock: socket.socket) -> bool:
-        """A gevent socket, not TLS: a plain socket under threads keeps ``settimeout``, and TLS may hold
-        decrypted bytes (``pending``) that no readiness of the descriptor announces."""
-        return (
-            type(sock).__module__.startswith("gevent")
-            and not isinstance(sock, ssl.SSLSocket)
-            and not hasattr(sock, "pending")
-        )
-
-    def _due_ns(self) -> int:
-        due = self._last_ns + self._limit_ns
-        return due if due < self._deadline_ns else self._deadline_ns
-
-    def _arm(self, now_ns: int) -> None:
-        if self._timer is not None:
-            self._timer.close()
-        timer = self._hub.loop.timer(max(0.0, (self._due_ns() - now_ns) / 1e9))
-        self._timer = timer
-        timer.start(self._on_timer)
-
-    def _on_timer(self) -> None:
-        now = time.perf_counter_ns()
-        if now < self._due_ns():
-            self._arm(now)  # reads came meanwhile: wait for the new latest moment
-            return
-        self._expired = True
-        if self._waiting:
-            self._glet.throw(TimeoutError())
-
-    def read(self, sock: socket.socket, timestamps: bool, clock: Callable[[], int]) -> tuple[bytes, int, int | None]:
-        """As :func:`_read`, after waiting for the socket; ``TimeoutError`` past the stall or request limit."""
-        if self._expired:
-            raise TimeoutError()
-        self._waiting = True
-        try:
-            self._hub.wait(self._io)
-            result = _read(sock, timestamps, clock)
-        finally:
-            self._waiting = False
-        self._last_ns = result[1]
-        return result
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.close()
-            self._timer = None
-        self._io.close()
-
-
 def _error_message(body: bytes) -> str:
     text = body.decode("utf-8", "replace").strip()
     try:
@@ -335,7 +233,6 @@ def stream_completion(
         timing.chunk_ns = []
         timing.chunk_delay_ns = []
     sock: socket.socket | None = None
-    cooperative: CooperativeReads | None = None
     kernel_stamp = stamp == "kernel"
     timing.sent_ns = clock()
     deadline = timing.sent_ns + int(timeouts.request_s * 1e9)
@@ -373,7 +270,7 @@ def stream_completion(
             if remaining <= 0:
                 raise _Failure("headers_timeout", f"no response headers within {timeouts.request_s:g} s")
             sock.settimeout(remaining)
-            data, read_ns, delay = _read(sock, timestamps, clock)
+            data, read_ns, delay = read_stamped(sock, timestamps, clock)
             if not data:
                 raise _Failure("connection_closed", "server closed the connection before sending headers")
             buf += data
@@ -426,123 +323,128 @@ def stream_completion(
         prefix = suffix = b""
         fixed = 0  # len(prefix) + len(suffix); 0 while there is no template
         attempts = TEMPLATE_ATTEMPTS
-        data = rest
-        raw_pos = end + 4  # where ``data`` starts in the response
+        raw_pos = end + 4  # where the next read starts in the response
         tail = b""  # the previous read's last byte: an event's blank line may be split between two reads
         received = 0
         late_ns = LATE_READ_NS
-        read_timeout = -1.0  # what the socket's timeout was last set to in this loop
-        while True:
-            if data:
-                received += len(data)
-                timing.reads += 1
-                if delay is not None and (timing.max_read_delay_ns is None or delay > timing.max_read_delay_ns):
-                    timing.max_read_delay_ns = delay
-                # one instant for every event of this read: when the read returned, or when the kernel
-                # received its newest bytes; parsing the read's events must not spread their stamps. Only
-                # the read's first event can end a gap (the others follow it at 0), so the gap, the count
-                # and the chunk stamps are updated once per read, after its events (in a finally: a bad
-                # event still leaves the chunks before it counted)
-                now = read_ns - delay if kernel_stamp and delay is not None else read_ns
-                content = others = 0
-                payload = decoder.feed(data) if decoder is not None else data
-                try:
-                    for event in parser.feed(payload) if payload else ():
-                        # fast path: a content chunk like the template (see content_template); no decode
-                        if (
-                            fixed
-                            and len(event) > fixed
-                            and event.startswith(prefix)
-                            and event.endswith(suffix)
-                            and event.isascii()
-                            and string_literal(event, len(prefix), len(event) - len(suffix)) is not None
-                        ):
-                            content += 1
-                            continue
-                        if event == b"[DONE]":
-                            timing.done = True
-                            others += 1
-                            continue
-                        try:
-                            obj = loads(event)
-                        except (ValueError, RecursionError):
-                            raise _Failure("malformed_event", f"event is not JSON: {event[:80]!r}") from None
-                        if not isinstance(obj, dict):
-                            raise _Failure("malformed_event", f"event is not a JSON object: {event[:80]!r}")
-                        if "error" in obj:
-                            message = _error_message(event) or "error event without a message"
-                            raise _Failure("server_error_event", message)
-                        usage = obj.get("usage")
-                        if usage:
-                            if not isinstance(usage, dict):
-                                raise _Failure("malformed_event", f"usage is not an object: {event[:80]!r}")
-                            timing.prompt_tokens = _token_count(usage, "prompt_tokens", event)
-                            timing.completion_tokens = _token_count(usage, "completion_tokens", event)
-                        choices = obj.get("choices")
-                        if not choices:
-                            others += 1
-                            continue  # the usage-only chunk: not a token
-                        if not isinstance(choices, list):
-                            raise _Failure("malformed_event", f"choices is not a list: {event[:80]!r}")
-                        if timing.first_chunk_ns is None:
-                            timing.first_chunk_ns = now
-                            rid = obj.get("id")
-                            timing.response_id = rid if isinstance(rid, str) else None
+
+        def take(data: bytes, read_ns: int, delay: int | None) -> bool:
+            """One read's events, all at the read's instant; True when the response is complete."""
+            nonlocal prefix, suffix, fixed, attempts, raw_pos, tail, received
+            received += len(data)
+            timing.reads += 1
+            if delay is not None and (timing.max_read_delay_ns is None or delay > timing.max_read_delay_ns):
+                timing.max_read_delay_ns = delay
+            # one instant for every event of this read: when the read returned, or when the kernel
+            # received its newest bytes; parsing the read's events must not spread their stamps. Only
+            # the read's first event can end a gap (the others follow it at 0), so the gap, the count
+            # and the chunk stamps are updated once per read, after its events (in a finally: a bad
+            # event still leaves the chunks before it counted)
+            now = read_ns - delay if kernel_stamp and delay is not None else read_ns
+            content = others = 0
+            payload = decoder.feed(data) if decoder is not None else data
+            try:
+                for event in parser.feed(payload) if payload else ():
+                    # fast path: a content chunk like the template (see content_template); no decode
+                    if (
+                        fixed
+                        and len(event) > fixed
+                        and event.startswith(prefix)
+                        and event.endswith(suffix)
+                        and event.isascii()
+                        and string_literal(event, len(prefix), len(event) - len(suffix)) is not None
+                    ):
                         content += 1
-                        reason = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
-                        if reason:
-                            if not isinstance(reason, str):
-                                raise _Failure("malformed_event", f"finish_reason is not a string: {event[:80]!r}")
-                            timing.finish_reason = reason
-                        elif not fixed and attempts:
-                            attempts -= 1
-                            template = content_template(event, obj)
-                            if template is not None:
-                                prefix, suffix = template
-                                fixed = len(prefix) + len(suffix)
-                finally:
-                    if content:
-                        last = timing.last_chunk_ns
-                        if last is not None and now - last > timing.worst_gap_ns:
-                            timing.worst_gap_ns = now - last
-                            timing.worst_gap_end_ns = now
-                        timing.last_chunk_ns = now
-                        timing.chunks += content
-                        if timing.chunk_ns is not None:
-                            timing.chunk_ns.extend(repeat(now, content))
-                            timing.chunk_delay_ns.extend(repeat(-1 if delay is None else delay, content))  # type: ignore[union-attr]
-                        if content > timing.max_events_per_read:
-                            timing.max_events_per_read = content
-                        if content > 1 and delay is not None and delay > late_ns:
-                            timing.late_coalesced_reads += 1
-                        if last_bytes is not None:
-                            last_bytes += event_ends(tail + data, raw_pos - len(tail), content, content + others)
-                    raw_pos += len(data)
-                    tail = data[-1:]
-                if (decoder is not None and decoder.done) or (to_read is not None and received >= to_read):
-                    break
-            now_ns = clock()
-            remaining = (deadline - now_ns) / 1e9
+                        continue
+                    if event == b"[DONE]":
+                        timing.done = True
+                        others += 1
+                        continue
+                    try:
+                        obj = loads(event)
+                    except (ValueError, RecursionError):
+                        raise _Failure("malformed_event", f"event is not JSON: {event[:80]!r}") from None
+                    if not isinstance(obj, dict):
+                        raise _Failure("malformed_event", f"event is not a JSON object: {event[:80]!r}")
+                    if "error" in obj:
+                        message = _error_message(event) or "error event without a message"
+                        raise _Failure("server_error_event", message)
+                    usage = obj.get("usage")
+                    if usage:
+                        if not isinstance(usage, dict):
+                            raise _Failure("malformed_event", f"usage is not an object: {event[:80]!r}")
+                        timing.prompt_tokens = _token_count(usage, "prompt_tokens", event)
+                        timing.completion_tokens = _token_count(usage, "completion_tokens", event)
+                    choices = obj.get("choices")
+                    if not choices:
+                        others += 1
+                        continue  # the usage-only chunk: not a token
+                    if not isinstance(choices, list):
+                        raise _Failure("malformed_event", f"choices is not a list: {event[:80]!r}")
+                    if timing.first_chunk_ns is None:
+                        timing.first_chunk_ns = now
+                        rid = obj.get("id")
+                        timing.response_id = rid if isinstance(rid, str) else None
+                    content += 1
+                    reason = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
+                    if reason:
+                        if not isinstance(reason, str):
+                            raise _Failure("malformed_event", f"finish_reason is not a string: {event[:80]!r}")
+                        timing.finish_reason = reason
+                    elif not fixed and attempts:
+                        attempts -= 1
+                        template = content_template(event, obj)
+                        if template is not None:
+                            prefix, suffix = template
+                            fixed = len(prefix) + len(suffix)
+            finally:
+                if content:
+                    last = timing.last_chunk_ns
+                    if last is not None and now - last > timing.worst_gap_ns:
+                        timing.worst_gap_ns = now - last
+                        timing.worst_gap_end_ns = now
+                    timing.last_chunk_ns = now
+                    timing.chunks += content
+                    if timing.chunk_ns is not None:
+                        timing.chunk_ns.extend(repeat(now, content))
+                        timing.chunk_delay_ns.extend(repeat(-1 if delay is None else delay, content))  # type: ignore[union-attr]
+                    if content > timing.max_events_per_read:
+                        timing.max_events_per_read = content
+                    if content > 1 and delay is not None and delay > late_ns:
+                        timing.late_coalesced_reads += 1
+                    if last_bytes is not None:
+                        last_bytes.extend(event_ends(tail + data, raw_pos - len(tail), content, content + others))
+                raw_pos += len(data)
+                tail = data[-1:]
+            return (decoder is not None and decoder.done) or (to_read is not None and received >= to_read)
+
+        complete = take(rest, read_ns, delay) if rest else False
+        if not complete and HubReads.usable(sock):
+            reads = HubReads(sock, stall_s, deadline)
+            try:
+                reads.run(take, timestamps, clock)
+            except TimeoutError:
+                if reads.deadline_hit:
+                    raise _Failure("request_timeout", f"stream still open after {timeouts.request_s:g} s") from None
+                raise _Failure("stall_timeout", f"no bytes for {stall_s:g} s mid-stream") from None
+            complete = True
+        read_timeout = -1.0  # what the socket's timeout was last set to in this loop (threads, TLS)
+        while not complete:
+            remaining = (deadline - clock()) / 1e9
             if remaining <= 0:
                 raise _Failure("request_timeout", f"stream still open after {timeouts.request_s:g} s")
             try:
-                if cooperative is None and CooperativeReads.usable(sock):
-                    cooperative = CooperativeReads(sock, stall_s, deadline, now_ns)
-                if cooperative is not None:
-                    data, read_ns, delay = cooperative.read(sock, timestamps, clock)
-                else:
-                    timeout = stall_s if stall_s < remaining else remaining
-                    if timeout != read_timeout:  # far from the deadline it is stall_s every time: set once
-                        sock.settimeout(timeout)
-                        read_timeout = timeout
-                    data, read_ns, delay = _read(sock, timestamps, clock)
+                timeout = stall_s if stall_s < remaining else remaining
+                if timeout != read_timeout:  # far from the deadline it is stall_s every time: set once
+                    sock.settimeout(timeout)
+                    read_timeout = timeout
+                data, read_ns, delay = read_stamped(sock, timestamps, clock)
             except TimeoutError:
                 if remaining <= stall_s:  # the limit that ends first, from when this read began
                     message = f"stream still open after {timeouts.request_s:g} s"
                     raise _Failure("request_timeout", message) from None
                 raise _Failure("stall_timeout", f"no bytes for {stall_s:g} s mid-stream") from None
-            if not data:
-                break
+            complete = take(data, read_ns, delay) if data else True
         if not timing.done:
             raise _Failure("stream_truncated", f"stream ended without [DONE] after {timing.chunks} content chunks")
     except _Failure as f:
@@ -563,8 +465,6 @@ def stream_completion(
         timing.end_ns = clock()
         raise
     finally:
-        if cooperative is not None:
-            cooperative.close()
         if sock is not None:
             try:
                 sock.close()

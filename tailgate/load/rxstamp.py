@@ -2,7 +2,7 @@
 the kernel's wall-clock stamps on the ``perf_counter_ns`` clock the stream is timed on.
 
 Kept apart from the streaming client so its module holds the stream itself; the read that unpacks a
-stamp (``client._read``) stays there, since it runs once per chunk.
+stamp (``reads.read_stamped``) lives with the stream's reads, since it runs once per chunk.
 """
 
 from __future__ import annotations
