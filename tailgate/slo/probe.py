@@ -33,7 +33,14 @@ from tailgate.slo.search import Resolution, SearchOutcome, SearchStopped, bracke
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Limit, Log, ServerConfig, slo_text
 from tailgate.slo.state import ConfigSearch, ProbeEntry, SloState
 from tailgate.slo.verdict import binding_limit, check_probe, p99s
-from tailgate.stagewarmup import STAGE_WARMUP_DIR, STAGE_WARMUP_SEED, warm_up, warmup_line, worst_gap_ms
+from tailgate.stagewarmup import (
+    STAGE_WARMUP_DIR,
+    STAGE_WARMUP_SEED,
+    WarmupRound,
+    warm_up,
+    warmup_line,
+    worst_gap_ms,
+)
 from tailgate.stats import measured_records
 
 
@@ -268,7 +275,7 @@ class SloRunner:
         if p.stage_warmup <= 0:
             return
 
-        def one_round(k: int) -> dict[str, Any]:
+        def one_round(k: int) -> WarmupRound:
             out = self.root / STAGE_WARMUP_DIR / f"{config.name}_w{k}"
             if (out / PROBE_MARK).exists():
                 mark = ProbeMark.read(out / PROBE_MARK)
@@ -278,8 +285,7 @@ class SloRunner:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 mark = self._run_child(config, p.max_rate, p.seed + STAGE_WARMUP_SEED + k, out, n=p.stage_warmup)
             worst = worst_gap_ms(self._attempt_data(out, mark).measured)
-            return {"round": k, "dir": f"{STAGE_WARMUP_DIR}/{out.name}", "rate": p.max_rate,
-                    "worst_gap_ms": round(worst, 1), "seconds": mark.seconds}  # fmt: skip
+            return WarmupRound(k, f"{STAGE_WARMUP_DIR}/{out.name}", round(worst, 1), mark.seconds, rate=p.max_rate)
 
         warm = warm_up(one_round)
         self._config_state(config).stage_warmup = warm
@@ -462,7 +468,7 @@ class SloRunner:
         self._settled = (len(probes), answer)
         return True
 
-    def _fitted(self, config: ServerConfig, outcome: SearchOutcome) -> dict[str, Any] | None:
+    def _fitted(self, config: ServerConfig, outcome: SearchOutcome) -> ModelAnswer | None:
         """The step loop fitted to this configuration's streams: its capacity interval, its checks, and the
         bracket it narrows when they hold (a model estimate, labelled so wherever it is shown)."""
         p = self.plan
@@ -471,13 +477,12 @@ class SloRunner:
             return None
         probes, workload, limits, q = inputs
         if self._settled is not None and self._settled[0] == len(probes):
-            return self._settled[1].as_dict()  # computed on these very probes when the search settled
+            return self._settled[1]  # computed on these very probes when the search settled
         streams = sum(len(a) for pr in probes for a in pr.attempts)
         self.log(f"[slo] {config.name}: fitting the server's step loop to {streams} streams and simulating it "
                  f"({p.model_replicates} x {p.model_requests} requests of {workload.describe()})")  # fmt: skip
-        answer = model_answer(probes, limits, q, (outcome.best, outcome.first_fail), workload=workload,
-                              requests=p.model_requests, replicates=p.model_replicates, seed=p.seed)  # fmt: skip
-        return answer.as_dict()
+        return model_answer(probes, limits, q, (outcome.best, outcome.first_fail), workload=workload,
+                            requests=p.model_requests, replicates=p.model_replicates, seed=p.seed)  # fmt: skip
 
     def run_config(self, config: ServerConfig) -> ConfigSearch:
         p = self.plan
@@ -500,7 +505,8 @@ class SloRunner:
         model = self._model(config)
         result["model"] = model.as_dict() if model is not None else None
         try:
-            result["fitted"] = self._fitted(config, outcome)
+            fitted = self._fitted(config, outcome)
+            result["fitted"] = fitted.as_dict() if fitted is not None else None
         except (ArithmeticError, ValueError, KeyError, TypeError, RecursionError, MemoryError) as e:
             # a model estimate never costs the measured answer it sits beside
             why = f"the fitted model failed: {type(e).__name__}: {e}"
