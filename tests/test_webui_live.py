@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from werkzeug.datastructures import MultiDict
 
+from tailgate.contracts import StageSummary
 from tailgate.load.options import OptionError
 from tailgate.stats import summarize_stage
 from tailgate.webui import form_options
@@ -162,6 +163,8 @@ def test_the_tab_counts_sends_as_the_analysis_does(tmp_path: Path) -> None:
     # stop on, and in the summary, dropped is what the load processes reported refusing: one definition
     session.stopping = True
     assert live.snapshot()["stages"][0]["dropped"] == 0
-    session.summaries = {0: {"partial": True, "dropped_arrivals": 0, "never_sent": 3, "preemptions_delta": None}}
+    session.summaries = {
+        0: StageSummary(partial=True, dropped_arrivals=0, preemptions_delta=None, extra={"never_sent": 3})
+    }
     snap = live.snapshot()["stages"][0]
     assert (snap["dropped"], snap["never_sent"]) == (0, 3)

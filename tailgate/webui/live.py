@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tailgate.clientbound import behind_note
+from tailgate.contracts import StageSummary
 from tailgate.jsonl import Follower as Tail
 from tailgate.records import journal_entry
 from tailgate.resultfiles import RECORDS_GLOB, SENT_GLOB, SERVER_METRICS
@@ -92,13 +93,13 @@ def stage_figures(records: Sequence[dict[str, Any]], warmup: int, rule: str) -> 
     return out
 
 
-def stage_dropped(summary: dict[str, Any] | None, journaled: int, reported: int, stopping: bool) -> int:
+def stage_dropped(summary: StageSummary | None, journaled: int, reported: int, stopping: bool) -> int:
     """Arrivals the in-flight cap (``--max-in-flight``) refused: the summary's ``dropped_arrivals``, the one
     definition. Arrivals a stop took back are never sent, not dropped: once the stage is summarized (or while
     a stop ends it) the journal's take-back lines no longer count here, only what the load processes reported.
     While it runs, the journal counts a single process's refusals at once, the reports a worker's at its end."""
     if summary is not None:
-        return int(summary.get("dropped_arrivals") or 0)
+        return int(summary.dropped_arrivals or 0)
     return reported if stopping else max(journaled, reported)
 
 
