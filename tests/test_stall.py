@@ -207,13 +207,13 @@ def test_the_tab_counts_merged_streams_per_stage() -> None:
         for i in range(40)
     ]  # fmt: skip
     fig = stage_figures(recs, 0, "completion")
-    assert fig["client_coalesced"] == 2
+    assert fig.client_coalesced == 2
     snap = {"stages": [{"label": "cont_r50", "state": "done", "planned": 40, "sent": 40, "recorded": 40,
-                        "preemptions": 0, **fig}]}  # fmt: skip
+                        "preemptions": 0, **fig.to_json()}]}  # fmt: skip
     (row,) = table_rows(snap)
     assert row["behind"].startswith("2 ")
     fig0 = stage_figures([{**r, "client_coalesced": False} for r in recs], 0, "completion")
-    (row0,) = table_rows({"stages": [{**snap["stages"][0], **fig0}]})
+    (row0,) = table_rows({"stages": [{**snap["stages"][0], **fig0.to_json()}]})
     assert row0["behind"] == "0"
 
 
