@@ -64,7 +64,7 @@ def lengths_of(count: int, seed: int) -> list[tuple[int, int]]:
 
 def simulated_probe(
     model: EngineModel, rate: float, *, seed: int, duration: float, min_n: int, warmup: int
-) -> dict[str, Any]:
+) -> slo.ProbeAttempt:
     """One probe as ``tailgate slo`` runs it, in virtual time: an attempt's data for the verdict."""
     n = max(min_n, math.ceil(rate * duration))
     arrivals = poisson_arrivals(rate, lengths_of(n + warmup, seed), seed + 1)
@@ -85,7 +85,7 @@ def simulated_probe(
         for i, (o, a) in enumerate(zip(outs, arrivals, strict=True))
     ]
     measured = sorted(recs, key=lambda r: r["end_s"])[warmup:]  # the completion-order warm-up rule
-    return {"measured": measured, "sent": len(recs), "errors": 0, "stopped_early": None, "records": recs}
+    return slo.ProbeAttempt(measured, sent=len(recs), errors=0, records=recs)
 
 
 SHAPES: dict[str, tuple[dict[str, Any], str]] = {
@@ -114,7 +114,7 @@ class Search:
         self.model, self.limits, self.seed, self.args = model, limits, seed, args
         self.seconds = 0.0
         """Probing time the search would have taken on a real server: arrivals plus each attempt's overhead."""
-        self.by_rate: dict[float, list[dict[str, Any]]] = {}
+        self.by_rate: dict[float, list[slo.ProbeAttempt]] = {}
         self.latest: dict[float, dict[str, Any]] = {}
         self.tails = {lim.key: 1.0 - lim.p / 100.0 for lim in limits if lim.p is not None}
         self.settled: ModelAnswer | None = None
@@ -133,7 +133,7 @@ class Search:
                 break
             s = self.seed + 1000 * k  # each attempt a new sample of the workload, as the extensions draw
             attempt = simulated_probe(self.model, rate, seed=s, duration=a.duration, min_n=a.min_n, warmup=a.warmup)
-            attempts.append({**attempt, "workload": s})  # the seed of its trace, as tailgate slo records it
+            attempts.append(replace(attempt, workload=s))  # the seed of its trace, as tailgate slo records it
             self.seconds += cost
             verdict, checks = slo.check_probe(attempts, self.limits, level=a.confidence, rate=rate,
                                               sequential=not a.fixed)  # fmt: skip

@@ -23,21 +23,29 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tailgate.records import read_records
+from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.replay import model_answer, probes_of, workload_of
 from tailgate.stats import measured_records
 
 
 def refit(root: Path, config: dict[str, Any], plan: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     warmup = int(plan.get("warmup", 25))
-    by_rate: dict[float, list[dict[str, Any]]] = {}
+    by_rate: dict[float, list[ProbeAttempt]] = {}
     checks: dict[float, list[dict[str, Any]]] = {}
     for probe in config.get("probes", []):
         rate = float(probe["rate"])
         checks[rate] = probe.get("checks", [])
         for a in probe.get("attempts", []):
             recs = read_records(root / a["dir"]).records
-            attempt = {"records": recs, "measured": measured_records(recs, warmup), "workload": a.get("seed"),
-                       "stopped_early": a.get("stopped_early")}  # fmt: skip
+            # sent and errors are the verdict's, not the model's: the fit reads the records
+            attempt = ProbeAttempt(
+                measured_records(recs, warmup),
+                sent=len(recs),
+                errors=0,
+                stopped_early=a.get("stopped_early"),
+                workload=int(a["seed"]),
+                records=recs,
+            )
             by_rate.setdefault(rate, []).append(attempt)
     limits = {lim["metric"]: float(lim["limit"]) for lim in plan["limits"] if lim.get("p") is not None}
     qs = {lim["p"] for lim in plan["limits"] if lim.get("p") is not None}

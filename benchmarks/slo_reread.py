@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -39,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for pr in sorted(c["probes"], key=lambda x: x["rate"]):
             folders = [root / a["dir"] for a in pr["attempts"]]
             attempts = [
-                {**reader._attempt_data(d, json.loads((d / slo.PROBE_MARK).read_text())), "workload": a.get("seed")}
+                replace(reader._attempt_data(d, slo.ProbeMark.read(d / slo.PROBE_MARK)), workload=int(a["seed"]))
                 for d, a in zip(folders, pr["attempts"], strict=True)
             ]  # runs of one seed are one workload: their blocks are clustered together
             verdict, checks = slo.check_probe(attempts, limits, level=plan.look_confidence, rate=pr["rate"])

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 STAGE_WARMUP_DIR = "stage-warmup"
 """Where the stage warm-up's runs go: a subfolder, so the report never reads them as cells."""
@@ -53,22 +54,68 @@ def still_falling(before: float, now: float) -> bool:
     return now * PAUSE_RATIO < before
 
 
-def warm_up(run_round: Callable[[int], dict[str, Any]], rounds: int = STAGE_WARMUP_ROUNDS) -> dict[str, Any]:
-    """Run rounds (``run_round(k)`` returns the round's facts with ``worst_gap_ms``) until one is no longer
-    well below the round before, ``rounds`` at most; ``settled`` says whether that point was reached."""
-    done: list[dict[str, Any]] = []
+@dataclass(frozen=True, slots=True)
+class WarmupRound:
+    """One warm-up round as ``suite.json`` and ``slo.json`` keep it: the load it put on the server (the suite's
+    arm, value and requests, or the search's rate) and the worst gap it met."""
+
+    round: int
+    dir: str
+    worst_gap_ms: float
+    seconds: float | None = None
+    arm: str | None = None
+    value: float | None = None
+    requests: int | None = None
+    rate: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Keys another version wrote: kept, so a round read back is written back unchanged."""
+
+    LOAD: ClassVar[tuple[str, ...]] = ("arm", "value", "requests", "rate")
+    """The load's keys, written only where the command that ran the round sets them."""
+
+    def to_json(self) -> dict[str, Any]:
+        load = {k: getattr(self, k) for k in self.LOAD if getattr(self, k) is not None}
+        return {"round": self.round, "dir": self.dir, **load, "worst_gap_ms": self.worst_gap_ms,
+                "seconds": self.seconds, **self.extra}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WarmupRound:
+        names = {"round", "dir", "worst_gap_ms", "seconds", *cls.LOAD}
+        known = {k: v for k, v in data.items() if k in names}
+        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+
+
+@dataclass(frozen=True, slots=True)
+class StageWarmup:
+    """A server's warm-up: its rounds in order, and whether the worst gap stopped falling before the last."""
+
+    rounds: tuple[WarmupRound, ...]
+    settled: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rounds": [r.to_json() for r in self.rounds], "settled": self.settled}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StageWarmup:
+        return cls(tuple(WarmupRound.from_json(r) for r in data.get("rounds") or ()), bool(data.get("settled")))
+
+
+def warm_up(run_round: Callable[[int], WarmupRound], rounds: int = STAGE_WARMUP_ROUNDS) -> StageWarmup:
+    """Run rounds until one is no longer well below the round before, ``rounds`` at most; ``settled`` says
+    whether that point was reached."""
+    done: list[WarmupRound] = []
     for k in range(1, rounds + 1):
         done.append(run_round(k))
-        if k > 1 and not still_falling(done[-2]["worst_gap_ms"], done[-1]["worst_gap_ms"]):
+        if k > 1 and not still_falling(done[-2].worst_gap_ms, done[-1].worst_gap_ms):
             break  # no longer well below the round before: that round had no first-time pause either
-    settled = len(done) > 1 and not still_falling(done[-2]["worst_gap_ms"], done[-1]["worst_gap_ms"])
-    return {"rounds": done, "settled": settled}
+    settled = len(done) > 1 and not still_falling(done[-2].worst_gap_ms, done[-1].worst_gap_ms)
+    return StageWarmup(tuple(done), settled)
 
 
-def warmup_line(warm: Mapping[str, Any]) -> str:
+def warmup_line(warm: StageWarmup) -> str:
     """The console's one line on a server's warm-up."""
-    shown = " -> ".join(f"{r['worst_gap_ms']:g}" for r in warm["rounds"])
-    ending = "no first-time pause left" if warm["settled"] else "still falling after the last round"
+    shown = " -> ".join(f"{r.worst_gap_ms:g}" for r in warm.rounds)
+    ending = "no first-time pause left" if warm.settled else "still falling after the last round"
     return f"stage warm-up worst gaps {shown} ms: {ending}"
 
 
@@ -77,6 +124,8 @@ __all__ = [
     "STAGE_WARMUP_DIR",
     "STAGE_WARMUP_ROUNDS",
     "STAGE_WARMUP_SEED",
+    "StageWarmup",
+    "WarmupRound",
     "add_stage_warmup_argument",
     "stage_warmup_of",
     "still_falling",

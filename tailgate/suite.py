@@ -38,7 +38,14 @@ from tailgate.resultfiles import RUN_META, SUITE_META, summary_file
 from tailgate.runner import ChildRunner, LocustRun, prepare_server
 from tailgate.servers import CHUNKED_OFF_FLAG
 from tailgate.servers.base import redact_argv
-from tailgate.stagewarmup import STAGE_WARMUP_DIR, STAGE_WARMUP_SEED, warm_up, warmup_line, worst_gap_ms
+from tailgate.stagewarmup import (
+    STAGE_WARMUP_DIR,
+    STAGE_WARMUP_SEED,
+    WarmupRound,
+    warm_up,
+    warmup_line,
+    worst_gap_ms,
+)
 
 Log = Callable[[str], None]
 
@@ -258,7 +265,7 @@ class Suite:
             return
         unit = "req/s" if arms.arm(top.arm).open_loop else "streams at once"
 
-        def one_round(k: int) -> dict[str, Any]:
+        def one_round(k: int) -> WarmupRound:
             out = self.root / STAGE_WARMUP_DIR / f"{config}_w{k}"
             run = replace(self.locust_run(top, out), n=p.stage_warmup, warmup=0, seed=p.seed + STAGE_WARMUP_SEED + k,
                           prometheus_url=None)  # fmt: skip
@@ -266,16 +273,22 @@ class Suite:
             done = run_cell(CellSpec(run, f"stage warm-up of {config}"), self.child)
             if not done.ending.finished:
                 raise SuiteError(done.failure())
-            return {"round": k, "dir": f"{STAGE_WARMUP_DIR}/{out.name}", "arm": top.arm, "value": top.value,
-                    "requests": p.stage_warmup, "worst_gap_ms": round(worst_gap_ms(read_records(out).records), 1),
-                    "seconds": round(done.seconds, 1)}  # fmt: skip
+            return WarmupRound(
+                k,
+                f"{STAGE_WARMUP_DIR}/{out.name}",
+                round(worst_gap_ms(read_records(out).records), 1),
+                round(done.seconds, 1),
+                arm=top.arm,
+                value=top.value,
+                requests=p.stage_warmup,
+            )
 
         warm = warm_up(one_round)
         meta = SuiteMeta.read_or_none(self._meta_path())
         warmups = dict((meta.stage_warmup if meta is not None else None) or {})
-        warmups[config] = warm
+        warmups[config] = warm.to_json()
         self._write_meta(stage_warmup=warmups)
-        self.log(f"[suite] {config}: {warmup_line(warm)} ({len(warm['rounds'])} x {p.stage_warmup} requests at "
+        self.log(f"[suite] {config}: {warmup_line(warm)} ({len(warm.rounds)} x {p.stage_warmup} requests at "
                  f"{top.value:g} {unit})")  # fmt: skip
 
     def locust_run(self, cell: Cell, out: Path) -> LocustRun:

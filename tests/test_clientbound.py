@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tailgate.clientbound import (
     BOUNDS,
     MERGED,
@@ -13,6 +15,7 @@ from tailgate.clientbound import (
     judge,
     merged_breached,
 )
+from tailgate.contracts import StageSummary
 from tailgate.load.console import client_behind
 from tailgate.verify.selfcheck import verdict_of
 from tailgate.webui.live import table_rows
@@ -53,11 +56,11 @@ def test_the_verdict_fails_on_any_breach_and_on_an_inexact_join() -> None:
 
 def test_console_tab_and_self_check_agree_on_merged_streams() -> None:
     """The console line, the tab's column and the report's mark all ask ``merged_breached``."""
-    base = {"stage_label": "cont_r50", "n": 200}
+    base = StageSummary(stage_label="cont_r50", n=200)
     for merged in (0, 1, 249):
         flagged = merged_breached(merged)
         assert flagged == (merged > 0)
-        assert bool(client_behind({**base, "client_coalesced_streams": merged})) == flagged
+        assert bool(client_behind(replace(base, client_coalesced_streams=merged))) == flagged
         (row,) = table_rows({"stages": [{"label": "s", "state": "done", "planned": 1, "sent": 1, "recorded": 1,
                                          "client_coalesced": merged}]})  # fmt: skip
         assert ("gaps show the client" in row["behind"]) == flagged

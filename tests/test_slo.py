@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -92,24 +93,23 @@ def test_sweep_files(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------- verdicts
 
 
-def _attempt(values: list[float], errors: int = 0, stopped: str | None = None, rate: float = 10.0) -> dict[str, Any]:
+def _attempt(values: list[float], errors: int = 0, stopped: str | None = None, rate: float = 10.0) -> slo.ProbeAttempt:
     """Requests sent at ``rate`` in order, each with the TTFT given (gap half of it, total ten times)."""
     recs = [{"ttft_from_intended_ms": v, "worst_gap_ms": v / 2, "total_from_intended_ms": v * 10,
              "intended_s": i / rate, "end_s": i / rate + v / 100} for i, v in enumerate(values)]  # fmt: skip
-    return {"measured": recs, "sent": len(values) + errors, "errors": errors, "stopped_early": stopped}
+    return slo.ProbeAttempt(recs, sent=len(values) + errors, errors=errors, stopped_early=stopped)
 
 
 def test_requests_the_early_stop_cut_off_are_not_in_the_error_share() -> None:
     """Six errors, then the error budget stops the run and cuts off the seventh in flight: it has no outcome,
     so the share is 6 of 6, not 6 of 7 (which would understate the server's error rate)."""
     limits = slo.parse_slo("ttft_p99<=1s,errors<=10%")
-    attempt = {**_attempt([], errors=7, stopped="error budget spent"), "cancelled": 1}
-    attempt["errors"] = 6
+    attempt = replace(_attempt([], errors=7, stopped="error budget spent"), cancelled=1, errors=6)
     check = slo.check_probe([attempt], limits, sustained=False)[1][1]
     assert (check.key, check.n, check.point) == ("errors", 6, 1.0) and check.verdict == "fail"
-    older = {k: v for k, v in attempt.items() if k != "cancelled"}  # records written before the field existed
+    older = replace(attempt, cancelled=0)  # no count of the cut-off requests: read before the field existed
     assert slo.check_probe([older], limits, sustained=False)[1][1].n == 7
-    all_cut = {**attempt, "errors": 0, "cancelled": 7}  # the stop came before anything ended
+    all_cut = replace(attempt, errors=0, cancelled=7)  # the stop came before anything ended
     verdict, checks = slo.check_probe([all_cut], limits, sustained=False)
     assert checks[1].verdict == "not_enough_data" and verdict == "fail"  # failed for stopping, not on errors
 
@@ -122,11 +122,11 @@ def test_a_repeated_workload_is_not_new_evidence_but_a_new_sample_is() -> None:
     vals = rng.uniform(50, 100, 2000)
     vals[400:440] = 450.0  # one queue build-up: 2% of the requests over the limit, all in one stretch
     once = slo.check_probe([_attempt(vals.tolist())], limits, sustained=False)[1][0]
-    same = [{**_attempt(vals.tolist()), "workload": 7}, {**_attempt(vals.tolist()), "workload": 7}]
+    same = [replace(_attempt(vals.tolist()), workload=7), replace(_attempt(vals.tolist()), workload=7)]
     twice = slo.check_probe(same, limits, sustained=False)[1][0]
     assert twice.n == 2 * once.n and twice.n_effective == pytest.approx(once.n_effective, rel=0.05)
     other = np.roll(vals, 1000)  # the same build-up elsewhere in another sample
-    new = [{**_attempt(vals.tolist()), "workload": 7}, {**_attempt(other.tolist()), "workload": 1007}]
+    new = [replace(_attempt(vals.tolist()), workload=7), replace(_attempt(other.tolist()), workload=1007)]
     assert slo.check_probe(new, limits, sustained=False)[1][0].n_effective > 1.5 * once.n_effective
 
 
@@ -216,12 +216,12 @@ def test_a_queue_excursion_far_under_the_limit_is_not_a_failure_to_keep_up() -> 
     limits = slo.parse_slo("ttft_p99<=1s")
     vals = [20 + 0.8 * i for i in range(500)]
     excursion = _attempt(vals, rate=10)
-    for r in excursion["measured"]:  # each stream ends half a second after its first token
+    for r in excursion.measured:  # each stream ends half a second after its first token
         r["end_s"] = r["intended_s"] + r["ttft_from_intended_ms"] / 1000 + 0.5
     checks = slo.check_probe([excursion], limits)[1]
     assert checks[-1].key == "sustained" and checks[-1].verdict == "pass", checks[-1]
     lagging = _attempt(vals, rate=10)
-    for r in lagging["measured"][250:]:
+    for r in lagging.measured[250:]:
         r["end_s"] += 100.0  # completions fell behind: most requests of the window end after it
     assert slo.check_probe([lagging], limits)[1][-1].verdict == "fail"
 
@@ -233,7 +233,7 @@ def test_requests_in_flight_show_a_server_falling_behind_without_its_gauge() -> 
     limits = slo.parse_slo("ttft_p99<=1s")
     attempt = _attempt([30.0] * 600, rate=10)
     end = 0.0
-    for r in attempt["measured"]:
+    for r in attempt.measured:
         end = max(end, r["intended_s"]) + 0.11
         r["end_s"] = end
     sustained = slo.check_probe([attempt], limits)[1][-1]
@@ -438,26 +438,24 @@ def _fake_runner(tmp_path: Path, capacity: float, edge: float, **plan: Any) -> t
     now = [0.0]
     runner.clock = lambda: now[0]
 
-    def run_child(config: Any, rate: float, seed: int, out: Path, n: int | None = None) -> dict[str, Any]:
+    def run_child(config: Any, rate: float, seed: int, out: Path, n: int | None = None) -> slo.ProbeMark:
         out.mkdir(parents=True)
         now[0] += 500 / rate + slo.PROBE_OVERHEAD_S  # what the probe would have taken
         mark = {"rate": rate, "seed": seed, "stopped_early": None, "waiting_max": 0.0, "seconds": 1.0}
-        (out / slo.PROBE_MARK).write_text(json.dumps(mark))
-        return mark
+        (out / slo.PROBE_MARK).write_text(json.dumps(mark))  # a mark with fewer keys, as older versions wrote
+        return slo.ProbeMark.from_json(mark)
 
-    def attempt_data(out: Path, mark: dict[str, Any]) -> dict[str, Any]:
-        rate = mark["rate"]
+    def attempt_data(out: Path, mark: slo.ProbeMark) -> slo.ProbeAttempt:
+        rate = mark.rate
         if out.parent.name == "stage-warmup":  # a fresh server's first rounds stall once, then settle
             stall = {"a_w1": 900.0, "a_w2": 80.0}.get(out.name, 70.0)
-            return {**_attempt([50.0] * 20 + [2 * stall]), "summary": {}}
-        rng = np.random.default_rng(mark["seed"] + int(rate * 1000))
+            return _attempt([50.0] * 20 + [2 * stall])
+        rng = np.random.default_rng(mark.seed + int(rate * 1000))
         if abs(rate - capacity) <= edge:
             vals = rng.permutation(np.r_[rng.uniform(50, 100, 490), rng.uniform(200, 400, 10)])
         else:
             vals = rng.uniform(50, 100 if rate < capacity else 1000, 500)
-        data = _attempt(vals.tolist())
-        data["summary"] = {}
-        return data
+        return _attempt(vals.tolist())
 
     runner._run_child = run_child  # type: ignore[method-assign]
     runner._attempt_data = attempt_data  # type: ignore[method-assign]
@@ -890,7 +888,7 @@ def test_stage_warmup_loads_the_highest_rate_until_no_first_time_pause(tmp_path:
     rates: list[float] = []
     run_child = runner._run_child
 
-    def spy(config: Any, rate: float, seed: int, out: Path, n: int | None = None) -> dict[str, Any]:
+    def spy(config: Any, rate: float, seed: int, out: Path, n: int | None = None) -> slo.ProbeMark:
         rates.append(rate if n is None else -rate)
         return run_child(config, rate, seed, out, n)
 

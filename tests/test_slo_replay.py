@@ -7,12 +7,15 @@ that holds every request before the engine sees it (outside the fitted family)."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tailgate.contracts import StageSummary
 from tailgate.load.workload import make_trace
+from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.replay import (
     Probe,
     ReplayRow,
@@ -40,7 +43,7 @@ def lengths(n: int, seed: int) -> list[tuple[int, int]]:
 
 def attempt(
     rate: float, n: int, seed: int, front_ms: float = 0.0, warmup: int = 25, engine: EngineModel = ENGINE
-) -> dict[str, Any]:
+) -> ProbeAttempt:
     """One probe attempt as ``tailgate slo`` hands it over: every record, the measured ones past the warm-up.
     ``front_ms`` holds every request that long before the engine sees it (a front end outside the model)."""
     arrivals = poisson_arrivals(rate, lengths(n + warmup, seed), seed + 1)
@@ -55,7 +58,7 @@ def attempt(
                      "worst_gap_ms": o.worst_gap_ms, "total_from_intended_ms": o.total_ms + front_ms,
                      "prompt_tokens": p, "completion_tokens": m, "error_class": None})  # fmt: skip
     measured = sorted(recs, key=lambda r: r["end_s"])[warmup:]
-    return {"records": recs, "measured": measured, "stopped_early": None, "sent": len(recs), "errors": 0}
+    return ProbeAttempt(measured, sent=len(recs), errors=0, records=recs)
 
 
 def probes(rates: list[float], front_ms: float = 0.0, engine: EngineModel = ENGINE) -> list[Probe]:
@@ -107,15 +110,12 @@ def test_a_server_it_cannot_replay_narrows_nothing() -> None:
 
 def test_preempting_server_and_cut_attempts_are_kept_out() -> None:
     a = attempt(4.0, 300, 3)
-    cut = {**attempt(8.0, 300, 4), "stopped_early": "queue without bound"}
+    cut = replace(attempt(8.0, 300, 4), stopped_early="queue without bound")
     got = probes_of({4.0: [a], 8.0: [cut]}, {4.0: [], 8.0: []})
     assert [p.rate for p in got] == [4.0]  # the cut attempt's running streams are not all in its records
-    assert len(streams_of(a["records"], set())) == len(a["records"])
+    assert len(streams_of(a.records, set())) == len(a.records)
 
-    class Summary:
-        preemptions_delta = 3.0
-
-    pre = probes_of({4.0: [{**a, "summary": Summary()}]}, {4.0: []})
+    pre = probes_of({4.0: [replace(a, summary=StageSummary(preemptions_delta=3.0))]}, {4.0: []})
     mix = tuple((s.prompt, s.tokens) for p in pre for at in p.attempts for s in at)
     answer = model_answer(pre, LIMITS, Q, (None, None), workload=Workload(items=mix), requests=2000, replicates=2)
     assert not answer.usable and ("preempted" in answer.why or answer.capacity is None)
@@ -124,13 +124,12 @@ def test_preempting_server_and_cut_attempts_are_kept_out() -> None:
 def test_the_workload_is_the_seeded_mix_only_when_every_request_came_from_it() -> None:
     """The capacity moves with the mix: the seeded mix's population is known; anything else is the distinct
     requests measured (each probe's first attempt repeats one trace: counted once), resampled per replicate."""
-    a, b = attempt(4.0, 200, 3), attempt(6.0, 300, 3)  # one workload seed: the same trace items again
-    for x in (a, b):
-        x["workload"] = 3
+    # one workload seed: the same trace items again
+    a, b = replace(attempt(4.0, 200, 3), workload=3), replace(attempt(6.0, 300, 3), workload=3)
     assert workload_of({4.0: [a], 6.0: [b]}, trace_file=False) == Workload(seeded=True)
     measured = workload_of({4.0: [a], 6.0: [b]}, trace_file=True)
     assert measured is not None and not measured.seeded and len(measured.items) == 325  # 300 + 25, once each
-    stopped = {**a, "records": [{**r, "max_tokens": r["completion_tokens"] + 1} for r in a["records"]]}
+    stopped = replace(a, records=[{**r, "max_tokens": r["completion_tokens"] + 1} for r in a.records])
     assert not workload_of({4.0: [stopped]}, trace_file=False).seeded  # type: ignore[union-attr]
     draws = [measured.draw(k, 500, 1) for k in range(2)]
     assert draws[0] != draws[1] and all(len(d) == 500 and set(d) <= set(measured.items) for d in draws)
@@ -237,14 +236,14 @@ def test_the_runner_ends_a_search_the_checked_model_settles(tmp_path: Path, trut
     lines: list[str] = []
     runner = slo.SloRunner(plan, Controller(), tmp_path, log=lines.append)
 
-    def run_child(config: Any, rate: float, seed: int, out: Path, n: int | None = None) -> dict[str, Any]:
+    def run_child(config: Any, rate: float, seed: int, out: Path, n: int | None = None) -> ProbeMark:
         out.mkdir(parents=True)
-        mark = {"rate": rate, "seed": seed, "stopped_early": None, "waiting_max": 0.0, "seconds": 1.0}
-        (out / slo.PROBE_MARK).write_text(json.dumps(mark))
+        mark = ProbeMark(rate, seed, stopped_early=None, waiting_max=0.0, seconds=1.0)
+        mark.write(out / slo.PROBE_MARK)
         return mark
 
-    def attempt_data(out: Path, mark: dict[str, Any]) -> dict[str, Any]:
-        return {**attempt(mark["rate"], 900, mark["seed"] + int(mark["rate"] * 1000)), "summary": {}}
+    def attempt_data(out: Path, mark: ProbeMark) -> ProbeAttempt:
+        return attempt(mark.rate, 900, mark.seed + int(mark.rate * 1000))
 
     runner._run_child = run_child  # type: ignore[method-assign]
     runner._attempt_data = attempt_data  # type: ignore[method-assign]

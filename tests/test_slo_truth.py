@@ -36,13 +36,12 @@ def true_ttft_p99() -> float:
     return true_quantiles(MODEL, RATE, _lengths(6000, 99))["ttft"]
 
 
-def _probe(n: int, seed: int) -> dict:
+def _probe(n: int, seed: int) -> slo.ProbeAttempt:
     outs = simulate(MODEL, poisson_arrivals(RATE, _lengths(n + 25, seed), seed + 1))
     recs = [{"intended_s": o.arrival_ns / 1e9, "end_s": o.arrival_ns / 1e9 + o.total_ms / 1e3,
              "ttft_from_intended_ms": o.ttft_ms, "worst_gap_ms": o.worst_gap_ms,
              "total_from_intended_ms": o.total_ms} for o in outs]  # fmt: skip
-    return {"measured": sorted(recs, key=lambda r: r["end_s"])[25:], "sent": len(recs), "errors": 0,
-            "stopped_early": None}  # fmt: skip
+    return slo.ProbeAttempt(sorted(recs, key=lambda r: r["end_s"])[25:], sent=len(recs), errors=0)
 
 
 def test_true_p99_just_over_the_limit_never_passes(true_ttft_p99: float) -> None:

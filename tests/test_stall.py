@@ -16,10 +16,12 @@ import resource
 import socket
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from tailgate.contracts import StageSummary
 from tailgate.hoststeal import cpu_counters, steal_share
 from tailgate.load import stagegc
 from tailgate.load.client import REFRESH_NS, WallToClock
@@ -158,12 +160,12 @@ def test_the_stall_watch_times_every_collection_and_names_long_turns() -> None:
     assert turn["stack"] and "test_stall.py" in turn["stack"][0]
 
 
-def summary(merged: int) -> dict:
-    return {
-        "stage_label": "cont_r50", "config": "chunked", "n": 200, "errors": 0, "ttft_p50": 1, "ttft_p99": 2,
-        "gap_p50": 3, "gap_p99": 4, "total_p99": 5, "preemptions_delta": 0, "schedule_lag_p99": 0.1,
-        "client_coalesced_streams": merged,
-    }  # fmt: skip
+def summary(merged: int) -> StageSummary:
+    return StageSummary(
+        stage_label="cont_r50", config="chunked", n=200, errors=0, ttft_p50=1, ttft_p99=2,
+        gap_p50=3, gap_p99=4, total_p99=5, preemptions_delta=0, schedule_lag_p99=0.1,
+        client_coalesced_streams=merged,
+    )  # fmt: skip
 
 
 def test_the_console_names_merged_streams_and_stays_quiet_without_them() -> None:
@@ -172,17 +174,17 @@ def test_the_console_names_merged_streams_and_stays_quiet_without_them() -> None
     assert line.startswith("chunked_cont_r50: n=200")  # the cell's one name, as in its folder and the report
     assert "CLIENT BEHIND: 7 of 200 streams" in line and "client_coalesced" in line
     assert "more --processes" in line
-    stolen = summary_line({**summary(7), "host_steal_share": 0.18})  # the host paused every process at once
+    stolen = summary_line(replace(summary(7), host_steal_share=0.18))  # the host paused every process at once
     assert "the host stole 18%" in stolen and "more --processes" not in stolen
 
 
 def test_the_console_prints_no_none() -> None:
     """A stage where every request failed, read without a /metrics counter: nothing prints as None."""
-    empty = {**summary(0), "n": 0, "errors": 2, "preemptions_delta": None, "schedule_lag_p99": None,
-             **dict.fromkeys(("ttft_p50", "ttft_p99", "gap_p50", "gap_p99", "total_p99"))}  # fmt: skip
+    empty = replace(summary(0), n=0, errors=2, preemptions_delta=None, schedule_lag_p99=None,
+                    **dict.fromkeys(("ttft_p50", "ttft_p99", "gap_p50", "gap_p99", "total_p99")))  # fmt: skip
     line = summary_line(empty)
     assert "None" not in line and "n=0 errors=2 no successful request" in line and "preemptions –" in line, line
-    assert "None" not in summary_line({**summary(0), "preemptions_delta": None})
+    assert "None" not in summary_line(replace(summary(0), preemptions_delta=None))
 
 
 def test_host_steal_is_read_from_the_kernels_counters(tmp_path: Path) -> None:
@@ -205,13 +207,13 @@ def test_the_tab_counts_merged_streams_per_stage() -> None:
         for i in range(40)
     ]  # fmt: skip
     fig = stage_figures(recs, 0, "completion")
-    assert fig["client_coalesced"] == 2
+    assert fig.client_coalesced == 2
     snap = {"stages": [{"label": "cont_r50", "state": "done", "planned": 40, "sent": 40, "recorded": 40,
-                        "preemptions": 0, **fig}]}  # fmt: skip
+                        "preemptions": 0, **fig.to_json()}]}  # fmt: skip
     (row,) = table_rows(snap)
     assert row["behind"].startswith("2 ")
     fig0 = stage_figures([{**r, "client_coalesced": False} for r in recs], 0, "completion")
-    (row0,) = table_rows({"stages": [{**snap["stages"][0], **fig0}]})
+    (row0,) = table_rows({"stages": [{**snap["stages"][0], **fig0.to_json()}]})
     assert row0["behind"] == "0"
 
 

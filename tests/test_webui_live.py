@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from werkzeug.datastructures import MultiDict
 
+from tailgate.contracts import StageSummary
 from tailgate.load.options import OptionError
 from tailgate.stats import summarize_stage
 from tailgate.webui import form_options
@@ -44,20 +45,20 @@ def test_tab_figures_are_the_summary_figures(rule: str) -> None:
     recs = records(300)
     fig = stage_figures(recs, 25, rule)
     summary = summarize_stage(recs, arm="continuous", rate_or_batch=5, started="", warmup=25, warmup_rule=rule)
-    assert fig["measured"] == summary["n"]
-    for name, key in (("ttft", "ttft"), ("gap", "gap"), ("total", "total")):
-        assert (fig[name]["p50"], fig[name]["p99"]) == (summary[f"{key}_p50"], summary[f"{key}_p99"])
-    assert fig["errors_by_class"] == summary["errors_by_class"] and fig["errors"] == summary["errors"]
-    assert fig["lag_p99"] == summary["schedule_lag_p99"]
+    assert fig.measured == summary["n"]
+    for key, tails in (("ttft", fig.ttft), ("gap", fig.gap), ("total", fig.total)):
+        assert (tails.p50, tails.p99) == (summary[f"{key}_p50"], summary[f"{key}_p99"])
+    assert fig.errors_by_class == summary["errors_by_class"] and fig.errors == summary["errors"]
+    assert fig.lag_p99 == summary["schedule_lag_p99"]
     good = [r["total_ms"] for r in recs if r["error_class"] is None]
-    assert fig["total"]["max"] <= round(max(good), 1)
+    assert fig.total.max is not None and fig.total.max <= round(max(good), 1)
 
 
 def test_an_empty_stage_reads_as_dashes() -> None:
     fig = stage_figures([], 25, "completion")
-    assert fig["ttft"] == {"p50": None, "p90": None, "p99": None, "max": None} and fig["errors"] == 0
+    assert fig.ttft.to_json() == {"p50": None, "p90": None, "p99": None, "max": None} and fig.errors == 0
     snap = {"stages": [{"label": "cont_r1", "state": "waiting", "planned": 10, "sent": 0, "recorded": 0,
-                        "preemptions": None, **fig}]}  # fmt: skip
+                        "preemptions": None, **fig.to_json()}]}  # fmt: skip
     (row,) = table_rows(snap)
     assert row["ttft"] == "–" and row["counts"] == "10 / 0 / 0" and row["errors"] == "0"
     assert row["unsent"] == "0 / – / 0"  # never sent is known once the stage is summarized
@@ -162,6 +163,8 @@ def test_the_tab_counts_sends_as_the_analysis_does(tmp_path: Path) -> None:
     # stop on, and in the summary, dropped is what the load processes reported refusing: one definition
     session.stopping = True
     assert live.snapshot()["stages"][0]["dropped"] == 0
-    session.summaries = {0: {"partial": True, "dropped_arrivals": 0, "never_sent": 3, "preemptions_delta": None}}
+    session.summaries = {
+        0: StageSummary(partial=True, dropped_arrivals=0, preemptions_delta=None, extra={"never_sent": 3})
+    }
     snap = live.snapshot()["stages"][0]
     assert (snap["dropped"], snap["never_sent"]) == (0, 3)

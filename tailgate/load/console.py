@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tailgate.clientbound import merged_breached
+from tailgate.contracts import StageSummary
 from tailgate.hoststeal import NOTABLE_SHARE
 
 NONE = "–"
@@ -19,33 +20,32 @@ def shown(value: Any) -> str:
     return NONE if value is None else str(value)
 
 
-def summary_line(s: dict[str, Any]) -> str:
+def summary_line(s: StageSummary) -> str:
     """Named as the cell is everywhere else (its suite folder, the report): configuration, then stage label."""
-    head = f"{s['config']}_{s['stage_label']}: n={s['n']} errors={s['errors']} "
-    tail = f"preemptions {shown(s.get('preemptions_delta'))}, schedule lag p99 {shown(s.get('schedule_lag_p99'))} ms"
-    if s.get("ttft_p50") is None:  # no measured successful request: there is no latency to print
+    head = f"{s.config}_{s.stage_label}: n={s.n} errors={s.errors} "
+    tail = f"preemptions {shown(s.preemptions_delta)}, schedule lag p99 {shown(s.schedule_lag_p99)} ms"
+    if s.ttft_p50 is None:  # no measured successful request: there is no latency to print
         return head + f"no successful request, no latency figures; {tail}" + client_behind(s)
     return (
-        head + f"TTFT p50/p99 {shown(s['ttft_p50'])}/{shown(s['ttft_p99'])} ms, "
-        f"worst gap p50/p99 {shown(s['gap_p50'])}/{shown(s['gap_p99'])} ms, total p99 {shown(s['total_p99'])} ms, "
-        + tail
+        head + f"TTFT p50/p99 {shown(s.ttft_p50)}/{shown(s.ttft_p99)} ms, "
+        f"worst gap p50/p99 {shown(s.gap_p50)}/{shown(s.gap_p99)} ms, total p99 {shown(s.total_p99)} ms, " + tail
     ) + client_behind(s)
 
 
-def client_behind(s: dict[str, Any]) -> str:
+def client_behind(s: StageSummary) -> str:
     """The console's warning that a cell measured the client too: '' when no stream was merged by a late read.
 
     When the hypervisor stole a notable share of the machine's CPU meanwhile, the line says so: more load
     processes cannot help with a host that pauses all of them."""
-    merged = s.get("client_coalesced_streams") or 0
+    merged = s.client_coalesced_streams or 0
     if not merged_breached(merged):
         return ""
-    steal = s.get("host_steal_share")
+    steal = s.host_steal_share
     if steal is not None and steal >= NOTABLE_SHARE:
         cure = f"the host stole {steal:.0%} of this machine's CPU time meanwhile: a quieter host, not more processes"
     else:
         cure = "more --processes, or a quieter machine"
     return (
-        f"; CLIENT BEHIND: {merged} of {s['n']} streams merged chunks in late reads (client_coalesced); "
+        f"; CLIENT BEHIND: {merged} of {s.n} streams merged chunks in late reads (client_coalesced); "
         f"their gaps describe the load generator, not the server ({cure})"
     )

@@ -109,7 +109,7 @@ class RunSession(WorkerRoster):
         self.stage_started: dict[int, float] = {}
         self.stage_cpu: dict[int, tuple[int, int] | None] = {}
         self.before: dict[int, Snapshot | None] = {}
-        self.summaries: dict[int, dict[str, Any]] = {}
+        self.summaries: dict[int, StageSummary] = {}
         self.dropped: dict[int, int] = {}
         self.report: subprocess.Popen[bytes] | None = None
         self._coordinator: gevent.Greenlet | None = None
@@ -223,8 +223,8 @@ class RunSession(WorkerRoster):
         })  # fmt: skip
         self.meta.update({
             "ended": iso(time.time()), "status": status, "stop_reason": self.stop_reason,
-            "stages": [self.summaries[i]["stage_label"] for i in sorted(self.summaries)],
-            "partial_stages": [s["stage_label"] for _, s in sorted(self.summaries.items()) if s.get("partial")],
+            "stages": [self.summaries[i].stage_label for i in sorted(self.summaries)],
+            "partial_stages": [s.stage_label for _, s in sorted(self.summaries.items()) if s.partial],
             "error": self.failed,
         })  # fmt: skip
         write_json(self.folder / RUN_META, self.meta)
@@ -242,12 +242,12 @@ class RunSession(WorkerRoster):
             for stage in self.stages:
                 summary = self._run_stage(stage, self._stage_nodes(stage))
                 log.info("tailgate: %s", summary_line(summary))
-                if summary.get("workers_lost") and self.on_worker_loss == "stop":
+                if summary.workers_lost and self.on_worker_loss == "stop":
                     status = f"stopped after {stage.label}: load process(es) lost"
                     log.error("tailgate: %s (--on-worker-loss stop)", status)
                     break
-                if s.stop_on_errors and summary["errors"] >= s.stop_on_errors:
-                    status = f"stopped after {stage.label}: {summary['errors']} errors"
+                if s.stop_on_errors and summary.errors >= s.stop_on_errors:
+                    status = f"stopped after {stage.label}: {summary.errors} errors"
                     log.error("tailgate: %s (--stop-on-errors %d)", status, s.stop_on_errors)
                     break
                 if stage is not self.stages[-1] and s.settle:
@@ -305,7 +305,7 @@ class RunSession(WorkerRoster):
         local = order_runner(self.runner.environment)
         return local.sent, local.ended
 
-    def _run_stage(self, stage: Stage, nodes: list[str]) -> dict[str, Any]:
+    def _run_stage(self, stage: Stage, nodes: list[str]) -> StageSummary:
         s = self.settings
         self.before[stage.index] = scrape(s.metrics_url) if s.metrics_url else None
         self.stage_started[stage.index] = time.time()
@@ -406,7 +406,10 @@ class RunSession(WorkerRoster):
         *,
         partial: bool,
         lost: list[str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> StageSummary:
+        """The stage's summary, written to its file and kept for run.json and the web UI. The producers it is
+        gathered from (the percentile rules, the accounting, the workload's checks) each give their keys as
+        the file holds them; the summary is typed once they are together."""
         s = self.settings
         stage_start = self.stage_started.get(stage.index, time.time())
         before = self.before.get(stage.index)
@@ -458,9 +461,10 @@ class RunSession(WorkerRoster):
             # the counter went backwards: the server restarted mid-stage; a negative delta is meaningless
             summary["preemptions_delta"] = None
             log.warning("tailgate: %s: preemption counter fell %s -> %s (server restarted?)", stage.label, pre, post)
-        self.summaries[stage.index] = summary
-        write_json(self.folder / summary_file(stage.label), StageSummary.from_dict(summary).to_dict())
-        return summary
+        typed = StageSummary.from_dict(summary)
+        self.summaries[stage.index] = typed
+        write_json(self.folder / summary_file(stage.label), typed.to_dict())
+        return typed
 
     def _ran(self, stage_index: int) -> int:
         """Processes that ran this stage to its end: those it was split over, less those lost in it."""
@@ -482,13 +486,13 @@ class RunSession(WorkerRoster):
         if old is None or stage is None:
             return  # not summarized yet: its summary counts these records when it is
         records = self.tally.records(stage_index)
-        summary = self._summarize(stage, records, self._after.get(stage_index), partial=bool(old.get("partial")),
-                                  lost=old.get("workers_lost"))  # fmt: skip
-        summary["reconciled"] = True
-        write_json(self.folder / summary_file(stage.label), StageSummary.from_dict(summary).to_dict())
+        summary = self._summarize(stage, records, self._after.get(stage_index), partial=bool(old.partial),
+                                  lost=old.workers_lost).with_(reconciled=True)  # fmt: skip
+        self.summaries[stage_index] = summary
+        write_json(self.folder / summary_file(stage.label), summary.to_dict())
         log.warning("tailgate: %s: a load process written off sent more; summary reconciled: %d sent, %d recorded, "
-                    "%d lost in flight, %d never sent", stage.label, summary["sent"], summary["recorded"],
-                    summary["lost_in_flight"], summary["never_sent"])  # fmt: skip
+                    "%d lost in flight, %d never sent", stage.label, summary.sent, summary.get("recorded"),
+                    summary.get("lost_in_flight"), summary.get("never_sent"))  # fmt: skip
 
     def _progress(self, stage: Stage, baseline: tuple[int, int]) -> None:
         """Requests sent and ended so far in this stage, counted in memory by the load processes."""

@@ -18,6 +18,7 @@ This module drives child processes and reads JSONL; it never imports pandas, gev
 """
 
 from tailgate.slo.answer import print_table
+from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.command import (
     EMBEDDED,
     EMBEDDED_BASE_FLAGS,
@@ -69,6 +70,8 @@ __all__ = [
     "SLO_FILE",
     "Check",
     "Limit",
+    "ProbeAttempt",
+    "ProbeMark",
     "Resolution",
     "SearchOutcome",
     "SearchStep",

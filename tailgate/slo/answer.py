@@ -12,6 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tailgate.contracts import StageSummary
+from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.search import SearchOutcome
 from tailgate.slo.spec import Log
 from tailgate.slo.state import SloState
@@ -200,21 +202,21 @@ def print_table(state: SloState, log: Log) -> None:
             f"({STATUS_WORDS.get(str(r.get('status')), r.get('status'))})")  # fmt: skip
 
 
-def attempt_row(folder: str, seed: int, mark: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+def attempt_row(folder: str, seed: int, mark: ProbeMark, data: ProbeAttempt) -> dict[str, Any]:
     """One attempt as ``slo.json`` keeps it: what the report's mechanism and tables read."""
-    s = data["summary"]
-    waits = data.get("waiting_series") or []
+    s = data.summary or StageSummary()
+    waits = data.waiting_series
     return {
-        "dir": Path(folder).name, "seed": seed, "seconds": mark.get("seconds"),
-        "stopped_early": mark.get("stopped_early"), "waiting_max": mark.get("waiting_max"),
-        "sent": data["sent"], "cancelled": data.get("cancelled", 0), "errors": data["errors"],
-        "n_measured": len(data["measured"]), "achieved_rate": s.get("achieved_rate"),
-        "ttft_p99_from_send": s.get("ttft_p99"), "preemptions_delta": s.get("preemptions_delta"),
-        "schedule_lag_p99": s.get("schedule_lag_p99"),
+        "dir": Path(folder).name, "seed": seed, "seconds": mark.seconds,
+        "stopped_early": mark.stopped_early, "waiting_max": mark.waiting_max,
+        "sent": data.sent, "cancelled": data.cancelled, "errors": data.errors,
+        "n_measured": len(data.measured), "achieved_rate": s.achieved_rate,
+        "ttft_p99_from_send": s.ttft_p99, "preemptions_delta": s.preemptions_delta,
+        "schedule_lag_p99": s.schedule_lag_p99,
         "waiting_samples": len(waits),
         "waiting_share": round(sum(1 for w in waits if w > 0) / len(waits), 3) if waits else None,
-        "client_coalesced": sum(1 for r in data["measured"] if r.get("client_coalesced")),
-        "queue_slope_per_s": queue_slope(waits, mark.get("seconds")),
+        "client_coalesced": sum(1 for r in data.measured if r.get("client_coalesced")),
+        "queue_slope_per_s": queue_slope(waits, mark.seconds),
     }  # fmt: skip
 
 

@@ -11,8 +11,8 @@ import math
 import re
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from tailgate.records import read_records
 from tailgate.resultfiles import RECORDS_GLOB, SERVER_METRICS
 from tailgate.runner import ChildRunner, LocustRun, prepare_server
 from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
+from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.pooled import pooled_verdicts
 from tailgate.slo.replay import ModelAnswer, Probe, Workload, model_answer, probes_of, settling_answer, workload_of
@@ -32,7 +33,14 @@ from tailgate.slo.search import Resolution, SearchOutcome, SearchStopped, bracke
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Limit, Log, ServerConfig, slo_text
 from tailgate.slo.state import ConfigSearch, ProbeEntry, SloState
 from tailgate.slo.verdict import binding_limit, check_probe, p99s
-from tailgate.stagewarmup import STAGE_WARMUP_DIR, STAGE_WARMUP_SEED, warm_up, warmup_line, worst_gap_ms
+from tailgate.stagewarmup import (
+    STAGE_WARMUP_DIR,
+    STAGE_WARMUP_SEED,
+    WarmupRound,
+    warm_up,
+    warmup_line,
+    worst_gap_ms,
+)
 from tailgate.stats import measured_records
 
 
@@ -228,12 +236,12 @@ class SloRunner:
         self.clock: Callable[[], float] = time.monotonic
         """What the time budget is counted on (a test may substitute its own)."""
         self._config_t0 = self.clock()
-        self._by_rate: dict[float, list[dict[str, Any]]] = {}
+        self._by_rate: dict[float, list[ProbeAttempt]] = {}
+        """Attempt data of every rate probed in the configuration under search: a later probe pools them."""
         self._settled: tuple[int, ModelAnswer] | None = None
         """(probes, answer) of the fitted model that ended the search early."""
         self._settle_tried = 0
         """Attempts the last early-stop check saw."""
-        """Attempt data of every rate probed in the configuration under search: a later probe pools them."""
 
     # -- state file ------------------------------------------------------------------------------
     def _save(self) -> None:
@@ -267,18 +275,17 @@ class SloRunner:
         if p.stage_warmup <= 0:
             return
 
-        def one_round(k: int) -> dict[str, Any]:
+        def one_round(k: int) -> WarmupRound:
             out = self.root / STAGE_WARMUP_DIR / f"{config.name}_w{k}"
             if (out / PROBE_MARK).exists():
-                mark = json.loads((out / PROBE_MARK).read_text())
+                mark = ProbeMark.read(out / PROBE_MARK)
             else:
                 self.log(f"[slo] {config.name}: stage warm-up round {k}: {p.stage_warmup} requests at "
                          f"{p.max_rate:g} req/s, the highest rate the search may use")  # fmt: skip
                 out.parent.mkdir(parents=True, exist_ok=True)
                 mark = self._run_child(config, p.max_rate, p.seed + STAGE_WARMUP_SEED + k, out, n=p.stage_warmup)
-            worst = worst_gap_ms(self._attempt_data(out, mark)["measured"])
-            return {"round": k, "dir": f"{STAGE_WARMUP_DIR}/{out.name}", "rate": p.max_rate,
-                    "worst_gap_ms": round(worst, 1), "seconds": mark.get("seconds")}  # fmt: skip
+            worst = worst_gap_ms(self._attempt_data(out, mark).measured)
+            return WarmupRound(k, f"{STAGE_WARMUP_DIR}/{out.name}", round(worst, 1), mark.seconds, rate=p.max_rate)
 
         warm = warm_up(one_round)
         self._config_state(config).stage_warmup = warm
@@ -311,9 +318,7 @@ class SloRunner:
             return None
         return math.floor(lim.limit * (self.plan.probe_n(rate) + self.plan.warmup))
 
-    def _run_child(
-        self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None
-    ) -> dict[str, Any]:
+    def _run_child(self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None) -> ProbeMark:
         """Run one Locust child, stopping it early when the queue or the errors already decide the probe."""
         base = self.controller.base_url
         watch = _Watch(out, f"{base.rstrip('/')}/metrics" if isinstance(base, str) and base else None)
@@ -338,32 +343,25 @@ class SloRunner:
             raise SloRunError(done.failure())
         if stopped is None:  # a probe the search stopped itself was interrupted on purpose
             self.probe_codes.append(done.ending.code)
-        mark = {
-            "rate": rate, "seed": seed, "exit_code": code, "seconds": round(done.seconds, 1),
-            "stopped_early": stopped, "waiting_max": watch.waiting_max, "queue_stop": queue_stop,
-            "waiting_series": watch.waiting_series, "errors_at_stop": watch.errors,
-        }  # fmt: skip
-        (out / PROBE_MARK).write_text(json.dumps(mark, indent=1) + "\n")
+        mark = ProbeMark(rate, seed, exit_code=code, seconds=round(done.seconds, 1), stopped_early=stopped,
+                         waiting_max=watch.waiting_max, queue_stop=queue_stop,
+                         waiting_series=tuple(watch.waiting_series), errors_at_stop=watch.errors)  # fmt: skip
+        mark.write(out / PROBE_MARK)
         return mark
 
-    def _attempt_data(self, out: Path, mark: Mapping[str, Any]) -> dict[str, Any]:
+    def _attempt_data(self, out: Path, mark: ProbeMark) -> ProbeAttempt:
         """What a verdict needs from one attempt's folder."""
         scan = read_records(out)
-        recs = [r for r in scan.records if r.get("error_class") != "cancelled" or not mark.get("stopped_early")]
+        recs = [r for r in scan.records if r.get("error_class") != "cancelled" or not mark.stopped_early]
         summary = next(iter(read_summaries(out)), StageSummary())
         dropped = int(summary.dropped_arrivals or 0)
         # requests the early stop itself cancelled are not the server's errors
         errors = sum(1 for r in recs if r.get("error_class") is not None) + dropped
-        return {
-            "measured": measured_records(recs, self.plan.warmup),
-            "sent": len(scan.records) + dropped,
-            "cancelled": len(scan.records) - len(recs),
-            "errors": errors,
-            "stopped_early": mark.get("stopped_early"),
-            "waiting_series": mark.get("waiting_series") or [],
-            "summary": summary,
-            "records": scan.records,
-        }
+        return ProbeAttempt(
+            measured=measured_records(recs, self.plan.warmup), sent=len(scan.records) + dropped,
+            errors=errors, stopped_early=mark.stopped_early, cancelled=len(scan.records) - len(recs),
+            waiting_series=mark.waiting_series, summary=summary, records=scan.records,
+        )  # fmt: skip
 
     def probe(self, config: ServerConfig, rate: float, phase: str, index: int) -> str:
         """One rate: run (or reuse) attempts until the verdict is decided or this call's attempts are spent.
@@ -380,7 +378,7 @@ class SloRunner:
             seed = p.attempt_seed(attempt)  # a re-run repeats the workload; an extension draws a new sample
             mark_path = out / PROBE_MARK
             if mark_path.exists():
-                mark = json.loads(mark_path.read_text())
+                mark = ProbeMark.read(mark_path)
                 self.log(f"[slo] {config.name}: probe {index} ({phase}) {rate:g} req/s attempt {attempt}: already done")
             else:
                 est = (p.probe_n(rate) + p.warmup) / rate
@@ -397,10 +395,10 @@ class SloRunner:
                 self.log(f"[slo] {config.name}: probe {index} ({phase}) {rate:g} req/s attempt {attempt} "
                          f"(~{est:.0f} s of arrivals)")  # fmt: skip
                 mark = self._run_child(config, rate, seed, out)
-            data = self._attempt_data(out, mark)
             # a trace file fixes the requests whatever the seed: its extensions only redraw the arrival gaps,
             # so they are clustered with the first run, never counted as a new sample
-            data["workload"] = p.seed if "--trace-file" in p.locust_args else seed
+            workload = p.seed if "--trace-file" in p.locust_args else seed
+            data = replace(self._attempt_data(out, mark), workload=workload)
             attempts.append(data)
             verdict, checks = check_probe(attempts, p.limits, level=p.look_confidence, rate=rate)
             entry.attempts.append(attempt_row(out.name, seed, mark, data))
@@ -413,7 +411,7 @@ class SloRunner:
             elif attempt < first + p.looks - 1:
                 self.log(f"[slo]   not enough data for a verdict: extending with a new sample of the workload "
                          f"(seed {p.attempt_seed(attempt + 1)}), pooled as blocks of their own")  # fmt: skip
-        pooled = [r for a in attempts for r in a["measured"]]
+        pooled = [r for a in attempts for r in a.measured]
         entry.verdict, entry.checks, entry.pooled_attempts = verdict, [asdict(c) for c in checks], len(attempts)
         entry.binding, entry.p99 = binding_limit(checks), p99s(pooled)
         entry.undecided_reason = undecided_reason(verdict, checks)
@@ -470,7 +468,7 @@ class SloRunner:
         self._settled = (len(probes), answer)
         return True
 
-    def _fitted(self, config: ServerConfig, outcome: SearchOutcome) -> dict[str, Any] | None:
+    def _fitted(self, config: ServerConfig, outcome: SearchOutcome) -> ModelAnswer | None:
         """The step loop fitted to this configuration's streams: its capacity interval, its checks, and the
         bracket it narrows when they hold (a model estimate, labelled so wherever it is shown)."""
         p = self.plan
@@ -479,13 +477,12 @@ class SloRunner:
             return None
         probes, workload, limits, q = inputs
         if self._settled is not None and self._settled[0] == len(probes):
-            return self._settled[1].as_dict()  # computed on these very probes when the search settled
+            return self._settled[1]  # computed on these very probes when the search settled
         streams = sum(len(a) for pr in probes for a in pr.attempts)
         self.log(f"[slo] {config.name}: fitting the server's step loop to {streams} streams and simulating it "
                  f"({p.model_replicates} x {p.model_requests} requests of {workload.describe()})")  # fmt: skip
-        answer = model_answer(probes, limits, q, (outcome.best, outcome.first_fail), workload=workload,
-                              requests=p.model_requests, replicates=p.model_replicates, seed=p.seed)  # fmt: skip
-        return answer.as_dict()
+        return model_answer(probes, limits, q, (outcome.best, outcome.first_fail), workload=workload,
+                            requests=p.model_requests, replicates=p.model_replicates, seed=p.seed)  # fmt: skip
 
     def run_config(self, config: ServerConfig) -> ConfigSearch:
         p = self.plan
@@ -508,7 +505,8 @@ class SloRunner:
         model = self._model(config)
         result["model"] = model.as_dict() if model is not None else None
         try:
-            result["fitted"] = self._fitted(config, outcome)
+            fitted = self._fitted(config, outcome)
+            result["fitted"] = fitted.as_dict() if fitted is not None else None
         except (ArithmeticError, ValueError, KeyError, TypeError, RecursionError, MemoryError) as e:
             # a model estimate never costs the measured answer it sits beside
             why = f"the fitted model failed: {type(e).__name__}: {e}"

@@ -33,6 +33,7 @@ from typing import Any
 from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.workload import make_trace
 from tailgate.slo.answer import figure_text
+from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.stepfit import Stream, fit_costs, max_concurrency, streams_of
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
 
@@ -72,7 +73,7 @@ class Probe:
 
 
 def probes_of(
-    attempts_by_rate: Mapping[float, Sequence[Mapping[str, Any]]],
+    attempts_by_rate: Mapping[float, Sequence[ProbeAttempt]],
     checks_by_rate: Mapping[float, Sequence[Mapping[str, Any]]],
 ) -> list[Probe]:
     """The model's view of a search: every rate's attempts (as :func:`tailgate.slo.check_probe` takes them, with
@@ -82,9 +83,9 @@ def probes_of(
     for rate, attempts in sorted(attempts_by_rate.items()):
         if rate not in checks_by_rate:
             continue
-        full = [a for a in attempts if not a.get("stopped_early") and a.get("records")]
-        preempted = any(float(getattr(a.get("summary"), "preemptions_delta", None) or 0) > 0 for a in attempts)
-        streams = [streams_of(a["records"], {r.get("trace_id") for r in a["measured"]}) for a in full]
+        full = [a for a in attempts if not a.stopped_early and a.records]
+        preempted = any(a.summary is not None and (a.summary.preemptions_delta or 0) > 0 for a in attempts)
+        streams = [streams_of(a.records, {r.get("trace_id") for r in a.measured}) for a in full]
         if streams:
             checks = {str(c["key"]): c for c in checks_by_rate[rate]}
             out.append(Probe(rate, streams, checks, preempted))
@@ -375,18 +376,18 @@ class Workload:
         return f"a bootstrap resample of the {len(self.items)} distinct requests measured, per replicate"
 
 
-def workload_of(attempts_by_rate: Mapping[float, Sequence[Mapping[str, Any]]], trace_file: bool) -> Workload | None:
+def workload_of(attempts_by_rate: Mapping[float, Sequence[ProbeAttempt]], trace_file: bool) -> Workload | None:
     """The seeded mix when every measured request came from it and ran to its planned length (its population is
     known); else the distinct requests measured (a trace file, other prompts, streams that stopped early)."""
     distinct: dict[tuple[Any, Any], tuple[int, int]] = {}
     seeded = not trace_file
     for attempts in attempts_by_rate.values():
         for a in attempts:
-            for r in a.get("records") or []:
+            for r in a.records:
                 if r.get("error_class") is not None:
                     continue
                 for s in streams_of([r], set()):
-                    distinct[(a.get("workload"), r.get("trace_id"))] = (s.prompt, s.tokens)
+                    distinct[(a.workload, r.get("trace_id"))] = (s.prompt, s.tokens)
                     planned = (r.get("prompt_tokens_planned"), r.get("max_tokens"))
                     if r.get("prompt_source", DEFAULT_PROMPTS) != DEFAULT_PROMPTS or (
                         planned[1] is not None and s.tokens != planned[1]

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from tailgate.contracts import SloMeta
 from tailgate.slo.spec import ServerConfig
+from tailgate.stagewarmup import StageWarmup
 from tailgate.tailbounds import NOT_ENOUGH
 
 T = TypeVar("T")
@@ -64,7 +65,7 @@ class ConfigSearch:
     """pending, running, done, interrupted or failed."""
     probes: list[ProbeEntry] = field(default_factory=list)
     server: dict[str, Any] | None = None
-    stage_warmup: dict[str, Any] | None = None
+    stage_warmup: StageWarmup | None = None
     result: dict[str, Any] | None = None
     """Both ends of the bracket, its width, the undecided rates and the models (``result_of`` in answer.py)."""
     error: str | None = None
@@ -92,13 +93,19 @@ class ConfigSearch:
             value = getattr(self, f.name)
             if f.name == "extra" or (f.name in self.OPTIONAL and value is None):
                 continue
-            out[f.name] = self.probe_dicts() if f.name == "probes" else value
+            if f.name == "probes":
+                value = self.probe_dicts()
+            elif f.name == "stage_warmup":
+                value = value.to_json()
+            out[f.name] = value
         return {**out, **self.extra}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ConfigSearch:
         known, extra = _split(cls, data)
         known["probes"] = [ProbeEntry.from_dict(p) for p in known.get("probes") or []]
+        if isinstance(known.get("stage_warmup"), dict):
+            known["stage_warmup"] = StageWarmup.from_json(known["stage_warmup"])
         return cls(**known, extra=extra)
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.spec import METRIC_FIELDS, Limit
 from tailgate.stats import tail
 from tailgate.tailbounds import FAIL, NOT_ENOUGH, PASS, check_tail, share_lower, share_upper, upward_trend
@@ -106,9 +107,9 @@ def _time_ordered(measured: Sequence[Mapping[str, Any]]) -> list[Mapping[str, An
     return sorted(measured, key=intended)
 
 
-def steady_part(attempt: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], int]:
+def steady_part(attempt: ProbeAttempt) -> tuple[list[Mapping[str, Any]], int]:
     """The attempt's measured records in intended-send order, less the MSER-5 start-up cut; and the cut."""
-    recs = _time_ordered(attempt["measured"])
+    recs = _time_ordered(attempt.measured)
     ttft = [float(r.get("ttft_from_intended_ms") or 0.0) for r in recs]
     cut = mser5_cut(ttft)
     return recs[cut:], cut
@@ -123,7 +124,7 @@ def in_flight(sends: Sequence[float], ends: Sequence[float]) -> list[float]:
     return out
 
 
-def sustain_check(attempts: Sequence[Mapping[str, Any]], rate: float | None, material_ms: float = 0.0) -> Sustain:
+def sustain_check(attempts: Sequence[ProbeAttempt], rate: float | None, material_ms: float = 0.0) -> Sustain:
     """Every attempt must have kept up: completions tracked arrivals, no upward trend in TTFT or the queue.
 
     ``material_ms``: a TTFT trend fails the probe only when its rise over the attempt is at least this much
@@ -133,7 +134,7 @@ def sustain_check(attempts: Sequence[Mapping[str, Any]], rate: float | None, mat
     rows: list[dict[str, Any]] = []
     verdicts: list[str] = []
     for a in attempts:
-        recs = _time_ordered(a["measured"])
+        recs = _time_ordered(a.measured)
         row: dict[str, Any] = {"n": len(recs)}
         sends = [float(r["intended_s"]) for r in recs if isinstance(r.get("intended_s"), (int, float))]
         ends = [float(r["end_s"]) for r in recs if isinstance(r.get("end_s"), (int, float))]
@@ -153,7 +154,7 @@ def sustain_check(attempts: Sequence[Mapping[str, Any]], rate: float | None, mat
         trend["trend"] = bool(trend["trend"] and (trend["rise"] >= material_ms or keep < KEEP_UP))
         # the queue: the server's own waiting gauge when it was sampled, else the requests in flight at each
         # arrival, from the records themselves (waiting plus running: it grows as the waiting queue does)
-        waiting = [float(w) for w in a.get("waiting_series") or [] if isinstance(w, (int, float))]
+        waiting = [float(w) for w in a.waiting_series if isinstance(w, (int, float))]
         source = "the waiting queue"
         if len(waiting) < 10 and len(ends) == len(sends):
             waiting, source = in_flight(sends, ends), "requests in flight"
@@ -194,7 +195,7 @@ def sustain_check(attempts: Sequence[Mapping[str, Any]], rate: float | None, mat
 
 
 def check_probe(
-    attempts: Sequence[Mapping[str, Any]],
+    attempts: Sequence[ProbeAttempt],
     limits: Sequence[Limit],
     *,
     level: float = 0.95,
@@ -206,11 +207,8 @@ def check_probe(
 ) -> tuple[str, list[Check]]:
     """Pool the attempts of one probe and check every limit; the probe's verdict and the checks.
 
-    Each attempt is ``{"measured": [records], "sent": int, "errors": int, "stopped_early": str|None}``
-    (optionally ``cancelled``, the requests its own early stop cut off, which have no outcome and so are
-    not in the error share, ``waiting_series`` and ``workload``, the seed of its trace). Requests are grouped by
-    (workload, time block) for the design effect: stalls that hit many requests in one block count once, and
-    so does a block that every re-run of the same workload repeats. A probe stopped
+    Requests are grouped by (workload, time block) for the design effect: stalls that hit many requests in one
+    block count once, and so does a block that every re-run of the same workload repeats. A probe stopped
     early (queue without bound, error budget spent) fails whatever its percentiles say. With ``sustained``
     the steady-state check is a ``sustained`` row of the checks. ``resamples``/``seed`` are accepted for
     older callers; the bounds are exact and draw nothing. ``sequential`` (the search's way): percentile
@@ -219,8 +217,8 @@ def check_probe(
     """
     del resamples, seed
     checks: list[Check] = []
-    sent = sum(int(a["sent"]) - int(a.get("cancelled") or 0) for a in attempts)
-    errors = sum(int(a["errors"]) for a in attempts)
+    sent = sum(a.sent - a.cancelled for a in attempts)
+    errors = sum(a.errors for a in attempts)
     steady: list[tuple[int, Mapping[str, Any]]] = []
     for i, a in enumerate(attempts):
         part, _ = steady_part(a)
@@ -229,10 +227,10 @@ def check_probe(
     # Re-runs of one workload send the same requests at the same offsets, so the same queue build-ups
     # recur in the same blocks: a block of every run of a workload is one cluster, and a re-run adds
     # evidence only as far as the server behaved differently. Another workload's blocks are their own.
-    workloads = [a.get("workload", 0) for a in attempts]
+    workloads = [a.workload for a in attempts]
     for lim in limits:
         if lim.metric == "errors":
-            if sent <= 0 < sum(int(a["sent"]) for a in attempts):
+            if sent <= 0 < sum(a.sent for a in attempts):
                 why = "every request sent was cut off by the early stop: none ended to count"
                 checks.append(Check(lim.key, lim.limit, None, None, None, 0, NOT_ENOUGH, why))
             else:
@@ -257,9 +255,9 @@ def check_probe(
         rnd = lambda x: None if x is None else round(x, 1)  # noqa: E731
         checks.append(Check(lim.key, lim.limit, rnd(c.point), rnd(c.low), rnd(c.high), c.n, c.verdict, c.reason,
                             c.n_effective, excluded, c.over))  # fmt: skip
-    stopped = next((str(a["stopped_early"]) for a in attempts if a.get("stopped_early")), None)
+    stopped = next((a.stopped_early for a in attempts if a.stopped_early), None)
     if stopped:
-        checks.append(Check("sustained", KEEP_UP, None, None, None, sum(len(a["measured"]) for a in attempts),
+        checks.append(Check("sustained", KEEP_UP, None, None, None, sum(len(a.measured) for a in attempts),
                             FAIL, f"stopped early: {stopped}"))  # fmt: skip
     elif sustained:
         material = [lim.limit for lim in limits if lim.metric in ("ttft", "total")]
@@ -268,15 +266,15 @@ def check_probe(
         checks.append(Check("sustained", KEEP_UP, min(keep) if keep else None, None, None,
                             sum(int(r.get("n", 0)) for r in sus.attempts), sus.verdict, sus.reason))  # fmt: skip
     verdicts = {c.verdict for c in checks}
-    if any(a.get("stopped_early") for a in attempts) or FAIL in verdicts:
+    if any(a.stopped_early for a in attempts) or FAIL in verdicts:
         return FAIL, checks
     return (NOT_ENOUGH if NOT_ENOUGH in verdicts else PASS), checks
 
 
-def _spans(attempts: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
+def _spans(attempts: Sequence[ProbeAttempt]) -> list[tuple[float, float]]:
     out = []
     for a in attempts:
-        ts = [float(r["intended_s"]) for r in a["measured"] if isinstance(r.get("intended_s"), (int, float))]
+        ts = [float(r["intended_s"]) for r in a.measured if isinstance(r.get("intended_s"), (int, float))]
         out.append((min(ts), max(ts)) if ts else (0.0, 0.0))
     return out
 

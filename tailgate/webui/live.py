@@ -19,12 +19,13 @@ from gevent.lock import Semaphore
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tailgate.clientbound import behind_note
+from tailgate.contracts import StageSummary
 from tailgate.jsonl import Follower as Tail
 from tailgate.records import journal_entry
 from tailgate.resultfiles import RECORDS_GLOB, SENT_GLOB, SERVER_METRICS
@@ -67,38 +68,73 @@ class StageView:
     """Journaled, then taken back (in-flight cap, or a stop between journal and send)."""
     seen: dict[Any, int] = field(default_factory=dict)
     """(run, request) -> index in ``records``: one record per request, as the analysis reads them."""
-    figures: dict[str, Any] = field(default_factory=dict)
+    figures: StageFigures = field(default_factory=lambda: StageFigures())
     computed_at: int = -1
     """Record count the figures were computed for."""
 
 
-def stage_figures(records: Sequence[dict[str, Any]], warmup: int, rule: str) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Tails:
+    """One latency's exact figures over a stage's measured records, in ms (None: no successful request)."""
+
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    max: float | None = None
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Tails:
+        p50, p90, p99 = (round_ms(percentile(values, q)) for q in QUANTILES)
+        return cls(p50, p90, p99, round_ms(max(values)) if values else None)
+
+    def to_json(self) -> dict[str, float | None]:
+        return {"p50": self.p50, "p90": self.p90, "p99": self.p99, "max": self.max}
+
+
+@dataclass(frozen=True, slots=True)
+class StageFigures:
+    """A stage's row of the Tail latency tab, recomputed only when the stage got new records; it joins the
+    snapshot (:meth:`to_json`) that the tab and Locust's table read."""
+
+    measured: int = 0
+    ttft: Tails = Tails()
+    gap: Tails = Tails()
+    total: Tails = Tails()
+    errors_by_class: dict[str, int] = field(default_factory=dict)
+    errors: int = 0
+    lag_p99: float | None = None
+    client_coalesced: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "measured": self.measured, "ttft": self.ttft.to_json(), "gap": self.gap.to_json(),
+            "total": self.total.to_json(), "errors_by_class": dict(self.errors_by_class), "errors": self.errors,
+            "lag_p99": self.lag_p99, "client_coalesced": self.client_coalesced,
+        }  # fmt: skip
+
+
+def stage_figures(records: Sequence[dict[str, Any]], warmup: int, rule: str) -> StageFigures:
     """Exact p50/p90/p99/max of TTFT, worst gap and total over the measured records, errors by class, lag p99."""
     good = measured_records(records, warmup, rule)
-    out: dict[str, Any] = {"measured": len(good)}
-    for name, key in METRICS:
-        values = field_values(good, key)
-        fig = {f"p{q}": round_ms(percentile(values, q)) for q in QUANTILES}
-        fig["max"] = round_ms(max(values)) if values else None
-        out[name] = fig
+    ttft, gap, total = (Tails.of(field_values(good, key)) for _, key in METRICS)
     errors: dict[str, int] = {}
     for r in records:
         if r.get("error_class") is not None:
             errors[r["error_class"]] = errors.get(r["error_class"], 0) + 1
-    out["errors_by_class"] = dict(sorted(errors.items()))
-    out["errors"] = sum(errors.values())
-    out["lag_p99"] = tail(records, "schedule_lag_ms", 99)
-    out["client_coalesced"] = sum(1 for r in good if r.get("client_coalesced"))
-    return out
+    return StageFigures(
+        measured=len(good), ttft=ttft, gap=gap, total=total, errors_by_class=dict(sorted(errors.items())),
+        errors=sum(errors.values()), lag_p99=tail(records, "schedule_lag_ms", 99),
+        client_coalesced=sum(1 for r in good if r.get("client_coalesced")),
+    )  # fmt: skip
 
 
-def stage_dropped(summary: dict[str, Any] | None, journaled: int, reported: int, stopping: bool) -> int:
+def stage_dropped(summary: StageSummary | None, journaled: int, reported: int, stopping: bool) -> int:
     """Arrivals the in-flight cap (``--max-in-flight``) refused: the summary's ``dropped_arrivals``, the one
     definition. Arrivals a stop took back are never sent, not dropped: once the stage is summarized (or while
     a stop ends it) the journal's take-back lines no longer count here, only what the load processes reported.
     While it runs, the journal counts a single process's refusals at once, the reports a worker's at its end."""
     if summary is not None:
-        return int(summary.get("dropped_arrivals") or 0)
+        return int(summary.dropped_arrivals or 0)
     return reported if stopping else max(journaled, reported)
 
 
@@ -200,7 +236,7 @@ class LiveRun:
                 "index": stage.index, "label": stage.label, "state": state, "planned": stage.size,
                 "sent": len(view.sent_keys), "recorded": len(view.records), "preemptions": preemptions,
                 "dropped": dropped, "never_sent": never,
-                "merged": sum(1 for r in view.records if r.get("client_coalesced")), **view.figures,
+                "merged": sum(1 for r in view.records if r.get("client_coalesced")), **view.figures.to_json(),
             })  # fmt: skip
         return {
             "run_id": s.run_id, "arm": settings.arm, "host": settings.host, "model": settings.model,
@@ -218,7 +254,8 @@ class LiveRun:
         }  # fmt: skip
 
 
-def _ms(fig: dict[str, Any] | None) -> str:
+def _ms(fig: Mapping[str, float | None] | None) -> str:
+    """A latency's four figures as the snapshot holds them, as Locust's table prints them."""
     if not fig or fig.get("p50") is None:
         return "–"
     return " / ".join(f"{fig[k]:.1f}" for k in ("p50", "p90", "p99", "max"))
