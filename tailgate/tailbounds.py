@@ -439,15 +439,28 @@ def sen_slope(series: Sequence[float]) -> float:
     return slopes[mid] if len(slopes) % 2 else (slopes[mid - 1] + slopes[mid]) / 2
 
 
-def upward_trend(
-    series: Sequence[float], *, batches: int = 10, alpha: float = 0.05, min_rise: float = 1.0
-) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Trend:
+    """A Mann-Kendall test on batch means with the Theil-Sen rise: the steady-state check weighs the rise
+    against its own material size before it lets ``trend`` fail a probe."""
+
+    trend: bool
+    """Significant at ``alpha`` and a rise of at least ``min_rise`` times the series' median level."""
+    z: float
+    p: float
+    rise: float
+    """Theil-Sen slope of the batch means times their span: the series' rise from first to last batch."""
+    level: float
+    """The series' median: what a rise is measured against."""
+    batch_means: tuple[float, ...]
+
+
+def upward_trend(series: Sequence[float], *, batches: int = 10, alpha: float = 0.05, min_rise: float = 1.0) -> Trend:
     """Test a time-ordered series for a material upward trend: Mann-Kendall on batch means at ``alpha``,
     and a Theil-Sen rise over the series of at least ``min_rise`` times its median level.
 
     A queue near its capacity wanders up and down for long stretches, which a rank test alone reads as a
     trend; a server that does not keep up grows its queue without bound, far beyond its typical level.
-    Returns ``{"trend": bool, "z", "p", "rise", "level", "batch_means"}``.
     """
     means = batch_means(series, batches)
     z, p = mann_kendall(means)
@@ -455,5 +468,4 @@ def upward_trend(
     srt = sorted(series)
     level = srt[len(srt) // 2] if srt else 0.0
     trend = p < alpha and rise >= min_rise * max(level, 1e-9)
-    return {"trend": trend, "z": round(z, 3), "p": round(p, 4), "rise": round(rise, 2), "level": round(level, 2),
-            "batch_means": [round(m, 2) for m in means]}  # fmt: skip
+    return Trend(trend, round(z, 3), round(p, 4), round(rise, 2), round(level, 2), tuple(round(m, 2) for m in means))

@@ -238,8 +238,10 @@ def test_requests_in_flight_show_a_server_falling_behind_without_its_gauge() -> 
         r["end_s"] = end
     sustained = slo.check_probe([attempt], limits)[1][-1]
     assert sustained.verdict == "fail" and "requests in flight trends upward" in sustained.reason, sustained
-    rows = slo.sustain_check([attempt], 10, 500).attempts[0]
-    assert rows["queue_trend"]["source"] == "requests in flight" and rows["completion_rate"] < rows["arrival_rate"]
+    row = slo.sustain_check([attempt], 10, 500).attempts[0]
+    assert row.queue_source == "requests in flight" and row.queue_trend is not None and row.queue_trend.trend
+    assert row.completion_rate is not None and row.arrival_rate is not None
+    assert row.completion_rate < row.arrival_rate
 
 
 def test_pooled_runs_narrow_the_bounds() -> None:

@@ -113,53 +113,62 @@ def prompt_source(name: str) -> PromptSource:
 # ------------------------------------------------------------------------------------------- builders
 
 
-def _words(plan: PromptPlan) -> tuple[Builder, dict[str, Any], list[int]]:
-    """A builder of exact lengths from the server's one-token words, a random salt per run (two runs with one
-    seed never send the same texts into one prefix cache), and the planned prompt lengths."""
-    words = one_token_words(plan.tokenizer)
-    builder = Builder(plan.tokenizer, words, plan.endpoint)
-    builder.calibrate()
-    salt = secrets.randbelow(1 << 30)
-    check = {"one_token_words": len(words), "template_tokens": builder.overhead, "salt": salt}
-    return builder, check, [it.prompt_tokens for it in plan.items]
+@dataclass(frozen=True, slots=True)
+class Words:
+    """What every word-built source shares: a builder of exact lengths from the server's one-token words, a
+    random salt per run (two runs with one seed never send the same texts into one prefix cache), and the
+    planned prompt lengths; it counts the built prompts against the plan for ``run.json``."""
 
+    builder: Builder
+    targets: list[int]
+    salt: int
+    one_token_words: int
+    template_tokens: int
+    """The chat template's own tokens, as calibrated before any prompt was built."""
 
-def _counted(items: Sequence[TraceItem], sets: list[list[Prompt | None]], check: dict[str, Any]) -> BuiltPrompts:
-    """The sets with how exactly their token counts met the plan."""
-    targets = [it.prompt_tokens for it in items]
-    diffs = [(p.tokens or 0) - t for s in sets for p, t in zip(s, targets, strict=True) if p is not None]
-    check.update(prompts=len(diffs), exact=sum(1 for d in diffs if d == 0),
-                 max_abs_diff=max((abs(d) for d in diffs), default=0))  # fmt: skip
-    return BuiltPrompts(list(items), sets, check)
+    @classmethod
+    def of(cls, plan: PromptPlan) -> Words:
+        words = one_token_words(plan.tokenizer)
+        builder = Builder(plan.tokenizer, words, plan.endpoint)
+        builder.calibrate()
+        targets = [it.prompt_tokens for it in plan.items]
+        return cls(builder, targets, secrets.randbelow(1 << 30), len(words), builder.overhead)
+
+    def counted(self, items: Sequence[TraceItem], sets: list[list[Prompt | None]]) -> BuiltPrompts:
+        """The sets with how exactly their token counts met the plan."""
+        diffs = [(p.tokens or 0) - t for s in sets for p, t in zip(s, self.targets, strict=True) if p is not None]
+        check = {"one_token_words": self.one_token_words, "template_tokens": self.template_tokens, "salt": self.salt,
+                 "prompts": len(diffs), "exact": sum(1 for d in diffs if d == 0),
+                 "max_abs_diff": max((abs(d) for d in diffs), default=0)}  # fmt: skip
+        return BuiltPrompts(list(items), sets, check)
 
 
 def build_unique(plan: PromptPlan) -> BuiltPrompts:
-    builder, check, targets = _words(plan)
+    w = Words.of(plan)
     n = len(plan.items)
     sets: list[list[Prompt | None]] = [
-        list(unique_prompts(builder, targets, plan.seed, stage, stage * n, check["salt"]))
-        for stage in range(plan.stages)
+        list(unique_prompts(w.builder, w.targets, plan.seed, stage, stage * n, w.salt)) for stage in range(plan.stages)
     ]
-    return _counted(plan.items, sets, check)
+    return w.counted(plan.items, sets)
 
 
 def build_prefix(plan: PromptPlan) -> BuiltPrompts:
-    builder, check, targets = _words(plan)
+    w = Words.of(plan)
     o, n = plan.options, len(plan.items)
     sets: list[list[Prompt | None]] = []
     for stage in range(plan.stages):
         built, _ = prefix_prompts(
-            builder, targets, plan.seed, stage, stage * n, length=o["prefix_tokens"], share=o["prefix_share"],
-            groups=o["prefix_groups"], salt=check["salt"],
+            w.builder, w.targets, plan.seed, stage, stage * n, length=o["prefix_tokens"], share=o["prefix_share"],
+            groups=o["prefix_groups"], salt=w.salt,
         )  # fmt: skip
         sets.append(list(built))
-    return _counted(plan.items, sets, check)
+    return w.counted(plan.items, sets)
 
 
 def build_blocks(plan: PromptPlan) -> BuiltPrompts:
-    builder, check, targets = _words(plan)
+    w = Words.of(plan)
     ids = [r.hash_ids or () for r in plan.trace_rows]
-    return _counted(plan.items, [list(block_prompts(builder, targets, ids, plan.seed, check["salt"]))], check)
+    return w.counted(plan.items, [list(block_prompts(w.builder, w.targets, ids, plan.seed, w.salt))])
 
 
 def build_dataset(plan: PromptPlan) -> BuiltPrompts:
@@ -222,6 +231,7 @@ __all__ = [
     "BuiltPrompts",
     "PromptPlan",
     "PromptSource",
+    "Words",
     "prefix_options",
     "prompt_source",
     "prompt_sources",

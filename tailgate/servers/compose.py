@@ -332,7 +332,7 @@ class ComposeByConfig:
     applies_flags = True
     flags_in_files = True
 
-    def __init__(self, servers: dict[str, Any]) -> None:
+    def __init__(self, servers: Mapping[str, ComposeServer]) -> None:
         self.servers = servers
         self.current = servers["chunked"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 GRID = 200
@@ -34,6 +34,24 @@ class Point:
     sustained: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class Residual:
+    """One probe against the fitted model: whether the model's percentile at its rate lies in its interval."""
+
+    rate: float
+    measured: float | None
+    low: float | None
+    high: float | None
+    model: float | None
+    """The model's percentile at this rate, ms (None: at or past the saturation rate)."""
+    inside: bool | None
+    """None when the probe has no interval to check against."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rate": self.rate, "measured": self.measured, "interval": [self.low, self.high], "model": self.model,
+                "inside": self.inside}  # fmt: skip
+
+
 @dataclass
 class RateModel:
     """The fitted model, with what the probes say about it. Every figure here is a model statement."""
@@ -47,7 +65,7 @@ class RateModel:
     consistent: int
     checked: int
     """Probes whose interval holds the model's prediction, of the probes with an interval."""
-    residuals: list[dict[str, Any]] = field(default_factory=list)
+    residuals: list[Residual] = field(default_factory=list)
     key: str = ""
     """The limit modelled (``ttft_p99``...)."""
 
@@ -55,8 +73,11 @@ class RateModel:
         return math.inf if rate >= self.mu else self.base + self.scale * rate / (self.mu - rate)
 
     def as_dict(self) -> dict[str, Any]:
+        """The model as ``slo.json`` keeps it: every field in order, floats to 4 places, residual rows as JSON."""
+        figures = {f.name: getattr(self, f.name) for f in fields(self)}
+        figures["residuals"] = [r.to_json() for r in self.residuals]
         return {"form": "base + scale * rate / (mu - rate)", "label": "model estimate, not a measurement",
-                **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}}  # fmt: skip
+                **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in figures.items()}}  # fmt: skip
 
 
 def fit(points: Sequence[Point], limit: float) -> RateModel | None:
@@ -102,8 +123,8 @@ def fit(points: Sequence[Point], limit: float) -> RateModel | None:
             inside = (p.low is None or pred >= p.low) and (p.high is None or pred <= p.high)
             model.checked += 1
             model.consistent += bool(inside)
-        model.residuals.append({"rate": p.rate, "measured": p.value, "interval": [p.low, p.high],
-                                "model": None if math.isinf(pred) else round(pred, 1), "inside": inside})  # fmt: skip
+        model.residuals.append(Residual(p.rate, p.value, p.low, p.high, None if math.isinf(pred) else round(pred, 1),
+                                        inside))  # fmt: skip
     return model
 
 

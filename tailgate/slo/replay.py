@@ -311,6 +311,17 @@ def capacity_of(reps: Replicates, limits: Mapping[str, float], q: float, *, near
     return whole, jack
 
 
+@dataclass(frozen=True, slots=True)
+class CurvePoint:
+    """One simulated rate of the capacity search: per limited metric, the pooled percentile and its band (ms)."""
+
+    rate: float
+    bands: Mapping[str, tuple[float, float, float]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rate": round(self.rate, 4), **{m: [round(v, 1) for v in band] for m, band in self.bands.items()}}
+
+
 @dataclass
 class ModelAnswer:
     """The model's capacity with its interval, its checks, and the bracket it narrows (all model estimates)."""
@@ -327,7 +338,7 @@ class ModelAnswer:
     """The measured bracket intersected with the model's interval: only when ``usable``."""
     workload: str = ""
     """Where the simulated requests came from."""
-    curve: list[dict[str, Any]] = field(default_factory=list)
+    curve: list[CurvePoint] = field(default_factory=list)
     """The simulated percentile against rate, per limited metric, with its band: the rates the search for the
     capacity simulated."""
 
@@ -342,7 +353,7 @@ class ModelAnswer:
             "slots_reached": None if fit is None else fit.slots_reached,
             "streams": None if fit is None else fit.streams,
             "replay": [] if fit is None else [asdict(r) for r in fit.replay],
-            "curve": self.curve, "workload": self.workload,
+            "curve": [p.to_json() for p in self.curve], "workload": self.workload,
         }  # fmt: skip
 
 
@@ -426,8 +437,7 @@ def model_answer(
     mixes = [workload.draw(k, requests, seed) for k in range(replicates)]
     reps = Replicates(fit.engine, mixes, seed)
     cap, jack = capacity_of(reps, limits, q, near=near)
-    curve = [{"rate": round(r, 4), **{m: [round(v, 1) for v in band] for m, band in reps.curve[r].items()}}
-             for r in sorted(reps.curve)]  # fmt: skip
+    curve = [CurvePoint(r, reps.curve[r]) for r in sorted(reps.curve)]
     if cap is None or len(jack) < 2:
         return ModelAnswer(None, None, None, jack, fit, False, "the fitted engine crosses the limits at no rate tried")
     r = len(jack)

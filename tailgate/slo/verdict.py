@@ -14,13 +14,13 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.spec import METRIC_FIELDS, Limit
 from tailgate.stats import tail
-from tailgate.tailbounds import FAIL, NOT_ENOUGH, PASS, check_tail, share_lower, share_upper, upward_trend
+from tailgate.tailbounds import FAIL, NOT_ENOUGH, PASS, Trend, check_tail, share_lower, share_upper, upward_trend
 
 TREND_ALPHA = 0.01
 """Level of the upward-trend tests: a false trend fails a probe that held, so it is kept strict."""
@@ -53,13 +53,40 @@ class Check:
     """Requests over the limit: with ``n`` and ``n_effective``, what pooling across rates adds up."""
 
 
+@dataclass(frozen=True, slots=True)
+class AttemptSustain:
+    """One attempt's evidence of keeping up, or why it cannot tell: the probe's ``sustained`` check takes its
+    verdict from these and reports the lowest ``keep_up``."""
+
+    n: int
+    """Measured requests of the attempt."""
+    verdict: str
+    reason: str
+    window_s: float | None = None
+    """First to last intended send; None, like every figure below, with fewer than 20 timed requests."""
+    offered_rate: float | None = None
+    arrival_rate: float | None = None
+    completion_rate: float | None = None
+    completed_in_window: int | None = None
+    arrived_in_window: int | None = None
+    keep_up: float | None = None
+    """Completions inside the arrival window over arrivals inside it."""
+    transient_cut: int | None = None
+    """Leading requests MSER-5 dropped as start-up transient before the trend tests."""
+    ttft_trend: Trend | None = None
+    queue_trend: Trend | None = None
+    """None with fewer than 10 queue readings after the cut."""
+    queue_source: str = ""
+    """What the queue was read from: the server's waiting gauge, or the requests in flight in the records."""
+
+
 @dataclass
 class Sustain:
     """Did the server keep up with the offered rate over every attempt? With the evidence."""
 
     verdict: str
     reason: str
-    attempts: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[AttemptSustain] = field(default_factory=list)
 
 
 def error_check(errors: int, sent: int, limit: float, level: float, key: str = "errors") -> Check:
@@ -131,16 +158,13 @@ def sustain_check(attempts: Sequence[ProbeAttempt], rate: float | None, material
     (half the tightest TTFT or total limit), or when completions also fell behind arrivals: near its capacity
     a queue wanders up for tens of seconds, which the rank test reads as a trend even where the tail stays far
     under the limit and completions keep up."""
-    rows: list[dict[str, Any]] = []
-    verdicts: list[str] = []
+    rows: list[AttemptSustain] = []
     for a in attempts:
         recs = _time_ordered(a.measured)
-        row: dict[str, Any] = {"n": len(recs)}
         sends = [float(r["intended_s"]) for r in recs if isinstance(r.get("intended_s"), (int, float))]
         ends = [float(r["end_s"]) for r in recs if isinstance(r.get("end_s"), (int, float))]
         if len(sends) < 20:
-            rows.append({**row, "verdict": NOT_ENOUGH, "reason": "fewer than 20 timed requests"})
-            verdicts.append(NOT_ENOUGH)
+            rows.append(AttemptSustain(len(recs), NOT_ENOUGH, "fewer than 20 timed requests"))
             continue
         t0, t1 = sends[0], sends[-1]
         arrived = len(sends)
@@ -151,7 +175,7 @@ def sustain_check(attempts: Sequence[ProbeAttempt], rate: float | None, material
         trend = upward_trend(ttft[cut:], alpha=TREND_ALPHA)
         # a rise short of material counts only with completions falling behind arrivals: both together are
         # a server that does not keep up; either alone near capacity is a queue's excursion
-        trend["trend"] = bool(trend["trend"] and (trend["rise"] >= material_ms or keep < KEEP_UP))
+        trend = replace(trend, trend=bool(trend.trend and (trend.rise >= material_ms or keep < KEEP_UP)))
         # the queue: the server's own waiting gauge when it was sampled, else the requests in flight at each
         # arrival, from the records themselves (waiting plus running: it grows as the waiting queue does)
         waiting = [float(w) for w in a.waiting_series if isinstance(w, (int, float))]
@@ -162,34 +186,30 @@ def sustain_check(attempts: Sequence[ProbeAttempt], rate: float | None, material
         qtrend = upward_trend(queue, alpha=TREND_ALPHA) if len(queue) >= 10 else None
         if qtrend is not None:  # Little's law: a TTFT rise of material_ms is about rate * material_ms / 1000 more
             qmaterial = (rate or 0.0) * material_ms / 1000.0
-            qtrend["trend"] = bool(qtrend["trend"] and (qtrend["rise"] >= qmaterial or keep < KEEP_UP))
-            qtrend["source"] = source
-        row.update({
-            "window_s": round(t1 - t0, 2), "offered_rate": rate, "arrival_rate": round((arrived - 1) / (t1 - t0), 3)
-            if t1 > t0 else None, "completion_rate": round(done / (t1 - t0), 3) if t1 > t0 else None,
-            "completed_in_window": done, "arrived_in_window": arrived,
-            "keep_up": round(keep, 3), "transient_cut": cut, "ttft_trend": trend, "queue_trend": qtrend,
-        })  # fmt: skip
-        if trend["trend"] or (qtrend is not None and qtrend["trend"]):
-            what = "TTFT from intended" if trend["trend"] else source
-            p = trend["p"] if trend["trend"] else qtrend["p"]  # type: ignore[index]
-            row.update({"verdict": FAIL, "reason": f"{what} trends upward (Mann-Kendall p={p:g}): not sustained"})
+            qtrend = replace(qtrend, trend=bool(qtrend.trend and (qtrend.rise >= qmaterial or keep < KEEP_UP)))
+        rising = next((t for t in (trend, qtrend) if t is not None and t.trend), None)
+        if rising is not None:
+            what = "TTFT from intended" if rising is trend else source
+            verdict, reason = FAIL, f"{what} trends upward (Mann-Kendall p={rising.p:g}): not sustained"
         elif keep < KEEP_UP:
-            row.update(
-                {
-                    "verdict": NOT_ENOUGH,
-                    "reason": f"only {done} of {arrived} requests completed inside the "
-                    f"arrival window ({keep:.0%}): too short to tell a sustained rate from an absorbed burst",
-                }
-            )
+            verdict = NOT_ENOUGH
+            reason = (f"only {done} of {arrived} requests completed inside the arrival window ({keep:.0%}): too "
+                      "short to tell a sustained rate from an absorbed burst")  # fmt: skip
         else:
-            row.update({"verdict": PASS, "reason": f"{keep:.0%} completed inside the arrival window, no upward trend"})
-        rows.append(row)
-        verdicts.append(row["verdict"])
+            verdict, reason = PASS, f"{keep:.0%} completed inside the arrival window, no upward trend"
+        span = t1 - t0
+        rows.append(AttemptSustain(
+            len(recs), verdict, reason, window_s=round(span, 2), offered_rate=rate,
+            arrival_rate=round((arrived - 1) / span, 3) if span > 0 else None,
+            completion_rate=round(done / span, 3) if span > 0 else None, completed_in_window=done,
+            arrived_in_window=arrived, keep_up=round(keep, 3), transient_cut=cut, ttft_trend=trend,
+            queue_trend=qtrend, queue_source=source,
+        ))  # fmt: skip
+    verdicts = [r.verdict for r in rows]
     if FAIL in verdicts:
-        return Sustain(FAIL, next(r["reason"] for r in rows if r["verdict"] == FAIL), rows)
+        return Sustain(FAIL, next(r.reason for r in rows if r.verdict == FAIL), rows)
     if NOT_ENOUGH in verdicts or not verdicts:
-        reason = next((r["reason"] for r in rows if r["verdict"] == NOT_ENOUGH), "no attempts")
+        reason = next((r.reason for r in rows if r.verdict == NOT_ENOUGH), "no attempts")
         return Sustain(NOT_ENOUGH, reason, rows)
     return Sustain(PASS, "every attempt kept up with its arrivals", rows)
 
@@ -262,9 +282,9 @@ def check_probe(
     elif sustained:
         material = [lim.limit for lim in limits if lim.metric in ("ttft", "total")]
         sus = sustain_check(attempts, rate, TREND_MATERIAL * min(material) if material else 0.0)
-        keep = [float(r["keep_up"]) for r in sus.attempts if r.get("keep_up") is not None]
+        keep = [r.keep_up for r in sus.attempts if r.keep_up is not None]
         checks.append(Check("sustained", KEEP_UP, min(keep) if keep else None, None, None,
-                            sum(int(r.get("n", 0)) for r in sus.attempts), sus.verdict, sus.reason))  # fmt: skip
+                            sum(r.n for r in sus.attempts), sus.verdict, sus.reason))  # fmt: skip
     verdicts = {c.verdict for c in checks}
     if any(a.stopped_early for a in attempts) or FAIL in verdicts:
         return FAIL, checks
