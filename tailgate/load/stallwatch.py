@@ -57,7 +57,9 @@ class StallWatch:
         self._switched_ns = now
         origin = args[0]
         # the hub's time between switches is mostly its wait for events (idle, not a stall); what it runs
-        # that pauses the loop shows up as a collection here or as the turn of the greenlet it ran
+        # that pauses the loop shows up as a collection here or as the turn of the greenlet it ran. The
+        # streams' reads are parsed in the hub's own I/O callbacks (reads.py), microseconds each: a loop
+        # held there shows as late reads in the records (max_read_delay_ms), not as a turn
         if ran < self._turn_ns or what not in ("switch", "throw") or type(origin).__name__ == "Hub":
             return
         frame = getattr(origin, "gr_frame", None) or sys._getframe(1)
