@@ -151,42 +151,48 @@ def _locust_children(parent: int) -> list[int]:
     return found
 
 
-def _in_flight(results: Path) -> int:
-    """Requests journaled as sent but not yet recorded, once the stage streams (one record is on disk).
+def _streams_open(pid: int) -> int:
+    """Established TCP connections held by process ``pid``: its streams in flight (a fresh connection per
+    request, closed when the stream ends).
 
-    A stall placed on the first record alone can land, on a starved machine, after the last stream ended;
-    a stall is only a test of the stamps while streams are mid-gap."""
-
-    def lines(pattern: str, skip: bytes | None = None) -> int:
-        count = 0
-        for path in results.glob(pattern):
+    What a stall of the stamps needs is streams mid-gap at the moment it lands, and the connections say so
+    directly; the files do not (records land late on a starved machine and, with capture stamps, after the
+    stream's segments are joined; sends go out in a burst after a starved start)."""
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
             try:
-                text = path.read_bytes()
+                target = os.readlink(fd)
             except OSError:
                 continue
-            complete = text[: text.rfind(b"\n") + 1].splitlines()
-            count += sum(1 for line in complete if skip is None or skip not in line)
-        return count
-
-    recorded = lines("records-*.jsonl")
-    if recorded == 0:
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
         return 0
-    sent = lines("sent-*.log", skip=b"dropped")
-    dropped = lines("sent-*.log") - sent
-    return sent - dropped - recorded
+    established = 0
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "01" and fields[9] in inodes:
+                established += 1
+    return established
 
 
 def stall_locust_mid_stage(keep: Path, extra: list[str]) -> tuple[str, int]:
     """Run ``tailgate selfcheck`` (20 req/s, 60 streams of 40 chunks) and stop its Locust process (SIGSTOP)
-    for 300 ms while at least four streams are in flight; the output and exit code."""
+    for 300 ms while at least six of its streams are open; the output and exit code."""
     cmd = [sys.executable, "-m", "tailgate.verify.selfcheck", "--rate", "20", "--n", "60", "--tokens", "40",
            "--gap-ms", "10", "--keep", str(keep), *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stalled = False
     try:
         while proc.poll() is None and not stalled:
-            if _in_flight(keep / "results") >= 4:
-                for pid in _locust_children(proc.pid):
+            for pid in _locust_children(proc.pid):
+                if _streams_open(pid) >= 6:
                     os.kill(pid, signal.SIGSTOP)
                     time.sleep(0.3)
                     os.kill(pid, signal.SIGCONT)
