@@ -25,6 +25,7 @@ Run: ``python benchmarks/slo_coverage.py [--shape all] [--seeds 20] [--time-budg
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import math
 import os
@@ -33,8 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tailgate import slo
 from tailgate.load.workload import make_trace
+from tailgate.slo.confirm import ConfirmationRecord, confirm_answer, length_within, reserve_seconds, settle_confirmed
 from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.replay import (
     ModelAnswer,
@@ -55,20 +58,58 @@ from tailgate.slo.replay import (
     workload_of,
 )
 from tailgate.verify.groundtruth import start_server_process
-from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate, true_capacity
+from tailgate.verify.groundtruth.engine import EngineModel, Outcome, poisson_arrivals, simulate, true_capacity
 
 
 def lengths_of(count: int, seed: int) -> list[tuple[int, int]]:
     return [(t.prompt_tokens, t.max_tokens) for t in make_trace(count, seed)]
 
 
+@dataclass(frozen=True)
+class FifoSlots:
+    """A server outside the step loop's family: ``slots`` FIFO slots, each serving one request at a time at a
+    pace of its own (every request's per-token time drawn log-normal around ``ms_per_token``, ``jitter`` its
+    sigma), its prompt first at ``prefill_ms_per_token``. No step is shared, so a long prompt delays nobody
+    else, and a request's speed varies as no fitted step cost can say."""
+
+    slots: int = 4
+    ms_per_token: float = 4.0
+    prefill_ms_per_token: float = 0.05
+    jitter: float = 0.3
+    seed: int = 5
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "fifo-slots", **asdict(self)}
+
+    def __call__(self, arrivals: Sequence[tuple[int, int, int]]) -> list[Outcome]:
+        rng = random.Random(self.seed)  # the same speeds by arrival index at every rate: common random numbers
+        free = [0] * self.slots
+        out = []
+        for t, prompt, tokens in sorted(arrivals):
+            start = max(t, heapq.heappop(free))
+            per_token = self.ms_per_token * rng.lognormvariate(0.0, self.jitter) * 1e6
+            first = start + self.prefill_ms_per_token * prompt * 1e6 + per_token
+            end = first + (max(1, tokens) - 1) * per_token
+            heapq.heappush(free, round(end))
+            out.append(Outcome(t, (first - t) / 1e6, per_token / 1e6, (end - t) / 1e6))
+        return out
+
+
+Server = EngineModel | FifoSlots
+"""What a shape serves with: the step loop (the model's own family) or FIFO slots (outside it)."""
+
+
+def served(server: Server) -> Callable[[list[tuple[int, int, int]]], list[Outcome]]:
+    return partial(simulate, server) if isinstance(server, EngineModel) else server
+
+
 def simulated_probe(
-    model: EngineModel, rate: float, *, seed: int, duration: float, min_n: int, warmup: int
+    model: Server, rate: float, *, seed: int, duration: float, min_n: int, warmup: int
 ) -> slo.ProbeAttempt:
     """One probe as ``tailgate slo`` runs it, in virtual time: an attempt's data for the verdict."""
     n = max(min_n, math.ceil(rate * duration))
     arrivals = poisson_arrivals(rate, lengths_of(n + warmup, seed), seed + 1)
-    outs = simulate(model, arrivals)
+    outs = served(model)(arrivals)
     recs = [
         {
             "trace_id": i,
@@ -105,12 +146,20 @@ SHAPES: dict[str, tuple[dict[str, Any], str]] = {
 }  # fmt: skip
 """Queueing shapes whose capacity the benchmark knows by simulation: engine settings and the SLO."""
 
+FIFO_SHAPES: dict[str, tuple[dict[str, Any], str]] = {
+    # four FIFO slots, every request at its own pace (sigma 0.3): outside the fitted step loop's family
+    "fifo4": ({"slots": 4, "ms_per_token": 4.0, "prefill_ms_per_token": 0.05, "jitter": 0.3}, "ttft_p99<=1000ms"),
+    # eight slots, faster and steadier tokens, slower prefill, a tighter limit
+    "fifo8": ({"slots": 8, "ms_per_token": 6.0, "prefill_ms_per_token": 0.1, "jitter": 0.15}, "ttft_p99<=600ms"),
+}  # fmt: skip
+"""Servers outside the model's family (FIFO slots, no shared step), whose capacity is also known by simulation."""
+
 
 class Search:
     """One search as ``tailgate slo`` runs it (its search, verdicts, extensions, pooling across rates and time
     budget), each attempt a fresh simulated run of a new sample of the workload, in virtual time."""
 
-    def __init__(self, model: EngineModel, limits: Sequence[slo.Limit], seed: int, args: argparse.Namespace) -> None:
+    def __init__(self, model: Server, limits: Sequence[slo.Limit], seed: int, args: argparse.Namespace) -> None:
         self.model, self.limits, self.seed, self.args = model, limits, seed, args
         self.seconds = 0.0
         """Probing time the search would have taken on a real server: arrivals plus each attempt's overhead."""
@@ -119,20 +168,41 @@ class Search:
         self.tails = {lim.key: 1.0 - lim.p / 100.0 for lim in limits if lim.p is not None}
         self.settled: ModelAnswer | None = None
         self.settle_tried = 0
+        self.reserve = self.confirms
+        """Whether the search's probes leave time for the confirmation probes (not once they run)."""
+        self.answer: ModelAnswer | None = None
+        """The fitted answer after its confirmation (None until :meth:`run` has ended)."""
+        self.confirmation: ConfirmationRecord | None = None
 
-    def probe(self, rate: float, phase: str) -> str:
+    def budget(self, rate: float) -> float:
+        """As ``tailgate slo``: the whole budget, less two confirmation probes near the capacity's lower end so far
+        while the search's own probes run."""
+        a = self.args
+        if not self.reserve:
+            return a.time_budget
+        low = slo.bracket(self.pooled())[0] or rate
+        return a.time_budget - reserve_seconds(a.time_budget, duration=a.duration, n=a.min_n, warmup=a.warmup,
+                                               rate=low, overhead=slo.PROBE_OVERHEAD_S)  # fmt: skip
+
+    @property
+    def confirms(self) -> bool:
+        return bool(self.args.model_replicates) and not self.args.no_confirm
+
+    def probe(self, rate: float, phase: str, length: float = 1.0) -> str:
         a = self.args
         attempts = self.by_rate.setdefault(rate, [])
         verdict, checks = "not_enough_data", []
         first = len(attempts)
+        n = max(a.min_n, math.ceil(rate * a.duration))
+        n = n if length == 1.0 else round(n * length)
         for k in range(first, first + 1 + a.extend):
-            cost = max(a.min_n, math.ceil(rate * a.duration)) / rate + slo.PROBE_OVERHEAD_S
-            if a.time_budget and self.seconds + cost > a.time_budget:
+            cost = n / rate + slo.PROBE_OVERHEAD_S
+            if a.time_budget and self.seconds + cost > self.budget(rate):
                 if k == first:
                     raise slo.SearchStopped(f"{self.seconds:.0f} s spent")
                 break
             s = self.seed + 1000 * k  # each attempt a new sample of the workload, as the extensions draw
-            attempt = simulated_probe(self.model, rate, seed=s, duration=a.duration, min_n=a.min_n, warmup=a.warmup)
+            attempt = simulated_probe(self.model, rate, seed=s, duration=0, min_n=n, warmup=a.warmup)
             attempts.append(replace(attempt, workload=s))  # the seed of its trace, as tailgate slo records it
             self.seconds += cost
             verdict, checks = slo.check_probe(attempts, self.limits, level=a.confidence, rate=rate,
@@ -185,8 +255,11 @@ class Search:
         return answer is not None
 
     def fitted(self, out: slo.SearchOutcome) -> ModelAnswer | None:
-        """The step loop fitted to the search's streams, as ``tailgate slo`` computes it at the end."""
+        """The step loop fitted to the search's streams, as ``tailgate slo`` computes it at the end (after
+        :meth:`run`, the answer as its confirmation left it)."""
         a = self.args
+        if self.answer is not None:
+            return self.answer
         if self.settled is not None:
             return self.settled
         inputs = self.model_inputs()
@@ -196,18 +269,66 @@ class Search:
         return model_answer(probes, limits, q, (out.best, out.first_fail), workload=workload,
                             requests=a.model_requests, replicates=a.model_replicates, seed=self.seed)  # fmt: skip
 
-    def run(self) -> slo.SearchOutcome:
+    def _search(self, settle: bool, max_probes: int) -> slo.SearchOutcome:
         a = self.args
         return slo.search(self.probe, start=a.start, max_rate=a.max_rate, min_rate=a.start / 8,
-                          resolution=slo.Resolution.parse(a.resolution), max_probes=a.max_probes,
-                          pooled=self.pooled, guess=self.guess, settled=self.settles)  # fmt: skip
+                          resolution=slo.Resolution.parse(a.resolution), max_probes=max_probes,
+                          pooled=self.pooled, guess=self.guess,
+                          settled=self.settles if settle else None)  # fmt: skip
+
+    def remeasured(self, out: slo.SearchOutcome) -> slo.SearchOutcome:
+        """The outcome with every probe's verdict so far, the confirmation probes' included."""
+        verdicts = self.pooled()
+        lo, hi = slo.bracket(verdicts)
+        status = out.status
+        if lo is not None and hi is not None and slo.Resolution.parse(self.args.resolution).narrow(lo, hi):
+            status = "bracketed"
+        return replace(out, best=lo, first_fail=hi, verdicts=verdicts, status=status)
+
+    def run(self) -> slo.SearchOutcome:
+        """As ``tailgate slo`` runs a configuration: the search, then the fitted answer's confirmation, then
+        (when the model that ended the search early does not stand) the search again with the budget left."""
+        out = self._search(settle=True, max_probes=self.args.max_probes)
+        fitted = self.fitted(out)
+        if fitted is None or not fitted.usable or not self.confirms:
+            self.answer = fitted
+            return out
+        self.reserve = False
+        inputs = self.model_inputs()
+        assert inputs is not None
+        _, _, limits, q = inputs
+
+        def run(rate: float, left: int) -> tuple[str, Probe | None]:
+            a = self.args
+            remaining = a.time_budget - self.seconds if a.time_budget else math.inf
+            n = max(a.min_n, math.ceil(rate * a.duration))
+            length = length_within(remaining, left, n, 0, rate, slo.PROBE_OVERHEAD_S)
+            if length is None:
+                raise slo.SearchStopped(f"{remaining:.0f} s of the budget left")
+            verdict = self.probe(rate, "confirm", length)
+            probes = probes_of({rate: self.by_rate[rate]}, {rate: self.latest[rate]["checks"]})
+            return verdict, probes[0] if probes else None
+
+        def refit() -> ModelAnswer | None:
+            self.settled = None
+            return self.fitted(self.remeasured(out))
+
+        fitted, record = confirm_answer(fitted, run, refit, q, limits)
+        out = self.remeasured(out)
+        self.answer = settle_confirmed(fitted, record, (out.best, out.first_fail))
+        self.confirmation = record
+        if not record.stands and out.status == "settled":
+            ran = len([s for s in out.steps])
+            more = self._search(settle=False, max_probes=max(0, self.args.max_probes - ran))
+            out = replace(more, steps=[*out.steps, *more.steps])
+        return out
 
 
 TRUTH_CACHE = Path(__file__).resolve().parent / "results" / "slo-truth.json"
 """True capacities computed before, by engine, limits and simulation size: minutes each on two cores."""
 
 
-def pooled_truth(model: EngineModel, limit_ms: dict[str, float], q: float, requests: int, replicates: int) -> float:
+def pooled_truth(model: Server, limit_ms: dict[str, float], q: float, requests: int, replicates: int) -> float:
     """The steady-state capacity of ``model``: ``replicates`` independent runs of ``requests`` of the seeded mix
     each, their counts over the limits pooled at every rate, bisected to 0.2%.
 
@@ -218,8 +339,13 @@ def pooled_truth(model: EngineModel, limit_ms: dict[str, float], q: float, reque
     if key in cache:
         return float(cache[key])
     mixes = [lengths_of(requests, 99 + k) for k in range(replicates)]
-    near = true_capacity(model, limit_ms, lengths_of(min(requests, 20000), 99), q=q, tolerance=0.02)
-    value, _ = capacity_of(Replicates(model, mixes, seed=1), limit_ms, q, near=near, tolerance=0.002)
+    if isinstance(model, EngineModel):
+        near = true_capacity(model, limit_ms, lengths_of(min(requests, 20000), 99), q=q, tolerance=0.02)
+        reps = Replicates(model, mixes, seed=1)
+    else:  # the replicates' engine is unused when a server is given
+        near = 0.7 * model.slots / (model.ms_per_token * 190 / 1000)  # ~70% of slots / mean service
+        reps = Replicates(EngineModel(), mixes, seed=1, server=model)
+    value, _ = capacity_of(reps, limit_ms, q, near=near, tolerance=0.002)
     if value is None:
         raise SystemExit(f"no capacity found for {model.describe()} near {near:g} req/s")
     cache[key] = round(value, 4)
@@ -247,8 +373,13 @@ def pct(values: Sequence[float], q: float) -> float:
 
 def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Many searches against one shape; coverage, width and probing time."""
-    settings, slo_text = SHAPES[name] if name != "custom" else (_custom(args), args.slo)
-    model = EngineModel(**settings)
+    model: Server
+    if name in FIFO_SHAPES:
+        settings, slo_text = FIFO_SHAPES[name]
+        model = FifoSlots(**settings)
+    else:
+        settings, slo_text = SHAPES[name] if name != "custom" else (_custom(args), args.slo)
+        model = EngineModel(**settings)
     limits = slo.parse_slo(slo_text)
     limit_ms = {lim.metric: lim.limit for lim in limits if lim.metric != "errors"}
     qs = {lim.p for lim in limits if lim.p is not None}
@@ -360,8 +491,8 @@ def e2e(model: EngineModel, limits_text: str, args: argparse.Namespace) -> dict[
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", action="append", default=[],
-                   help=f"one of {', '.join(SHAPES)}, 'all', or 'custom' (the engine options below); "
-                        "repeat")  # fmt: skip
+                   help=f"one of {', '.join([*SHAPES, *FIFO_SHAPES])}, 'all', or 'custom' (the engine options "
+                        "below); repeat")  # fmt: skip
     p.add_argument("--seeds", type=int, default=100)
     p.add_argument("--first-seed", type=int, default=1000)
     p.add_argument("--slo", default="ttft_p99<=1000ms", help="the SLO of the custom shape")
@@ -386,6 +517,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model-replicates", type=int, default=8, help="fitted step loop simulations (0: none)")
     p.add_argument("--model-requests", type=int, default=10000)
     p.add_argument("--no-model-stop", action="store_true", help="spend the whole budget (no early stop on the model)")
+    p.add_argument("--no-confirm", action="store_true",
+                   help="the fitted interval without confirmation probes (tailgate slo --no-confirm)")  # fmt: skip
     p.add_argument("--model-mix", choices=("seeded", "measured"), default="seeded",
                    help="the fitted model's requests: the seeded mix (as tailgate slo for the seeded workload) "
                         "or the distinct requests measured (as for a trace file)")  # fmt: skip
@@ -405,10 +538,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--e2e-min-n", type=int, default=300)
     p.add_argument("--e2e-seed", type=int, default=7)
     args = p.parse_args(argv)
-    shapes = [s for name in (args.shape or ["all"]) for s in (list(SHAPES) if name == "all" else [name])]
-    unknown = [s for s in shapes if s not in SHAPES and s != "custom"]
+    every = [*SHAPES, *FIFO_SHAPES]
+    shapes = [s for name in (args.shape or ["all"]) for s in (every if name == "all" else [name])]
+    unknown = [s for s in shapes if s not in every and s != "custom"]
     if unknown:
-        p.error(f"--shape: unknown {unknown}; known: {', '.join(SHAPES)}, all, custom")
+        p.error(f"--shape: unknown {unknown}; known: {', '.join(every)}, all, custom")
     rows = [run_shape(name, args) for name in shapes if args.seeds > 0]
     print(f"attempts: {args.duration:g} s of Poisson arrivals, at least {args.min_n} measured "
           f"(+{args.warmup} warm-up); resolution {args.resolution}; {args.extend} extension(s) per call; time budget "

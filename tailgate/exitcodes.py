@@ -8,7 +8,10 @@ code  ending
 0     done: the whole plan ran, every load process to its end. Requests the server failed are measurements
       (error records, counted in each summary's ``errors``), not a failure of the run.
       ``tailgate slo``: searched, and some configuration met the SLO.
-3     ``tailgate slo`` only: searched, and no configuration met the SLO.
+3     ``tailgate slo`` only: searched, and every configuration was shown to fail the SLO at the lowest rate
+      the search could reach (a decided failure, not a lack of data).
+5     ``tailgate slo`` only: searched, and no configuration was shown to meet the SLO, but neither was every
+      one shown to fail: the probes could not decide (undecided is not "fails"; more probing time may).
 4     done, but part of the plan was not measured: a load process was lost (its in-flight requests are
       ``worker_lost`` records, its unsent arrivals never sent), or the run was stopped before its end
       (Stop in the web UI).
@@ -34,9 +37,17 @@ FAILED = 1
 USAGE = 2
 NOT_MET = 3
 INCOMPLETE = 4
+UNDECIDED = 5
 SIGNAL_BASE = 128
 
-WORDS = {DONE: "done", FAILED: "failed", USAGE: "bad input", NOT_MET: "SLO not met", INCOMPLETE: "incomplete"}
+WORDS = {
+    DONE: "done",
+    FAILED: "failed",
+    USAGE: "bad input",
+    NOT_MET: "SLO not met",
+    INCOMPLETE: "incomplete",
+    UNDECIDED: "SLO undecided",
+}
 
 
 def interrupted(signum: int) -> int:
@@ -93,7 +104,7 @@ def child_ending(code: int) -> Ending:
     return Ending(int(code))
 
 
-SEVERITY = (DONE, NOT_MET, INCOMPLETE, FAILED, USAGE)
+SEVERITY = (DONE, UNDECIDED, NOT_MET, INCOMPLETE, FAILED, USAGE)
 """Least to most severe; a signal's code outranks them all."""
 
 
@@ -114,6 +125,7 @@ __all__ = [
     "INCOMPLETE",
     "NOT_MET",
     "SIGNAL_BASE",
+    "UNDECIDED",
     "USAGE",
     "Ending",
     "child_ending",

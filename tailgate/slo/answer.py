@@ -114,7 +114,7 @@ def result_of(outcome: SearchOutcome, probes: Sequence[Mapping[str, Any]], plan:
         "width": None if width is None else round(width, 3),
         "width_relative": None if width is None or not outcome.best else round(width / outcome.best, 4),
         "resolution": str(plan.resolution),
-        "binding": fail["binding"] if fail else None,
+        "binding": binding_at_capacity(best, fail),
         "at_best": {c["key"]: c for c in best["checks"]} if best else None,
         "p99_at_best": best.get("p99") if best else None,
         "verdicts": {f"{r:g}": v for r, v in sorted(outcome.verdicts.items())},
@@ -124,6 +124,24 @@ def result_of(outcome: SearchOutcome, probes: Sequence[Mapping[str, Any]], plan:
         "probes": len(probes),
         "attempts": sum(len(pr["attempts"]) for pr in probes),
     }  # fmt: skip
+
+
+def binding_at_capacity(best: Mapping[str, Any] | None, fail: Mapping[str, Any] | None) -> str | None:
+    """The limit that binds at the capacity, from the probes on both sides of it: the one failing at the upper
+    end when only one does; when several do (past the capacity every tail grows, and a queue inflates TTFT
+    fastest), the one nearest its limit at the lower end, where the first to cross is still in sight."""
+    if fail is None:
+        return None
+    failing = [c for c in fail.get("checks", []) if c.get("verdict") == "fail" and c.get("key") != "sustained"]
+    if len(failing) <= 1 or best is None:
+        return str(failing[0]["key"]) if len(failing) == 1 else fail.get("binding")
+    keys = {str(c["key"]) for c in failing}
+    ratios = {
+        str(c["key"]): float(c["point"]) / float(c["limit"])
+        for c in best.get("checks", [])
+        if str(c.get("key")) in keys and isinstance(c.get("point"), (int, float)) and c.get("limit")
+    }
+    return max(ratios, key=lambda k: ratios[k]) if ratios else fail.get("binding")
 
 
 def _attempts_at(probes: Sequence[Mapping[str, Any]], rate: float) -> list[Mapping[str, Any]]:
@@ -165,6 +183,9 @@ def answer_line(result: Mapping[str, Any]) -> str:
                 f"; not even {MORE_DATA_CAP}x its data at the measured share would decide it: the capacity is "
                 "about here")  # fmt: skip
         text += f"\n[slo]     not enough data at {u['rate']:g} req/s ({eff}): {u.get('reason')}{more}"
+    for miss in result.get("not_run") or []:
+        text += (f"\n[slo]     a probe at {miss.get('rate'):g} req/s could not run (tried twice): {miss.get('why')}; "
+                 "the search went on without it")  # fmt: skip
     return text
 
 
@@ -181,6 +202,9 @@ def fitted_text(fitted: Mapping[str, Any] | None) -> str:
         f"\n[slo]     fitted step loop (model estimate, not a measurement): capacity {cap:.3g} req/s, 95% "
         f"interval [{low:.3g}, {high:.3g}]; its replay of {held} of {len(rows)} probes agrees with what was measured"
     )
+    confirmation = fitted.get("confirmation") or {}
+    if confirmation:
+        text += f"\n[slo]     confirmation probes (not used to fit it): {confirmation.get('summary')}"
     br = fitted.get("bracket")
     if fitted.get("usable") and br:
         rel = (br[1] - br[0]) / br[0] if br[0] else math.inf

@@ -28,6 +28,7 @@ from tailgate.slo.spec import (
     EXIT_FAILED,
     EXIT_NOT_MET,
     EXIT_OK,
+    EXIT_UNDECIDED,
     EXIT_USAGE,
     KNOBS,
     PROBE_MARK,
@@ -39,6 +40,7 @@ from tailgate.slo.spec import (
     parse_slo,
     slo_text,
 )
+from tailgate.slo.state import ConfigSearch
 from tailgate.stagewarmup import EMBEDDED_STAGE_WARMUP, GPU_STAGE_WARMUP, add_stage_warmup_argument
 from tailgate.tailbounds import min_n_for_sequence
 
@@ -162,6 +164,14 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         help="spend the whole budget even when the fitted model, checked against five probes or more, already "
         "brackets the capacity to the resolution (by default the search then ends)",
     )
+    p.add_argument(
+        "--no-confirm",
+        dest="confirm",
+        action="store_false",
+        help="take the fitted model's interval without confirmation probes (by default a share of the time "
+        "budget tests it just outside its interval, on probes it was not fitted to, and a contradicted model "
+        "is refitted once, then refused)",
+    )
     add_options(p, ("prometheus_url", "locust_arg", "chunk_stamp", "no_report"))
 
 
@@ -248,6 +258,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         stage_warmup=args.stage_warmup if args.stage_warmup is not None else int(scaled["stage_warmup"]),
         locust_args=locust_args, base_flags=list(EMBEDDED_BASE_FLAGS) if args.embedded else [],
         model_replicates=args.model_replicates, model_requests=args.model_requests, model_stop=args.model_stop,
+        confirm=args.confirm,
     )  # fmt: skip
 
 
@@ -313,6 +324,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     log = _printer()
     return run(args, plan, root, log)
+
+
+def answer_code(configs: Sequence[ConfigSearch]) -> int:
+    """The search's answer as an exit code: 0 when some configuration met the SLO, 3 only when every one was
+    shown to fail at the lowest rate the search could reach, 5 when the probes could not decide either way."""
+    if any((c.result or {}).get("best_rate") is not None for c in configs):
+        return EXIT_OK
+    if configs and all(shown_to_fail(c) for c in configs):
+        return EXIT_NOT_MET
+    return EXIT_UNDECIDED
+
+
+def shown_to_fail(config: ConfigSearch) -> bool:
+    """Nothing passed and the lowest rate the search reached failed (a decided verdict, not a lack of data)."""
+    result = config.result or {}
+    verdicts = result.get("verdicts") or {}
+    if result.get("best_rate") is not None or not verdicts:
+        return False
+    lowest = min(verdicts, key=float)
+    return verdicts[lowest] == "fail" and result.get("status") in ("below_min", "probe_limit", "time_budget")
 
 
 def _printer() -> Log:
@@ -391,7 +422,7 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
                 "check the server and the request (model name, max tokens, authentication)")  # fmt: skip
             return EXIT_FAILED
         # a probe whose load process was lost measured only part of its plan: the rule's 4 outranks the answer
-        return combine([EXIT_OK if met else EXIT_NOT_MET, *runner.probe_codes])
+        return combine([answer_code(configs), *runner.probe_codes])
     except (KeyboardInterrupt, Stopped) as e:
         stop = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
         guard.disarm()

@@ -26,6 +26,13 @@ from tailgate.resultfiles import RECORDS_GLOB, SERVER_METRICS
 from tailgate.runner import ChildRunner, LocustRun, prepare_server
 from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark
+from tailgate.slo.confirm import (
+    ConfirmationRecord,
+    confirm_answer,
+    length_within,
+    reserve_seconds,
+    settle_confirmed,
+)
 from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.pooled import pooled_verdicts
 from tailgate.slo.replay import ModelAnswer, Probe, Workload, model_answer, probes_of, settling_answer, workload_of
@@ -84,6 +91,9 @@ class SloPlan:
     model_requests: int = 10000
     model_stop: bool = True
     """End the search early once the fitted model, checked against the probes, meets the resolution."""
+    confirm: bool = True
+    """Test the fitted model's interval with probes it was not fitted to before its answer stands
+    (:mod:`tailgate.slo.confirm`); the search keeps a share of the time budget for them."""
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -96,7 +106,7 @@ class SloPlan:
             "max_waiting": self.max_waiting, "duration": self.duration,
             "time_budget": self.time_budget, "locust_args": self.locust_args, "stage_warmup": self.stage_warmup,
             "base_flags": self.base_flags, "model_replicates": self.model_replicates,
-            "model_requests": self.model_requests, "model_stop": self.model_stop,
+            "model_requests": self.model_requests, "model_stop": self.model_stop, "confirm": self.confirm,
             "measured_from": "intended send (TTFT, total); worst gap inside the stream",
             "verdicts": "anytime-valid mixture-martingale confidence sequences on the share over each limit, "
                         "design effect of time blocks and runs, pooled across rates by isotonic blocks; "
@@ -125,6 +135,15 @@ class SloPlan:
         """The trace seed of an attempt (1-based): re-runs repeat the plan's seed, extensions draw new ones."""
         extra = attempt - 1 - self.reruns
         return self.seed if extra <= 0 else self.seed + EXTEND_SEED_STEP * extra
+
+    def search_budget(self, capacity_low: float) -> float:
+        """Seconds the search's own probes may spend: the budget less what two confirmation probes near
+        ``capacity_low`` (the lower end of the capacity as known so far) would need."""
+        if not self.time_budget or not (self.confirm and self.model_replicates):
+            return self.time_budget
+        return self.time_budget - reserve_seconds(self.time_budget, duration=self.duration, n=self.n,
+                                                  warmup=self.warmup, rate=capacity_low,
+                                                  overhead=PROBE_OVERHEAD_S)  # fmt: skip
 
     def probe_n(self, rate: float) -> int:
         """Measured requests of a probe at ``rate``: by duration, with ``n`` the minimum."""
@@ -242,6 +261,10 @@ class SloRunner:
         """(probes, answer) of the fitted model that ended the search early."""
         self._settle_tried = 0
         """Attempts the last early-stop check saw."""
+        self._reserve = True
+        """Whether the search's probes leave time for the confirmation probes (not once they run)."""
+        self._index = itertools.count(1)
+        self._last_failure = ""
 
     # -- state file ------------------------------------------------------------------------------
     def _save(self) -> None:
@@ -293,36 +316,35 @@ class SloRunner:
         self._save()
 
     # -- one Locust run ----------------------------------------------------------------------------
-    def _cell(self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None) -> CellSpec:
+    def _cell(self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None,
+              warmup: bool | None = None) -> CellSpec:  # fmt: skip
+        """``n``: measured requests other than the plan's; ``warmup``: whether the probe warm-up runs (by default
+        only with the plan's own count: a stage warm-up round is all warm-up)."""
         p = self.plan
         fixed = "--trace-file" in p.locust_args  # the file sets the count
+        warm = (n is None or fixed) if warmup is None else warmup
         run = LocustRun(
             arm=CONTINUOUS.name, host=self.controller.base_url, results=out, stage=tuple(CONTINUOUS.value_args(rate)),
-            n=p.probe_n(rate) if n is None or fixed else n, warmup=p.warmup if n is None or fixed else 0, seed=seed,
+            n=p.probe_n(rate) if n is None or fixed else n, warmup=p.warmup if warm else 0, seed=seed,
             config_label=config.name, processes=p.processes,
             ignore_eos=p.ignore_eos, prometheus_url=self.prometheus_url, extra=tuple(p.locust_args),
         )  # fmt: skip
         # an interrupted attempt is kept aside, never mixed in
         return CellSpec(run, f"probe {out.name}", aside_root=self.root)
 
-    def _error_budget(self) -> int | None:
+    def _error_budget_at(self, rate: float, n: int | None = None) -> int | None:
         """Errors beyond which a probe fails whatever happens next (None: no error limit)."""
         lim = next((x for x in self.plan.limits if x.metric == "errors"), None)
         if lim is None:
             return None
-        return math.floor(lim.limit * (self.plan.n + self.plan.warmup))
+        return math.floor(lim.limit * ((n or self.plan.probe_n(rate)) + self.plan.warmup))
 
-    def _error_budget_at(self, rate: float) -> int | None:
-        lim = next((x for x in self.plan.limits if x.metric == "errors"), None)
-        if lim is None:
-            return None
-        return math.floor(lim.limit * (self.plan.probe_n(rate) + self.plan.warmup))
-
-    def _run_child(self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None) -> ProbeMark:
+    def _run_child(self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None,
+                   warmup: bool | None = None) -> ProbeMark:  # fmt: skip
         """Run one Locust child, stopping it early when the queue or the errors already decide the probe."""
         base = self.controller.base_url
         watch = _Watch(out, f"{base.rstrip('/')}/metrics" if isinstance(base, str) and base else None)
-        budget = self._error_budget_at(rate)
+        budget = self._error_budget_at(rate, n)
         queue_stop = self.plan.queue_stop(rate)
 
         def decided() -> str | None:
@@ -334,7 +356,7 @@ class SloRunner:
                 return f"{watch.errors} errors: over the SLO's error budget of {budget} for the probe"
             return None
 
-        done = run_cell(self._cell(config, rate, seed, out, n), self.child, watch=decided)
+        done = run_cell(self._cell(config, rate, seed, out, n, warmup), self.child, watch=decided)
         code, stopped = done.child.exit_code, done.stopped_early
         if stopped:
             self.log(f"[slo]   stopped the probe early: {stopped}")
@@ -346,6 +368,7 @@ class SloRunner:
         mark = ProbeMark(rate, seed, exit_code=code, seconds=round(done.seconds, 1), stopped_early=stopped,
                          waiting_max=watch.waiting_max, queue_stop=queue_stop,
                          waiting_series=tuple(watch.waiting_series), errors_at_stop=watch.errors)  # fmt: skip
+        out.mkdir(parents=True, exist_ok=True)  # a run set aside or never started leaves no folder to mark
         mark.write(out / PROBE_MARK)
         return mark
 
@@ -363,12 +386,14 @@ class SloRunner:
             waiting_series=mark.waiting_series, summary=summary, records=scan.records,
         )  # fmt: skip
 
-    def probe(self, config: ServerConfig, rate: float, phase: str, index: int) -> str:
+    def probe(self, config: ServerConfig, rate: float, phase: str, index: int, length: float = 1.0) -> str:
         """One rate: run (or reuse) attempts until the verdict is decided or this call's attempts are spent.
 
         A rate probed again (``extend``) pools its earlier attempts: the verdicts are anytime-valid, so the
-        growing data may be looked at after every attempt at the stated confidence."""
+        growing data may be looked at after every attempt at the stated confidence. ``length``: measured
+        requests as a multiple of the plan's (a confirmation probe is longer)."""
         p = self.plan
+        n = None if length == 1.0 else max(p.probe_n(rate), round(p.probe_n(rate) * length))
         attempts = self._by_rate.setdefault(rate, [])
         entry = ProbeEntry(index, rate, phase)
         verdict, checks = "not_enough_data", list[Any]()
@@ -381,12 +406,14 @@ class SloRunner:
                 mark = ProbeMark.read(mark_path)
                 self.log(f"[slo] {config.name}: probe {index} ({phase}) {rate:g} req/s attempt {attempt}: already done")
             else:
-                est = (p.probe_n(rate) + p.warmup) / rate
+                est = ((n or p.probe_n(rate)) + p.warmup) / rate
                 spent = self.clock() - self._config_t0
-                if p.time_budget and spent + est + PROBE_OVERHEAD_S > p.time_budget:
+                budget = self._budget_for(config, rate)
+                if budget and spent + est + PROBE_OVERHEAD_S > budget:
                     need = est + PROBE_OVERHEAD_S
                     why = (f"{spent:.0f} s spent; a {rate:g} req/s attempt needs ~{need:.0f} s more than the "
-                           f"{p.time_budget:g} s budget allows")  # fmt: skip
+                           f"{budget:.0f} s {'the search may use' if budget < p.time_budget else 'budget'} "
+                           "allows")  # fmt: skip
                     if attempt > first:  # an extension that does not fit: the probe stays undecided, recorded
                         self.log(f"[slo]   no time left in the budget for more: {rate:g} req/s stays undecided")
                         break
@@ -394,7 +421,14 @@ class SloRunner:
                 self._ensure_server(config)
                 self.log(f"[slo] {config.name}: probe {index} ({phase}) {rate:g} req/s attempt {attempt} "
                          f"(~{est:.0f} s of arrivals)")  # fmt: skip
-                mark = self._run_child(config, rate, seed, out)
+                ran = self._attempt_run(config, rate, seed, out, n)
+                if ran is None:  # could not run twice: marked, and the search goes on without it
+                    self._config_state(config).extra.setdefault("not_run", []).append(
+                        {"rate": rate, "phase": phase, "attempt": attempt, "why": self._last_failure}
+                    )
+                    self._save()
+                    break
+                mark = ran
             # a trace file fixes the requests whatever the seed: its extensions only redraw the arrival gaps,
             # so they are clustered with the first run, never counted as a new sample
             workload = p.seed if "--trace-file" in p.locust_args else seed
@@ -420,6 +454,27 @@ class SloRunner:
         self._config_state(config).probes.append(entry)
         self._save()
         return verdict
+
+    def _budget_for(self, config: ServerConfig, rate: float) -> float:
+        """Seconds of probing the next attempt may end by: the whole budget, less the confirmation probes' time
+        while the search's own probes run."""
+        if not self._reserve:
+            return self.plan.time_budget
+        lo, _ = bracket(self._pooled(config))
+        return self.plan.search_budget(lo or rate)
+
+    def _attempt_run(self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None) -> ProbeMark | None:
+        """One attempt, tried a second time when its Locust run could not complete (None: neither did). A probe
+        that could not run is marked in ``slo.json`` and costs the search that rate only, never the
+        configuration."""
+        for k in (1, 2):
+            try:
+                return self._run_child(config, rate, seed, out, n, warmup=True if n is not None else None)
+            except (SloRunError, OSError) as e:
+                self._last_failure = str(e).splitlines()[0] if str(e) else type(e).__name__
+                self.log(f"[slo]   the attempt could not run ({self._last_failure})"
+                         + ("; trying once more" if k == 1 else "; marked, and the search goes on"))  # fmt: skip
+        return None
 
     def _pooled(self, config: ServerConfig) -> dict[float, str]:
         """Every rate's verdict with the evidence pooled across rates (the latest entry of each rate)."""
@@ -468,7 +523,7 @@ class SloRunner:
         self._settled = (len(probes), answer)
         return True
 
-    def _fitted(self, config: ServerConfig, outcome: SearchOutcome) -> ModelAnswer | None:
+    def _fitted(self, outcome: SearchOutcome, *, config: ServerConfig) -> ModelAnswer | None:
         """The step loop fitted to this configuration's streams: its capacity interval, its checks, and the
         bracket it narrows when they hold (a model estimate, labelled so wherever it is shown)."""
         p = self.plan
@@ -484,33 +539,92 @@ class SloRunner:
         return model_answer(probes, limits, q, (outcome.best, outcome.first_fail), workload=workload,
                             requests=p.model_requests, replicates=p.model_replicates, seed=p.seed)  # fmt: skip
 
+    def _search(self, config: ServerConfig, *, settle: bool, max_probes: int) -> SearchOutcome:
+        """The search over rates from the verdicts so far (pooled across rates), within the phase's budget."""
+        p = self.plan
+        return search(
+            lambda rate, phase: self.probe(config, rate, phase, next(self._index)),
+            start=p.start_rate, max_rate=p.max_rate, min_rate=p.min_rate,
+            resolution=p.resolution, max_probes=max_probes, pooled=lambda: self._pooled(config),
+            guess=lambda: getattr(self._model(config), "capacity", None),
+            settled=(lambda: self._settles(config)) if settle else None,
+        )  # fmt: skip
+
+    def _remeasured(self, config: ServerConfig, outcome: SearchOutcome) -> SearchOutcome:
+        """The outcome with the measured bracket and verdicts of every probe run so far (confirmation probes are
+        measurements too), its status kept unless the bracket now meets the resolution."""
+        verdicts = self._pooled(config)
+        lo, hi = bracket(verdicts)
+        status = outcome.status
+        if lo is not None and hi is not None and self.plan.resolution.narrow(lo, hi):
+            status = "bracketed"
+        return replace(outcome, best=lo, first_fail=hi, verdicts=verdicts, status=status)
+
+    def _confirm(self, config: ServerConfig, outcome: SearchOutcome,
+                 fitted: ModelAnswer) -> tuple[ModelAnswer, ConfirmationRecord]:  # fmt: skip
+        """Test the fitted answer on probes it was not fitted to, refit once on everything after a
+        contradiction, then refuse (:func:`tailgate.slo.confirm.confirm_answer`)."""
+        self._reserve = False
+        limits = {lim.metric: lim.limit for lim in self.plan.limits if lim.p is not None}
+        qs = {lim.p for lim in self.plan.limits if lim.p is not None}
+
+        def run(rate: float, left: int) -> tuple[str, Probe | None]:
+            p = self.plan
+            remaining = p.time_budget - (self.clock() - self._config_t0) if p.time_budget else math.inf
+            length = length_within(remaining, left, p.probe_n(rate), p.warmup, rate, PROBE_OVERHEAD_S)
+            if length is None:
+                raise SearchStopped(f"{remaining:.0f} s of the budget left, less than one probe needs")
+            verdict = self.probe(config, rate, "confirm", next(self._index), length=length)
+            entry = self._config_state(config).latest().get(rate)
+            if entry is None or not self._by_rate.get(rate):
+                return "not_run", None
+            probes = probes_of({rate: self._by_rate[rate]}, {rate: entry.checks})
+            return verdict, probes[0] if probes else None
+
+        def refit() -> ModelAnswer | None:
+            self._settled = None
+            return self._fitted(self._remeasured(config, outcome), config=config)
+
+        def log(line: str) -> None:
+            self.log(f"[slo] {config.name}: {line}")
+
+        return confirm_answer(fitted, run, refit, qs.pop() / 100.0, limits, log)
+
     def run_config(self, config: ServerConfig) -> ConfigSearch:
         p = self.plan
         cs = self._config_state(config)
         cs.status, cs.probes = "running", []
         self._save()
-        counter = itertools.count(1)
+        self._index = itertools.count(1)
         self._config_t0 = self.clock()
         self._by_rate = {}
         self._settled, self._settle_tried = None, 0
-        outcome = search(
-            lambda rate, phase: self.probe(config, rate, phase, next(counter)),
-            start=p.start_rate, max_rate=p.max_rate, min_rate=p.min_rate,
-            resolution=p.resolution, max_probes=p.max_probes, pooled=lambda: self._pooled(config),
-            guess=lambda: getattr(self._model(config), "capacity", None), settled=lambda: self._settles(config),
-        )  # fmt: skip
+        self._reserve = True
+        outcome = self._search(config, settle=True, max_probes=p.max_probes)
         if outcome.status == "time_budget":
             self.log(f"[slo] {config.name}: time budget spent; the bracket so far is the answer")
-        result = result_of(outcome, cs.probe_dicts(), p)
         model = self._model(config)
-        result["model"] = model.as_dict() if model is not None else None
+        fitted_json: dict[str, Any] | None
         try:
-            fitted = self._fitted(config, outcome)
-            result["fitted"] = fitted.as_dict() if fitted is not None else None
+            fitted = self._fitted(outcome, config=config)
+            if fitted is not None and p.confirm and fitted.usable:
+                fitted, record = self._confirm(config, outcome, fitted)
+                outcome = self._remeasured(config, outcome)
+                fitted = settle_confirmed(fitted, record, (outcome.best, outcome.first_fail))
+                if not record.stands and outcome.status == "settled":
+                    # the model that ended the search early did not stand: the budget left goes on measuring
+                    ran = sum(1 for pr in cs.probes if pr.phase != "confirm")
+                    more = self._search(config, settle=False, max_probes=max(0, p.max_probes - ran))
+                    outcome = replace(more, steps=[*outcome.steps, *more.steps])
+            fitted_json = fitted.as_dict() if fitted is not None else None
         except (ArithmeticError, ValueError, KeyError, TypeError, RecursionError, MemoryError) as e:
             # a model estimate never costs the measured answer it sits beside
             why = f"the fitted model failed: {type(e).__name__}: {e}"
-            result["fitted"] = {"label": "model estimate, not a measurement", "capacity": None, "why": why}
+            fitted_json = {"label": "model estimate, not a measurement", "capacity": None, "why": why}
+        result = result_of(outcome, cs.probe_dicts(), p)
+        result["not_run"] = list(cs.extra.get("not_run", []))
+        result["model"] = model.as_dict() if model is not None else None
+        result["fitted"] = fitted_json
         cs.result, cs.status = result, "done"
         self._save()
         self.log(f"[slo] {config.name}: {answer_line(result)}")

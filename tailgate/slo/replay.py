@@ -28,7 +28,8 @@ import random
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.workload import make_trace
@@ -36,6 +37,9 @@ from tailgate.slo.answer import figure_text
 from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.stepfit import Stream, fit_costs, max_concurrency, streams_of
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
+
+if TYPE_CHECKING:
+    from tailgate.slo.confirm import ConfirmationRecord
 
 CHUNK_CHOICES = (0, 512, 2048, 8192)
 """Prefill policies tried: whole prompts in one step (0), or chunks of this many prompt tokens a step."""
@@ -211,6 +215,10 @@ def _calibrated(
     return score, fit
 
 
+Server = Callable[[list[tuple[int, int, int]]], list[Outcome]]
+"""A simulated server: (arrival ns, prompt tokens, output tokens) in arrival order -> what each request saw."""
+
+
 class Replicates:
     """Independent simulations of the fitted engine at any rate, each with its own requests and arrival draws.
 
@@ -219,8 +227,12 @@ class Replicates:
     is biased upward. The replicates' counts are pooled at each rate instead, and the capacity is where the
     pooled share crosses; a replicate left out at a time (the jackknife) gives its spread."""
 
-    def __init__(self, engine: EngineModel, mixes: Sequence[Sequence[tuple[int, int]]], seed: int) -> None:
+    def __init__(self, engine: EngineModel, mixes: Sequence[Sequence[tuple[int, int]]], seed: int,
+                 server: Server | None = None) -> None:  # fmt: skip
+        """``server``: what serves the simulated arrivals, when not ``engine``'s step loop (a benchmark's
+        truth of a server outside the model's family)."""
         self.engine = engine
+        self.server: Server = server if server is not None else partial(simulate, engine)
         self.mixes = mixes
         rngs = [random.Random(seed * 104729 + k) for k in range(len(mixes))]
         self.gaps = [[rng.expovariate(1.0) for _ in m] for rng, m in zip(rngs, mixes, strict=True)]
@@ -239,7 +251,7 @@ class Replicates:
                 for (p, mx), g in zip(mix, gaps, strict=True):
                     t += g / rate  # common random numbers: the same unit-rate draws at every rate
                     arrivals.append((round(t * 1e9), p, mx))
-                outs: list[Outcome] = simulate(self.engine, arrivals)[len(arrivals) // 20 :]  # the empty start out
+                outs: list[Outcome] = self.server(arrivals)[len(arrivals) // 20 :]  # the empty start out
                 rows.append({m: (sum(1 for o in outs if getattr(o, METRIC_OF_OUTCOME[m]) > lim), len(outs))
                              for m, lim in limits.items()})  # fmt: skip
                 per_rep.append({m: [getattr(o, METRIC_OF_OUTCOME[m]) for o in outs] for m in limits})
@@ -341,6 +353,8 @@ class ModelAnswer:
     curve: list[CurvePoint] = field(default_factory=list)
     """The simulated percentile against rate, per limited metric, with its band: the rates the search for the
     capacity simulated."""
+    confirmation: ConfirmationRecord | None = None
+    """The probes that tested this answer after the fit (None: not tested, as with ``--no-confirm``)."""
 
     def as_dict(self) -> dict[str, Any]:
         fit = self.fit
@@ -354,6 +368,7 @@ class ModelAnswer:
             "streams": None if fit is None else fit.streams,
             "replay": [] if fit is None else [asdict(r) for r in fit.replay],
             "curve": [p.to_json() for p in self.curve], "workload": self.workload,
+            "confirmation": None if self.confirmation is None else self.confirmation.to_json(),
         }  # fmt: skip
 
 

@@ -21,7 +21,9 @@ EXIT_OK = exitcodes.DONE
 EXIT_FAILED = exitcodes.FAILED
 EXIT_USAGE = exitcodes.USAGE
 EXIT_NOT_MET = exitcodes.NOT_MET
-"""The search finished and no configuration met the SLO at any probed rate (the rule of tailgate.exitcodes)."""
+"""The search finished and every configuration was shown to fail at the lowest rate it reached."""
+EXIT_UNDECIDED = exitcodes.UNDECIDED
+"""The search finished and no configuration met the SLO, but not every one was shown to fail: undecided."""
 
 SLO_FILE = SLO_META
 PROBE_MARK = "slo-probe.json"

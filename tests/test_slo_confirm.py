@@ -1,0 +1,197 @@
+"""Confirmation probes against servers whose answer is known: a model 10% off is contradicted, a right one is
+not, and the search's words and exit codes say what the evidence says.
+
+The probes are in-process simulations of the ground-truth engine (its true behaviour is its model), so each
+rule is held to a known answer without a server; ``tests/test_slo_truth.py`` runs the command end to end.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, replace
+
+import pytest
+
+from tailgate import slo
+from tailgate.load.workload import make_trace
+from tailgate.slo.answer import binding_at_capacity
+from tailgate.slo.command import answer_code
+from tailgate.slo.confirm import (
+    LENGTH,
+    ConfirmationRecord,
+    WindowMatch,
+    confirm_answer,
+    confirmation_rates,
+    judge,
+    length_within,
+    matches_at,
+    settle_confirmed,
+    window_match,
+)
+from tailgate.slo.replay import ModelAnswer, Probe, ServiceFit, probes_of
+from tailgate.slo.spec import EXIT_NOT_MET, EXIT_OK, EXIT_UNDECIDED
+from tailgate.slo.state import ConfigSearch
+from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
+
+TRUE = EngineModel(slots=4, step_ms=0.5, step_ms_per_seq=0.5, prefill_ms_per_token=0.005)
+"""FIFO-like slots whose TTFT p99 crosses 1,000 ms near 5.3 req/s (benchmarks/slo_coverage.py, slots4)."""
+LIMITS = {"ttft": 1000.0}
+NEAR = 5.3
+
+
+def slowed(engine: EngineModel, factor: float) -> EngineModel:
+    return replace(engine, step_ms=engine.step_ms * factor, step_ms_per_seq=engine.step_ms_per_seq * factor,
+                   prefill_ms_per_token=engine.prefill_ms_per_token * factor)  # fmt: skip
+
+
+def window(rate: float, seed: int, n: int = 1200) -> tuple[str, Probe]:
+    """A confirmation probe on the true engine: its verdict and its data as the model sees them."""
+    lengths = [(t.prompt_tokens, t.max_tokens) for t in make_trace(n + 25, seed)]
+    outs = simulate(TRUE, poisson_arrivals(rate, lengths, seed + 1))
+    recs = [{"trace_id": i, "intended_s": o.arrival_ns / 1e9, "first_chunk_s": o.arrival_ns / 1e9 + o.ttft_ms / 1e3,
+             "end_s": o.arrival_ns / 1e9 + o.total_ms / 1e3, "ttft_from_intended_ms": o.ttft_ms,
+             "worst_gap_ms": o.worst_gap_ms, "total_from_intended_ms": o.total_ms, "prompt_tokens": p,
+             "completion_tokens": mx, "error_class": None}
+            for i, (o, (p, mx)) in enumerate(zip(outs, lengths, strict=True))]  # fmt: skip
+    attempt = slo.ProbeAttempt(sorted(recs, key=lambda r: r["end_s"])[25:], sent=len(recs), errors=0, records=recs,
+                               workload=seed)  # fmt: skip
+    verdict, checks = slo.check_probe([attempt], slo.parse_slo("ttft_p99<=1000ms"), rate=rate)
+    return verdict, probes_of({rate: [attempt]}, {rate: [asdict(c) for c in checks]})[0]
+
+
+@pytest.fixture(scope="module")
+def windows() -> dict[float, tuple[str, Probe]]:
+    return {rate: window(rate, 11) for rate in (NEAR * 0.95, NEAR * 1.05)}
+
+
+def test_the_true_engine_matches_its_own_window_at_ratio_one(windows: dict[float, tuple[str, Probe]]) -> None:
+    for _, probe in windows.values():
+        m = window_match(TRUE, probe.attempts, 0.99, "ttft")
+        assert m is not None
+        assert m.ratio == pytest.approx(1.0, abs=0.01) and m.low - 1e-6 <= 1.0 <= m.high + 1e-6
+
+
+@pytest.mark.parametrize("factor", [1.1, 1 / 1.1])
+def test_a_model_ten_percent_off_is_contradicted(windows: dict[float, tuple[str, Probe]], factor: float) -> None:
+    """Slower (capacity ~10% low) or faster (~10% high): each window implies a ratio outside a claim of +-4%."""
+    model = slowed(TRUE, factor)
+    for rate, (verdict, probe) in windows.items():
+        matches = matches_at(model, probe, 0.99, ["ttft"], LIMITS)
+        assert matches, "a window near the limit is matched"
+        m = matches[0]
+        assert (m.ratio > 1.04) if factor > 1 else (m.ratio < 0.96), m.text()
+        side = "above" if rate > NEAR else "below"
+        c = judge(rate, side, verdict, matches, (0.96, 1.04))
+        assert c.outcome == "contradicted", c.why
+
+
+def test_a_model_three_percent_off_within_its_claim_stands(windows: dict[float, tuple[str, Probe]]) -> None:
+    model = slowed(TRUE, 1.03)
+    for rate, (verdict, probe) in windows.items():
+        side = "above" if rate > NEAR else "below"
+        c = judge(rate, side, verdict, matches_at(model, probe, 0.99, ["ttft"], LIMITS), (0.90, 1.06))
+        assert c.outcome == "confirmed", c.why
+
+
+def _match(low: float, high: float) -> WindowMatch:
+    return WindowMatch("ttft", 900.0, 950.0, (low + high) / 2, low, high)
+
+
+def test_a_verdict_opposite_to_the_model_contradicts_it() -> None:
+    assert judge(5.0, "below", "fail", (), (0.95, 1.05)).outcome == "contradicted"
+    assert judge(6.0, "above", "pass", (), (0.95, 1.05)).outcome == "contradicted"
+    assert judge(6.0, "above", "fail", (), (0.95, 1.05)).outcome == "confirmed"
+    assert judge(6.0, "above", "not_enough_data", (), (0.95, 1.05)).outcome == "not_contradicted"
+    assert judge(6.0, "above", "not_enough_data", (_match(0.97, 1.02),), (0.95, 1.05)).outcome == "confirmed"
+    assert judge(6.0, "above", "not_enough_data", (_match(1.06, 1.2),), (0.95, 1.05)).outcome == "contradicted"
+    assert judge(6.0, "above", "not_run", (), (0.95, 1.05)).outcome == "not_run"
+
+
+def _answer(engine: EngineModel, capacity: float, half: float = 0.04) -> ModelAnswer:
+    fit = ServiceFit(engine, True, 1000, [])
+    return ModelAnswer(capacity, capacity * (1 - half), capacity * (1 + half), [], fit, True, "every check held")
+
+
+def test_confirm_answer_refits_once_then_refuses() -> None:
+    """Both fits contradicted at their first probe: two rounds, two probes, refused; the answer says so."""
+    ran: list[float] = []
+    refits: list[int] = []
+
+    def run(rate: float, left: int) -> tuple[str, Probe | None]:
+        ran.append(rate)
+        return "pass", None  # a pass over the interval: the model is too pessimistic
+
+    def refit() -> ModelAnswer | None:
+        refits.append(1)
+        return _answer(TRUE, 5.0)
+
+    fitted, record = confirm_answer(_answer(TRUE, 4.0), run, refit, 0.99, LIMITS)
+    assert len(ran) == 2 and len(refits) == 1 and ran[0] == confirmation_rates(3.84, 4.16)[1]
+    assert record.refitted and not record.stands and record.contradicted
+    settled = settle_confirmed(fitted, record, (4.16, None))
+    assert not settled.usable and settled.bracket is None
+    assert settled.why.startswith("refused: contradicted again after a refit")
+    assert "the answer is the measured bracket alone" in settled.why
+    assert settled.as_dict()["confirmation"]["stands"] is False
+
+
+def test_a_confirmed_answer_narrows_the_bracket_and_an_unrun_one_does_not() -> None:
+    def run(rate: float, left: int) -> tuple[str, Probe | None]:
+        return ("fail" if rate > 5 else "pass"), None
+
+    fitted, record = confirm_answer(_answer(TRUE, 5.0), run, lambda: None, 0.99, LIMITS)
+    assert record.stands and [c.outcome for c in record.confirmations] == ["confirmed", "confirmed"]
+    lo, hi = confirmation_rates(4.8, 5.2)
+    settled = settle_confirmed(fitted, record, (lo, hi))
+    assert settled.usable and settled.bracket == (4.8, 5.2)
+
+    def no_time(rate: float, left: int) -> tuple[str, Probe | None]:
+        raise slo.SearchStopped("1200 s spent")
+
+    fitted, record = confirm_answer(_answer(TRUE, 5.0), no_time, lambda: None, 0.99, LIMITS)
+    settled = settle_confirmed(fitted, record, (4.0, None))
+    assert not settled.usable and settled.why.startswith("not confirmed: no time for a probe")
+
+
+def test_confirmation_length_fits_what_the_budget_leaves() -> None:
+    assert length_within(math.inf, 2, 600, 25, 5.0, 15.0) == LENGTH
+    assert length_within(1000.0, 2, 600, 25, 5.0, 15.0) == LENGTH  # 485 s each: 2,400 requests fit
+    shorter = length_within(300.0, 2, 600, 25, 5.0, 15.0)
+    assert shorter is not None and 1.0 <= shorter < LENGTH
+    assert length_within(100.0, 2, 600, 25, 5.0, 15.0) is None
+
+
+def _config(verdicts: dict[str, str], best: float | None, status: str) -> ConfigSearch:
+    c = ConfigSearch("chunked")
+    c.result = {"best_rate": best, "verdicts": verdicts, "status": status}
+    return c
+
+
+def test_exit_three_only_when_failing_was_shown_at_the_lowest_rate_reached() -> None:
+    shown = _config({"0.5": "fail", "1": "fail"}, None, "below_min")
+    undecided = _config({"2": "not_enough_data", "4": "fail"}, None, "time_budget")
+    met = _config({"2": "pass", "4": "fail"}, 2.0, "bracketed")
+    assert answer_code([shown]) == EXIT_NOT_MET
+    assert answer_code([undecided]) == EXIT_UNDECIDED
+    assert answer_code([shown, undecided]) == EXIT_UNDECIDED
+    assert answer_code([shown, met]) == EXIT_OK
+
+
+def test_binding_limit_is_the_one_nearest_its_limit_below_the_capacity() -> None:
+    """Past the capacity both tails fail and a queue inflates TTFT most; the gap was the first to cross."""
+    best = {"checks": [{"key": "ttft_p99", "verdict": "pass", "point": 180.0, "limit": 300.0},
+                       {"key": "gap_p99", "verdict": "not_enough_data", "point": 190.0, "limit": 200.0}]}  # fmt: skip
+    fail = {"binding": "ttft_p99",
+            "checks": [{"key": "ttft_p99", "verdict": "fail", "point": 2400.0, "limit": 300.0},
+                       {"key": "gap_p99", "verdict": "fail", "point": 260.0, "limit": 200.0}]}  # fmt: skip
+    assert binding_at_capacity(best, fail) == "gap_p99"
+    only = {"binding": "ttft_p99", "checks": [{"key": "gap_p99", "verdict": "fail", "point": 260.0, "limit": 200.0}]}
+    assert binding_at_capacity(best, only) == "gap_p99"
+    assert binding_at_capacity(None, fail) == "ttft_p99"
+    assert binding_at_capacity(best, None) is None
+
+
+def test_a_record_without_both_ends_tested_does_not_stand() -> None:
+    record = ConfirmationRecord()
+    record.confirmations.append(judge(6.0, "above", "fail", (), (0.95, 1.05)))
+    assert not record.stands
