@@ -1,7 +1,8 @@
 """The web UI as a user drives it: a real headless Chromium against ``locust -f locustfiles/continuous.py``.
 
-No ``--host`` on the command line: every run is started from the form (Host and the suite's options
-typed in), watched in the Tail latency tab, stopped mid-stage or left to finish, and started again.
+No ``--host`` on the command line: every run is started from the form (Host, one of the servers allowed
+with ``--allow-host``, and the suite's options typed in), watched in the Tail latency tab, stopped
+mid-stage or left to finish, and started again.
 Each run must leave its own complete folder: one record per request sent, stage summaries (the
 stopped stage's marked partial), ``run.json`` with the form's values and the final status, nothing
 of the run still running, and the HTML report built in the background and linked from the tab.
@@ -73,12 +74,14 @@ def server() -> Iterator[ServerProcess]:
         yield s
 
 
-def start_web_locust(tmp_path: Path, *args: str) -> tuple[LocustProcess, str]:
-    """``locust`` with its web UI on a free port and no ``--host``; returns once the page answers."""
+def start_web_locust(tmp_path: Path, *args: str, allow: tuple[str, ...] = ()) -> tuple[LocustProcess, str]:
+    """``locust`` with its web UI on a free port and no ``--host``; the form may load the ``allow`` servers
+    (``--allow-host``). Returns once the page answers."""
     port = free_port()
     out, err = tmp_path / "locust.stdout", tmp_path / "locust.stderr"
+    allowed = [arg for url in allow for arg in ("--allow-host", url)]
     cmd = [*LOCUST, "-f", str(ROOT / "locustfiles" / "continuous.py"), "--web-host", "127.0.0.1",
-           "--web-port", str(port), *args]  # fmt: skip
+           "--web-port", str(port), *allowed, *args]  # fmt: skip
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=o, stderr=e, stdin=subprocess.DEVNULL)
     locust = LocustProcess(proc, out, err)
@@ -219,7 +222,14 @@ def run_folders(parent: Path) -> list[Path]:
 
 
 def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tmp_path: Path) -> None:
-    locust, url = start_web_locust(tmp_path, "--rates", "9", "--n", "500")  # the form overrides both
+    from test_bad_input import _json_reply, _OddServer
+
+    # the servers the form will name, allowed at launch (a host outside the list is refused: test_webui_access.py)
+    dead = f"http://127.0.0.1:{free_port()}"
+    ssh, null = _OddServer(b"SSH-2.0-OpenSSH_9.6\r\n"), _OddServer(_json_reply(b'{"data": null}'))
+    odd = (f"http://127.0.0.1:{ssh.port}", f"http://127.0.0.1:{null.port}")
+    locust, url = start_web_locust(tmp_path, "--rates", "9", "--n", "500",  # the form overrides both
+                                   allow=(server.base_url, dead, *odd))  # fmt: skip
     page = Page(browser, locust)
     try:
         browser.get(url + "/")
@@ -233,19 +243,15 @@ def test_web_ui_start_watch_stop_restart(server: ServerProcess, browser: Any, tm
         wait_for("the error line", lambda: "tailgate: error: --rates: 'abc' is not a number" in
                  browser.find_element(page.by.TAG_NAME, "body").text, 30, locust)  # fmt: skip
         # so is a server that does not answer, checked at Start (the command line only filled the form)
-        dead = f"http://127.0.0.1:{free_port()}"
         page.fill({"host": dead, "rates": "4,6"})
         page.submit()
         wait_for("the unreachable-host line", lambda: f"tailgate: error: --host: cannot reach {dead}" in
                  browser.find_element(page.by.TAG_NAME, "body").text, 30, locust)  # fmt: skip
         # hosts that are not an OpenAI server, a broken URL, a repeated rate: each its one line, no folder
-        from test_bad_input import _json_reply, _OddServer
-
-        ssh, null = _OddServer(b"SSH-2.0-OpenSSH_9.6\r\n"), _OddServer(_json_reply(b'{"data": null}'))
         for host, rates, line in (
-            (f"http://127.0.0.1:{ssh.port}", "4,6", "does not speak HTTP"),
+            (odd[0], "4,6", "does not speak HTTP"),
             ("http://[::1", "4,6", "is not a valid URL"),
-            (f"http://127.0.0.1:{null.port}", "4,6", "did not list models"),
+            (odd[1], "4,6", "did not list models"),
             (server.base_url, "6,6", "--rates: 6 req/s appears twice"),
         ):
             page.fill({"host": host, "rates": rates, "resultsDir": str(tmp_path / "ui-a")})
@@ -388,7 +394,7 @@ def test_the_tab_shows_the_new_run_from_the_moment_start_is_answered(server: Ser
     results = tmp_path / "results"
     trace = write_trace(tmp_path / "trace.jsonl", [(4, 3)] * 4)
     locust, url = start_web_locust(tmp_path, "--results-dir", str(results), "--trace-file", str(trace),
-                                   "--warmup", "0", "--settle", "0.5")  # fmt: skip
+                                   "--warmup", "0", "--settle", "0.5", allow=(server.base_url,))  # fmt: skip
 
     def start(rate: str) -> None:
         form = {"host": server.base_url, "user_count": "1", "spawn_rate": "1", "rates": rate}
@@ -441,7 +447,7 @@ def test_quitting_mid_stage_leaves_a_stopped_run(server: ServerProcess, tmp_path
     """Ctrl-C and SIGTERM finish the run as Stop does: cancelled streams, a partial summary, status stopped."""
     results = tmp_path / "results"
     if how == "sigterm-web":
-        locust, url = start_web_locust(tmp_path, "--results-dir", str(results))
+        locust, url = start_web_locust(tmp_path, "--results-dir", str(results), allow=(server.base_url,))
         form = {"host": server.base_url, "user_count": "1", "spawn_rate": "1", "rates": "3", "n": "30",
                 "warmup": "0"}  # fmt: skip
         data = "&".join(f"{k}={urllib.request.quote(v)}" for k, v in form.items()).encode()
@@ -501,7 +507,7 @@ def test_web_ui_run_against_the_cpu_vllm(vllm_server: Any, tmp_path: Path) -> No
     trace = write_trace(tmp_path / "trace.jsonl", [(32, 64)] * 9 + [(400, 64)])
     results = tmp_path / "results"
     locust, url = start_web_locust(tmp_path, "--results-dir", str(results), "--trace-file", str(trace),
-                                   "--warmup", "2", "--ignore-eos")  # fmt: skip
+                                   "--warmup", "2", "--ignore-eos", allow=(vllm_server.base_url,))  # fmt: skip
     try:
         form = {"host": vllm_server.base_url, "user_count": "1", "spawn_rate": "1", "rates": "2", "settle": "0.5"}
         data = "&".join(f"{k}={urllib.request.quote(v)}" for k, v in form.items()).encode()

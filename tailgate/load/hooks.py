@@ -5,6 +5,10 @@ Importing this module from a locustfile is all it takes: the options join Locust
 with one line and exit code 2, and each process registers the messages that carry schedules
 from the shape to the load processes and records back.
 
+The web UI is safe by default (``tailgate/load/webaccess.py``): it binds to loopback unless ``--web-host``
+says otherwise, an address other machines can reach needs ``--web-login`` with credentials, and the start
+form may only load the servers allowed at launch. Options must be spelt out (no argparse abbreviations).
+
 Locust's test events bound each run: ``test_start`` clears what a load process kept of the last
 run, ``test_stopping`` (Stop, ``--run-time``, a natural end) and ``quitting`` (Ctrl-C, SIGTERM) finish
 it on disk before Locust reports it stopped, and ``test_stop`` starts its report in the web UI.
@@ -26,6 +30,7 @@ from tailgate.load.descriptors import reserve_descriptors
 from tailgate.load.options import OptionError, add_arguments
 from tailgate.load.peers import PeerGate
 from tailgate.load.preflight import fail, settings_for
+from tailgate.load.webaccess import check_access, forget_credentials, install_login, prepare_parser
 from tailgate.load.worker import (
     CANCEL_MESSAGE,
     DONE_MESSAGE,
@@ -45,6 +50,7 @@ def _add_options(parser: Any) -> None:
         fail(str(e))
     add_arguments(parser)
     distributed.add_arguments(parser)
+    prepare_parser(parser)
 
 
 def prepare(environment: Any) -> None:
@@ -80,6 +86,24 @@ def check_command_line(environment: Any) -> None:
         fail(str(e))
 
 
+def guard_web_ui(environment: Any) -> None:
+    """Before the web UI serves anything: refuse a web UI others could reach without a login (one line, exit 2),
+    install the login it asks for, and say in one line when it is reachable from other machines."""
+    opts = environment.parsed_options
+    if opts is None:
+        return
+    try:
+        access = check_access(opts)
+    except OptionError as e:
+        fail(str(e))
+    if access.login is not None:
+        install_login(environment.web_ui, *access.login, base_path=getattr(opts, "web_base_path", "") or "")
+    forget_credentials(opts)
+    notice = access.notice(getattr(opts, "web_port", 0))
+    if notice:
+        logging.getLogger("tailgate").info(notice)
+
+
 def _is_tailgate(environment: Any) -> bool:
     shape = environment.shape_class
     return shape is not None and bool(getattr(shape, "arm", ""))
@@ -107,6 +131,7 @@ def _on_init(environment: Any, **_: Any) -> None:
             from tailgate.webui import WEB_RESULTS, install
 
             shape.own_folders = True
+            guard_web_ui(environment)
             check_command_line(environment)
             install(environment)
             if opts is not None and getattr(opts, "autostart", False):

@@ -38,6 +38,7 @@ from tailgate.load.promptsources import (
     prompt_source,
     selectable_sources,
 )
+from tailgate.load.webaccess import add_web_arguments
 from tailgate.load.workload import PROMPT_WORD, TraceError, TraceItem, load_jsonl, make_trace
 from tailgate.optiondecl import API_KEY_ENV, add_option, add_options
 from tailgate.optiontable import (
@@ -132,6 +133,7 @@ def add_arguments(parser: Any) -> None:
     g.add_argument("--stop-on-errors", type=int, default=0,
                    help="stop the run after a stage with at least this many failed requests; 0 = never")  # fmt: skip
     add_workload_arguments(g)
+    add_web_arguments(g)
 
 
 def add_prefix_arguments(g: Any) -> None:
@@ -383,7 +385,7 @@ def check_workload(locust_args: Sequence[str], cells: Sequence[tuple[str | None,
     check them, before any server starts: a missing dataset or a bad trace must not cost a server start
     (minutes on a GPU box) to find. ``cells`` are the (prompt source, arm) pairs that will run; a source
     of ``None`` keeps whatever ``--prompts`` the Locust options name."""
-    parser = _RaisingParser(add_help=False)
+    parser = _RaisingParser(add_help=False, allow_abbrev=False)  # as Locust's parser will read them
     add_workload_arguments(parser)
     opts, _ = parser.parse_known_args(list(locust_args))
     for source, arm in cells:

@@ -5,7 +5,10 @@ Everything goes through the extension points Locust's web UI offers, nothing of 
 - the ``/swarm`` request (Start) is checked by a ``before_request`` hook: the form's values and
   Host are applied to a copy of the options and validated exactly as the command line is; a bad
   value answers ``{"success": false, "message": <the same one line as on the command line>}``, which
-  the start form shows, and a good one becomes the settings of the next run;
+  the start form shows, and a good one becomes the settings of the next run. A host (or metrics or
+  Prometheus URL) outside the servers allowed at launch (``--host``, ``--allow-host``) is refused the same
+  way, before anything is sent to it (``tailgate/load/webaccess.py``); with ``--web-login`` a Start
+  without a session is left to Locust's login, unchecked and unanswered here;
 - ``extendedTabs`` / ``extendedTables`` in the page's template arguments add the **Tail latency**
   tab and its table, whose rows ride on Locust's own ``/stats/requests`` poll (``extended_stats``);
 - a small script (``static/tail.js``, added to the page by an ``after_request`` hook) adds what a
@@ -30,6 +33,7 @@ from flask import Blueprint, Response, abort, jsonify, request, send_file
 
 from tailgate.load.options import OptionError
 from tailgate.load.preflight import settings_for, usage_line
+from tailgate.load.webaccess import AllowList
 from tailgate.resultfiles import RECORDS_GLOB, RECORDS_SUBDIR, REPORT_DIR, RUN_META, SENT_GLOB, SUMMARY_GLOB
 from tailgate.webui.live import TABLE_KEY, TABLE_STRUCTURE, LiveViews, table_rows
 
@@ -78,6 +82,13 @@ def form_options(parsed: Any, form: Any) -> argparse.Namespace:
     return opts
 
 
+def _signed_in() -> bool:
+    """Whether this request carries a session of ``--web-login``'s user."""
+    from flask_login import current_user
+
+    return bool(current_user.is_authenticated)
+
+
 DOWNLOADS: dict[str, tuple[str, ...]] = {
     "records": (RECORDS_GLOB, SENT_GLOB, f"{RECORDS_SUBDIR}/{RECORDS_GLOB}"),
     "summaries": (SUMMARY_GLOB, RUN_META),
@@ -95,6 +106,9 @@ def install(environment: Any) -> None:
     bp = Blueprint("tailgate", __name__, static_folder=str(STATIC), static_url_path="/tailgate/static",
                    url_prefix=base)  # fmt: skip
     auth = web_ui.auth_required_if_enabled
+    launch = environment.parsed_options
+    # fixed now, before any Start: Locust's own Start handler writes the form's values into the parsed options
+    allowed = AllowList.at_launch(launch, getattr(launch, "host", None) or environment.host)
 
     def newest() -> Any:
         return shape.session or shape.latest
@@ -159,12 +173,19 @@ def install(environment: Any) -> None:
     def check_start() -> Response | None:
         if request.endpoint != "locust.swarm" or request.method != "POST":
             return None
+        if web_ui.web_login and not _signed_in():
+            return None  # Locust's login_required turns it away; nothing about it is checked or sent here
         host = request.form.get("host") or environment.host or ""
         if shape.busy():
             message = usage_line(f"run {shape.session.run_id} is still going; stop it before starting another")
             return jsonify({"success": False, "message": message, "host": host})
         try:
             opts = form_options(environment.parsed_options, request.form)
+            for option, url in (("--host", opts.host), ("--metrics-url", getattr(opts, "metrics_url", "")),
+                                ("--prometheus-url", getattr(opts, "prometheus_url", ""))):  # fmt: skip
+                refused = allowed.refusal(option, str(url or ""))
+                if refused:
+                    raise OptionError(refused)
             opts.results_dir = opts.results_dir or WEB_RESULTS
             settings = settings_for(environment, opts)
         except OptionError as e:
