@@ -27,6 +27,7 @@ def _parser() -> _Parser:
     p = _Parser(
         prog=PROG,
         description="Table, charts, diagnosis and a self-contained HTML report from a results folder.",
+        allow_abbrev=False,  # as every other command of the suite: options spelt out
     )
     p.add_argument("results_dir", metavar="RESULTS_DIR", help="a run folder, or a suite folder of run folders")
     p.add_argument("--out", metavar="DIR", help="where to write the report (default: RESULTS_DIR/report)")

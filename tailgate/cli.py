@@ -6,6 +6,8 @@
     tailgate slo --slo ... --config ...    # highest rate meeting an SLO, per server configuration
     tailgate trace --out trace.jsonl       # the seeded trace, to inspect or edit
     tailgate make-model DIR                # the tiny dummy-weight model the CPU server uses
+    tailgate serve                         # that CPU server on http://127.0.0.1:8000 until Ctrl-C
+    tailgate locust -f locustfiles/continuous.py ...   # Locust with the suite's options in its --help
 
 Every bad input ends as one line on stderr and exit code 2.
 """
@@ -40,6 +42,7 @@ from tailgate.optiontable import (
 )
 from tailgate.plugins import load_plugins
 from tailgate.resultfiles import SUITE_META, WRITE_PROBE, writable_folder_problem
+from tailgate.serve import add_serve_arguments, run_serve
 from tailgate.servers.spec import SERVER_KINDS, ServerSpec, add_server_arguments, make_controller, server_spec
 from tailgate.stagewarmup import add_stage_warmup_argument, stage_warmup_of
 
@@ -556,6 +559,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tailgate.slo import main as slo_main
 
         return slo_main(argv[1:])
+    if argv and argv[0] == "locust":
+        # a fresh interpreter: Locust's gevent monkey-patching must come before anything opens a socket or thread
+        os.execv(sys.executable, [sys.executable, "-m", "tailgate.locustcmd", *argv[1:]])
     parser = ArgumentParser(prog="tailgate", description="what does your batching policy do to tail latency?")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     p_suite = sub.add_parser("suite", help="run every cell of the experiment, then the report")
@@ -567,6 +573,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_options(p_trace, ("out", "n", "warmup", "seed"))
     p_model = sub.add_parser("make-model", help="build the tiny dummy-weight model folder")
     p_model.add_argument("directory")
+    p_serve = sub.add_parser("serve", help="the CPU vLLM with the tiny model on a loopback port until Ctrl-C")
+    add_serve_arguments(p_serve)
+    sub.add_parser("locust", help="Locust with the suite's options loaded first: --help lists them, a missing -f "
+                   "locustfile is one line (arguments as for locust)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.command == "suite":
         return run_suite(args, "tailgate suite")
@@ -574,6 +584,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_trace(args, "tailgate trace")
     if args.command == "make-model":
         return run_make_model(args, "tailgate make-model")
+    if args.command == "serve":
+        return run_serve(args, "tailgate serve")
     return EXIT_USAGE
 
 

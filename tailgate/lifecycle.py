@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import psutil
 
@@ -120,7 +120,14 @@ def deferred() -> Iterator[None]:
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse that fails with one line (no usage block) and exit 2: bad input never ends in a traceback."""
+    """argparse that fails with one line (no usage block) and exit 2: bad input never ends in a traceback.
+
+    Options must be spelt out: argparse would take ``--rate 2`` for ``--rates 2`` (or ``--prefix 8`` for one
+    of three ``--prefix-*`` options) by prefix and silently run another plan."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")

@@ -24,6 +24,9 @@ from tailgate.optiontable import DEFAULTS, STAMP_HELP, STAMP_SOURCES, rates_text
 API_KEY_ENV = "TAILGATE_API_KEY"
 """Where the API key comes from when no ``--api-key`` is given (never a command line: ``ps`` shows those)."""
 
+PLACEMENTS = ("isolated", "shared")
+"""Where a local server runs beside the load generator (``tailgate/servers/spec.py`` applies them)."""
+
 OVERRIDABLE = frozenset({"default", "help", "type", "choices"})
 """What a command may set differently from the declaration; a flag, a dest or an action never differs."""
 
@@ -211,6 +214,14 @@ SPECS: tuple[OptionSpec, ...] = (
     OptionSpec("processes", ("--processes",), "Locust load processes", 1, int),
     OptionSpec("locust_arg", ("--locust-arg",), "extra option for every Locust run", (), action="append"),
     OptionSpec("no_report", ("--no-report",), "skip the report at the end", False, action="store_true"),
+    OptionSpec(
+        "placement",
+        ("--placement",),
+        "local server: 'isolated' keeps it off the first core, nices its autogroup and runs Locust at SCHED_FIFO "
+        "where allowed; 'shared' does none of that (for comparison)",
+        "isolated",
+        choices=PLACEMENTS,
+    ),
     OptionSpec("out", ("--out",), None, required=True),
     # the ground-truth server's schedule, set by ``tailgate selfcheck`` and by the server's own command line
     OptionSpec(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_locust
+from conftest import ROOT, run_locust
 
 
 def closed_port() -> int:
@@ -141,3 +143,49 @@ def test_unterminated_ipv6_host(tmp_path: Path) -> None:
     done = run_locust("continuous.py", "http://[::1", tmp_path / "r", timeout=60)
     assert_one_line_error(done, "--host", "not a valid URL")
     assert not (tmp_path / "r").exists()
+
+
+def test_an_abbreviated_option_is_refused_not_taken_for_another(tmp_path: Path) -> None:
+    """``--rate 2`` would have run the default ramp's ``--rates``-prefix match; it is refused instead."""
+    done = run_locust("continuous.py", f"http://127.0.0.1:{closed_port()}", tmp_path / "r", "--rate", "2",
+                      timeout=60)  # fmt: skip
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr[-2000:]
+    assert "unrecognized arguments: --rate" in errors[0], errors[0]
+    assert "Traceback" not in done.stderr and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["suite", "--embedded", "--rate", "2"],
+        ["suite", "--embedded", "--prefix", "8"],
+        ["trace", "--out", "x.jsonl", "--see", "3"],
+        ["report", "results", "--prom", "http://127.0.0.1:9090"],
+        ["selfcheck", "--rat", "2"],
+    ],
+    ids=["suite-rate", "suite-prefix", "trace", "report", "selfcheck"],
+)
+def test_the_tailgate_commands_refuse_abbreviations(tmp_path: Path, argv: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "tailgate.cli", *argv], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2, (done.returncode, done.stdout[-1000:], done.stderr[-1000:])
+    (line,) = done.stderr.splitlines()
+    assert "error:" in line and "unrecognized arguments" in line and argv[-2] in line, line
+
+
+def test_tailgate_locust_lists_the_suite_options_in_its_help() -> None:
+    """Plain ``locust --help`` is printed before the locustfile (and the suite's options) load."""
+    done = subprocess.run([sys.executable, "-m", "tailgate.cli", "locust", "-f", "locustfiles/continuous.py",
+                           "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    for flag in ("--rates", "--batch-size", "--allow-host", "--web-credentials", "--prompts", "--on-worker-loss"):
+        assert flag in done.stdout, flag
+    assert "Defaults to 127.0.0.1" in " ".join(done.stdout.split())  # --web-host, as the suite's locustfiles set it
+
+
+@pytest.mark.parametrize("locustfile", ["locustfiles/nonexistent.py", "README.md"])
+def test_tailgate_locust_names_a_missing_locustfile_in_one_line(tmp_path: Path, locustfile: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "tailgate.cli", "locust", "-f", locustfile, "--headless"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert_one_line_error(done, "-f:", locustfile, "locustfiles/continuous.py")

@@ -22,7 +22,8 @@ ALLOWED_TWICE: dict[str, frozenset[str]] = {
     # the address the server under test is reached at (a URL) vs the address the ground-truth server binds
     "--host": frozenset({"tailgate/servers/spec.py", "tailgate/verify/groundtruth/cli.py"}),
     # the server port whose segments the capture process reads vs the port the ground-truth server listens on
-    "--port": frozenset({"tailgate/load/capture.py", "tailgate/verify/groundtruth/cli.py"}),
+    # vs the port `tailgate serve` starts the CPU vLLM on
+    "--port": frozenset({"tailgate/load/capture.py", "tailgate/verify/groundtruth/cli.py", "tailgate/serve.py"}),
     # the model a Locust run asks for vs the model name the ground-truth server answers to
     "--model": frozenset({"tailgate/load/options.py", "tailgate/verify/groundtruth/cli.py"}),
 }

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tailgate.optiondecl import PLACEMENTS, add_option
+
 from .base import ServerController
 
 Log = Callable[[str], None]
-
-PLACEMENTS = ("isolated", "shared")
 
 
 @dataclass(frozen=True)
@@ -145,9 +145,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     url_kinds = ", ".join(k.name for k in _KINDS if k.has_url)
     p.add_argument("--server", choices=tuple(SERVER_KINDS), default=None, help=f"who owns the server: {kinds_help}")
     p.add_argument("--host", default="http://127.0.0.1:8000", help=f"server URL ({url_kinds})")
-    p.add_argument("--placement", choices=PLACEMENTS, default="isolated",
-                   help="local server: 'isolated' keeps it off the first core, nices its autogroup and runs Locust "
-                        "at SCHED_FIFO where allowed; 'shared' does none of that (for comparison)")  # fmt: skip
+    add_option(p, "placement")
     p.add_argument("--compose-file", action="append", default=[], help="compose file(s) (default docker-compose.yml)")
     p.add_argument("--compose-service", default="vllm")
     p.add_argument("--restart-command", default="",

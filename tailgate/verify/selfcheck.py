@@ -57,7 +57,7 @@ from tailgate.clientbound import (
 )
 from tailgate.exitcodes import child_ending
 from tailgate.hoststeal import NOTABLE_SHARE
-from tailgate.lifecycle import Stopped
+from tailgate.lifecycle import ArgumentParser, Stopped
 from tailgate.optiondecl import add_option
 from tailgate.records import read_records
 from tailgate.resultfiles import RUN_META, SUMMARY_GLOB
@@ -467,7 +467,8 @@ def render(result: Mapping[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    # one line and exit 2 for bad input, options spelt out (no prefix of one taken for it), as every command
+    p = ArgumentParser(
         prog="tailgate selfcheck",
         description="measure the load generator's own timing error against the ground-truth server",
     )
