@@ -16,13 +16,13 @@ PY=${PYTHON:-python3}
 stamp="$VENV/.tailgate-installed"
 want=$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -x "$VENV/bin/python" ]; then
-  say "creating $VENV"
+  doing "creating $VENV"
   act "$PY" -m venv "$VENV"
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
   say "the project is installed in $VENV (pyproject.toml unchanged)"
 else
-  say "installing the project into $VENV"
+  doing "installing the project into $VENV"
   act "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev]'
   [ "$SETUP_CHECK" = 1 ] || echo "$want" >"$stamp"
 fi

@@ -16,6 +16,11 @@ export TAILGATE_SETUP_CHECK=$SETUP_CHECK
 
 say() { echo "[setup] $*"; }
 
+# doing WHAT: announce the install step that follows; in check mode that step's own "would run" line says it
+doing() {
+  [ "$SETUP_CHECK" = 1 ] || say "$*"
+}
+
 # act CMD...: run one install step, or in check mode say it would
 act() {
   if [ "$SETUP_CHECK" = 1 ]; then

