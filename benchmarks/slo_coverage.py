@@ -180,7 +180,10 @@ class Search:
         a = self.args
         if not self.reserve:
             return a.time_budget
-        low = slo.bracket(self.pooled())[0] or rate
+        low, high = slo.bracket(self.pooled())
+        if low is None and high is None:  # nothing decided yet
+            return a.time_budget
+        low = low if low is not None else rate / 2  # nothing passed: it may lie well under
         return a.time_budget - reserve_seconds(a.time_budget, duration=a.duration, n=a.min_n, warmup=a.warmup,
                                                rate=low, overhead=slo.PROBE_OVERHEAD_S)  # fmt: skip
 

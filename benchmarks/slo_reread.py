@@ -19,7 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tailgate import slo
-from tailgate.slo.probe import SloPlan, SloRunner
+from tailgate.slo.plan import SloPlan
+from tailgate.slo.probe import SloRunner
 
 
 def main(argv: Sequence[str] | None = None) -> int:

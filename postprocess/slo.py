@@ -579,7 +579,8 @@ def slo_section(results_dir: str | Path, records: pd.DataFrame | None, out_dir: 
              "base + scale·rate/(saturation − rate) fitted to the probes, a model estimate and not a measurement "
              "(its fit to each probe's interval is in slo.json). Dash-dot with a shaded band: the step loop "
              "fitted to the server's own streams, simulated at each rate (the band: the jackknife over its "
-             "replicates), also a model estimate."),
+             "replicates), also a model estimate; the shaded span is its capacity interval (the dash-dot line its "
+             "capacity) and a square marks each confirmation probe, run after the fit to test it."),
         )
     ]  # fmt: skip
     plan = state.get("plan", {})

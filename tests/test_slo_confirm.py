@@ -76,7 +76,7 @@ def test_a_model_ten_percent_off_is_contradicted(windows: dict[float, tuple[str,
     """Slower (capacity ~10% low) or faster (~10% high): each window implies a ratio outside a claim of +-4%."""
     model = slowed(TRUE, factor)
     for rate, (verdict, probe) in windows.items():
-        matches = matches_at(model, probe, 0.99, ["ttft"], LIMITS)
+        matches = matches_at(model, [probe], 0.99, ["ttft"], LIMITS)
         assert matches, "a window near the limit is matched"
         m = matches[0]
         assert (m.ratio > 1.04) if factor > 1 else (m.ratio < 0.96), m.text()
@@ -89,7 +89,7 @@ def test_a_model_three_percent_off_within_its_claim_stands(windows: dict[float, 
     model = slowed(TRUE, 1.03)
     for rate, (verdict, probe) in windows.items():
         side = "above" if rate > NEAR else "below"
-        c = judge(rate, side, verdict, matches_at(model, probe, 0.99, ["ttft"], LIMITS), (0.90, 1.06))
+        c = judge(rate, side, verdict, matches_at(model, [probe], 0.99, ["ttft"], LIMITS), (0.90, 1.06))
         assert c.outcome == "confirmed", c.why
 
 

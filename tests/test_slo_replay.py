@@ -236,7 +236,9 @@ def test_the_runner_ends_a_search_the_checked_model_settles(tmp_path: Path, trut
     lines: list[str] = []
     runner = slo.SloRunner(plan, Controller(), tmp_path, log=lines.append)
 
-    def run_child(config: Any, rate: float, seed: int, out: Path, n: int | None = None) -> ProbeMark:
+    def run_child(
+        config: Any, rate: float, seed: int, out: Path, n: int | None = None, warmup: bool | None = None
+    ) -> ProbeMark:
         out.mkdir(parents=True)
         mark = ProbeMark(rate, seed, stopped_early=None, waiting_max=0.0, seconds=1.0)
         mark.write(out / slo.PROBE_MARK)

@@ -28,8 +28,9 @@ from tailgate.slo.command import (
     main,
     run,
 )
+from tailgate.slo.plan import PROBE_OVERHEAD_S, SloPlan
 from tailgate.slo.pooled import isotonic_blocks, pooled_verdicts
-from tailgate.slo.probe import PROBE_OVERHEAD_S, SloPlan, SloRunError, SloRunner, probe_dir_name
+from tailgate.slo.probe import SloRunError, SloRunner, probe_dir_name
 from tailgate.slo.search import Resolution, SearchOutcome, SearchStep, SearchStopped, bracket, next_probe, search
 from tailgate.slo.spec import (
     EMBEDDED_MAX_MODEL_LEN,

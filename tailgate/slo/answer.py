@@ -175,6 +175,7 @@ def answer_line(result: Mapping[str, Any]) -> str:
                  f"~{model['mu']:.3g} req/s; its p99 lies inside {model['consistent']} of {model['checked']} measured "
                  "probes' intervals")  # fmt: skip
     text += fitted_text(result.get("fitted"))
+    text += "".join(f"\n[slo]     {line}" for line in rate_picture(result))
     for u in result.get("undecided") or []:
         neff = u.get("n_effective")
         eff = f"effective n {neff:g} of {u.get('n')}" if isinstance(neff, (int, float)) else "no effective n"
@@ -187,6 +188,52 @@ def answer_line(result: Mapping[str, Any]) -> str:
         text += (f"\n[slo]     a probe at {miss.get('rate'):g} req/s could not run (tried twice): {miss.get('why')}; "
                  "the search went on without it")  # fmt: skip
     return text
+
+
+PICTURE_WIDTH = 60
+VERDICT_MARKS = {"pass": "o", "fail": "x"}
+"""A probe's mark on the rate picture ('?' for a rate that had not enough data)."""
+
+
+def rate_picture(result: Mapping[str, Any], width: int = PICTURE_WIDTH) -> list[str]:
+    """The answer as a picture on a log rate axis: each rate's verdict, the confirmation probes, the model's
+    interval and capacity; a few lines a terminal shows as they are ([] when fewer than two rates were probed)."""
+    verdicts = {float(r): v for r, v in (result.get("verdicts") or {}).items()}
+    fitted = result.get("fitted") or {}
+    confirm = {float(c["rate"]) for c in (fitted.get("confirmation") or {}).get("probes", [])}
+    interval = fitted.get("interval") or [None, None]
+    cap = fitted.get("capacity")
+    model = [float(v) for v in (*interval, cap) if isinstance(v, (int, float)) and v > 0]
+    rates = sorted(verdicts)
+    if len(rates) < 2:
+        return []
+    lo, hi = min([*rates, *model]), max([*rates, *model])
+    span = math.log(hi / lo) or 1.0
+
+    def col(rate: float) -> int:
+        return round((width - 1) * math.log(rate / lo) / span)
+
+    marks, under = [" "] * width, [" "] * width
+    for rate in rates:
+        marks[col(rate)] = VERDICT_MARKS.get(verdicts[rate], "?")
+        if rate in confirm:
+            under[col(rate)] = "^"
+    lines = ["measured |" + "".join(marks) + "|  o pass  x fail  ? not enough data  ^ confirmation probe"]
+    if "^" in under:
+        lines.append("         |" + "".join(under) + "|")
+    if len(model) == 3:
+        band = [" "] * width
+        a, b = col(model[0]), col(model[1])
+        for k in range(a, b + 1):
+            band[k] = "="
+        band[a], band[b], band[col(model[2])] = "[", "]", "|"
+        state = "stands" if fitted.get("usable") else "not used"
+        lines.append("model    |" + "".join(band) + f"|  fitted interval, capacity | ({state})")
+    axis = [" "] * (width + 2)
+    for text, at in ((f"{lo:g}", 0), (f"{hi:g}", width + 2 - len(f"{hi:g}"))):
+        axis[at : at + len(text)] = text
+    lines.append("req/s     " + "".join(axis).rstrip() + "  (log scale)")
+    return lines
 
 
 def fitted_text(fitted: Mapping[str, Any] | None) -> str:

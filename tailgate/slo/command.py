@@ -22,7 +22,8 @@ from tailgate.resultfiles import writable_folder_problem
 from tailgate.runner import signal_guard
 from tailgate.servers.spec import SERVER_KINDS, add_server_arguments, make_controller, server_spec
 from tailgate.slo.answer import print_table
-from tailgate.slo.probe import SloPlan, SloRunError, SloRunner
+from tailgate.slo.plan import SloPlan
+from tailgate.slo.probe import SloRunError, SloRunner
 from tailgate.slo.search import Resolution
 from tailgate.slo.spec import (
     EXIT_FAILED,

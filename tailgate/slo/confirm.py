@@ -83,8 +83,9 @@ def length_within(remaining_s: float, probes_left: int, n: int, warmup: int, rat
 
 SCALES = tuple(round(0.7 + 0.025 * k, 3) for k in range(25))
 """Time scales of the probe's arrivals the model is replayed at (0.7 to 1.3 times the rate)."""
-BLOCKS = 20
-"""Time blocks of a window resampled together: a queue build-up stays inside its block."""
+BLOCKS = 10
+"""Time blocks per window, each resampled whole: a queue build-up near the capacity lasts many seconds, and
+stays inside its block (a 1.5x probe of 120 s makes blocks of 18 s)."""
 RESAMPLES = 400
 LEVEL = 0.975
 """Two-sided level of each window's interval: 95% over the two confirmation probes of a round (Bonferroni)."""
@@ -230,17 +231,46 @@ def judge(rate: float, side: Side, verdict: str, matches: Sequence[WindowMatch],
     return Confirmation(rate, side, verdict, tuple(matches), "not_contradicted", why, round_)
 
 
-def matches_at(engine: EngineModel, probe: Probe, q: float, metrics: Sequence[str],
+def matches_at(engine: EngineModel, probes: Sequence[Probe], q: float, metrics: Sequence[str],
                limits: Mapping[str, float]) -> tuple[WindowMatch, ...]:  # fmt: skip
-    """The window matches of a confirmation probe, for every limited metric whose tail is near its limit there
-    (measured or modelled p99 at least half the limit): a percentile far under its limit does not set the
-    capacity, and a model need not get it right."""
+    """The window matches of confirmation probes (their attempts pooled), for every limited metric whose tail is
+    near its limit there (measured or modelled p99 at least half the limit): a percentile far under its limit
+    does not set the capacity, and a model need not get it right."""
     out = []
+    attempts = [a for p in probes for a in p.attempts]
     for metric in metrics:
-        m = window_match(engine, probe.attempts, q, metric)
+        m = window_match(engine, attempts, q, metric)
         if m is not None and max(m.measured, m.model) >= 0.5 * limits[metric]:
             out.append(m)
     return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Pooled:
+    """A round's two confirmation windows matched as one: the ratio that bounds the capacity the answer states."""
+
+    round: int
+    claimed: tuple[float, float]
+    matches: tuple[WindowMatch, ...]
+
+    @property
+    def excludes_claim(self) -> bool:
+        lo, hi = self.claimed
+        return any(m.high < lo or m.low > hi for m in self.matches)
+
+    @property
+    def span(self) -> tuple[float, float] | None:
+        """The ratios every matched metric allows, hulled (None: no window matched, or one is open)."""
+        if not self.matches or any(m.open_low or m.open_high for m in self.matches):
+            return None
+        return min(m.low for m in self.matches), max(m.high for m in self.matches)
+
+    def text(self) -> str:
+        return "; ".join(m.text() for m in self.matches) or "no limited percentile near its limit to match"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"round": self.round, "claimed": [round(c, 4) for c in self.claimed],
+                "windows": [m.to_json() for m in self.matches]}  # fmt: skip
 
 
 @dataclass
@@ -248,7 +278,13 @@ class ConfirmationRecord:
     """Every confirmation of one configuration's fitted model, and what they decided."""
 
     confirmations: list[Confirmation] = field(default_factory=list)
+    pooled: list[Pooled] = field(default_factory=list)
     refitted: bool = False
+
+    @property
+    def last_pooled(self) -> Pooled | None:
+        last = max((c.round for c in self.confirmations), default=0)
+        return next((p for p in self.pooled if p.round == last), None)
 
     @property
     def latest(self) -> list[Confirmation]:
@@ -258,14 +294,27 @@ class ConfirmationRecord:
 
     @property
     def contradicted(self) -> list[Confirmation]:
-        return [c for c in self.latest if c.outcome == "contradicted"]
+        """The last round's contradictions: a probe's own, or both windows' together (reported on the upper one)."""
+        own = [c for c in self.latest if c.outcome == "contradicted"]
+        pooled = self.last_pooled
+        if own or pooled is None or not pooled.excludes_claim:
+            return own
+        top = max(self.latest, key=lambda c: c.rate)
+        lo, hi = pooled.claimed
+        why = f"both windows together: {pooled.text()}, outside the model's own [{lo:.3f}, {hi:.3f}]"
+        return [replace(top, outcome="contradicted", why=why)]
 
     @property
     def stands(self) -> bool:
-        """The model's answer stands: both ends tested in its last round and neither contradicted."""
+        """The model's answer stands: both ends tested in its last round, neither contradicted, and something
+        measured bounds it: the windows matched, or both verdicts came out as the model says."""
         latest = self.latest
         sides = {c.side for c in latest if c.outcome in ("confirmed", "not_contradicted")}
-        return bool(latest) and not self.contradicted and sides == {"below", "above"}
+        if not latest or self.contradicted or sides != {"below", "above"}:
+            return False
+        pooled = self.last_pooled
+        decided = all(c.verdict == expected_verdict(c.side) for c in latest)
+        return decided or (pooled is not None and pooled.span is not None)
 
     def summary(self) -> str:
         """One sentence: how the model fared against its confirmation probes."""
@@ -281,11 +330,18 @@ class ConfirmationRecord:
             return not_run[0].why
         parts = [f"{c.rate:g} req/s {c.outcome.replace('_', ' ')} ({c.verdict.replace('_', ' ')})" for c in latest]
         lead = "after a refit, " if self.refitted else ""
-        return f"{lead}tested outside its interval: " + "; ".join(parts)
+        text = f"{lead}tested outside its interval: " + "; ".join(parts)
+        pooled = self.last_pooled
+        if pooled is not None and pooled.matches:
+            text += f"; both windows: {pooled.text()}"
+        if not self.stands:
+            text += "; nothing measured bounds it (no window matched, no verdict decided)"
+        return text
 
     def to_json(self) -> dict[str, Any]:
         return {"stands": self.stands, "refitted": self.refitted, "summary": self.summary(),
-                "probes": [c.to_json() for c in self.confirmations]}  # fmt: skip
+                "probes": [c.to_json() for c in self.confirmations],
+                "pooled": [p.to_json() for p in self.pooled]}  # fmt: skip
 
 
 ConfirmationRun = Callable[[float, int], tuple[str, Probe | None]]
@@ -317,6 +373,7 @@ def confirm_answer(
         log(f"testing the fitted model (capacity ~{cap:.3g} req/s, interval [{fitted.low:.3g}, {fitted.high:.3g}]) "
             f"at {above:g} and {below:g} req/s, on probes it was not fitted to")  # fmt: skip
         sides: tuple[tuple[float, Side], ...] = ((above, "above"), (below, "below"))
+        windows: list[Probe] = []
         for k, (rate, side) in enumerate(sides):
             try:
                 verdict, probe = run(rate, len(sides) - k)
@@ -324,12 +381,18 @@ def confirm_answer(
                 c = replace(judge(rate, side, "not_run", (), claimed, round_),
                             why=f"no time for a probe at {rate:g} req/s: {e}")  # fmt: skip
             else:
-                matches = () if probe is None else matches_at(fitted.fit.engine, probe, q, list(limits), limits)
+                matches = () if probe is None else matches_at(fitted.fit.engine, [probe], q, list(limits), limits)
                 c = judge(rate, side, verdict, matches, claimed, round_)
+                windows.extend([probe] if probe is not None else [])
             record.confirmations.append(c)
             log(f"  confirmation at {rate:g} req/s: {c.outcome.replace('_', ' ')}: {c.why}")
             if c.outcome in ("contradicted", "not_run"):
                 break
+        else:
+            if len(windows) > 1:  # both windows at once: twice the blocks for one ratio
+                pooled = matches_at(fitted.fit.engine, windows, q, list(limits), limits)
+                record.pooled.append(Pooled(round_, claimed, pooled))
+                log(f"  both windows: {record.pooled[-1].text()}")
         if not record.contradicted or round_ == rounds:
             break
         again = refit()
@@ -359,6 +422,12 @@ def settle_confirmed(
     if low is None or high is None:
         answer.usable, answer.bracket, answer.why = False, None, "no interval to confirm"
         return answer
+    pooled = record.last_pooled
+    span = pooled.span if pooled is not None else None
+    if span is not None and answer.capacity:
+        # the interval stated is what the model claims and what its windows allow together, whichever is wider
+        low, high = min(low, answer.capacity * span[0]), max(high, answer.capacity * span[1])
+        answer.low, answer.high = low, high
     if lo_m is not None and high < lo_m:
         answer.usable, answer.bracket = False, None
         answer.why = f"its interval ends under the measured pass at {lo_m:g} req/s"

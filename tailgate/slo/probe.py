@@ -8,21 +8,17 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import re
 import time
-import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from tailgate.arms import CONTINUOUS
 from tailgate.cell import CellSpec, read_summaries, run_cell
 from tailgate.contracts import SloMeta, StageSummary
-from tailgate.jsonl import Follower
 from tailgate.load.plan import rate_label
 from tailgate.records import read_records
-from tailgate.resultfiles import RECORDS_GLOB, SERVER_METRICS
 from tailgate.runner import ChildRunner, LocustRun, prepare_server
 from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark
@@ -30,16 +26,17 @@ from tailgate.slo.confirm import (
     ConfirmationRecord,
     confirm_answer,
     length_within,
-    reserve_seconds,
     settle_confirmed,
 )
 from tailgate.slo.model import RateModel, binding_model
+from tailgate.slo.plan import PROBE_OVERHEAD_S, SloPlan
 from tailgate.slo.pooled import pooled_verdicts
 from tailgate.slo.replay import ModelAnswer, Probe, Workload, model_answer, probes_of, settling_answer, workload_of
-from tailgate.slo.search import Resolution, SearchOutcome, SearchStopped, bracket, search
-from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Limit, Log, ServerConfig, slo_text
+from tailgate.slo.search import SearchOutcome, SearchStopped, bracket, search
+from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Log, ServerConfig
 from tailgate.slo.state import ConfigSearch, ProbeEntry, SloState
 from tailgate.slo.verdict import binding_limit, check_probe, p99s
+from tailgate.slo.watch import ProbeWatch
 from tailgate.stagewarmup import (
     STAGE_WARMUP_DIR,
     STAGE_WARMUP_SEED,
@@ -51,177 +48,8 @@ from tailgate.stagewarmup import (
 from tailgate.stats import measured_records
 
 
-@dataclass
-class SloPlan:
-    limits: tuple[Limit, ...]
-    configs: list[ServerConfig]
-    start_rate: float = 5.0
-    max_rate: float = 64.0
-    min_rate: float = 0.5
-    resolution: Resolution = field(default_factory=lambda: Resolution(0.25, True))
-    max_probes: int = 8
-    reruns: int = 0
-    """Re-runs of the same workload for a probe without a verdict: they add evidence only as far as the
-    server behaves differently on the same arrivals, so none by default; extensions add new samples."""
-    extend: int = 0
-    """Further attempts, each a new sample of the workload (another seed), for a probe still undecided after
-    its re-runs: more independent evidence where the capacity is, instead of longer probes everywhere."""
-    confidence: float = 0.95
-    resamples: int = 2000
-    n: int = 200
-    warmup: int = 25
-    seed: int = 7
-    ignore_eos: bool = False
-    processes: int = 1
-    max_waiting: int = -1
-    """Stop a probe once the server's waiting queue reaches this many requests (0: never; -1: relative to the
-    probe, :data:`QUEUE_STOP_SHARE` of its requests, so the stop can fire at any probe size)."""
-    duration: float = 0.0
-    """Seconds of arrivals per probe: a probe sends ``max(n, rate * duration)`` measured requests, so it
-    lasts long enough to reach and hold steady state at every rate (0: ``n`` alone)."""
-    stage_warmup: int = 0
-    """Requests per stage warm-up round at ``max_rate`` before the first probe on a server (0: none)."""
-    time_budget: float = 0.0
-    """Seconds of probing per configuration; no probe starts that would overrun it (0: no budget)."""
-    locust_args: list[str] = field(default_factory=list)
-    base_flags: list[str] = field(default_factory=list)
-    """Flags every configuration starts with (the embedded server's eager mode), before its own."""
-    model_replicates: int = 8
-    """Simulations of the step loop fitted to the server's streams (0: no fitted model)."""
-    model_requests: int = 10000
-    model_stop: bool = True
-    """End the search early once the fitted model, checked against the probes, meets the resolution."""
-    confirm: bool = True
-    """Test the fitted model's interval with probes it was not fitted to before its answer stands
-    (:mod:`tailgate.slo.confirm`); the search keeps a share of the time budget for them."""
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "slo": slo_text(self.limits), "limits": [asdict(lim) for lim in self.limits],
-            "start_rate": self.start_rate, "max_rate": self.max_rate, "min_rate": self.min_rate,
-            "resolution": str(self.resolution), "max_probes": self.max_probes, "reruns": self.reruns,
-            "extend": self.extend, "look_confidence": round(self.look_confidence, 5),
-            "confidence": self.confidence, "resamples": self.resamples, "n": self.n, "warmup": self.warmup,
-            "seed": self.seed, "ignore_eos": self.ignore_eos, "processes": self.processes,
-            "max_waiting": self.max_waiting, "duration": self.duration,
-            "time_budget": self.time_budget, "locust_args": self.locust_args, "stage_warmup": self.stage_warmup,
-            "base_flags": self.base_flags, "model_replicates": self.model_replicates,
-            "model_requests": self.model_requests, "model_stop": self.model_stop, "confirm": self.confirm,
-            "measured_from": "intended send (TTFT, total); worst gap inside the stream",
-            "verdicts": "anytime-valid mixture-martingale confidence sequences on the share over each limit, "
-                        "design effect of time blocks and runs, pooled across rates by isotonic blocks; "
-                        "sustained load by completions inside the arrival window and Mann-Kendall "
-                        "trend tests on TTFT and the waiting queue",
-        }  # fmt: skip
-
-    @property
-    def looks(self) -> int:
-        """Attempts one call of a probe takes on its growing data at most (first run, re-runs, extensions);
-        the search may come back to an undecided rate for more."""
-        return 1 + self.reruns + self.extend
-
-    @property
-    def look_confidence(self) -> float:
-        """The confidence of each look: the verdicts are anytime-valid confidence sequences, so looking after
-        every attempt (and pooling a later probe of the same rate) costs no share of the confidence."""
-        return self.confidence
-
-    @property
-    def tails(self) -> dict[str, float]:
-        """The share allowed over each percentile limit, by key: what pooling across rates tests."""
-        return {lim.key: 1.0 - lim.p / 100.0 for lim in self.limits if lim.p is not None}
-
-    def attempt_seed(self, attempt: int) -> int:
-        """The trace seed of an attempt (1-based): re-runs repeat the plan's seed, extensions draw new ones."""
-        extra = attempt - 1 - self.reruns
-        return self.seed if extra <= 0 else self.seed + EXTEND_SEED_STEP * extra
-
-    def search_budget(self, capacity_low: float) -> float:
-        """Seconds the search's own probes may spend: the budget less what two confirmation probes near
-        ``capacity_low`` (the lower end of the capacity as known so far) would need."""
-        if not self.time_budget or not (self.confirm and self.model_replicates):
-            return self.time_budget
-        return self.time_budget - reserve_seconds(self.time_budget, duration=self.duration, n=self.n,
-                                                  warmup=self.warmup, rate=capacity_low,
-                                                  overhead=PROBE_OVERHEAD_S)  # fmt: skip
-
-    def probe_n(self, rate: float) -> int:
-        """Measured requests of a probe at ``rate``: by duration, with ``n`` the minimum."""
-        return max(self.n, math.ceil(rate * self.duration)) if self.duration > 0 else self.n
-
-    def queue_stop(self, rate: float) -> int:
-        """The waiting-queue size at which a probe at ``rate`` stops early (0: never)."""
-        if self.max_waiting >= 0:
-            return self.max_waiting
-        return max(4, math.ceil(QUEUE_STOP_SHARE * (self.probe_n(rate) + self.warmup)))
-
-
-EXTEND_SEED_STEP = 1000
-"""Seed distance of an extension's workload from the plan's (far from the suite's own seed + 100 re-draws)."""
-QUEUE_STOP_SHARE = 0.25
-"""A quarter of a probe's requests waiting at once: no server that keeps up queues that many."""
-
-
 def probe_dir_name(config: str, rate: float, attempt: int) -> str:
     return f"{config}_slo_r{rate_label(rate)}_a{attempt}"
-
-
-_NULL_CLASS = re.compile(rb'"error_class":\s*null')
-
-
-class _Watch:
-    """Follows a running probe's files: the server's waiting queue and the error records so far."""
-
-    def __init__(self, out: Path, metrics_url: str | None = None) -> None:
-        self.out = out
-        self.metrics_url = metrics_url
-        self._metrics = Follower(out, SERVER_METRICS)
-        self._records = Follower(out, RECORDS_GLOB)
-        self.errors = 0
-        self.waiting: float | None = None
-        self.waiting_max = 0.0
-        self.waiting_series: list[float] = []
-        """Every sample, in time order: the steady-state check tests it for an upward trend."""
-        self.from_file = False
-
-    def _sample_direct(self) -> None:
-        """Read ``vllm:num_requests_waiting`` from the server itself: with a live Prometheus the load generator
-        writes no ``server-metrics.jsonl``, and the queue stop must still be able to fire."""
-        if not self.metrics_url:
-            return
-        try:
-            with urllib.request.urlopen(self.metrics_url, timeout=1.0) as resp:
-                text = resp.read().decode("utf-8", "replace")
-        except (OSError, ValueError):
-            return
-        total, seen = 0.0, False
-        for line in text.splitlines():
-            if line.startswith("vllm:num_requests_waiting") and not line.startswith("#"):
-                try:
-                    total += float(line.rsplit(" ", 1)[1])
-                    seen = True
-                except ValueError:
-                    continue
-        if seen:
-            self._record(total)
-
-    def _record(self, w: float) -> None:
-        self.waiting = w
-        self.waiting_max = max(self.waiting_max, w)
-        self.waiting_series.append(w)
-
-    def poll(self) -> None:
-        samples, _ = self._metrics.new_objects()
-        for sample in samples:
-            w = sample.get("waiting")
-            if isinstance(w, (int, float)):
-                self.from_file = True
-                self._record(float(w))
-        if not self.from_file:
-            self._sample_direct()
-        for line in self._records.new_lines():  # a byte search, not a parse: probes can be large
-            if b'"error_class"' in line and not _NULL_CLASS.search(line):
-                self.errors += 1
 
 
 class SloRunner:
@@ -343,7 +171,7 @@ class SloRunner:
                    warmup: bool | None = None) -> ProbeMark:  # fmt: skip
         """Run one Locust child, stopping it early when the queue or the errors already decide the probe."""
         base = self.controller.base_url
-        watch = _Watch(out, f"{base.rstrip('/')}/metrics" if isinstance(base, str) and base else None)
+        watch = ProbeWatch(out, f"{base.rstrip('/')}/metrics" if isinstance(base, str) and base else None)
         budget = self._error_budget_at(rate, n)
         queue_stop = self.plan.queue_stop(rate)
 
@@ -457,11 +285,13 @@ class SloRunner:
 
     def _budget_for(self, config: ServerConfig, rate: float) -> float:
         """Seconds of probing the next attempt may end by: the whole budget, less the confirmation probes' time
-        while the search's own probes run."""
-        if not self._reserve:
+        while the search's own probes run, once a rate is decided and the streams can be fitted."""
+        if not self._reserve or not self.plan.time_budget:
             return self.plan.time_budget
-        lo, _ = bracket(self._pooled(config))
-        return self.plan.search_budget(lo or rate)
+        lo, hi = bracket(self._pooled(config))
+        if (lo is None and hi is None) or self._model_inputs(config) is None:
+            return self.plan.time_budget  # nothing decided yet, or no streams a model could be fitted to
+        return self.plan.search_budget(lo if lo is not None else rate / 2)  # nothing passed: it may lie well under
 
     def _attempt_run(self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None) -> ProbeMark | None:
         """One attempt, tried a second time when its Locust run could not complete (None: neither did). A probe
@@ -663,10 +493,6 @@ class SloRunner:
 
 class SloRunError(RuntimeError):
     pass
-
-
-PROBE_OVERHEAD_S = 15.0
-"""Seconds a probe costs beyond its arrivals: the load generator's start, the last streams, the settle."""
 
 
 def _iso(t: float) -> str:

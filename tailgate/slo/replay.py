@@ -29,7 +29,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.workload import make_trace
@@ -38,8 +38,13 @@ from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.stepfit import Stream, fit_costs, max_concurrency, streams_of
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
 
-if TYPE_CHECKING:
-    from tailgate.slo.confirm import ConfirmationRecord
+
+class Tested(Protocol):
+    """What tested a fitted answer after its fit (:class:`tailgate.slo.confirm.ConfirmationRecord`), as the answer
+    writes it."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
 
 CHUNK_CHOICES = (0, 512, 2048, 8192)
 """Prefill policies tried: whole prompts in one step (0), or chunks of this many prompt tokens a step."""
@@ -353,7 +358,7 @@ class ModelAnswer:
     curve: list[CurvePoint] = field(default_factory=list)
     """The simulated percentile against rate, per limited metric, with its band: the rates the search for the
     capacity simulated."""
-    confirmation: ConfirmationRecord | None = None
+    confirmation: Tested | None = None
     """The probes that tested this answer after the fit (None: not tested, as with ``--no-confirm``)."""
 
     def as_dict(self) -> dict[str, Any]:
