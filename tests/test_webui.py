@@ -76,14 +76,15 @@ def server() -> Iterator[ServerProcess]:
 
 def start_web_locust(tmp_path: Path, *args: str, allow: tuple[str, ...] = ()) -> tuple[LocustProcess, str]:
     """``locust`` with its web UI on a free port and no ``--host``; the form may load the ``allow`` servers
-    (``--allow-host``). Returns once the page answers."""
+    (``--allow-host``). Returns once the page answers. It runs in ``tmp_path``, where the default results folder
+    (``results/webui``, relative to where the web UI starts) goes when ``args`` name none."""
     port = free_port()
     out, err = tmp_path / "locust.stdout", tmp_path / "locust.stderr"
     allowed = [arg for url in allow for arg in ("--allow-host", url)]
     cmd = [*LOCUST, "-f", str(ROOT / "locustfiles" / "continuous.py"), "--web-host", "127.0.0.1",
            "--web-port", str(port), *allowed, *args]  # fmt: skip
     with open(out, "wb") as o, open(err, "wb") as e:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=o, stderr=e, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=o, stderr=e, stdin=subprocess.DEVNULL)
     locust = LocustProcess(proc, out, err)
     url = f"http://127.0.0.1:{port}"
     wait_for("the web UI", lambda: urllib.request.urlopen(url + "/", timeout=2).status == 200, 60, locust)

@@ -52,12 +52,15 @@ def own_address() -> str | None:
 
 def launch(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[LocustProcess, int]:
     """``locust -f locustfiles/continuous.py`` with its web UI on a free port and only ``args`` (no --web-host
-    unless given)."""
+    unless given).
+
+    It runs in ``tmp_path``: a web UI launched without ``--results-dir`` checks (and so creates) its default
+    folder, ``results/webui``, relative to where it starts, and a test must not leave that in the checkout."""
     port = free_port()
     out, err = tmp_path / "locust.stdout", tmp_path / "locust.stderr"
     cmd = [*LOCUST, "-f", CONTINUOUS, "--web-port", str(port), *args]
     with open(out, "wb") as o, open(err, "wb") as e:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=o, stderr=e, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=o, stderr=e, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **(env or {})})  # fmt: skip
     return LocustProcess(proc, out, err), port
 
