@@ -84,7 +84,7 @@ def test_unreachable_server_exits_2_before_any_probe(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "--host" in lines[0] and "does not answer" in lines[0]
-    assert not (tmp_path / "r" / "slo.json").exists()
+    assert not (tmp_path / "r").exists()  # nothing left behind by a search that never started
 
 
 def test_errors_that_bind_exit_1_and_resume_refuses_another_plan(tmp_path: Path) -> None:
@@ -136,7 +136,7 @@ def test_stage_warmup_runs_at_the_top_rate_and_is_no_cell(tmp_path: Path) -> Non
                     "--n", "20", "--warmup", "0", "--duration", "0", "--start-rate", "10", "--max-rate", "10",
                     "--max-probes", "1", "--no-report", "--locust-arg=--settle=0", "--stage-warmup", "15")  # fmt: skip
     out = done.stdout + done.stderr
-    assert done.returncode in (0, 3) and "Traceback" not in out, out[-3000:]
+    assert done.returncode in (0, 3, 5) and "Traceback" not in out, out[-3000:]
     config = json.loads((results / "slo.json").read_text())["configs"][0]
     rounds = config["stage_warmup"]["rounds"]
     assert 2 <= len(rounds) <= 3 and all(r["rate"] == 10 for r in rounds), rounds

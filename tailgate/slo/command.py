@@ -317,6 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.prometheus_url:
             _check_url("--prometheus-url", args.prometheus_url)
         root = Path(args.results or f"results/slo-{time.strftime('%Y%m%d-%H%M%S')}")
+        fresh = not root.exists()
         problem = writable_folder_problem(root)
         if problem:
             raise SloError(problem)
@@ -324,7 +325,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"{prog}: error: {e}\n")
         return EXIT_USAGE
     log = _printer()
-    return run(args, plan, root, log)
+    try:
+        return run(args, plan, root, log)
+    finally:
+        if fresh and root.is_dir() and not any(root.iterdir()):
+            root.rmdir()  # a search refused before it wrote anything leaves no empty folder behind
 
 
 def answer_code(configs: Sequence[ConfigSearch]) -> int:
