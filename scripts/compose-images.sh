@@ -11,6 +11,9 @@
 # has one), so the build needs no index and gets the set the embedded server runs.
 # TAILGATE_IMAGE_WHEELS=0 leaves the folder empty and lets the build install from PyPI.
 # Images built from the same inputs are kept: TAILGATE_REBUILD_IMAGES=1 builds them again.
+# Nothing untagged is left behind: after each build the untagged images carrying the project's labels (the
+# vLLM image's install stage, org.tailgate.stage; a previous build of an image, org.tailgate.inputs) are
+# removed, and no other image is touched. scripts/clean.sh lists and removes the images themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -81,9 +84,19 @@ build() {  # image dockerfile
       -f "$2" -t "$1" . >"$log" 2>&1; then
     echo "[images] ERROR: building $1 failed; the end of $log:" >&2
     tail -n 30 "$log" >&2
+    prune_own
     exit 1
   fi
   say "$1 built in $(( $(date +%s) - start )) s, $(docker image inspect --format '{{.Size}}' "$1" | awk '{printf "%.0f MB", $1/1e6}')"
+  prune_own
+}
+
+# prune_own: remove the untagged images only this script makes (each label filter on its own: filters AND)
+prune_own() {
+  local label
+  for label in org.tailgate.stage org.tailgate.inputs; do
+    docker image prune -f --filter "label=$label" >/dev/null 2>&1 || say "could not remove untagged $label images"
+  done
 }
 
 build "$PROM_IMAGE" deploy/cpu/Dockerfile.prometheus

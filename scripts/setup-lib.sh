@@ -33,6 +33,19 @@ act() {
 # The project's own virtual environment (TAILGATE_PROJECT_VENV, .venv by default)
 VENV=${TAILGATE_PROJECT_VENV:-.venv}
 
+# Where the CPU vLLM, the tiny model and server logs go (tailgate/servers/install.py: tailgate_home())
+TG_HOME=${TAILGATE_HOME:-$HOME/.cache/tailgate}
+
+# What set-up put outside the project's own folders (a compose plugin, a dockerd it started) is written down
+# here, one file per item, so scripts/clean.sh removes exactly that and never a tool the machine already had.
+LEDGER=$TG_HOME/setup-ledger
+
+# remember NAME VALUE: note one such item (not in check mode)
+remember() {
+  [ "$SETUP_CHECK" = 1 ] && return 0
+  mkdir -p "$LEDGER" && printf '%s\n' "$2" >"$LEDGER/$1"
+}
+
 # apt-get, waiting for a dpkg lock another process holds (unattended upgrades on a fresh machine,
 # a second job on a shared one), retried a few times; the last failure ends the setup with its log.
 apt_retry() {

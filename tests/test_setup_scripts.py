@@ -117,6 +117,75 @@ def test_setup_rejects_an_unknown_argument(tmp_path: Path) -> None:
     assert "unknown argument --chek" in done.stderr
 
 
-@pytest.mark.parametrize("script", ["setup-base.sh", "setup-test.sh", "setup.sh", "run-embedded.sh"])
+@pytest.mark.parametrize(
+    "script", ["setup-base.sh", "setup-test.sh", "setup.sh", "run-embedded.sh", "clean.sh", "compose-images.sh"]
+)
 def test_scripts_parse(script: str) -> None:
     assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=False).returncode == 0
+
+
+def _installed(tmp_path: Path) -> tuple[dict[str, str], Path, list[Path]]:
+    """A machine after set-up, in ``tmp_path``: a project venv, the vLLM venv and tiny model, a compose plugin
+    set-up noted, and a ``docker`` that answers with the project's images and records every call."""
+    calls = tmp_path / "calls.log"
+    calls.touch()
+    home = tmp_path / "home" / ".cache" / "tailgate"
+    venv = tmp_path / "venv"
+    plugin = tmp_path / "home" / ".docker" / "cli-plugins" / "docker-compose"
+    for path in (venv / "bin" / "python", home / "vllm-venv" / "bin" / "python", home / "tiny-model" / "config.json"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 50_000)
+    _script(plugin, "exit 0")
+    (home / "setup-ledger").mkdir()
+    (home / "setup-ledger" / "compose-plugin").write_text(f"{plugin}\n")
+    (home / "setup-ledger" / "dockerd").write_text(f"{os.getpid()}\n")  # alive, but not a dockerd: left alone
+    images = {
+        "reference=tailgate/vllm-cpu:local": "tailgate/vllm-cpu:local\tsha256:aa\t3.4GB",
+        "reference=tailgate/prometheus-cpu:local": "tailgate/prometheus-cpu:local\tsha256:bb\t327MB",
+        "label=org.tailgate.stage": "sha256:cc\t4.34GB",
+    }
+    cases = "\n".join(f"  *\"{k}\"*) printf '{v}\\n' ;;" for k, v in images.items())
+    _script(
+        tmp_path / "shims" / "docker",
+        f'echo "docker $*" >> "{calls}"\ncase "$*" in\n  info*) exit 0 ;;\n{cases}\nesac\nexit 0',
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'shims'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "TAILGATE_PROJECT_VENV": str(venv),
+        "TAILGATE_HOME": str(home),
+        "HOME": str(tmp_path / "home"),
+        "PIP_CACHE_DIR": str(tmp_path / "no-pip-cache"),
+    }
+    return env, calls, [venv, home / "vllm-venv", home / "tiny-model", plugin]
+
+
+def test_clean_lists_what_setup_left_with_sizes_and_removes_nothing(tmp_path: Path) -> None:
+    env, calls, paths = _installed(tmp_path)
+    done = _run(["bash", "scripts/clean.sh"], env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    for path in paths:
+        line = next((x for x in out.splitlines() if f"would remove {path} (" in x), None)
+        assert line is not None, out
+        assert "K" in line.split("(", 1)[1].split(")")[0]  # its size, from du
+        assert path.exists()
+    assert "would remove image tailgate/vllm-cpu:local (3.4GB)" in out
+    assert "would remove image tailgate/prometheus-cpu:local (327MB)" in out
+    assert "would remove untagged image sha256:cc (4.34GB" in out
+    assert "dockerd" not in out.replace("docker compose", "")  # the noted process is not a dockerd
+    assert "nothing removed" in out and "removing" not in out
+    # the engine was only asked, never told
+    assert not [c for c in calls.read_text().splitlines() if " rm " in f" {c} " or "prune" in c or "rmi" in c]
+
+
+def test_clean_yes_removes_only_what_it_listed(tmp_path: Path) -> None:
+    env, calls, paths = _installed(tmp_path)
+    keep = tmp_path / "home" / ".cache" / "tailgate" / "someone-elses"
+    keep.mkdir()
+    done = _run(["bash", "scripts/clean.sh", "--yes"], env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [p for p in paths if p.exists()] == []
+    assert keep.exists()  # not one of set-up's items, so neither it nor its folder goes
+    removed = [c for c in calls.read_text().splitlines() if c.startswith("docker image rm")]
+    assert removed == ["docker image rm tailgate/vllm-cpu:local tailgate/prometheus-cpu:local sha256:cc"], removed
