@@ -132,10 +132,13 @@ def compare_cells(cells: Cells, a: pd.Series, b: pd.Series, resamples: int, seed
 
 
 def ci_text(d: Mapping[str, Any] | None) -> str:
+    """A comparison's interval in words. Without one it says only "no interval" and the two n: why (the
+    :data:`MIN_N_P99_CI` rule) is said once for the whole diagnosis (``glossary.NO_INTERVAL_NOTE``), since at a
+    small n it holds for every comparison on the page."""
     if not d:
         return "no records to bootstrap"
     if d.get("why_no_ci"):
-        return f"no interval: {d['why_no_ci']}"
+        return f"no interval: n = {d['n_a']} and {d['n_b']}"
     if d.get("ci_low") is None or d.get("ci_high") is None:
         return f"p99 difference {d['diff']:+.1f} ms, no closed interval at n = {d['n_a']} and {d['n_b']}"
     return (f"p99 difference {d['diff']:+.1f} ms, 95% CI [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}] "

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from markupsafe import Markup, escape
 
 from tailgate.postprocess.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED
 from tailgate.postprocess.cellstats import (
@@ -31,11 +32,12 @@ from tailgate.postprocess.cellstats import (
     span_text,
     times_text,
 )
+from tailgate.postprocess.glossary import NO_INTERVAL, NO_INTERVAL_ID, NO_INTERVAL_NOTE
 from tailgate.postprocess.load import rate_text
 from tailgate.postprocess.pauses import pause_evidence, pause_lines
 from tailgate.postprocess.prompt_ab import PROMPT_AB_QUESTION, prompt_ab
 from tailgate.postprocess.table import choose_decision_rate, summary_table
-from tailgate.postprocess.tableview import IN_SHORT, cell_marks, not_measured
+from tailgate.postprocess.tableview import IN_SHORT, NOT_A_MEASUREMENT, cell_marks, not_measured
 from tailgate.postprocess.timeline import increment_windows, overlaps, prefill_attribution
 from tailgate.resultfiles import RUN_META
 
@@ -484,7 +486,53 @@ def diagnose(
     for col in ("window_start_s", "window_end_s"):
         table[col] = summaries[col].to_numpy() if col in summaries.columns else np.nan
     rate = choose_decision_rate(table, decision_rate)
-    cells = Cells(table, records, summaries)
+    answers = _answers(table, Cells(table, records, summaries), rate, records, run_meta, series, resamples, seed)
+    marked = {str(r["cell"]): cell_marks(r) for r in table.to_dict("records") if not_measured(r)}
+    unmeasured = [c for c, marks in marked.items() if NOT_A_MEASUREMENT in marks]
+    without: dict[str, dict[str, Any]] | None = None  # the answers with those cells left out, when one needs them
+    out = []
+    for i, (q, p) in enumerate(answers.items(), 1):
+        ev = _jsonable(p["evidence"])
+        said = json.dumps(ev)
+        used = [c for c in marked if i in LATENCY_QUESTIONS and json.dumps(c) in said]
+        named = [f"{c} is {m} ({IN_SHORT[m]})" for c in used for m in marked[c] if m in IN_SHORT]
+        if i in (1, 3, 6):
+            ev["bootstrap"] = {"resamples": resamples, "seed": seed, "level": 0.95, "percentile": 99}
+        if i == 2 and rate is not None:
+            ev["decision_rate"] = rate
+        finding: dict[str, Any] = {
+            "number": i,
+            "question": q,
+            "verdict": p["verdict"],
+            "evidence": ev,
+            "text": " ".join(p["lines"]),
+            "caveat": f"Read with care: {'; '.join(named)}." if named else "",
+        }
+        rests_on = [c for c in used if c in unmeasured]
+        if rests_on:
+            if without is None:
+                kept = table.loc[~table["cell"].astype(str).isin(unmeasured)].reset_index(drop=True)
+                cells = Cells(kept, records, summaries)
+                without = _answers(kept, cells, rate, records, run_meta, series, resamples, seed)
+            alt = without.get(q)
+            finding["without_unmeasured"] = {"cells": unmeasured, "verdict": alt["verdict"] if alt else None}
+            finding["caveat"] += " " + _without_text(unmeasured, p["verdict"], alt["verdict"] if alt else None)
+        out.append(finding)
+    return out
+
+
+def _answers(
+    table: pd.DataFrame,
+    cells: Cells,
+    rate: float | None,
+    records: pd.DataFrame,
+    run_meta: Mapping[str, Mapping[str, Any]] | None,
+    series: pd.DataFrame | None,
+    resamples: int,
+    seed: int,
+) -> dict[str, dict[str, Any]]:
+    """Each question's answer over ``table``, keyed by the question: run once over every cell, and again without
+    the cells that are not a measurement, to say what an answer that used one would be without it."""
     parts = [
         _q1_admission(table, cells, rate, resamples, seed),
         _q2_prefill(table, cells, rate),
@@ -500,28 +548,23 @@ def diagnose(
     if ab is not None:  # only when a run measured another prompt source on the same schedule
         questions.append(PROMPT_AB_QUESTION)
         parts.append(ab)
-    out = []
-    marked = {str(r["cell"]): cell_marks(r) for r in table.to_dict("records") if not_measured(r)}
-    for i, (q, p) in enumerate(zip(questions, parts, strict=True), 1):
-        ev = _jsonable(p["evidence"])
-        said = json.dumps(ev)
-        named = [f"{c} is {m} ({IN_SHORT[m]})" for c, marks in marked.items() for m in marks
-                 if m in IN_SHORT and i in LATENCY_QUESTIONS and json.dumps(c) in said]  # fmt: skip
-        if i in (1, 3, 6):
-            ev["bootstrap"] = {"resamples": resamples, "seed": seed, "level": 0.95, "percentile": 99}
-        if i == 2 and rate is not None:
-            ev["decision_rate"] = rate
-        out.append(
-            {
-                "number": i,
-                "question": q,
-                "verdict": p["verdict"],
-                "evidence": ev,
-                "text": " ".join(p["lines"]),
-                "caveat": f"Read with care: {'; '.join(named)}." if named else "",
-            }
-        )
-    return out
+    return dict(zip(questions, parts, strict=True))
+
+
+NO_ANSWER = ("unknown", "not measured", "not enough data")
+"""Verdicts that say the data could not answer."""
+
+
+def _without_text(cells: Sequence[str], verdict: str, alt: str | None) -> str:
+    """What the answer is once the cells that are not a measurement are left out: a reader must not have to
+    guess whether the answer stands on a cell the page itself says describes the load generator."""
+    who = " and ".join(cells)
+    if alt is None or alt.lower().startswith(NO_ANSWER):
+        why = f" ({alt.split(':', 1)[1].strip()})" if alt and ":" in alt else ""
+        return f"Without {who} there is no answer{why}."
+    if alt == verdict:
+        return f"Without {who} the answer is the same."
+    return f"Without {who}: {alt}."
 
 
 def _jsonable(x: Any) -> Any:
@@ -545,16 +588,29 @@ def _jsonable(x: Any) -> Any:
 # rendering
 
 
+def interval_note(findings: Sequence[Mapping[str, Any]]) -> str:
+    """Why some comparisons have no interval, said once for all the answers ("" when every one has one)."""
+    said = " ".join(str(f.get("text", "")) for f in findings)
+    return NO_INTERVAL_NOTE if f"{NO_INTERVAL}: n = " in said else ""
+
+
 def render_text(findings: Sequence[Mapping[str, Any]]) -> str:
     """Plain text, one block per question, for terminals and logs."""
-    blocks = []
+    note = interval_note(findings)
+    blocks = [note] if note else []
     for f in findings:
         caveat = f"\n   {f['caveat']}" if f.get("caveat") else ""
         blocks.append(f"{f['number']}. {f['question']}\n   → {f['verdict']}\n   {f['text']}{caveat}".rstrip())
     return "\n\n".join(blocks) + "\n"
 
 
-def findings_context(findings: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+def _linked_text(text: str) -> Markup:
+    """The answer's paragraph, escaped, with each "no interval" linking to the one note that explains it."""
+    link = Markup('<a href="#{}">{}</a>').format(NO_INTERVAL_ID, NO_INTERVAL)
+    return link.join(escape(part) for part in text.split(NO_INTERVAL))
+
+
+def findings_context(findings: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Each finding's texts and its evidence as indented JSON, for ``templates/diagnosis.html.j2``."""
     return [
         {
@@ -562,7 +618,7 @@ def findings_context(findings: Sequence[Mapping[str, Any]]) -> list[dict[str, st
             "verdict": str(f["verdict"]),
             "tone": tone(f),
             "kind": "describes the trace" if f.get("number") == DESCRIPTIVE else "",
-            "text": str(f["text"]),
+            "text": _linked_text(str(f["text"])),
             "caveat": str(f.get("caveat") or ""),
             "evidence": json.dumps(f["evidence"], indent=1),
         }
@@ -589,4 +645,5 @@ def render_html(findings: Sequence[Mapping[str, Any]]) -> str:
     """An HTML fragment: question, verdict, explanation, and the evidence as collapsible JSON."""
     from tailgate.postprocess.html import render
 
-    return render("diagnosis.html.j2", findings=findings_context(findings))
+    return render("diagnosis.html.j2", findings=findings_context(findings), interval_note=interval_note(findings),
+                  interval_id=NO_INTERVAL_ID)  # fmt: skip

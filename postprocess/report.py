@@ -26,7 +26,8 @@ from tailgate.arms import OPEN_LOOP
 from tailgate.postprocess import charts
 from tailgate.postprocess.accounting import COLUMNS as ACCOUNTING
 from tailgate.postprocess.accounting import account
-from tailgate.postprocess.diagnosis import diagnose, findings_context
+from tailgate.postprocess.diagnosis import diagnose, findings_context, interval_note
+from tailgate.postprocess.glossary import NO_INTERVAL_ID, glossary_context
 from tailgate.postprocess.html import render
 from tailgate.postprocess.load import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus
 from tailgate.postprocess.pauses import PAUSE_COLUMNS, cell_pauses
@@ -416,6 +417,10 @@ def render_report_html(
         table=table_context(a.table),
         figures=_figures(chart_paths),
         findings=findings_context(findings),
+        interval_note=interval_note(findings),
+        interval_id=NO_INTERVAL_ID,
+        glossary=glossary_context(),
+        terms={t["key"]: t for t in glossary_context()},
         runs=[_run_facts(r) for r in a.runs],
         extra_sections=list(extra_sections),
     )

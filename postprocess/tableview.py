@@ -16,6 +16,7 @@ import pandas as pd
 
 from tailgate.hoststeal import NOTABLE_SHARE
 from tailgate.postprocess.cellstats import finite
+from tailgate.postprocess.glossary import anchor, title
 
 NOT_A_MEASUREMENT = "not a measurement"
 PARTIAL = "partial"
@@ -59,6 +60,8 @@ class Column:
     full: str
     """Group and label in one phrase: the label a phone shows beside each value."""
     empty_reason: str = "no cell has a value"
+    term: str = ""
+    """The glossary entry its header links to (``glossary.TERMS``), where the label alone does not say it."""
 
 
 COLUMNS: tuple[Column, ...] = (
@@ -68,7 +71,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("ttft_p50", "time to first token (ms)", "p50", "TTFT p50 (ms)"),
     Column("ttft_p99", "time to first token (ms)", "p99", "TTFT p99 (ms)"),
     Column("ttft_from_intended_p99", "time to first token (ms)", "p99 from intended send",
-           "TTFT p99 from the intended send (ms)", "no record has an intended send time"),
+           "TTFT p99 from the intended send (ms)", "no record has an intended send time", "from-intended"),
     Column("gap_p50", "worst gap in a stream (ms)", "p50", "worst-gap p50 (ms)"),
     Column("gap_p99", "worst gap in a stream (ms)", "p99", "worst-gap p99 (ms)"),
     Column("total_p50", "total time (ms)", "p50", "total p50 (ms)"),
@@ -87,9 +90,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("prefix_hit_rate", "prefix cache", "hit rate", "prefix-cache hit rate",
            "the server exported no prefix-cache counters, or none of its prompts were looked up"),
     Column("schedule_lag_p99", "load generator", "lag p99 (ms)", "schedule lag p99 (ms)",
-           "the records carry no schedule lag"),
+           "the records carry no schedule lag", "schedule-lag"),
     Column("client_coalesced_streams", "load generator", "merged by client", "streams merged by the client",
-           "these records predate the merged-stream check"),
+           "these records predate the merged-stream check", "merged-by-client"),
     Column("prompts", "", "prompts", "prompt source"),
 )  # fmt: skip
 """Page columns in order; ``config`` and ``arm`` are in the cell's name (``nochunk_cont_r2``), as the key says."""
@@ -156,13 +159,27 @@ def page_columns(table: pd.DataFrame) -> tuple[list[Column], list[str]]:
     return shown, hidden
 
 
+GROUP_TERMS: dict[str, str] = {
+    "time to first token (ms)": "ttft",
+    "worst gap in a stream (ms)": "worst-gap",
+    "server-wide pauses": "server-pauses",
+    "preemptions": "preemptions",
+}
+"""The glossary entry each column group's header links to."""
+
+
+def _term(key: str) -> dict[str, str]:
+    """A header's link to its glossary entry, and the entry as a tooltip (empty when it has none)."""
+    return {"term": anchor(key), "title": title(key)} if key else {"term": "", "title": ""}
+
+
 def _groups(cols: Sequence[Column]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for c in cols:
         if out and c.group and out[-1]["label"] == c.group:
             out[-1]["span"] += 1
         else:
-            out.append({"label": c.group, "span": 1})
+            out.append({"label": c.group, "span": 1, **_term(GROUP_TERMS.get(c.group, ""))})
     return out
 
 
@@ -192,7 +209,7 @@ def view_context(
     grouped = any(c.group for c in cols)
     return {
         "groups": _groups(cols) if grouped else [],
-        "headers": [{"label": c.label, "grouped": bool(c.group)} for c in cols],
+        "headers": [{"label": c.label, "grouped": bool(c.group), **_term(c.term)} for c in cols],
         "rows": rows,
         "hidden": hidden,
         "key": key,

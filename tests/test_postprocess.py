@@ -399,6 +399,11 @@ def test_diagnosis_answers_all_five_with_evidence(report: ReportPaths) -> None:
     assert ci["ci"] is None and "needs at least 437" in ci["why_no_ci"] and (ci["n_a"], ci["n_b"]) == (48, 50)
     assert "no interval: n = 48 and 50" in q3["text"] and "95% CI" not in q3["text"]
     assert q3["verdict"].startswith("yes by the point values only (fewer than 437 requests per cell: no interval)")
+    # why there is no interval is said once for all the answers, not beside each comparison
+    assert not any("needs at least" in f["text"] for f in findings)
+    text = render_text(findings)
+    assert text.count("needs at least 437 requests in each cell") == 1 and text.startswith("No interval:")
+    assert "without_unmeasured" not in q3  # no cell here is marked not a measurement
     assert "1.65× at 8 req/s (n = 48, 50)" in q3["verdict"]
     # chart 3 and question 2 call the same prompts long
     from tailgate.postprocess.prompts import long_prompt_threshold
@@ -617,3 +622,15 @@ def test_question_2_says_when_gaps_inside_long_prefills_were_shorter() -> None:
     assert att["median_worst_gap_inside_ms"] == 20.0 < att["median_worst_gap_other_ms"]
     assert "shorter inside, so these prefills did not lengthen the worst gaps they overlapped" in q2["text"]
     assert "inside a long prefill vs" not in q2["verdict"]  # not counted as prefill stalls
+
+
+def test_an_answer_resting_on_a_cell_that_is_not_a_measurement_says_what_it_is_without_it() -> None:
+    from tailgate.postprocess.diagnosis import _without_text
+
+    same = _without_text(["chunked_cont_r2"], "yes: 1.7×", "yes: 1.7×")
+    assert same == "Without chunked_cont_r2 the answer is the same."
+    other = _without_text(["chunked_cont_r2"], "yes: 1.7×", "no: 1.0×")
+    assert other == "Without chunked_cont_r2: no: 1.0×."
+    none = _without_text(["a", "b"], "yes: 1.7×", "unknown: no rate ramp to compare")
+    assert none == "Without a and b there is no answer (no rate ramp to compare)."
+    assert _without_text(["a"], "yes", None) == "Without a there is no answer."

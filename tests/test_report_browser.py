@@ -23,6 +23,7 @@ import pytest
 from browserkit import headless_chromium
 from conftest import ROOT
 
+from tailgate.postprocess.glossary import TERMS, anchor
 from tailgate.postprocess.report import build_report
 from tailgate.postprocess.tableview import MARK_EXPLANATIONS
 
@@ -124,6 +125,9 @@ def test_report_fits_the_window_and_explains_its_marks(browser: Any, report: Pat
     assert "nochunk_cont_r2" in cells and "chunked_gated_b4" in cells and "nochunk_r2" not in text
     assert "chunked_cont_r2: not a measurement" in text
     assert "Read with care: chunked_cont_r2 is not a measurement (its worst gaps describe the load generator" in text
+    # an answer that rests on that cell says what it would be without it
+    assert "Without chunked_cont_r2: yes by the point values only" in text
+    assert "Without chunked_cont_r2 the answer is the same." in text
     # the columns left out are named with their reason
     flat = " ".join(text.split())
     left_out = flat[flat.index("Not shown, no data:") :][:1500]
@@ -158,3 +162,44 @@ def test_descriptive_answer_is_neutral_and_findings_are_marked(browser: Any, rep
         ".map(li => !!li.querySelector('.caveat'))"
     )
     assert caveats[2] is True and caveats[3] is False
+
+
+def test_every_term_is_defined_once_and_its_first_use_links_there(browser: Any, report: Path) -> None:
+    _open(browser, report, 1400)
+    terms = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#terms dl.glossary dt')).map(dt => [dt.id, dt.textContent])"
+    )
+    assert [t for t, _ in terms] == [anchor(t.key) for t in TERMS]
+    # each term's first link on the page comes before its definition, carries the definition as a tooltip, and
+    # every term but none is linked from somewhere above
+    links = browser.execute_script(
+        "return Array.from(document.querySelectorAll('a.term')).map(a => [a.getAttribute('href'), a.title,"
+        " a.textContent, !!a.closest('#terms')])"
+    )
+    first: dict[str, tuple[str, str]] = {}
+    for href, tip, label, inside in links:
+        assert not inside
+        first.setdefault(href.removeprefix("#"), (tip, label))
+    assert set(first) == {anchor(t.key) for t in TERMS}
+    for term in TERMS:
+        tip, _ = first[anchor(term.key)]
+        assert tip == f"{term.name}: {term.text}"
+    meta = browser.execute_script("return document.querySelector('p.meta a.term').textContent")
+    assert meta == "decision rate"
+    heads = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#table table.cells thead a.term')).map(a => a.textContent)"
+    )
+    assert "p99 from intended send" in heads and "server-wide pauses" in heads
+    # the rule behind "no interval" is said once, above the answers, and each "no interval" links to it (the
+    # evidence, raw JSON under each answer, keeps its own reason per comparison)
+    paragraphs = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#diagnosis p')).map(p => p.textContent).join(' ')"
+    )
+    assert paragraphs.count("needs at least 437 requests in each cell") == 1
+    assert "a p99 interval needs at least" not in paragraphs and paragraphs.count("no interval: n = ") >= 4
+    said = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#diagnosis ol.diagnosis a')).map(a => a.getAttribute('href'))"
+    )
+    assert len(said) >= 4 and set(said) == {"#no-interval"}
+    note = browser.execute_script("return document.querySelector('#no-interval').closest('section').id")
+    assert note == "diagnosis"
