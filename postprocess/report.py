@@ -26,7 +26,8 @@ from tailgate.arms import OPEN_LOOP
 from tailgate.postprocess import charts
 from tailgate.postprocess.accounting import COLUMNS as ACCOUNTING
 from tailgate.postprocess.accounting import account
-from tailgate.postprocess.diagnosis import diagnose, findings_context, interval_note
+from tailgate.postprocess.diagnosis import diagnose
+from tailgate.postprocess.diagnosisview import findings_context, interval_note
 from tailgate.postprocess.glossary import NO_INTERVAL_ID, glossary_context
 from tailgate.postprocess.html import render
 from tailgate.postprocess.load import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus

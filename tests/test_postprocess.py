@@ -17,7 +17,8 @@ import pytest
 
 from tailgate.postprocess.bootstrap import bootstrap_percentile, bootstrap_percentile_naive, percentile_difference
 from tailgate.postprocess.cli import main as report_main
-from tailgate.postprocess.diagnosis import QUESTIONS, diagnose, render_text
+from tailgate.postprocess.diagnosis import QUESTIONS, diagnose
+from tailgate.postprocess.diagnosisview import render_text
 from tailgate.postprocess.load import (
     ResultsError,
     cell_name,

@@ -75,7 +75,7 @@ def length_within(remaining_s: float, probes_left: int, n: int, warmup: int, rat
     if math.isinf(remaining_s):
         return LENGTH
     per_probe = remaining_s / max(1, probes_left) - overhead
-    fits = (per_probe * rate - warmup) / n
+    fits = 0.98 * (per_probe * rate - warmup) / n  # a margin for the rounding of the probe's request count
     if fits < 1.0:
         return None
     return min(LENGTH, fits)
