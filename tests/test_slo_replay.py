@@ -210,7 +210,8 @@ def test_a_checked_model_may_end_the_search_only_past_five_probes_and_a_failure(
     assert held is None  # refuted by its own probes, so not even simulated
 
 
-def _simulated_search(tmp_path: Path, confirm_engine: EngineModel = ENGINE) -> tuple[dict[str, Any], list[str]]:
+def _simulated_search(tmp_path: Path, confirm_engine: EngineModel = ENGINE,
+                      time_budget: float = 0.0) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
     """``tailgate slo`` against the simulated engine, its Locust runs replaced by the engine's own streams;
     ``confirm_engine`` serves the confirmation probes (another engine: a model fitted to the first is off)."""
     from tailgate import slo
@@ -231,24 +232,23 @@ def _simulated_search(tmp_path: Path, confirm_engine: EngineModel = ENGINE) -> t
     plan = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=800ms"), configs=[slo.parse_config("a: max-num-seqs=8")],
                        start_rate=2, max_rate=64, min_rate=1, resolution=slo.Resolution(0.3, True), n=900,
                        warmup=25, max_probes=14, reruns=0, extend=0, model_replicates=4,
-                       model_requests=4000)  # fmt: skip
+                       model_requests=4000, time_budget=time_budget)  # fmt: skip
     lines: list[str] = []
     runner = slo.SloRunner(plan, Controller(), tmp_path, log=lines.append)
-    sizes: dict[str, int] = {}
 
     def run_child(
         config: Any, rate: float, seed: int, out: Path, n: int | None = None, warmup: bool | None = None
     ) -> ProbeMark:
         out.mkdir(parents=True)
-        sizes[out.name] = n or plan.probe_n(rate)
+        (out / "n").write_text(str(n or plan.probe_n(rate)))
         mark = ProbeMark(rate, seed, stopped_early=None, waiting_max=0.0, seconds=1.0)
         mark.write(out / slo.PROBE_MARK)
         return mark
 
     def attempt_data(out: Path, mark: ProbeMark) -> ProbeAttempt:
-        confirming = sizes[out.name] > plan.probe_n(mark.rate)
-        engine = confirm_engine if confirming else ENGINE
-        return attempt(mark.rate, sizes[out.name], mark.seed + int(mark.rate * 1000), engine=engine)
+        n = int((out / "n").read_text())  # on disk, as a resumed search finds its attempts
+        engine = confirm_engine if n > plan.probe_n(mark.rate) else ENGINE
+        return attempt(mark.rate, n, mark.seed + int(mark.rate * 1000), engine=engine)
 
     runner._run_child = run_child  # type: ignore[method-assign]
     runner._attempt_data = attempt_data  # type: ignore[method-assign]
@@ -297,3 +297,13 @@ def test_a_model_the_confirmation_probes_contradict_is_refused(tmp_path: Path) -
     assert not confirmed["stands"] and any(c["outcome"] == "contradicted" for c in confirmed["probes"])
     assert result["status"] != "settled"
     assert any("confirmation at" in line and "contradicted" in line for line in lines)
+
+
+def test_a_resumed_search_reads_its_confirmation_probes_whatever_the_budget_left(tmp_path: Path) -> None:
+    """Run again on the same folder with a budget too small for any probe: every probe, the confirmation probes
+    included, is read from disk, and the answer is the one the first run wrote."""
+    first, _ = _simulated_search(tmp_path)
+    again, lines = _simulated_search(tmp_path, time_budget=1.0)
+    assert again["result"]["fitted"]["confirmation"] == first["result"]["fitted"]["confirmation"]
+    assert again["result"]["fitted"]["bracket"] == first["result"]["fitted"]["bracket"]
+    assert not any("no time for a probe" in line for line in lines)

@@ -402,7 +402,10 @@ class SloRunner:
             p = self.plan
             remaining = p.time_budget - (self.clock() - self._config_t0) if p.time_budget else math.inf
             length = length_within(remaining, left, p.probe_n(rate), p.warmup, rate, PROBE_OVERHEAD_S)
-            if length is None:
+            done = self.root / probe_dir_name(config.name, rate, len(self._by_rate.get(rate, [])) + 1) / PROBE_MARK
+            if done.exists():  # a resumed search reads the probe it already ran, whatever the budget left
+                length = length or 1.0
+            elif length is None:
                 raise SearchStopped(f"{remaining:.0f} s of the budget left, less than one probe needs")
             verdict = self.probe(config, rate, "confirm", next(self._index), length=length)
             entry = self._config_state(config).latest().get(rate)
