@@ -27,7 +27,7 @@ TG_HOME=${TAILGATE_HOME:-$HOME/.cache/tailgate}
 LEDGER=$TG_HOME/setup-ledger
 VLLM_IMAGE=${TAILGATE_VLLM_CPU_IMAGE:-tailgate/vllm-cpu:local}
 PROM_IMAGE=${TAILGATE_PROMETHEUS_CPU_IMAGE:-tailgate/prometheus-cpu:local}
-DOCKER_LOG=/var/log/tailgate-dockerd.log
+DOCKER_LOG=${TAILGATE_DOCKERD_LOG:-/var/log/tailgate-dockerd.log}
 
 say() { echo "[clean] $*"; }
 verb() { if [ "$YES" = 1 ]; then echo "removing"; else echo "would remove"; fi; }

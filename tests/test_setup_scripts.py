@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -156,13 +157,23 @@ def _installed(tmp_path: Path) -> tuple[dict[str, str], Path, list[Path]]:
         "TAILGATE_HOME": str(home),
         "HOME": str(tmp_path / "home"),
         "PIP_CACHE_DIR": str(tmp_path / "no-pip-cache"),
+        "TAILGATE_DOCKERD_LOG": str(tmp_path / "dockerd.log"),  # this machine's own set-up log is not the test's
     }
     return env, calls, [venv, home / "vllm-venv", home / "tiny-model", plugin]
 
 
+def _clean_script(tmp_path: Path) -> str:
+    """clean.sh in a checkout of its own under ``tmp_path``: it works on the folder it sits in (``.cache/docker``
+    and the like), and the repository's own must not be listed, let alone removed, by a test."""
+    checkout = tmp_path / "checkout" / "scripts"
+    checkout.mkdir(parents=True)
+    shutil.copy2(ROOT / "scripts" / "clean.sh", checkout / "clean.sh")
+    return str(checkout / "clean.sh")
+
+
 def test_clean_lists_what_setup_left_with_sizes_and_removes_nothing(tmp_path: Path) -> None:
     env, calls, paths = _installed(tmp_path)
-    done = _run(["bash", "scripts/clean.sh"], env)
+    done = _run(["bash", _clean_script(tmp_path)], env)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     for path in paths:
@@ -183,7 +194,7 @@ def test_clean_yes_removes_only_what_it_listed(tmp_path: Path) -> None:
     env, calls, paths = _installed(tmp_path)
     keep = tmp_path / "home" / ".cache" / "tailgate" / "someone-elses"
     keep.mkdir()
-    done = _run(["bash", "scripts/clean.sh", "--yes"], env)
+    done = _run(["bash", _clean_script(tmp_path), "--yes"], env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert [p for p in paths if p.exists()] == []
     assert keep.exists()  # not one of set-up's items, so neither it nor its folder goes
