@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tailgate.arms import OPEN_LOOP
 from tailgate.postprocess.bootstrap import min_n_for_difference, percentile_difference
 from tailgate.postprocess.load import rate_text
 from tailgate.postprocess.summarize import measured_mask, stage_warmups
@@ -98,7 +99,7 @@ def primary_prompts(table: pd.DataFrame) -> str:
 
 
 def continuous_cells(table: pd.DataFrame, config: str | None = None, prompts: str | None = None) -> pd.DataFrame:
-    d = table.loc[(table["arm"] == "continuous") & ~table["cell"].astype(str).str.contains("~")]
+    d = table.loc[table["arm"].isin(OPEN_LOOP) & ~table["cell"].astype(str).str.contains("~")]
     if "prompts" in d.columns:
         d = d.loc[d["prompts"].fillna("seed").astype(str) == (prompts or primary_prompts(table))]
     if config is not None:

@@ -20,12 +20,12 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
-from tailgate.arms import GATED, OPEN_LOOP, is_open_loop
+from tailgate.arms import OPEN_LOOP, STARTS_TOGETHER, is_open_loop
 from tailgate.postprocess.load import rate_text
 from tailgate.postprocess.prompts import long_prompt_threshold
 from tailgate.postprocess.tableview import CACHE_HITS, cell_marks, not_measured
+from tailgate.serverconfigs import CHUNKED_PAIR, configuration, engine_default, preempting
 
-CONFIG_COLORS = {"chunked": "#1f77b4", "nochunk": "#d62728", "preempt": "#9467bd"}
 EXTRA_COLORS = ("#2ca02c", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 METRIC_COLORS = {"ttft": "#4c72b0", "gap": "#dd8452", "total": "#55a868"}
 RASTERIZE_ABOVE = 2000
@@ -39,19 +39,17 @@ MARK_COLOR = "#c77c02"
 
 
 def config_color(config: str, seen: Sequence[str] = ()) -> str:
-    if config in CONFIG_COLORS:
-        return CONFIG_COLORS[config]
-    others = sorted(c for c in seen if c not in CONFIG_COLORS)
+    known = configuration(config)
+    if known is not None:
+        return known.color
+    others = sorted(c for c in seen if configuration(c) is None)
     i = others.index(config) if config in others else 0
     return EXTRA_COLORS[i % len(EXTRA_COLORS)]
 
 
 def config_label(config: str) -> str:
-    return {
-        "chunked": "chunked prefill on (engine default)",
-        "nochunk": "chunked prefill off",
-        "preempt": "small KV pool (preemption)",
-    }.get(config, config)
+    known = configuration(config)
+    return config if known is None else known.label
 
 
 def _save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
@@ -92,8 +90,6 @@ def _empty(ax: Axes, text: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # chart 1
 
-CONFIG_STYLES = {"chunked": ("o", "-"), "nochunk": ("s", "--")}
-
 
 def _plain(table: pd.DataFrame) -> pd.DataFrame:
     """Cells measured once; a repeat (``~2``) would zig-zag a line."""
@@ -108,7 +104,7 @@ def chart1(table: pd.DataFrame, out_dir: str | Path, name: str = "chart1") -> li
     and the table show it. Left is "time to start talking", right is "stutter while talking".
     """
     cont = _plain(table)
-    cont = cont.loc[cont["arm"].isin(OPEN_LOOP) & (cont["config"] != "preempt")]
+    cont = cont.loc[cont["arm"].isin(OPEN_LOOP) & ~cont["config"].map(preempting).astype(bool)]
     fig = Figure(figsize=(11, 4.8), layout="constrained")
     axes = fig.subplots(1, 2)
     configs = list(dict.fromkeys(cont["config"]))
@@ -125,7 +121,8 @@ def chart1(table: pd.DataFrame, out_dir: str | Path, name: str = "chart1") -> li
         for k, config in enumerate(configs):
             d = cont.loc[cont["config"] == config].sort_values("rate_or_batch")
             color = config_color(config, configs)
-            marker, style = CONFIG_STYLES.get(config, ("^", "-."))
+            known = configuration(config)
+            marker, style = (known.marker, known.line) if known is not None else ("^", "-.")
             ax.plot(
                 d["rate_or_batch"],
                 d[col],
@@ -204,12 +201,14 @@ def chart2_cells(table: pd.DataFrame, decision_rate: float) -> list[tuple[str, p
         return d.iloc[0] if len(d) else None
 
     out: list[tuple[str, pd.Series | None]] = [
-        (f"continuous, chunked on\n{rate} req/s", pick(cont & at_rate & (plain["config"] == "chunked"))),
-        (f"continuous, chunked off\n{rate} req/s", pick(cont & at_rate & (plain["config"] == "nochunk"))),
-    ]
-    gated = plain.loc[plain["arm"] == GATED.name]
+        (f"continuous, chunked {'on' if c.chunked_prefill else 'off'}\n{rate} req/s",
+         pick(cont & at_rate & (plain["config"] == c.name)))
+        for c in CHUNKED_PAIR
+    ]  # fmt: skip
+    gated = plain.loc[plain["arm"].isin(STARTS_TOGETHER)]
     if len(gated):
-        pref = gated.loc[gated["config"] == "chunked"] if (gated["config"] == "chunked").any() else gated
+        on_default = gated["config"].map(engine_default).astype(bool)
+        pref = gated.loc[on_default] if on_default.any() else gated
         b16 = pref.loc[np.isclose(pref["rate_or_batch"].astype(float), 16.0)]
         row = b16.iloc[0] if len(b16) else pref.sort_values("rate_or_batch").iloc[-1]
         out.append((f"gated, B={rate_text(row['rate_or_batch'])}\n(static stand-in)", row))

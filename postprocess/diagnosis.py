@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tailgate.arms import STARTS_TOGETHER
 from tailgate.postprocess.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED
 from tailgate.postprocess.cellstats import (
     MIN_N_P99_CI,
@@ -38,6 +39,7 @@ from tailgate.postprocess.table import choose_decision_rate, summary_table
 from tailgate.postprocess.tableview import IN_SHORT, NOT_A_MEASUREMENT, cell_marks, not_measured
 from tailgate.postprocess.timeline import increment_windows, overlaps, prefill_attribution
 from tailgate.resultfiles import RUN_META
+from tailgate.serverconfigs import CHUNKED_PAIR, DEFAULT
 
 QUESTIONS: tuple[str, ...] = (
     "Did TTFT explode while the gaps stayed flat? (admission: gated, or overloaded before the first token)",
@@ -75,7 +77,7 @@ def _q1_admission(table: pd.DataFrame, cells: Cells, rate: float | None, resampl
     ev: dict[str, Any] = {"gated_vs_continuous": [], "ramp": []}
     lines = []
     gated_hit = overload_hit = False
-    gated = table.loc[(table["arm"] == "gated") & ~table["cell"].astype(str).str.contains("~")]
+    gated = table.loc[table["arm"].isin(STARTS_TOGETHER) & ~table["cell"].astype(str).str.contains("~")]
     for _, g in gated.iterrows():
         ref = None
         cont = (
@@ -196,7 +198,7 @@ def _q2_prefill(table: pd.DataFrame, cells: Cells, rate: float | None) -> dict[s
             f"{ms_text(lo['ttft_p50'])}→{ms_text(hi['ttft_p50'])} "
             f"({times_text(item['ttft_p50_growth'])})."
         )
-    row = cell_at(table, "chunked", rate) if rate is not None else None
+    row = cell_at(table, DEFAULT.name, rate) if rate is not None else None
     if row is None and len(continuous_cells(table)):
         row = continuous_cells(table).iloc[-1]
     attributed = False
@@ -258,8 +260,9 @@ def _q2_no(item: Mapping[str, Any]) -> str:
 
 
 def _q3_chunked(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) -> dict[str, Any]:
-    on = {float(r): row for r, row in continuous_cells(table, "chunked").set_index("rate_or_batch").iterrows()}
-    off = {float(r): row for r, row in continuous_cells(table, "nochunk").set_index("rate_or_batch").iterrows()}
+    on_config, off_config = CHUNKED_PAIR
+    on = {float(r): row for r, row in continuous_cells(table, on_config.name).set_index("rate_or_batch").iterrows()}
+    off = {float(r): row for r, row in continuous_cells(table, off_config.name).set_index("rate_or_batch").iterrows()}
     rates = sorted(set(on) & set(off))
     ev: dict[str, Any] = {"by_rate": []}
     lines = []
@@ -274,8 +277,8 @@ def _q3_chunked(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) ->
         small = ratio is None or ratio < SMALL_RATIO or resolved is False
         item = {
             "rate": r,
-            "chunked": a["cell"],
-            "nochunk": b["cell"],
+            on_config.name: a["cell"],
+            off_config.name: b["cell"],
             "gap_p99": [a["gap_p99"], b["gap_p99"]],
             "gap_p99_ratio": ratio,
             "ttft_p99": [a["ttft_p99"], b["ttft_p99"]],

@@ -24,11 +24,12 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from tailgate.arms import OPEN_LOOP, cell_name, value_text
-from tailgate.contracts import C, ContractError, RunMeta, StageSummary
+from tailgate.contracts import C, ContractError, RunMeta, RunStatus, StageSummary
 from tailgate.jsonl import parse_lines
 from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.records import RECORD_FIELDS, WORKLOAD_DEFAULTS, record_files
 from tailgate.resultfiles import RUN_META, SENT_GLOB, SERVER_METRICS, SUMMARY_GLOB
+from tailgate.serverconfigs import CONFIGS, DEFAULT
 
 #: Record fields left out of the analysis frame: never analysed here (per-chunk offsets, response
 #: ids, the generator's monotonic clock), and leaving them out keeps a million-record frame small.
@@ -155,7 +156,7 @@ rate_text = value_text
 
 def _config_of(summary: Mapping[str, Any], run: RunDir) -> str:
     # V1 runs with chunked prefill unless told otherwise, so an unlabelled run is the default config
-    return str(summary.get("config") or run.meta.get("config") or "chunked")
+    return str(summary.get("config") or run.meta.get("config") or DEFAULT.name)
 
 
 def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
@@ -173,9 +174,8 @@ def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
             summary = _read_contract(StageSummary, p)
             if summary is not None:
                 got.append(summary.to_dict())
-        status = str(run.meta.get("status") or "")
-        # every stage that ran was summarized (a stopped run's last one as partial)
-        ended = status in ("completed", "stopped") or status.startswith("stopped after")
+        state = RunStatus.of(run.meta.get("status"))
+        ended = state is not None and state.summarized
         if record_files(run.path) and (not got or (not ended and all("stage" in obj for obj in got))):
             # stages whose summary was never written (the generator died in them) come from their records
             from tailgate.postprocess.summarize import summaries_from_records
@@ -219,12 +219,9 @@ def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-CONFIG_ORDER = ("chunked", "nochunk", "preempt")
-
-
 def order_cells(df: pd.DataFrame) -> pd.DataFrame:
     """Engine default first, then chunked-off, then the preemption cell, then user labels."""
-    rank = {c: i for i, c in enumerate(CONFIG_ORDER)}
+    rank = {c: i for i, c in enumerate(CONFIGS)}
     key = pd.DataFrame(
         {
             "c": df["config"].map(lambda c: rank.get(c, len(rank))),

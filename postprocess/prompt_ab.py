@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from tailgate.arms import OPEN_LOOP
 from tailgate.postprocess.cellstats import (
     Cells,
     ci_resolved,
@@ -20,6 +21,7 @@ from tailgate.postprocess.cellstats import (
     times_text,
 )
 from tailgate.postprocess.load import rate_text
+from tailgate.serverconfigs import CHUNKED_PAIR
 
 PROMPT_AB_QUESTION = "Do realistic prompts change the answer? (the same arrival schedule, seed vs other prompts)"
 
@@ -30,7 +32,7 @@ def prompt_ab(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) -> d
     question 3 uses for chunked prefill on vs off; None when no such pair exists."""
     if "prompts" not in table.columns:
         return None
-    d = table.loc[(table["arm"] == "continuous") & ~table["cell"].astype(str).str.contains("~")]
+    d = table.loc[table["arm"].isin(OPEN_LOOP) & ~table["cell"].astype(str).str.contains("~")]
     prompts = d["prompts"].fillna("seed").astype(str)
     pairs = []
     for (config, rate), g in d.groupby(["config", "rate_or_batch"], sort=True):
@@ -80,9 +82,10 @@ def prompt_ab(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) -> d
     # does chunked on/off keep its direction under the other prompts?
     by = {(i["config"], i["rate"]): i for i in items}
     flips = []
+    on, off = CHUNKED_PAIR
     for (config, rate), i in by.items():
-        if config == "chunked" and ("nochunk", rate) in by:
-            j = by["nochunk", rate]
+        if config == on.name and (off.name, rate) in by:
+            j = by[off.name, rate]
             seed_r, other_r = safe_ratio(j["gap_p99"][0], i["gap_p99"][0]), safe_ratio(j["gap_p99"][1], i["gap_p99"][1])
             flips.append({"rate": rate, "off_on_seed": seed_r, "off_on_other": other_r})
             lines.append(f"Chunked off/on worst-gap p99 at {rate_text(rate)} req/s: "

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
+from tailgate.contracts import RunStatus
 from tailgate.postprocess import charts
 from tailgate.postprocess.accounting import COLUMNS as ACCOUNTING
 from tailgate.postprocess.accounting import account
@@ -36,6 +37,7 @@ from tailgate.postprocess.prometheus import NONE, ServerData, collect_server_dat
 from tailgate.postprocess.table import choose_decision_rate, summary_table, table_context, write_table
 from tailgate.postprocess.tableview import NOT_A_MEASUREMENT, PARTIAL, cell_marks
 from tailgate.resultfiles import DIAGNOSIS, REPORT_DIR, REPORT_HTML
+from tailgate.serverconfigs import engine_default, preempting
 
 PARALLEL_CHART_RECORDS = 200_000
 """From this many records, charts are drawn in parallel processes."""
@@ -173,13 +175,14 @@ def _data_notes(
             notes.append(f"{name}: {lost} request(s) sent but never recorded: lost in flight (send journal)")
     for run in runs:
         status = run.meta.get("status")
-        if status == "running" and coordinator_gone(run.meta):
+        state = RunStatus.of(status)
+        if state is RunStatus.RUNNING and coordinator_gone(run.meta):
             notes.append(
                 f"{run.name}: run.json status is 'running' but its coordinator died mid-run (process "
                 f"{run.meta.get('pid')} on {run.meta.get('load_host')} is gone); stages without a summary "
                 "are computed from the records, workers' unreported files included"
             )
-        elif status and status != "completed":
+        elif status and state is not RunStatus.COMPLETED:
             notes.append(f"{run.name}: run.json status is {status!r}")
         if not run.meta:
             notes.append(f"{run.name}: no run.json; configuration taken from the summaries")
@@ -260,10 +263,11 @@ def _chart3_cells(table: pd.DataFrame, rate: float | None) -> list[tuple[str, pd
         dist = (d["rate_or_batch"].astype(float) - rate).abs()
         return d.loc[dist.sort_values(kind="stable").index[0]]
 
-    main = nearest(cont.loc[cont["config"] == "chunked"])
+    preempts = cont["config"].map(preempting).astype(bool)
+    main = nearest(cont.loc[cont["config"].map(engine_default).astype(bool)])
     if main is None:
-        main = nearest(cont.loc[cont["config"] != "preempt"])
-    pre = nearest(cont.loc[cont["config"] == "preempt"])
+        main = nearest(cont.loc[~preempts])
+    pre = nearest(cont.loc[preempts])
     out = []
     if main is not None:
         out.append(("chart3", main))

@@ -18,6 +18,7 @@ from tailgate.arms import OPEN_LOOP
 from tailgate.clientbound import merged_breached
 from tailgate.hoststeal import NOTABLE_SHARE
 from tailgate.resultfiles import TABLE_CSV, TABLE_MD
+from tailgate.serverconfigs import CHUNKED_PAIR
 
 TABLE_COLUMNS: tuple[str, ...] = (
     "cell", "config", "arm", "rate_or_batch", "n",
@@ -218,7 +219,8 @@ def choose_decision_rate(table: pd.DataFrame, requested: float | None = None) ->
             have = ", ".join(rate_text(r) for r in sorted(every)) or "none"
             raise ResultsError(f"no continuous cell at rate {rate_text(requested)} (rates measured: {have})")
         return float(requested)
-    both = _continuous_rates(table, "chunked") & _continuous_rates(table, "nochunk")
+    on, off = CHUNKED_PAIR
+    both = _continuous_rates(table, on.name) & _continuous_rates(table, off.name)
     if both:
         return max(both)
     if any(math.isclose(10.0, r) for r in every):

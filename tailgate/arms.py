@@ -74,6 +74,8 @@ GATED = Arm("gated", "gated_b", "gated.py", "--batch-size", False, True, _gated)
 ARMS: dict[str, Arm] = {a.name: a for a in (CONTINUOUS, GATED)}
 OPEN_LOOP: frozenset[str] = frozenset(a.name for a in ARMS.values() if a.open_loop)
 """Names of the arms whose cells sit on a rate axis (the analysis selects rows with ``isin``)."""
+STARTS_TOGETHER: frozenset[str] = frozenset(a.name for a in ARMS.values() if a.starts_together)
+"""Names of the arms whose groups start at once: the static stand-in the analysis sets against the open loop."""
 
 
 def arm(name: str) -> Arm:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tailgate.arms import CONTINUOUS, GATED
 from tailgate.exitcodes import combine
 from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, ArgumentParser, Stopped, usage_error
 from tailgate.load.arrivals import DEFAULT_ARRIVALS, arrival_processes, rate_driven, rate_driven_params
@@ -43,7 +44,16 @@ from tailgate.optiontable import (
 from tailgate.plugins import load_plugins
 from tailgate.resultfiles import SUITE_META, WRITE_PROBE, writable_folder_problem
 from tailgate.serve import add_serve_arguments, run_serve
-from tailgate.servers.spec import SERVER_KINDS, ServerSpec, add_server_arguments, make_controller, server_spec
+from tailgate.serverconfigs import CONFIGS, declared_flags, names_text, option_text, server_flags
+from tailgate.servers.spec import (
+    EMBEDDED_KIND,
+    SERVER_KINDS,
+    ServerSpec,
+    add_server_arguments,
+    make_controller,
+    server_kind_of,
+    server_spec,
+)
 from tailgate.stagewarmup import add_stage_warmup_argument, stage_warmup_of
 
 # ---------------------------------------------------------------------------------------- suite
@@ -56,19 +66,6 @@ EMBEDDED = {
     "warmup": 5,
     "batch_size": 16,
 }
-#: Eager mode: the server starts in ~40 s instead of ~100 s of torch.compile on 2 cores; the
-#: embedded run demonstrates the mechanisms, it does not benchmark the CPU backend.
-EMBEDDED_BASE_FLAGS = ["--enforce-eager"]
-#: A 6000-token prompt plus its 600 tokens needs 52 blocks of 128 on the CPU backend. 64 blocks never preempted
-#: (KV use peaked ~78%); 58 is the smallest pool that holds 7200 tokens of context (one block is reserved),
-#: and 7200 still leaves the 5 characters per token vLLM checks prompts by (6000 x "ocean " = 36,000). With
-#: it the seed's 45 requests at 2 req/s preempt several times (the counter rose by 9 in the cell here).
-EMBEDDED_PREEMPT_FLAGS = ["--max-model-len", "7200", "--num-gpu-blocks-override", "58"]
-EMBEDDED_NOCHUNK_FLAGS = ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"]
-GPU_NOCHUNK_FLAGS = ["--no-enable-chunked-prefill"]
-#: 16-token GPU blocks: 4000 blocks = 64,000 KV tokens preempted without a queue collapse on an H200 at
-#: 10 req/s (results/h200); 1500 blocks (24,000 tokens) collapsed the queue.
-GPU_PREEMPT_FLAGS = ["--max-model-len", "8192", "--num-gpu-blocks-override", "4000"]
 
 
 def add_suite_arguments(p: argparse.ArgumentParser) -> None:
@@ -140,7 +137,7 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     add_prefix_arguments(p)
     p.add_argument(
         "--configs",
-        default="chunked,nochunk,preempt",
+        default=",".join(CONFIGS),
         help="server configurations to run; with --server url, the one the server has now",
     )
     add_option(p, "no_report")
@@ -187,27 +184,20 @@ def build_plan(args: argparse.Namespace) -> Any:
     processes = parse_processes(args.processes)
     if not args.knee_factor > 1:
         raise OptionError(f"--knee-factor: must be above 1, got {args.knee_factor}")
-    nochunk_default = EMBEDDED_NOCHUNK_FLAGS if args.embedded else GPU_NOCHUNK_FLAGS
-    preempt_default = EMBEDDED_PREEMPT_FLAGS if args.embedded else GPU_PREEMPT_FLAGS
-    nochunk_flags = args.nochunk_flags.split() if args.nochunk_flags else list(nochunk_default)
-    preempt_flags = args.preempt_flags.split() if args.preempt_flags else list(preempt_default)
     plan = SuitePlan(
         rates=rates, until_knee=args.until_knee, knee_factor=args.knee_factor, max_rate=args.max_rate,
         batch_size=batch, gated=not args.no_gated, nochunk_rates=nochunk,
         preempt_rate=preempt[0] if preempt else None, n=n, warmup=warmup, seed=args.seed,
         ignore_eos=args.ignore_eos or args.embedded, processes=processes,
-        realtime=(args.embedded or args.server == "local") and args.placement == "isolated",
-        server_flags={
-            config: [*(EMBEDDED_BASE_FLAGS if args.embedded else []), *flags]
-            for config, flags in (("chunked", []), ("nochunk", nochunk_flags), ("preempt", preempt_flags))
-        },
+        realtime=getattr(server_kind_of(args), "shares_cores", False) and args.placement == "isolated",
+        server_flags=server_flags(args),
         locust_args=list(args.locust_arg) + workload_locust_args(args) + stamp_locust_args(args),
         prompts=parse_prompt_sources(args.prompts), stage_warmup=stage_warmup,
     )  # fmt: skip
-    check_workload(plan.locust_args, [(source, "continuous") for source in plan.prompts])
+    check_workload(plan.locust_args, [(source, CONTINUOUS.name) for source in plan.prompts])
     if plan.gated:
         try:
-            check_workload(plan.locust_args, [(plan.prompts[0], "gated")])
+            check_workload(plan.locust_args, [(plan.prompts[0], GATED.name)])
         except OptionError as e:
             raise OptionError(f"{e} (the gated arm cannot take it: add --no-gated)") from None
     return plan
@@ -315,36 +305,36 @@ def _check_same_plan(root: Path, plan: Any) -> None:
 
 def validate_suite_args(args: argparse.Namespace) -> tuple[Any, list[str], Path, str | None]:
     """Every check that needs no server: plan, configurations, controller options, results folder."""
-    if args.embedded and args.server not in (None, "local"):
+    if args.embedded and args.server is not None and SERVER_KINDS[args.server] is not EMBEDDED_KIND:
         raise OptionError(f"--server: --embedded starts its own CPU server; it cannot be combined "
                           f"with --server {args.server}")  # fmt: skip
     if not args.embedded and args.server is None:
         raise OptionError(f"--server: say who runs the server ({', '.join(SERVER_KINDS)}), or use --embedded")
-    if args.server == "compose" and (args.nochunk_flags or args.preempt_flags):
-        option = "--nochunk-flags" if args.nochunk_flags else "--preempt-flags"
-        raise OptionError(f"{option}: compose takes a configuration's flags from its compose file "
-                          "(--nochunk-compose-file, --preempt-compose-file); put them there")  # fmt: skip
+    kind = server_kind_of(args)
+    assert kind is not None  # --server is one of SERVER_KINDS' choices, or --embedded
+    given = declared_flags(args)
+    if kind.flags_in_files and given:
+        files = ", ".join(option_text(c.compose_file_option) for c in CONFIGS.values() if c.compose_file_option)
+        raise OptionError(f"{option_text(CONFIGS[next(iter(given))].flags_option)}: {kind.name} takes a "
+                          f"configuration's flags from its compose file ({files}); put them there")  # fmt: skip
     locust_args, key_in_args = _locust_args_without_key(list(args.locust_arg))
     args.locust_arg = locust_args
     api_key = args.api_key or key_in_args or os.environ.get(API_KEY_ENV) or None
     plan = build_plan(args)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    unknown = sorted(set(configs) - {"chunked", "nochunk", "preempt"})
+    unknown = sorted(set(configs) - set(CONFIGS))
     if unknown or not configs:
         raise OptionError(f"--configs: unknown configuration {', '.join(unknown) or '(none)'}; "
-                          "use chunked, nochunk, preempt")  # fmt: skip
-    if args.server == "url" and len(configs) > 1:
-        raise OptionError("--configs: --server url cannot restart the server; name the one configuration it runs")
+                          f"use {names_text()}")  # fmt: skip
+    if not kind.restarts and len(configs) > 1:
+        raise OptionError(f"--configs: --server {kind.name} cannot restart the server; name the one configuration "
+                          "it runs")  # fmt: skip
     plan.configs = tuple(configs)
-    plan.declared_flags = {
-        config: text.split()
-        for config, text in (("nochunk", args.nochunk_flags), ("preempt", args.preempt_flags))
-        if text
-    }
+    plan.declared_flags = declared_flags(args)
     problems = suite_server(args, Path(".")).problems()
     if problems:
         raise OptionError(problems[0])
-    if args.server and SERVER_KINDS[args.server].has_url and not args.embedded:
+    if kind.has_url:
         try:
             Target.parse(args.host)
         except TargetError as e:
@@ -366,7 +356,9 @@ def validate_suite_args(args: argparse.Namespace) -> tuple[Any, list[str], Path,
 
 def suite_server(args: argparse.Namespace, root: Path) -> ServerSpec:
     """The suite's server: compose gives each of its fixed configurations the override file that sets its flags."""
-    overrides = {"chunked": (), "nochunk": (args.nochunk_compose_file,), "preempt": (args.preempt_compose_file,)}
+    overrides = {
+        c.name: (getattr(args, c.compose_file_option),) if c.compose_file_option else () for c in CONFIGS.values()
+    }
     return server_spec(args, root, tag="[suite]", config_overrides=overrides)
 
 
@@ -383,12 +375,17 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
         return usage_error(prog, str(e))
     from tailgate.runner import signal_guard
 
-    if args.server == "compose":
+    kind = server_kind_of(args)
+    assert kind is not None  # validated above
+    if kind.checks_setup:
         from tailgate.servers import ComposeSetupError
+        from tailgate.servers.base import ChecksSetup
 
         # the engine, the images and the server's port, before the suite stops or starts anything
         try:
-            make_controller(suite_server(args, root), log=_printer()).preflight(configs)  # type: ignore[attr-defined]
+            controller = make_controller(suite_server(args, root), log=_printer())
+            if isinstance(controller, ChecksSetup):
+                controller.preflight(configs)
         except ComposeSetupError as e:
             try:
                 root.rmdir()  # refused before anything ran: no empty results folder left behind
@@ -396,7 +393,7 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
                 pass
             return usage_error(prog, str(e))
 
-    if SERVER_KINDS[args.server or "local"].up_already:  # down now is a wrong --host as far as the suite can tell
+    if kind.up_already:  # down now is a wrong --host as far as the suite can tell
         from tailgate.servers.net import unreachable
 
         reason = unreachable(args.host)

@@ -24,6 +24,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, Union
 
@@ -400,6 +401,47 @@ class StageSummary(Contract):
 # --------------------------------------------------------------------------------------- metadata
 
 
+class RunStatus(Enum):
+    """How a run stands, as ``run.json``'s ``status`` says it: a word, and for a run that stopped itself the
+    stage or the reason after it (``stopped after cont_r4: 12 errors``, ``stopped: stage deadline ...``).
+
+    Readers ask the status what it means (:attr:`summarized`) instead of matching its text.
+    """
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    """Stopped from outside (the web UI's Stop, the end of ``--run-time``): the stage in progress as partial."""
+    STOPPED_AFTER = "stopped after "
+    """The run stopped itself at a stage's end (``--stop-on-errors``, a lost load process)."""
+    STOPPED_IN_STAGE = "stopped: "
+    """The run gave up inside a stage (its deadline, every load process lost): that stage has no summary."""
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"
+
+    def text(self, detail: str = "") -> str:
+        """The status as written: the word, then what the two self-stopped kinds carry after it."""
+        return self.value + detail if self in _WITH_DETAIL else self.value
+
+    @property
+    def summarized(self) -> bool:
+        """Every stage that ran has its summary (a stopped run's last one as partial)."""
+        return self in (RunStatus.COMPLETED, RunStatus.STOPPED, RunStatus.STOPPED_AFTER)
+
+    @classmethod
+    def of(cls, text: object) -> RunStatus | None:
+        """The status a written one is; None for none, or one this version does not know."""
+        if not isinstance(text, str):
+            return None
+        for status in cls:
+            if text == status.value or (status in _WITH_DETAIL and text.startswith(status.value)):
+                return status
+        return None
+
+
+_WITH_DETAIL = frozenset({RunStatus.STOPPED_AFTER, RunStatus.STOPPED_IN_STAGE})
+
+
 @dataclass(frozen=True)
 class RunMeta(Contract):
     """``run.json``: one run's identity, options, trace, server and how it ended (``status``)."""
@@ -430,8 +472,12 @@ class RunMeta(Contract):
     workers: dict[str, Any] | None = None
 
     @property
+    def state(self) -> RunStatus | None:
+        return RunStatus.of(self.status)
+
+    @property
     def completed(self) -> bool:
-        return self.status == "completed"
+        return self.state is RunStatus.COMPLETED
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailgate.optiontable import DEFAULTS, STAMP_HELP, STAMP_SOURCES, rates_text
+from tailgate.serverconfigs import DEFAULT, names_text
 
 API_KEY_ENV = "TAILGATE_API_KEY"
 """Where the API key comes from when no ``--api-key`` is given (never a command line: ``ps`` shows those)."""
@@ -172,8 +173,8 @@ SPECS: tuple[OptionSpec, ...] = (
     OptionSpec(
         "config_label",
         ("--config-label",),
-        "name of the server configuration under test (chunked, nochunk, preempt, ...)",
-        "chunked",
+        f"name of the server configuration under test ({names_text()}, ...)",
+        DEFAULT.name,
     ),
     OptionSpec(
         "realtime",

@@ -26,7 +26,7 @@ from tailgate import arms
 from tailgate.arms import CONTINUOUS, GATED, cell_folder, stage_label
 from tailgate.cell import CellSpec, run_cell
 from tailgate.clientbound import merged_breached
-from tailgate.contracts import RunMeta, StageSummary, SuiteMeta
+from tailgate.contracts import RunMeta, RunStatus, StageSummary, SuiteMeta
 from tailgate.load.processes import auto_processes
 from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.rxstamp import chunk_stamp_mode
@@ -36,7 +36,7 @@ from tailgate.policies import FixedCells, KneeRamp
 from tailgate.records import read_records
 from tailgate.resultfiles import RUN_META, SUITE_META, summary_file
 from tailgate.runner import ChildRunner, LocustRun, prepare_server
-from tailgate.servers import CHUNKED_OFF_FLAG
+from tailgate.serverconfigs import CONFIGS, DEFAULT, NOCHUNK, PREEMPT, engine_default
 from tailgate.servers.base import redact_argv
 from tailgate.stagewarmup import (
     STAGE_WARMUP_DIR,
@@ -48,9 +48,6 @@ from tailgate.stagewarmup import (
 )
 
 Log = Callable[[str], None]
-
-CONFIG_ORDER = ("chunked", "nochunk", "preempt")
-
 
 GATED_STREAM_CHUNKS_PER_S = 100.0
 """Chunks per second one stream of a gated batch is assumed to receive (a fast GPU's decode rate), for
@@ -149,13 +146,13 @@ class SuitePlan:
     processes: int = 1
     """Load processes per cell; 0 = auto (:func:`cell_processes`)."""
     server_flags: dict[str, list[str]] = field(
-        default_factory=lambda: {"chunked": [], "nochunk": [CHUNKED_OFF_FLAG], "preempt": []}
+        default_factory=lambda: {c.name: list(c.plan_flags) for c in CONFIGS.values()}
     )
     locust_args: list[str] = field(default_factory=list)
     """Passed through to every Locust run (e.g. --request-timeout, --trace-file)."""
     declared_flags: dict[str, list[str]] = field(default_factory=dict)
     """Flags the user stated for a server the suite does not start (recorded, not applied)."""
-    configs: tuple[str, ...] = CONFIG_ORDER
+    configs: tuple[str, ...] = tuple(CONFIGS)
     """Server configurations to run now (a server nobody can restart runs one at a time)."""
     realtime: bool = False
     """Load processes at SCHED_FIFO where allowed: set when the server shares this machine's cores."""
@@ -168,12 +165,12 @@ class SuitePlan:
 
     def fixed_cells(self) -> list[Cell]:
         first, others = self.prompts[0], self.prompts[1:]
-        cells = [Cell("chunked", CONTINUOUS.name, r, first) for r in self.rates]
+        cells = [Cell(DEFAULT.name, CONTINUOUS.name, r, first) for r in self.rates]
         if self.gated:
-            cells.append(Cell("chunked", GATED.name, float(self.batch_size), first))
-        cells += [Cell("nochunk", CONTINUOUS.name, r, first) for r in self.nochunk_rates]
+            cells.append(Cell(DEFAULT.name, GATED.name, float(self.batch_size), first))
+        cells += [Cell(NOCHUNK.name, CONTINUOUS.name, r, first) for r in self.nochunk_rates]
         if self.preempt_rate:
-            cells.append(Cell("preempt", CONTINUOUS.name, self.preempt_rate, first))
+            cells.append(Cell(PREEMPT.name, CONTINUOUS.name, self.preempt_rate, first))
         paired = [Cell(c.config, c.arm, c.value, other) for c in cells if arms.arm(c.arm).open_loop for other in others]
         return [c for c in [*cells, *paired] if c.config in self.configs]
 
@@ -185,7 +182,7 @@ class SuitePlan:
         if rated:
             top = max(rated, key=lambda c: c.value)
             rate = top.value
-            if config == "chunked" and self.until_knee and self.rates:
+            if engine_default(config) and self.until_knee and self.rates:
                 rate = self.rates[-1]
                 while rate * 2 <= self.max_rate:
                     rate *= 2
@@ -320,7 +317,7 @@ class Suite:
         # failed requests are data (error records): the cell counts as done whenever its run finished and
         # wrote its summary, complete or not (a lost load process: exit 4, combined into the suite's own)
         if not done.complete or summary is None or not cell_done(self.root, cell):
-            mark_run_ended(out / RUN_META, done.ending.describe(), status="failed")
+            mark_run_ended(out / RUN_META, done.ending.describe(), status=RunStatus.FAILED)
             raise SuiteError(done.failure())
         self.cell_codes.append(done.ending.code)
         merged = summary.client_coalesced_streams or 0
@@ -334,11 +331,11 @@ class Suite:
         cells = p.fixed_cells()
 
         def on_ramp(c: Cell) -> bool:
-            return c.config == "chunked" and c.arm == CONTINUOUS.name and c.prompts == p.prompts[0]
+            return engine_default(c.config) and c.arm == CONTINUOUS.name and c.prompts == p.prompts[0]
 
         ramp = KneeRamp(
             [c for c in cells if on_ramp(c)], lambda c: c.value,
-            lambda rate: Cell("chunked", CONTINUOUS.name, rate, p.prompts[0]),
+            lambda rate: Cell(DEFAULT.name, CONTINUOUS.name, rate, p.prompts[0]),
             until_knee=p.until_knee, factor=p.knee_factor, max_rate=p.max_rate,
         )  # fmt: skip
         return ramp, FixedCells([c for c in cells if not on_ramp(c)])
@@ -397,12 +394,12 @@ class Suite:
         self._write_meta(status=status, exit_code=exit_code, ended=_iso(time.time()), end_detail=detail)
 
 
-def mark_run_ended(path: Path, why: str, status: str = "interrupted") -> None:
+def mark_run_ended(path: Path, why: str, status: RunStatus = RunStatus.INTERRUPTED) -> None:
     """Rewrite a run.json left at ``running`` (its Locust was stopped before it could) to ``status``."""
     meta = RunMeta.read_or_none(path)
-    if meta is None or meta.status != "running":
+    if meta is None or meta.state is not RunStatus.RUNNING:
         return
-    meta.with_(status=status, ended=meta.ended or _iso(time.time()), ended_by=why).write(path)
+    meta.with_(status=status.text(), ended=meta.ended or _iso(time.time()), ended_by=why).write(path)
 
 
 class SuiteError(RuntimeError):

@@ -634,7 +634,7 @@ def test_cpu_overrides_only_add_their_flags(cpu_services, config):
 
 def test_cpu_stack_matches_the_embedded_flags(cpu_services):
     """The compose CPU server and the embedded one are the same server, another wiring."""
-    from tailgate.cli import EMBEDDED_BASE_FLAGS, EMBEDDED_NOCHUNK_FLAGS, EMBEDDED_PREEMPT_FLAGS
+    from tailgate.serverconfigs import EMBEDDED_BASE_FLAGS, EMBEDDED_NOCHUNK_FLAGS, EMBEDDED_PREEMPT_FLAGS
 
     command = _command(cpu_services["vllm"])
     assert all(flag in command for flag in EMBEDDED_BASE_FLAGS)

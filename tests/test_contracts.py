@@ -428,3 +428,17 @@ def test_the_contracts_import_neither_gevent_nor_pandas() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_run_status_is_read_as_written_and_says_whether_every_stage_was_summarized() -> None:
+    from tailgate.contracts import RunStatus
+
+    written = {
+        "completed": True, "stopped": True, "stopped after cont_r4: 3 errors": True,
+        "stopped: stage deadline passed": False, "running": False, "interrupted": False, "failed": False,
+    }  # fmt: skip
+    for text, summarized in written.items():
+        status = RunStatus.of(text)
+        assert status is not None and status.summarized is summarized, text
+        assert status.text(text[len(status.value) :]) == text
+    assert RunStatus.of("a newer word") is None and RunStatus.of(None) is None

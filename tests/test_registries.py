@@ -183,3 +183,31 @@ def test_a_plugin_prompt_source_is_offered_and_sent_end_to_end(gt: ServerProcess
     run = json.loads((results / "run.json").read_text())
     assert run["workload"]["prompts"] == "sevens"
     assert run["workload"]["prompt_check"]["built_by"] == "prompts_sevens"
+
+
+def test_no_product_module_but_the_registry_compares_a_server_configuration_by_name() -> None:
+    """A configuration's name compared with a ``config`` value outside ``tailgate/serverconfigs.py`` is a second
+    place a new configuration would have to be added; the code asks the configuration for its role instead."""
+    from tailgate.serverconfigs import CONFIGS
+
+    found = []
+    for folder in PRODUCT:
+        for path in folder.rglob("*.py"):
+            if path == ROOT / "tailgate" / "serverconfigs.py" or "verify" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Compare) and "config" in ast.unparse(node):
+                    sides = [node.left, *node.comparators]
+                    if any(isinstance(s, ast.Constant) and s.value in CONFIGS for s in sides):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+    assert found == []
+
+
+def test_the_server_configurations_keep_their_flags_and_roles() -> None:
+    from tailgate.serverconfigs import CHUNKED_OFF_FLAG, CHUNKED_PAIR, CONFIGS, DEFAULT, preempting
+
+    assert list(CONFIGS) == ["chunked", "nochunk", "preempt"]
+    assert DEFAULT.engine_default and DEFAULT.gpu_flags == ()
+    on, off = CHUNKED_PAIR
+    assert on.chunked_prefill and not off.chunked_prefill and CHUNKED_OFF_FLAG in off.gpu_flags
+    assert [c.name for c in CONFIGS.values() if c.preempts] == ["preempt"] and not preempting("my-label")

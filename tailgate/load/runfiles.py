@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import tailgate
+from tailgate.contracts import RunStatus
 from tailgate.load.distributed import WORKER_LOST
 from tailgate.load.options import Settings
 from tailgate.load.plan import Stage
@@ -61,7 +62,7 @@ def run_metadata(
     return {
         "run_id": run_id, "arm": s.arm, "config": s.config_label, "host": s.host, "model": s.model,
         "prometheus_url": s.prometheus_url, "metrics_url": s.metrics_url, "started": iso(started),
-        "ended": None, "status": "running", "stop_reason": None,
+        "ended": None, "status": RunStatus.RUNNING.text(), "stop_reason": None,
         "trace": {"seed": s.seed, "warmup": s.warmup, "n": s.n, "source": s.trace_source,
                   "mix": mix_of(measured), "mix_with_warmup": mix_of(s.trace)},
         "stages_planned": [x.label for x in stages], "ignore_eos": s.ignore_eos,

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tailgate.arms import arm as arm_of
-from tailgate.contracts import Order, OrderConfig, StageSummary
+from tailgate.contracts import Order, OrderConfig, RunStatus, StageSummary
 from tailgate.hoststeal import cpu_counters, steal_share
 from tailgate.load.capturelink import stamp_summary
 from tailgate.load.console import summary_line
@@ -96,7 +96,7 @@ class RunSession(WorkerRoster):
         self.stages = settings.stages()
         self._nodes_expected = nodes_expected
         self._local = local
-        self.status = "running"
+        self.status = RunStatus.RUNNING.text()
         self.stop_reason: str | None = None
         self.failed: str | None = None
         self.ended_at: float | None = None
@@ -188,7 +188,7 @@ class RunSession(WorkerRoster):
             after = scrape(self.settings.metrics_url) if self.settings.metrics_url else None
             summary = self._summarize(stage, records, after, partial=True)
             log.info("tailgate: %s (partial)", summary_line(summary))
-        self._end("stopped")
+        self._end(RunStatus.STOPPED.text())
 
     def _cancel_load(self) -> None:
         """Stop dispatching and cancel what is in flight, in every load process."""
@@ -234,7 +234,7 @@ class RunSession(WorkerRoster):
     # -- the coordinator --------------------------------------------------------------------------
     def _coordinate(self) -> None:
         s = self.settings
-        status = "completed"
+        status = RunStatus.COMPLETED.text()
         try:
             nodes = self._wait_ready()
             log.info("tailgate: run %s: %d load process(es) ready; %d stage(s); results in %s",
@@ -243,11 +243,11 @@ class RunSession(WorkerRoster):
                 summary = self._run_stage(stage, self._stage_nodes(stage))
                 log.info("tailgate: %s", summary_line(summary))
                 if summary.workers_lost and self.on_worker_loss == "stop":
-                    status = f"stopped after {stage.label}: load process(es) lost"
+                    status = RunStatus.STOPPED_AFTER.text(f"{stage.label}: load process(es) lost")
                     log.error("tailgate: %s (--on-worker-loss stop)", status)
                     break
                 if s.stop_on_errors and summary.errors >= s.stop_on_errors:
-                    status = f"stopped after {stage.label}: {summary.errors} errors"
+                    status = RunStatus.STOPPED_AFTER.text(f"{stage.label}: {summary.errors} errors")
                     log.error("tailgate: %s (--stop-on-errors %d)", status, s.stop_on_errors)
                     break
                 if stage is not self.stages[-1] and s.settle:
@@ -255,11 +255,11 @@ class RunSession(WorkerRoster):
         except gevent.GreenletExit:
             raise  # stop() ends the run
         except (StageDeadline, WorkersLost) as e:
-            status = f"stopped: {e}"
+            status = RunStatus.STOPPED_IN_STAGE.text(str(e))
             log.error("tailgate: %s", status)
         except Exception as e:  # surface a clear line, then let the run end
             self.failed = f"{type(e).__name__}: {e}"
-            status = "failed"
+            status = RunStatus.FAILED.text()
             log.exception("tailgate run failed")
         self.natural_end = True
         self._end(status)

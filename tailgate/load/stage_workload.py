@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tailgate.arms import arm
 from tailgate.contracts import OrderItem
 from tailgate.load.metrics import Snapshot
 from tailgate.load.options import Settings
@@ -23,7 +24,7 @@ def order_item(a: Arrival) -> OrderItem:
 
 def stage_arrivals(s: Settings, stage: Stage) -> str:
     """The arrival process of a stage: the option's for the open loop; a gated stage arrives in batches."""
-    return s.arrivals if stage.arm == "continuous" else "batches"
+    return s.arrivals if arm(stage.arm).open_loop else "batches"
 
 
 SEED_CACHE_WARNING = (

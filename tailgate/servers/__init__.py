@@ -13,7 +13,9 @@ Only the standard library is used: this module runs before, and outside of, the 
 not pull in gevent's monkey-patching or pandas.
 """
 
-from .base import CHUNKED_OFF_FLAG, HOST, ServerController, ServerError
+from tailgate.serverconfigs import CHUNKED_OFF_FLAG
+
+from .base import HOST, ServerController, ServerError
 from .compose import ComposeByConfig, ComposeServer, ComposeSetupError
 from .fixed import FixedServer
 from .install import default_vllm_python, ensure_tiny_model, ensure_vllm_venv, tailgate_home

@@ -1,6 +1,4 @@
-"""What every server controller shares: the interface a suite drives, its error, and the flag that switches
-chunked prefill off (the policy the suite compares).
-"""
+"""What every server controller shares: the interface a suite drives and its error."""
 
 from __future__ import annotations
 
@@ -8,7 +6,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 HOST = "127.0.0.1"
-CHUNKED_OFF_FLAG = "--no-enable-chunked-prefill"
 
 Log = Callable[[str], None]
 
@@ -86,4 +83,13 @@ class ServerController(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready facts about the server for the run's metadata."""
+        ...
+
+
+@runtime_checkable
+class ChecksSetup(Protocol):
+    """A controller that can check what it needs (engine, images, port) before anything starts."""
+
+    def preflight(self, configs: Sequence[str]) -> None:
+        """Raise a setup error naming what is missing for any of these configurations."""
         ...

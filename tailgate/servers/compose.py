@@ -14,7 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import CHUNKED_OFF_FLAG, ServerError, redact_argv
+from tailgate.serverconfigs import CHUNKED_OFF_FLAG, DEFAULT
+
+from .base import ServerError, redact_argv
 from .net import http_json, is_healthy
 
 # --------------------------------------------------------------------------------------------- compose
@@ -334,7 +336,7 @@ class ComposeByConfig:
 
     def __init__(self, servers: Mapping[str, ComposeServer]) -> None:
         self.servers = servers
-        self.current = servers["chunked"]
+        self.current = servers[DEFAULT.name]
 
     @property
     def base_url(self) -> str:

@@ -11,7 +11,9 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .base import CHUNKED_OFF_FLAG, Log, ServerError
+from tailgate.serverconfigs import CHUNKED_OFF_FLAG
+
+from .base import Log, ServerError
 from .net import http_json, is_healthy
 
 # --------------------------------------------------------------------------------------------- manual

@@ -31,6 +31,11 @@ class ServerKind:
     ``has_url``: ``--host`` names it (every kind but local). ``stopped_at_end``: this command started
     it, so the command's cleanup stops it. ``up_already``: nobody here starts it, so a server that does
     not answer now is a wrong ``--host`` and the command refuses before it runs anything.
+    ``restarts``: a command can move it from one configuration to another (else it runs one).
+    ``flags_in_files``: a configuration's flags live in its files, so flags given as options are refused.
+    ``checks_setup``: what it needs (engine, images, port) can be checked before anything starts.
+    ``shares_cores``: it runs on this machine's cores, so the load processes ask for real-time priority.
+    ``by_command``: the user's ``--restart-command`` (and ``--stop-command``) own it.
     """
 
     name: str
@@ -39,6 +44,11 @@ class ServerKind:
     stopped_at_end: bool
     up_already: bool
     build: Callable[[ServerSpec, Log], ServerController]
+    restarts: bool = True
+    flags_in_files: bool = False
+    checks_setup: bool = False
+    shares_cores: bool = False
+    by_command: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,9 +83,9 @@ class ServerSpec:
             return found
         if self.placement not in PLACEMENTS:
             found.append(f"--placement: choose from {', '.join(PLACEMENTS)}")
-        if self.kind == "command" and "{flags}" not in self.restart_command:
+        if self.server_kind.by_command and "{flags}" not in self.restart_command:
             found.append("--restart-command: give a shell command with a {flags} placeholder")
-        if self.kind != "command" and (self.restart_command or self.stop_command):
+        if not self.server_kind.by_command and (self.restart_command or self.stop_command):
             found.append("--restart-command/--stop-command: only with --server command")
         return found
 
@@ -126,17 +136,27 @@ def _url(spec: ServerSpec, log: Log) -> ServerController:
 
 _KINDS = (
     ServerKind("local", "the CPU vLLM of this machine, started and restarted here",
-               has_url=False, stopped_at_end=True, up_already=False, build=_local),
+               has_url=False, stopped_at_end=True, up_already=False, build=_local, shares_cores=True),
     ServerKind("compose", "a docker compose service, re-created per configuration",
-               has_url=True, stopped_at_end=False, up_already=False, build=_compose),
+               has_url=True, stopped_at_end=False, up_already=False, build=_compose, flags_in_files=True,
+               checks_setup=True),
     ServerKind("manual", "you restart it when asked",
                has_url=True, stopped_at_end=False, up_already=False, build=_manual),
     ServerKind("command", "--restart-command (re)starts it, {flags} and {config} filled in",
-               has_url=True, stopped_at_end=True, up_already=False, build=_command),
+               has_url=True, stopped_at_end=True, up_already=False, build=_command, by_command=True),
     ServerKind("url", "nobody restarts it: one configuration, its flags recorded as declared",
-               has_url=True, stopped_at_end=False, up_already=True, build=_url),
+               has_url=True, stopped_at_end=False, up_already=True, build=_url, restarts=False),
 )  # fmt: skip
 SERVER_KINDS: dict[str, ServerKind] = {kind.name: kind for kind in _KINDS}
+EMBEDDED_KIND = SERVER_KINDS["local"]
+"""The kind ``--embedded`` means: the CPU vLLM of this machine."""
+
+
+def server_kind_of(args: argparse.Namespace) -> ServerKind | None:
+    """The kind the parsed options ask for (``--embedded`` is the local one); None: neither was given."""
+    if getattr(args, "embedded", False):
+        return EMBEDDED_KIND
+    return SERVER_KINDS.get(args.server) if args.server else None
 
 
 def add_server_arguments(p: argparse.ArgumentParser) -> None:
@@ -163,7 +183,7 @@ def server_spec(
 ) -> ServerSpec:
     """The spec the parsed options describe; ``--embedded`` means the local CPU vLLM."""
     return ServerSpec(
-        kind="local" if getattr(args, "embedded", False) else (args.server or ""),
+        kind=EMBEDDED_KIND.name if getattr(args, "embedded", False) else (args.server or ""),
         host=args.host,
         results=results,
         tag=tag,

@@ -14,13 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tailgate.arms import CONTINUOUS
 from tailgate.exitcodes import combine
 from tailgate.lifecycle import ArgumentParser, SignalGuard, Stopped
 from tailgate.optiondecl import add_option, add_options, to_flags
 from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate
 from tailgate.resultfiles import writable_folder_problem
 from tailgate.runner import signal_guard
-from tailgate.servers.spec import SERVER_KINDS, add_server_arguments, make_controller, server_spec
+from tailgate.servers.spec import SERVER_KINDS, add_server_arguments, make_controller, server_kind_of, server_spec
 from tailgate.slo.answer import print_table
 from tailgate.slo.plan import SloPlan
 from tailgate.slo.probe import SloRunError, SloRunner
@@ -246,7 +247,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
     from tailgate.load.options import check_workload
 
     try:
-        check_workload(locust_args, [(None, "continuous")])
+        check_workload(locust_args, [(None, CONTINUOUS.name)])
     except OptionError as e:
         raise SloError(str(e)) from None
     return SloPlan(
@@ -307,12 +308,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = build_plan(args)
         if not args.embedded and args.server is None:
             raise SloError(f"--server: say who runs the server ({', '.join(SERVER_KINDS)}) or use --embedded")
-        if args.server == "url" and len(plan.configs) > 1:
-            raise SloError("--config: --server url cannot restart the server; name the one configuration it runs")
+        kind = server_kind_of(args)
+        assert kind is not None  # --server is one of SERVER_KINDS' choices, or --embedded
+        named = SERVER_KINDS[args.server] if args.server else kind
+        if not named.restarts and len(plan.configs) > 1:
+            raise SloError(f"--config: --server {named.name} cannot restart the server; name the one configuration "
+                           "it runs")  # fmt: skip
         problems = server_spec(args, Path("."), tag="[slo]").problems()
         if problems:
             raise SloError(problems[0])
-        if args.server and SERVER_KINDS[args.server].has_url and not args.embedded:
+        if kind.has_url:
             _check_url("--host", args.host)
         if args.prometheus_url:
             _check_url("--prometheus-url", args.prometheus_url)
