@@ -2,9 +2,8 @@
 where a term first appears.
 
 The page uses words a reader who did not write the suite cannot guess ("decision rate", "p99 from the intended
-send", "server-wide pauses"); the phone view's long column labels and the diagnosis's evidence used to be the
-only places that said what they meant. One definition per term, here, keeps the table's headers, the meta line
-and the glossary from drifting apart.
+send", "server-wide pauses"). One definition per term, here, keeps the table's headers, the phone view's long
+column labels, the diagnosis's evidence, the meta line and the glossary saying the same thing.
 """
 
 from __future__ import annotations

@@ -45,9 +45,6 @@ INT_COLUMNS: tuple[str, ...] = (
     "trace_id", "stage", "prompt_tokens_planned", "max_tokens", "in_flight_at_send", "chunks",
 )  # fmt: skip
 BOOL_COLUMNS: tuple[str, ...] = ("ignore_eos", "client_coalesced")
-FLOAT_COLUMNS: tuple[str, ...] = tuple(
-    c for c in RECORD_COLUMNS if c not in (*CATEGORY_COLUMNS, *TEXT_COLUMNS, *INT_COLUMNS, *BOOL_COLUMNS)
-)
 SERVER_COLUMNS: tuple[str, ...] = (
     "t", "running", "waiting", "kv_usage", "preemptions_total",
     "prompt_tokens_total", "generation_tokens_total",
@@ -476,8 +473,3 @@ def load_server_metrics(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=[*SERVER_COLUMNS, "run_dir"])
     return pd.concat(frames, ignore_index=True)
-
-
-def load_run_meta(source: str | Path | Sequence[RunDir]) -> dict[str, dict[str, Any]]:
-    """``run.json`` of every run, keyed by run dir name."""
-    return {r.name: r.meta for r in _as_runs(source)}

@@ -175,13 +175,6 @@ def accounting_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def table_html(table: pd.DataFrame) -> str:
-    """The Markdown table's content as an HTML ``<table>``."""
-    from tailgate.postprocess.html import render
-
-    return render("table.html.j2", table=table_context(table))
-
-
 def write_table(table: pd.DataFrame, out_dir: str | Path) -> tuple[Path, Path]:
     """``table.md`` and ``table.csv`` (the CSV keeps full precision and the extra columns)."""
     out = Path(out_dir)

@@ -1,9 +1,9 @@
 """The arms: how a stage's requests are scheduled, and everything else that depends on it.
 
-An arm used to be a string compared at some twenty sites. Each is now one :class:`Arm` in
-:data:`ARMS`, which says what the rest of the suite needs to know: the plan builder that turns the trace
-into stages, the locustfile that runs it, how its stages and cells are named, whether its arrivals are
-open-loop (a rate axis, an in-flight cap, a target rate) and whether a group's requests start together.
+Each arm is one :class:`Arm` in :data:`ARMS`, which says what the rest of the suite needs to know: the
+plan builder that turns the trace into stages, the locustfile that runs it, how its stages and cells are
+named, whether its arrivals are open-loop (a rate axis, an in-flight cap, a target rate) and whether a
+group's requests start together. The suite and the analysis ask the arm, never compare its name.
 A new arm is an entry here, its plan builder in ``tailgate/load/plan.py``, a ``SuiteShape`` subclass in
 ``shapes/`` that names it and a three-line locustfile in ``locustfiles/``.
 

@@ -1,10 +1,9 @@
 """Typed contracts for what one part of the suite hands another, besides the per-request record.
 
 An order (master to load process), a stage summary (``summary-<stage>.json``) and the run, suite and
-SLO metadata (``run.json``, ``suite.json``, ``slo.json``) used to be plain dicts, so a key spelled one
-way by the writer and another by a reader failed silently, and a damaged file failed with a traceback
-far from where it was read. Each is a frozen dataclass here, checked when it is read: a wrong-typed or
-damaged file gives one :class:`ContractError` line naming the file and the key.
+SLO metadata (``run.json``, ``suite.json``, ``slo.json``) are frozen dataclasses, checked when they are
+read: a key spelled one way by the writer and another by a reader cannot fail silently, and a wrong-typed
+or damaged file gives one :class:`ContractError` line naming the file and the key, where it is read.
 
 Three properties keep files compatible in both directions:
 

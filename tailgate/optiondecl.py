@@ -1,11 +1,11 @@
 """Every option more than one command takes, declared once: flags, dest, type, default, help, choices.
 
 Locust's parser (``tailgate/load/options.py``), ``tailgate suite`` and ``trace`` (``tailgate/cli.py``),
-``tailgate slo``, ``tailgate selfcheck`` and the ground-truth server used to declare ``--seed``, ``--n``,
-``--chunk-stamp`` and some twenty more each on their own; their helps drifted apart and a caller turning
-values back into a Locust command line spelled the flags a third time. Each parser now adds them with
-:func:`add_options`, a command needing another default or help says so in the call (an override, by
-name), and :func:`to_flags` writes a child's command line from the same declarations.
+``tailgate slo``, ``tailgate selfcheck`` and the ground-truth server share ``--seed``, ``--n``,
+``--chunk-stamp`` and some twenty more. Declared once, their helps cannot differ between commands, and a
+caller turning values back into a Locust command line cannot spell a flag another way: each parser adds
+them with :func:`add_options`, a command needing another default or help says so in the call (an
+override, by name), and :func:`to_flags` writes a child's command line from the same declarations.
 ``tests/test_optiondecl.py`` fails when an option string is declared by two ``add_argument`` calls again.
 
 Pure Python, as :mod:`tailgate.optiontable`: the runner and the ground-truth server import it. Choices

@@ -1,9 +1,8 @@
 """The suite's option defaults and their validation, in one table.
 
 The Locust options (command line, ``locust.conf``, the web UI's Start form), ``tailgate suite`` and
-``tailgate slo`` all take a measured count, a warm-up, a seed and arrival rates. They used to write the
-defaults down each and to check a rate three different ways, so a value refused by one was accepted by
-another. Each reads its defaults and checks from here; ``tests/test_contracts.py`` compares every parser's
+``tailgate slo`` all take a measured count, a warm-up, a seed and arrival rates. Each reads its defaults
+and checks from here, so a value one refuses is refused by all; ``tests/test_contracts.py`` compares every parser's
 defaults with this table. Pure Python: the load path, the command line and the analysis import it.
 """
 
@@ -56,11 +55,7 @@ STAMP_HELP = (
     "recv (when its read returned)"
 )
 
-DEFAULT_MEASURED: int = DEFAULTS["n"]
-DEFAULT_WARMUP: int = DEFAULTS["warmup"]
 DEFAULT_SEED: int = DEFAULTS["seed"]
-DEFAULT_RATES: tuple[float, ...] = DEFAULTS["rates"]
-DEFAULT_BATCH: int = DEFAULTS["batch_size"]
 
 
 def rates_text(rates: Iterable[float]) -> str:
@@ -74,6 +69,24 @@ def check_rate(value: float, option: str) -> float:
         raise OptionError(f"{option}: every rate must be a positive number of req/s, got {value:g}"
                           if isinstance(value, (int, float)) else f"{option}: {value!r} is not a number")  # fmt: skip
     return float(value)
+
+
+AUTO = 0
+"""``--processes auto`` (and ``--truth-workers auto``) as a count: sized per run from the expected chunk rate
+and this host's calibration (:mod:`tailgate.load.hostcapacity`)."""
+
+
+def parse_processes(text: str, option: str = "--processes") -> int:
+    """``auto`` -> :data:`AUTO` (0), else a count of at least 1."""
+    if str(text).strip().lower() == "auto":
+        return AUTO
+    try:
+        n = int(str(text).strip())
+    except ValueError:
+        raise OptionError(f"{option}: a count or auto, got {text!r}") from None
+    if n < 1:
+        raise OptionError(f"{option}: must be at least 1 (or auto), got {n}")
+    return n
 
 
 def parse_rates(text: str, option: str = "--rates", *, allow_none: bool = False) -> tuple[float, ...]:

@@ -24,10 +24,6 @@ from tailgate.load.arrivals import DEFAULT_ARRIVALS
 from tailgate.load.payloads import DEFAULT_ENDPOINT
 from tailgate.load.promptsources import DEFAULT_PROMPTS
 
-RECORD_SCHEMA_VERSION = 3
-"""2: the connect and request-written instants, and how much of a record's timing the client could have hidden.
-3: which prompt source, endpoint and arrival process produced the record, and the prompt's tokenized length."""
-
 
 @dataclass(slots=True)
 class RequestRecord:

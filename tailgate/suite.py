@@ -32,7 +32,7 @@ from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.rxstamp import chunk_stamp_mode
 from tailgate.load.workload import SEED_MIX
 from tailgate.optiontable import DEFAULTS
-from tailgate.policies import FixedCells, KneeRamp
+from tailgate.policies import CellPolicy, FixedCells, KneeRamp
 from tailgate.records import read_records
 from tailgate.resultfiles import RUN_META, SUITE_META, summary_file
 from tailgate.runner import ChildRunner, LocustRun, prepare_server
@@ -349,9 +349,10 @@ class Suite:
             status="running", exit_code=None, ended=None, end_detail=None,
         )  # fmt: skip
         ramp, rest = self.policies()
+        order: tuple[CellPolicy[Cell], ...] = (ramp, rest)
         planned = len(p.fixed_cells())
         done_cells: list[Cell] = []
-        for policy in (ramp, rest):
+        for policy in order:
             while (cell := policy.next_cell()) is not None:
                 index, total = len(done_cells) + 1, planned + ramp.added
                 if cell_done(self.root, cell):

@@ -205,14 +205,6 @@ def _chi2_upper(df: int, z: float = 1.6449) -> float:
     return df * (1.0 - c + z * math.sqrt(c)) ** 3
 
 
-def time_blocks(times: Sequence[float], seconds: float) -> list[int]:
-    """Block label of each time: whole ``seconds``-long windows from the first."""
-    if not times:
-        return []
-    t0 = min(times)
-    return [int((t - t0) // seconds) for t in times]
-
-
 # ------------------------------------------------------------------------------------------ verdict
 
 

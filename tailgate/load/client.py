@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 
 from tailgate.load.capture import connection_key
-from tailgate.load.payloads import ENDPOINT_PATHS, build_chat_payload, build_payload, build_request
+from tailgate.load.payloads import build_chat_payload, build_payload, build_request
 from tailgate.load.reads import RECV_BYTES, HubReads, read_stamped
 from tailgate.load.rxstamp import (
     CHUNK_STAMP_ENV,
@@ -41,7 +41,6 @@ __all__ = [  # the request's parts live beside this module; their names stay imp
     "CHUNK_STAMPS",
     "CHUNK_STAMP_ENV",
     "DEFAULT_CHUNK_STAMP",
-    "ENDPOINT_PATHS",
     "LATE_READ_NS",
     "PAIR_NS",
     "RECV_BYTES",

@@ -299,7 +299,6 @@ class MasterSink:
         self._journals: dict[str, TextIO] = {}
         self.late: Any = None
         """Called with a stage index when a node already written off sends for it (a healed partition)."""
-        self.late_rows = 0
 
     def _file(self, files: dict[str, TextIO], worker: str, name: str) -> TextIO:
         f = files.get(worker)
@@ -313,10 +312,8 @@ class MasterSink:
 
     def _late(self, node: str, stage: int) -> None:
         """A lost node's data still counts: it was sent or recorded. Its stage's accounting is redone."""
-        if node in self.dead:
-            self.late_rows += 1
-            if self.late is not None:
-                self.late(stage)
+        if node in self.dead and self.late is not None:
+            self.late(stage)
 
     def on_sent(self, node: str, data: dict[str, Any]) -> None:
         if not self._mine(node, data):

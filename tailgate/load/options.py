@@ -217,10 +217,6 @@ class Settings:
     prompt_check: dict[str, Any] = field(default_factory=dict)
     """How the prompts were built and counted (pool size, template overhead, planned vs tokenized)."""
 
-    @property
-    def needs_tokenizer(self) -> bool:
-        return prompt_source(self.prompts).tokenized
-
     def prompt_options(self) -> dict[str, Any]:
         """The prompt sources' own option values (what :class:`~tailgate.load.promptsources.PromptPlan` carries)."""
         return {"dataset": self.dataset, "dataset_entries": self.dataset_entries, "prefix_tokens": self.prefix_tokens,

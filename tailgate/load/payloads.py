@@ -100,8 +100,6 @@ def endpoint_help() -> str:
 
 register_endpoint(Endpoint("completions", "/completions", messages=False))
 register_endpoint(Endpoint("chat", "/chat/completions", messages=True))
-ENDPOINT_PATHS = {e.name: e.path for e in ENDPOINTS.values()}
-"""The built-in endpoints' paths (kept for callers that read them; requests take the registry's)."""
 
 
 def build_request(

@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 
 from tailgate.load.prompts import Prompt
 from tailgate.load.workload import TraceItem
-from tailgate.optiontable import DEFAULT_BATCH, DEFAULT_RATES  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True, slots=True)

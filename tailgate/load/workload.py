@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tailgate.optiontable import DEFAULT_MEASURED, DEFAULT_SEED, DEFAULT_WARMUP  # noqa: F401  (re-exported)
+from tailgate.optiontable import DEFAULT_SEED
 
 PROMPT_WORD = "ocean "
 

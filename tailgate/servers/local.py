@@ -369,4 +369,3 @@ def group_members(pgid: int) -> list[int]:
 def _group_alive(pgid: int) -> bool:
     """True while a live process remains in the group."""
     return bool(group_members(pgid))
-    return True

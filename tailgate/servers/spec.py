@@ -1,10 +1,9 @@
 """Which server a command measures and who restarts it, declared once for every command.
 
-``tailgate suite`` and ``tailgate slo`` both run cells against a server that some controller owns.
-When each built its own controller they drifted apart (placement only in one, a restart command only
-in the other), so a user who learned one command's server options could not trust them in the other.
-Here the server kinds are one registry, their options one declaration, and :func:`make_controller`
-the one constructor.
+``tailgate suite`` and ``tailgate slo`` both run cells against a server that some controller owns. A
+user who learned one command's server options must be able to trust them in the other, so the server
+kinds are one registry, their options one declaration, and :func:`make_controller` the one constructor:
+a kind's placement, restart command or set-up check cannot exist in one command only.
 
 Standard library only, like every controller: this runs before, and outside of, the load generator.
 """

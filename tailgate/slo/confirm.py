@@ -42,8 +42,6 @@ MARGIN = 0.03
 enough that a model off by more than its width is contradicted, far enough that a right one is rarely."""
 LENGTH = 1.5
 """A confirmation probe's measured requests, as a multiple of a search probe's."""
-BUDGET_SHARE = 0.3
-"""Share of the time budget kept for confirmation when a probe's length is set by its count, not a duration."""
 ROUNDS = 2
 """Fits confirmed at most: the first, and one refit after a contradiction."""
 

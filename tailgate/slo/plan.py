@@ -16,6 +16,10 @@ PROBE_OVERHEAD_S = 15.0
 """Seconds a probe costs beyond its arrivals: the load generator's start, the last streams, the settle."""
 
 
+RECORDED_RESAMPLES = 2000
+"""``slo.json``'s plan records this for ``--resamples`` when the option is not given."""
+
+
 @dataclass
 class SloPlan:
     limits: tuple[Limit, ...]
@@ -32,7 +36,8 @@ class SloPlan:
     """Further attempts, each a new sample of the workload (another seed), for a probe still undecided after
     its re-runs: more independent evidence where the capacity is, instead of longer probes everywhere."""
     confidence: float = 0.95
-    resamples: int = 2000
+    resamples: int = RECORDED_RESAMPLES
+    """What ``slo.json``'s plan records for ``--resamples``; nothing draws resamples (every bound is exact)."""
     n: int = 200
     warmup: int = 25
     seed: int = 7

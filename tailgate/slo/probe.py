@@ -76,7 +76,6 @@ class SloRunner:
         self.probe_codes: list[int] = []
         """Each probe's Locust exit code this invocation ran: the command's exit code combines them."""
         self._running: str | None = None
-        self._interrupted = False
         self.state = SloState()
         self._loaded = False
         """Whether :meth:`run` has read (or begun) this folder's ``slo.json``: nothing to close before."""
@@ -490,7 +489,6 @@ class SloRunner:
 
     def interrupt(self) -> None:
         """Stop the Locust child and every process it started (in-flight requests are written as cancelled)."""
-        self._interrupted = True
         self.child.stop(grace_s=20.0)
 
 

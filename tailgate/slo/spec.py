@@ -16,6 +16,7 @@ from typing import Any
 
 from tailgate import exitcodes
 from tailgate.resultfiles import SLO_META
+from tailgate.serverconfigs import CHUNKED_OFF_FLAG
 
 EXIT_OK = exitcodes.DONE
 EXIT_FAILED = exitcodes.FAILED
@@ -167,7 +168,7 @@ def knob_flags(knobs: Mapping[str, str], embedded: bool = False) -> list[str]:
     flags: list[str] = []
     chunked = knobs.get("chunked")
     if chunked == "off":
-        flags.append("--no-enable-chunked-prefill")
+        flags.append(CHUNKED_OFF_FLAG)
         if embedded and "max-num-batched-tokens" not in knobs:
             # the CPU default budget (2048) is below the context; unchunked prompts must fit one step
             flags += ["--max-num-batched-tokens", str(EMBEDDED_MAX_MODEL_LEN)]

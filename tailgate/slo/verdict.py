@@ -221,8 +221,6 @@ def check_probe(
     level: float = 0.95,
     rate: float | None = None,
     sustained: bool = True,
-    resamples: int = 0,
-    seed: int = 0,
     sequential: bool = True,
 ) -> tuple[str, list[Check]]:
     """Pool the attempts of one probe and check every limit; the probe's verdict and the checks.
@@ -230,12 +228,10 @@ def check_probe(
     Requests are grouped by (workload, time block) for the design effect: stalls that hit many requests in one
     block count once, and so does a block that every re-run of the same workload repeats. A probe stopped
     early (queue without bound, error budget spent) fails whatever its percentiles say. With ``sustained``
-    the steady-state check is a ``sustained`` row of the checks. ``resamples``/``seed`` are accepted for
-    older callers; the bounds are exact and draw nothing. ``sequential`` (the search's way): percentile
+    the steady-state check is a ``sustained`` row of the checks. ``sequential`` (the search's way): percentile
     limits are decided by anytime-valid confidence sequences, so a probe extended until its data decide
     holds at ``level`` whatever the number of looks; False: fixed-n Clopper-Pearson.
     """
-    del resamples, seed
     checks: list[Check] = []
     sent = sum(a.sent - a.cancelled for a in attempts)
     errors = sum(a.errors for a in attempts)
