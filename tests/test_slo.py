@@ -302,6 +302,16 @@ def test_search_edges() -> None:
     assert any(s.phase == "extend" and s.rate == 8 for s in out.steps)  # more data where the capacity is
 
 
+def test_next_probe_decides_one_typed_step_or_the_end() -> None:
+    kw: dict[str, Any] = {"start": 4, "max_rate": 20, "min_rate": 1, "resolution": slo.Resolution(1, False)}
+    assert slo.next_probe({}, **kw) == slo.ProbeNext(4, "double")
+    assert slo.next_probe({4: "pass", 8: "fail"}, **kw) == slo.ProbeNext(6, "bisect")
+    assert slo.next_probe({4: "fail"}, **kw) == slo.ProbeNext(2, "halve")
+    assert slo.next_probe({1: "fail"}, **kw) == slo.SearchEnds("below_min")
+    assert slo.next_probe({20: "pass"}, **kw) == slo.SearchEnds("max_rate")
+    assert slo.next_probe({6: "pass", 7: "fail"}, **kw) == slo.SearchEnds("bracketed")
+
+
 def test_search_narrows_on_both_sides_of_an_undecided_band() -> None:
     """Probes within 3% of the capacity cannot decide; the search closes in on that band from both sides,
     so the bracket ends within a resolution step of it (not at the doubling's coarse steps)."""

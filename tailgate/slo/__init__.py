@@ -31,7 +31,17 @@ from tailgate.slo.command import (
 from tailgate.slo.plan import PROBE_OVERHEAD_S, SloPlan
 from tailgate.slo.pooled import isotonic_blocks, pooled_verdicts
 from tailgate.slo.probe import SloRunError, SloRunner, probe_dir_name
-from tailgate.slo.search import Resolution, SearchOutcome, SearchStep, SearchStopped, bracket, next_probe, search
+from tailgate.slo.search import (
+    ProbeNext,
+    Resolution,
+    SearchEnds,
+    SearchOutcome,
+    SearchStep,
+    SearchStopped,
+    bracket,
+    next_probe,
+    search,
+)
 from tailgate.slo.spec import (
     EMBEDDED_MAX_MODEL_LEN,
     EXIT_FAILED,
@@ -73,7 +83,9 @@ __all__ = [
     "Limit",
     "ProbeAttempt",
     "ProbeMark",
+    "ProbeNext",
     "Resolution",
+    "SearchEnds",
     "SearchOutcome",
     "SearchStep",
     "SearchStopped",

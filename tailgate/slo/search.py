@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from tailgate.slo.spec import SloError
 
@@ -53,7 +54,28 @@ class SearchStep:
     verdict: str
 
 
-STATUSES = ("bracketed", "settled", "max_rate", "below_min", "probe_limit", "time_budget")
+SearchStatus = Literal["bracketed", "settled", "max_rate", "below_min", "probe_limit", "time_budget"]
+"""How a search ends (:attr:`SearchOutcome.status` says what each means)."""
+
+
+@dataclass(frozen=True)
+class ProbeNext:
+    """Probe ``rate`` next, in this phase of the search."""
+
+    rate: float
+    phase: str
+    """``double``, ``halve``, ``bisect``, ``above`` or ``extend`` (:class:`SearchStep`)."""
+
+
+@dataclass(frozen=True)
+class SearchEnds:
+    """No probe is needed: the search ends with ``status``."""
+
+    status: SearchStatus
+
+
+Decision = ProbeNext | SearchEnds
+"""What :func:`next_probe` decides from the verdicts so far."""
 
 
 @dataclass
@@ -63,7 +85,7 @@ class SearchOutcome:
     first_fail: float | None
     """Lowest rate above ``best`` that *failed* (None: none did). Rates with not enough data above ``best``
     do not close the bracket: the capacity may lie above them."""
-    status: str
+    status: SearchStatus
     """``bracketed`` (to the resolution), ``settled`` (a checked model estimate met the resolution first: the
     measured bracket is what the probes so far gave), ``max_rate`` (passed at the cap), ``below_min`` (nothing passed),
     ``probe_limit`` or ``time_budget`` (spent before the bracket met the resolution: the bracket so far)."""
@@ -89,7 +111,7 @@ class SearchOutcome:
 class SearchStopped(Exception):
     """Raised by a probe callable when no probe may start (the time budget): the search returns what it has."""
 
-    status = "time_budget"
+    status: SearchStatus = "time_budget"
 
 
 def bracket(verdicts: Mapping[float, str]) -> tuple[float | None, float | None]:
@@ -113,59 +135,59 @@ def next_probe(
     min_rate: float,
     resolution: Resolution,
     guess: float | None = None,
-) -> tuple[float, str] | str:
-    """The next (rate, phase) to probe given the verdicts so far, or the status the search ends with.
+) -> Decision:
+    """The next rate to probe and its phase given the verdicts so far, or the status the search ends with.
 
     ``guess`` is a model's capacity (a model statement, never a verdict): it only places probes, aiming the
     ends of the bracket around it; without it the search doubles, steps and bisects."""
     if not verdicts:
-        return round(min(start, max_rate), 3), "double"
+        return ProbeNext(round(min(start, max_rate), 3), "double")
     lo, hi = bracket(verdicts)
     undecided = sorted(r for r, v in verdicts.items() if v not in ("pass", "fail")
                        and (lo is None or r > lo) and (hi is None or r < hi))  # fmt: skip
     if lo is None and hi is None and max(verdicts) < max_rate:
         # nothing passed and nothing failed: undecided is not "too fast", so go on up until a rate fails
-        return round(min(max(verdicts) * 2, max_rate), 3), "double"
+        return ProbeNext(round(min(max(verdicts) * 2, max_rate), 3), "double")
     if lo is None:
         low = min(verdicts)
         if verdicts[low] == "fail":  # the lowest rate probed fails: halve below it
             rate = round(low / 2, 3)
-            return (rate, "halve") if rate >= min_rate else "below_min"
+            return ProbeNext(rate, "halve") if rate >= min_rate else SearchEnds("below_min")
         # undecided rates under the lowest fail: narrow the upper end while it is wide, else more data at the
         # lowest undecided rate, the likeliest to pass
         if hi is not None and not resolution.narrow(undecided[-1], hi):
-            return round((undecided[-1] + hi) / 2, 3), "bisect"
-        return undecided[0], "extend"
+            return ProbeNext(round((undecided[-1] + hi) / 2, 3), "bisect")
+        return ProbeNext(undecided[0], "extend")
     aim_hi = None if guess is None else guess + AIM * resolution.step(guess)
     if hi is None:  # open above: close it by probing higher
         if not undecided:
             if lo >= max_rate:
-                return "max_rate"
+                return SearchEnds("max_rate")
             rate = lo * 2 if aim_hi is None or not lo < aim_hi < lo * 2 else aim_hi
-            return round(min(rate, max_rate), 3), "double"
+            return ProbeNext(round(min(rate, max_rate), 3), "double")
         top = undecided[-1]
         # each step above the undecided rates twice the last: a server past its capacity fails fast
         rate = top + resolution.step(top) * 2 ** (len(undecided) - 1)
         if aim_hi is not None and aim_hi > top:
             rate = max(rate, aim_hi)
         rate = round(min(rate, max_rate), 3)
-        return (rate, "above") if rate > top else (top, "extend")
+        return ProbeNext(rate, "above") if rate > top else ProbeNext(top, "extend")
     if resolution.narrow(lo, hi):
-        return "bracketed"
+        return SearchEnds("bracketed")
     points = [lo, *undecided, hi]
     gaps = [(b - a, (a + b) / 2) for a, b in itertools.pairwise(points) if not resolution.narrow(a, b)]
     if guess is not None and gaps:
         aimed = _aimed(points, guess, resolution)
         if aimed is not None and aimed not in verdicts:
-            return aimed, "bisect"
+            return ProbeNext(aimed, "bisect")
     if gaps:
         rate = round(max(gaps)[1], 3)
         if rate not in verdicts:
-            return rate, "bisect"
+            return ProbeNext(rate, "bisect")
     # every gap within the resolution: only more data at an undecided rate can narrow the bracket; the one
     # nearest the middle splits it most evenly whichever way it goes
     mid = (lo + hi) / 2
-    return min(undecided, key=lambda r: abs(r - mid)), "extend"
+    return ProbeNext(min(undecided, key=lambda r: abs(r - mid)), "extend")
 
 
 def _aimed(points: list[float], guess: float, resolution: Resolution) -> float | None:
@@ -210,16 +232,16 @@ def search(
     def current() -> dict[float, str]:
         return dict(pooled()) if pooled is not None else dict(own)
 
-    status = "probe_limit"
+    status: SearchStatus = "probe_limit"
     while True:
         g = guess() if guess is not None else None
         nxt = next_probe(current(), start=start, max_rate=max_rate, min_rate=min_rate, resolution=resolution, guess=g)
-        if isinstance(nxt, str):
-            status = nxt
+        if isinstance(nxt, SearchEnds):
+            status = nxt.status
             break
         if len(steps) >= max_probes:
             break
-        rate, phase = nxt
+        rate, phase = nxt.rate, nxt.phase
         try:
             verdict = probe(rate, phase)
         except SearchStopped as e:
