@@ -7,6 +7,7 @@ once (:data:`PERCENTILE_RULES`, :data:`WARMUP_RULES`, :data:`COMPLETION_ORDER`, 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -177,3 +178,22 @@ def client_quality(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "max_read_delay_max": round_ms(max(delays) if delays else None),
         "max_events_per_read_max": max((int(r.get("max_events_per_read") or 0) for r in records), default=0),
     }
+
+
+def wider_gap(worst_ns: int, worst_end_ns: int | None, last_ns: int, now_ns: int) -> tuple[int, int | None]:
+    """A stream's worst gap and the instant that ends it, once a chunk at ``now_ns`` follows one at ``last_ns``.
+
+    The one rule the client's live reads and the capture's segment times share: the gap between consecutive
+    chunks, the longest kept, and on a tie the earlier one (a later pause of the same length is not news)."""
+    gap = now_ns - last_ns
+    return (gap, now_ns) if gap > worst_ns else (worst_ns, worst_end_ns)
+
+
+def worst_gap(times: Sequence[int]) -> tuple[int, int | None]:
+    """The worst gap of a stream whose chunks arrived at ``times`` (in order), and the instant that ends it;
+    ``(0, None)`` for fewer than two chunks."""
+    worst: int = 0
+    end: int | None = None
+    for last, now in itertools.pairwise(times):
+        worst, end = wider_gap(worst, end, last, now)
+    return worst, end

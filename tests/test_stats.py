@@ -46,3 +46,15 @@ def test_summary_has_seed_keys_first_and_counts_errors() -> None:
     assert s["n"] == 5 and s["errors"] == 1 and s["errors_by_class"] == {"stream_truncated": 1}
     assert s["ttft_p50"] == 27.0 and s["ttft_p99"] == round(float(np.percentile([25, 26, 27, 28, 29], 99)), 1)
     assert s["sent"] == 31 and s["achieved_rate"] == pytest.approx(1.0)
+
+
+def test_the_worst_gap_is_one_rule_for_live_reads_and_capture_times() -> None:
+    from tailgate.stats import wider_gap, worst_gap
+
+    assert worst_gap([]) == (0, None) and worst_gap([5]) == (0, None)
+    assert worst_gap([0, 10, 40, 50, 80]) == (30, 40)  # a tie keeps the earlier gap
+    assert worst_gap([7, 7, 7]) == (0, None)  # chunks of one read: no gap
+    # as the client meets them, one read at a time
+    assert wider_gap(0, None, 3, 9) == (6, 9) and wider_gap(6, 9, 9, 30) == (21, 30)
+    assert wider_gap(21, 30, 30, 31) == (21, 30) and wider_gap(21, 30, 31, 60) == (29, 60)
+    assert worst_gap([3, 9, 30, 31, 60]) == (29, 60)

@@ -9,7 +9,6 @@ capture process gone) keeps its in-process stamps and says so in its record (``c
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import socket
@@ -20,6 +19,7 @@ from typing import Any
 
 from tailgate.load.capture import chunk_times
 from tailgate.load.client import StreamTiming, Target
+from tailgate.stats import worst_gap
 
 log = logging.getLogger(__name__)
 
@@ -213,11 +213,7 @@ def apply_times(timing: StreamTiming, times: list[int]) -> None:
     (``late_coalesced_reads`` still counts the late reads, for the record)."""
     timing.stamp = "capture"
     timing.first_chunk_ns, timing.last_chunk_ns = times[0], times[-1]
-    worst, end = 0, None
-    for a, b in itertools.pairwise(times):
-        if b - a > worst:
-            worst, end = b - a, b
-    timing.worst_gap_ns, timing.worst_gap_end_ns = worst, end
+    timing.worst_gap_ns, timing.worst_gap_end_ns = worst_gap(times)
     if timing.chunk_ns is not None:
         timing.read_chunk_ns = timing.chunk_ns
         timing.chunk_ns = times

@@ -36,6 +36,7 @@ from tailgate.load.rxstamp import (
 )
 from tailgate.load.sse import JSON_STRING, ChunkedDecoder, SSEParser, StreamFormatError, content_template, event_ends
 from tailgate.load.target import Target, TargetError, Timeouts
+from tailgate.stats import wider_gap
 
 __all__ = [  # the request's parts live beside this module; their names stay importable from here
     "CHUNK_STAMPS",
@@ -399,9 +400,10 @@ def stream_completion(
             finally:
                 if content:
                     last = timing.last_chunk_ns
-                    if last is not None and now - last > timing.worst_gap_ns:
-                        timing.worst_gap_ns = now - last
-                        timing.worst_gap_end_ns = now
+                    if last is not None:
+                        timing.worst_gap_ns, timing.worst_gap_end_ns = wider_gap(
+                            timing.worst_gap_ns, timing.worst_gap_end_ns, last, now
+                        )
                     timing.last_chunk_ns = now
                     timing.chunks += content
                     if timing.chunk_ns is not None:
