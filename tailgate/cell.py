@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tailgate.contracts import StageSummary
+from tailgate.contracts import RunMeta, StageSummary
 from tailgate.exitcodes import Ending, child_ending
-from tailgate.resultfiles import SUMMARY_GLOB
+from tailgate.resultfiles import RUN_META, SUMMARY_GLOB
 from tailgate.runner import ChildResult, ChildRunner, LocustRun, prepare_results
 
 TAIL_LINES = 15
@@ -51,6 +51,8 @@ class CellResult:
     ending: Ending
     summaries: tuple[StageSummary, ...]
     """Every stage summary the run wrote, in file-name order (one per stage)."""
+    meta: RunMeta | None = None
+    """``run.json`` as the run left it (None: not written, or unreadable)."""
 
     @property
     def folder(self) -> Path:
@@ -100,7 +102,8 @@ def run_cell(
     prepare_results(spec.folder, spec.aside_root)
     spec.folder.parent.mkdir(parents=True, exist_ok=True)
     done = runner.run(spec.run.command(), on_line=on_line, output=spec.output, watch=watch, on_start=on_start)
-    return CellResult(spec, done, child_ending(done.exit_code), read_summaries(spec.folder))
+    meta = RunMeta.read_or_none(spec.folder / RUN_META)
+    return CellResult(spec, done, child_ending(done.exit_code), read_summaries(spec.folder), meta)
 
 
 __all__ = ["CellResult", "CellSpec", "read_summaries", "run_cell"]

@@ -298,7 +298,8 @@ class Suite:
             extra=(*(("--prompts", cell.prompts) if cell.prompts != DEFAULT_PROMPTS else ()), *p.locust_args),
         )  # fmt: skip
 
-    def run_cell(self, cell: Cell, index: int, total: int) -> StageSummary:
+    def measure(self, cell: Cell, index: int, total: int) -> StageSummary:
+        """Run one pending cell on its configuration's server; its summary, or :class:`SuiteError`."""
         out = self.root / cell.name
         self._ensure_server(cell.config)
         processes = cell_processes(cell, self.plan.processes, self.plan.locust_args)
@@ -313,10 +314,10 @@ class Suite:
         spec = CellSpec(self.locust_run(cell, out), f"cell {cell.name}", aside_root=self.root)
         done = run_cell(spec, self.child, on_line=echo)
         self._current_cell = None
-        summary = load_summary(self.root, cell)
+        summary = next((s for s in done.summaries if s.stage_label == cell.stage_label), None)
         # failed requests are data (error records): the cell counts as done whenever its run finished and
         # wrote its summary, complete or not (a lost load process: exit 4, combined into the suite's own)
-        if not done.complete or summary is None or not cell_done(self.root, cell):
+        if not done.complete or summary is None or done.meta is None or not done.meta.completed:
             mark_run_ended(out / RUN_META, done.ending.describe(), status=RunStatus.FAILED)
             raise SuiteError(done.failure())
         self.cell_codes.append(done.ending.code)
@@ -360,7 +361,7 @@ class Suite:
                     summary = load_summary(self.root, cell)
                     assert summary is not None
                 else:
-                    summary = self.run_cell(cell, index, total)
+                    summary = self.measure(cell, index, total)
                 done_cells.append(cell)
                 policy.record(cell, summary)
             if policy is ramp and ramp.knee is not None:
