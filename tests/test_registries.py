@@ -185,20 +185,27 @@ def test_a_plugin_prompt_source_is_offered_and_sent_end_to_end(gt: ServerProcess
     assert run["workload"]["prompt_check"]["built_by"] == "prompts_sevens"
 
 
-def test_no_product_module_but_the_registry_compares_a_server_configuration_by_name() -> None:
-    """A configuration's name compared with a ``config`` value outside ``tailgate/serverconfigs.py`` is a second
-    place a new configuration would have to be added; the code asks the configuration for its role instead."""
+def test_no_product_module_but_a_registry_compares_a_configuration_or_an_arm_by_name() -> None:
+    """A configuration's name compared with a ``config`` value outside ``tailgate/serverconfigs.py``, or an arm's
+    with an ``arm`` value outside ``tailgate/arms.py``, is a second place a new one would have to be added; the
+    code asks the configuration or the arm for the property it needs instead."""
+    from tailgate.arms import ARMS
     from tailgate.serverconfigs import CONFIGS
 
+    registries = {"config": (ROOT / "tailgate" / "serverconfigs.py", set(CONFIGS)),
+                  "arm": (ROOT / "tailgate" / "arms.py", set(ARMS))}  # fmt: skip
     found = []
     for folder in PRODUCT:
         for path in folder.rglob("*.py"):
-            if path == ROOT / "tailgate" / "serverconfigs.py" or "verify" in path.parts:
+            if "verify" in path.parts:
                 continue
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.Compare) and "config" in ast.unparse(node):
-                    sides = [node.left, *node.comparators]
-                    if any(isinstance(s, ast.Constant) and s.value in CONFIGS for s in sides):
+                if not isinstance(node, ast.Compare):
+                    continue
+                sides = [node.left, *node.comparators]
+                for axis, (home, names) in registries.items():
+                    named = any(isinstance(s, ast.Constant) and s.value in names for s in sides)
+                    if path != home and axis in ast.unparse(node) and named:
                         found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
     assert found == []
 
