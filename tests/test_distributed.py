@@ -65,7 +65,8 @@ KEY = "sekrit-of-each-host"
 
 
 # -- pure parts ----------------------------------------------------------------------------------------
-def test_auto_processes_from_cores_and_chunk_rate() -> None:
+def test_auto_processes_from_cores_and_chunk_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TAILGATE_CALIBRATION", "off")  # the fallback table: the same counts on every host
     assert auto_processes(100, cores=8) == 1
     assert auto_processes(2.4 * CHUNKS_PER_PROCESS, cores=8) == 3
     assert auto_processes(1e9, cores=4) == 4
@@ -75,6 +76,7 @@ def test_auto_processes_use_the_capacity_measured_for_the_stamp_source(monkeypat
     from tailgate import suite
     from tailgate.load import processes
 
+    monkeypatch.setenv("TAILGATE_CALIBRATION", "off")
     monkeypatch.setitem(processes.CHUNKS_PER_PROCESS_BY_STAMP, "capture", 4 * CHUNKS_PER_PROCESS)
     assert auto_processes(3 * CHUNKS_PER_PROCESS, cores=8, stamp="capture") == 1
     assert auto_processes(3 * CHUNKS_PER_PROCESS, cores=8, stamp="kernel") == 3
@@ -491,7 +493,7 @@ def test_an_order_that_fails_in_a_worker_still_reports_done_with_the_error() -> 
     assert all(error and error.startswith("ContractError: order lacks 'stage_label'") for _, _, error in sent), sent
 
 
-def test_processes_option_takes_auto() -> None:
+def test_processes_option_takes_auto(monkeypatch: pytest.MonkeyPatch) -> None:
     from tailgate.cli import parse_processes
     from tailgate.load.options import OptionError
     from tailgate.suite import Cell, cell_processes
@@ -499,6 +501,7 @@ def test_processes_option_takes_auto() -> None:
     assert parse_processes("auto") == 0 and parse_processes("3") == 3
     with pytest.raises(OptionError):
         parse_processes("0")
+    monkeypatch.setenv("TAILGATE_CALIBRATION", "off")
     assert cell_processes(Cell("chunked", "continuous", 1.0), 0) == 1
     assert cell_processes(Cell("chunked", "continuous", 1.0), 2) == 2
 

@@ -9,24 +9,12 @@ import socket
 import subprocess
 import sys
 
-CHUNKS_PER_PROCESS = 15000.0
-"""Chunks per second one load process is given by ``--processes auto``: on the 16-core host one process timed
-25,000 chunks/s (250 req/s of 100-chunk streams) with worst-gap error p99 under 0.01 ms, max under 0.03 ms
-and no stream merged, in each of three runs (``benchmarks/results/stall-h200.md``), at about 33 us of CPU per
-chunk; 15,000 is half a core of that, room for a slower or busier host."""
-CAPTURE_CHUNKS_PER_PROCESS = 20000.0
-"""Chunks per second one load process is given with packet-capture stamps: on the 16-core host one process
-measured exactly at 40,000 chunks/s (400 req/s of 100-chunk streams; worst-gap and TTFT error p99 under
-0.02 ms, no drop, no stream missed, three runs of 30 s, ``benchmarks/results/stamp-matrix-h200/``). Its
-stamps do not depend on the process reading on time, so the bound is CPU (about 38 us a chunk for the load
-process and its capture process together); half the measured rate leaves room for a slower host."""
-CHUNKS_PER_PROCESS_BY_STAMP: dict[str, float] = {
-    "kernel": CHUNKS_PER_PROCESS,
-    "recv": CHUNKS_PER_PROCESS,
-    "capture": CAPTURE_CHUNKS_PER_PROCESS,
-}
-"""Chunks per second one load process is given, per stamp source (``--chunk-stamp``). ``recv`` has not been
-measured apart from ``kernel`` and is given the same."""
+from tailgate.load.hostcapacity import FALLBACK_CHUNKS_PER_PROCESS_BY_STAMP, host_capacity
+
+CHUNKS_PER_PROCESS_BY_STAMP = FALLBACK_CHUNKS_PER_PROCESS_BY_STAMP
+"""The 16-core host's table: used only when this host cannot be calibrated (:mod:`tailgate.load.hostcapacity`)."""
+CHUNKS_PER_PROCESS = CHUNKS_PER_PROCESS_BY_STAMP["kernel"]
+CAPTURE_CHUNKS_PER_PROCESS = CHUNKS_PER_PROCESS_BY_STAMP["capture"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -42,21 +30,31 @@ def master_port_args(port: int | None = None) -> list[str]:
     return ["--master-bind-port", str(port), "--master-port", str(port)]
 
 
-def capacity(stamp: str = "kernel") -> float:
-    """Chunks per second one process measures exactly with this stamp source (``kernel``'s when unknown)."""
-    return CHUNKS_PER_PROCESS_BY_STAMP.get(stamp, CHUNKS_PER_PROCESS)
+def capacity(stamp: str = "kernel", measure: bool = False) -> float:
+    """Chunks per second one process measures exactly with this stamp source (``kernel``'s when unknown), from
+    this host's calibration; ``measure`` runs it when it is not cached yet (else the fallback table)."""
+    return host_capacity(measure=measure).per_process(stamp)
 
 
-def processes_for(chunks_per_s: float, stamp: str = "kernel") -> int:
+def processes_for(chunks_per_s: float, stamp: str = "kernel", measure: bool = False) -> int:
     """Load processes that keep ``chunks_per_s`` within the bound, whatever the cores of this host."""
-    return max(1, math.ceil(chunks_per_s / capacity(stamp)))
+    return max(1, math.ceil(chunks_per_s / capacity(stamp, measure)))
 
 
 def auto_processes(chunks_per_s: float, cores: int | None = None, stamp: str = "kernel") -> int:
-    """Load processes for an expected chunk rate: enough to keep each under the stamp source's
-    :func:`capacity`, never more than the cores (a process beyond the cores only adds scheduling delay)."""
+    """Load processes for an expected chunk rate (``--processes auto``): enough to keep each under the stamp
+    source's :func:`capacity` on this host (calibrated now if it never was), never more than the cores (a
+    process beyond the cores only adds scheduling delay)."""
     cores = cores or os.cpu_count() or 1
-    return max(1, min(cores, processes_for(chunks_per_s, stamp)))
+    return max(1, min(cores, processes_for(chunks_per_s, stamp, measure=True)))
+
+
+def truth_workers(chunks_per_s: float, cores: int | None = None) -> int:
+    """Ground-truth server workers for an expected chunk rate (the self-check's ``--truth-workers auto``): enough
+    to keep each under its calibrated capacity, at most half the cores (the rest are the load's)."""
+    cores = cores or os.cpu_count() or 1
+    per_worker = host_capacity(measure=True).per_truth_worker()
+    return max(1, min(max(1, cores // 2), math.ceil(chunks_per_s / per_worker)))
 
 
 def set_realtime(priority: int = 1, probe_only: bool = False) -> bool:

@@ -18,7 +18,7 @@ from tailgate.arms import CONTINUOUS
 from tailgate.exitcodes import combine
 from tailgate.lifecycle import ArgumentParser, SignalGuard, Stopped
 from tailgate.optiondecl import add_option, add_options, to_flags
-from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate
+from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate, parse_processes
 from tailgate.resultfiles import writable_folder_problem
 from tailgate.runner import signal_guard
 from tailgate.serverconfigs import EMBEDDED_BASE_FLAGS
@@ -144,7 +144,9 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
     add_stage_warmup_argument(p, "--max-rate")
     add_option(p, "seed", help="trace seed; a re-run repeats the same workload")
     add_options(p, ("trace_file", "ignore_eos"))
-    add_option(p, "processes", help="load-generator processes per probe")
+    add_option(p, "processes", type=str, default="1",
+               help="load-generator processes per probe, or auto: for each probe from its chunk rate and this "
+                    "host's calibration (measured once, cached)")  # fmt: skip
     p.add_argument(
         "--max-waiting",
         type=int,
@@ -221,8 +223,10 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         raise SloError(f"--resamples: must be at least 100, got {args.resamples}")
     if args.stage_warmup is not None and args.stage_warmup < 0:
         raise SloError(f"--stage-warmup: must be 0 (none) or more requests, got {args.stage_warmup}")
-    if args.processes < 1:
-        raise SloError(f"--processes: must be at least 1, got {args.processes}")
+    try:
+        processes = parse_processes(args.processes)
+    except OptionError as e:
+        raise SloError(str(e)) from None
     if not (math.isfinite(args.time_budget) and args.time_budget >= 0):
         raise SloError(f"--time-budget: must be 0 (none) or more seconds, got {args.time_budget:g}")
     if args.model_replicates < 0 or (args.model_replicates and not 1 <= args.model_replicates <= 64):
@@ -256,7 +260,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         resolution=Resolution.parse(args.resolution), max_probes=args.max_probes, reruns=args.reruns,
         extend=args.extend,
         confidence=args.confidence, resamples=args.resamples or RECORDED_RESAMPLES, n=n, warmup=warmup, seed=args.seed,
-        ignore_eos=args.ignore_eos or args.embedded, processes=args.processes, max_waiting=max_waiting,
+        ignore_eos=args.ignore_eos or args.embedded, processes=processes, max_waiting=max_waiting,
         time_budget=args.time_budget, duration=0.0 if args.trace_file else duration,
         stage_warmup=args.stage_warmup if args.stage_warmup is not None else int(scaled["stage_warmup"]),
         locust_args=locust_args, base_flags=list(EMBEDDED_BASE_FLAGS) if args.embedded else [],

@@ -46,6 +46,7 @@ from tailgate.stagewarmup import (
     worst_gap_ms,
 )
 from tailgate.stats import measured_records
+from tailgate.suite import Cell, cell_processes
 
 
 def probe_dir_name(config: str, rate: float, attempt: int) -> str:
@@ -153,7 +154,8 @@ class SloRunner:
         run = LocustRun(
             arm=CONTINUOUS.name, host=self.controller.base_url, results=out, stage=tuple(CONTINUOUS.value_args(rate)),
             n=p.probe_n(rate) if n is None or fixed else n, warmup=p.warmup if warm else 0, seed=seed,
-            config_label=config.name, processes=p.processes,
+            config_label=config.name,
+            processes=p.processes or cell_processes(Cell(config.name, CONTINUOUS.name, rate), 0, p.locust_args),
             ignore_eos=p.ignore_eos, prometheus_url=self.prometheus_url, extra=tuple(p.locust_args),
         )  # fmt: skip
         # an interrupted attempt is kept aside, never mixed in

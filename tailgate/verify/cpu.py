@@ -37,15 +37,24 @@ def machine_facts() -> dict[str, Any]:
 
 
 class CpuSampler(threading.Thread):
-    """Reads the CPU time of a process tree and of the whole machine every ``SAMPLE_INTERVAL_S``.
+    """Reads the CPU time of a process tree, of other process trees (the server), and of the whole machine every
+    ``SAMPLE_INTERVAL_S``.
 
     Forked load processes exit at the end of a run; the last reading of each pid is kept, so the
     tree's total only loses what a process spent after its last reading.
     """
 
-    def __init__(self, root_pid: int, other_pids: Sequence[int] = (), interval_s: float = SAMPLE_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        root_pid: int,
+        other_pids: Sequence[int] = (),
+        interval_s: float = SAMPLE_INTERVAL_S,
+        load_roots: Sequence[int] = (),
+    ) -> None:
         super().__init__(daemon=True, name="tailgate-cpu-sampler")
         self.root_pid = root_pid
+        self.load_roots = list(load_roots)
+        """More process trees counted as the load (Locust workers on other hosts of this machine)."""
         self.other_pids = list(other_pids)
         self.interval_s = interval_s
         self.samples: list[tuple[float, float, float, float, float, float]] = []
@@ -57,23 +66,31 @@ class CpuSampler(threading.Thread):
     def _read(self) -> None:
         import psutil
 
-        try:
-            root = psutil.Process(self.root_pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            procs = []
+        procs = []
+        for pid in (self.root_pid, *self.load_roots):
+            try:
+                root = psutil.Process(pid)
+                procs += [root, *root.children(recursive=True)]
+            except psutil.Error:
+                pass
         for p in procs:
             try:
                 t = p.cpu_times()
                 self._seen[p.pid] = t.user + t.system
             except psutil.Error:
                 pass
-        for pid in self.other_pids:
+        for pid in self.other_pids:  # with their children: a server of several workers is one process tree
             try:
-                t = psutil.Process(pid).cpu_times()
-                self._others[pid] = t.user + t.system
+                root = psutil.Process(pid)
+                others = [root, *root.children(recursive=True)]
             except psutil.Error:
-                pass
+                others = []
+            for p in others:
+                try:
+                    t = p.cpu_times()
+                    self._others[p.pid] = t.user + t.system
+                except psutil.Error:
+                    pass
         busy, total, steal = _proc_stat()
         self.samples.append((time.time(), sum(self._seen.values()), sum(self._others.values()), busy, total, steal))
 

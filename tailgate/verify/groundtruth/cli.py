@@ -13,12 +13,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tailgate.optiondecl import add_options
+from tailgate.load.processes import set_realtime
+from tailgate.optiondecl import add_option, add_options
 
 from .engine import EngineModel
 from .server import GroundTruthServer
 from .settings import Settings
 from .wire import DEFAULT_MODEL
+from .workers import part_path, serve_workers, write_json
 
 # ------------------------------------------------------------------------------------------------ CLI
 
@@ -29,7 +31,7 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace, worker: tuple[int, int] = (0, 1), ready_fd: int | None = None) -> None:
     settings = Settings(
         ttft_ms=args.ttft_ms,
         gap_ms=args.gap_ms,
@@ -37,8 +39,13 @@ async def _serve(args: argparse.Namespace) -> None:
         accept_any_model=args.accept_any_model,
         prefix_caching=args.prefix_caching,
         engine=args.engine,
+        write_delay_us=args.write_delay_us,
     )
-    server = GroundTruthServer(settings, args.host, args.port, args.chunk_log)
+    one = ready_fd is None  # the only server: it writes the log and the port file itself
+    log_path = args.chunk_log if one else None
+    server = GroundTruthServer(settings, args.host, args.port, log_path, worker=worker)
+    if args.realtime:
+        set_realtime()  # refused without CAP_SYS_NICE: the server carries on at its ordinary priority
     if args.script:
         server.apply_control({"script": json.loads(Path(args.script).read_text(encoding="utf-8"))})
     await server.start()
@@ -52,11 +59,21 @@ async def _serve(args: argparse.Namespace) -> None:
             loop.add_signal_handler(sig, stop.set)
         except NotImplementedError:  # no loop signal handlers on this platform
             signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop.set))
-    if args.port_file:
+    if ready_fd is not None:
+        os.write(ready_fd, b"w")
+        os.close(ready_fd)
+    elif args.port_file:
         _write_atomic(Path(args.port_file), f"{server.port}\n")
-    print(f"groundtruth listening on {args.host}:{server.port} pid {os.getpid()}", file=sys.stderr, flush=True)
+    if one:
+        print(f"groundtruth listening on {args.host}:{server.port} pid {os.getpid()}", file=sys.stderr, flush=True)
     await stop.wait()
     await server.stop()
+    if not one and args.chunk_log:
+        write_json(part_path(Path(args.chunk_log), worker[0]), server.log.columns())
+
+
+def _serve_one(args: argparse.Namespace, worker: tuple[int, int], ready_fd: int | None) -> None:
+    asyncio.run(_serve(args, worker, ready_fd))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,7 +101,38 @@ def build_parser() -> argparse.ArgumentParser:
         "(slots, step_ms, step_ms_per_seq, prefill_ms_per_token, chunked, chunk_tokens, kv_capacity_tokens)",
     )
     p.add_argument("--script", help='JSON file {"schedules": {"<seq>": [ttft_ms, gap_ms, ...]}}')
+    p.add_argument("--workers", type=_workers_arg, default=1,
+                   help="server processes sharing the port (SO_REUSEPORT), one event loop each; their logs are "
+                        "merged into --chunk-log when the server stops")  # fmt: skip
+    add_option(p, "realtime", help="serve at SCHED_FIFO where allowed, so a load that fills every core delays the "
+               "client's reads, not the reference's writes")  # fmt: skip
+    p.add_argument(
+        "--write-delay-us",
+        type=_delay_arg,
+        default=0.0,
+        help="hold the event loop this long after each write (tests of a reference that falls behind)",
+    )
     return p
+
+
+def _workers_arg(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a count of at least 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a count of at least 1, got {n}")
+    return n
+
+
+def _delay_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"microseconds, 0 or more, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"microseconds, 0 or more, got {text!r}")
+    return value
 
 
 def _engine_arg(text: str) -> EngineModel:
@@ -98,6 +146,8 @@ def _engine_arg(text: str) -> EngineModel:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.workers > 1:
+        return serve_workers(args, _serve_one)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(args))
     return 0

@@ -10,12 +10,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from .wire import DEFAULT_GAP_MS, DEFAULT_MODEL, DEFAULT_TTFT_MS, json_bytes
+from .workers import STOP_TIMEOUT_S
 
 # ---------------------------------------------------------------------------------------- subprocess
 
@@ -35,6 +36,7 @@ class ServerProcess:
         chunk_log_path: Path,
         stderr_path: Path,
         workdir: tempfile.TemporaryDirectory[str] | None,
+        workers: int = 1,
     ) -> None:
         self.proc = proc
         self.host = host
@@ -42,6 +44,10 @@ class ServerProcess:
         self.chunk_log_path = chunk_log_path
         self.stderr_path = stderr_path
         self._workdir = workdir
+        self.workers = workers
+        """Server processes on the port: above 1 the log exists only once the server stopped (:meth:`dump`)."""
+        self.stop_timeout_s = 10.0 if workers == 1 else STOP_TIMEOUT_S + 10.0
+        """How long :meth:`stop` waits for the log to be written before it kills the server."""
 
     @property
     def base_url(self) -> str:
@@ -77,17 +83,30 @@ class ServerProcess:
         return self.request("GET", "/metrics")[2].decode("utf-8")
 
     def dump(self) -> dict[str, Any]:
-        """The full log: live from the server, or from the file it wrote when it stopped."""
-        if self.proc.poll() is None:
+        """The full log: live from the server, or from the file it wrote when it stopped. A server of several
+        workers is stopped first: their logs are merged only then."""
+        if self.proc.poll() is None and self.workers == 1:
             return json.loads(self.request("GET", "/_chunklog")[2])
+        self.stop()
         return json.loads(self.chunk_log_path.read_bytes())
+
+    def pids(self) -> list[int]:
+        """The server's process and its workers (for CPU accounting)."""
+        try:
+            import psutil
+
+            return [self.pid, *(c.pid for c in psutil.Process(self.pid).children(recursive=True))]
+        except Exception:  # psutil missing or the process gone: the parent alone
+            return [self.pid]
 
     def chunk_log(self) -> list[list[int]]:
         """``[seq, chunk index, write time ns]`` for every content chunk written, in write order."""
         return self.dump()["chunks"]
 
-    def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM (the server writes its chunk log and exits), SIGKILL if it does not."""
+    def stop(self, timeout: float | None = None) -> int:
+        """SIGTERM (the server writes its chunk log and exits), SIGKILL if it does not within ``timeout``
+        (default :attr:`stop_timeout_s`)."""
+        timeout = self.stop_timeout_s if timeout is None else timeout
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -129,11 +148,17 @@ def start_server_process(
     chunk_log: str | Path | None = None,
     startup_timeout_s: float = 20.0,
     python: str = sys.executable,
+    workers: int = 1,
+    realtime: bool = False,
+    write_delay_us: float = 0.0,
+    wrap: Sequence[str] = (),
 ) -> ServerProcess:
     """Start ``python -m tailgate.verify.groundtruth`` and return once it listens (its port file exists).
 
     Files the caller does not name (port file, chunk log, stderr, script) go to a temporary folder
-    that :meth:`ServerProcess.close` removes; a named ``chunk_log`` is left in place.
+    that :meth:`ServerProcess.close` removes; a named ``chunk_log`` is left in place. ``workers``: server
+    processes on the one port (:mod:`.workers`); ``wrap``: a command the server runs under (``ip netns exec
+    NS``, a server on another host's address).
     """
     workdir = tempfile.TemporaryDirectory(prefix="groundtruth-")
     wd = Path(workdir.name)
@@ -141,6 +166,7 @@ def start_server_process(
     log_path = Path(chunk_log) if chunk_log is not None else wd / "chunklog.json"
     stderr_path = wd / "stderr.txt"
     args = [
+        *wrap,
         python,
         "-m",
         "tailgate.verify.groundtruth",
@@ -159,6 +185,12 @@ def start_server_process(
         "--model",
         model,
     ]
+    if workers > 1:
+        args += ["--workers", str(workers)]
+    if realtime:
+        args.append("--realtime")
+    if write_delay_us:
+        args += ["--write-delay-us", f"{write_delay_us:g}"]
     if accept_any_model:
         args.append("--accept-any-model")
     if prefix_caching:
@@ -182,7 +214,7 @@ def start_server_process(
         if port_file.exists():
             text = port_file.read_text(encoding="ascii").strip()
             if text:
-                return ServerProcess(proc, host, int(text), log_path, stderr_path, workdir)
+                return ServerProcess(proc, host, int(text), log_path, stderr_path, workdir, workers)
         if proc.poll() is not None or time.monotonic() > deadline:
             if proc.poll() is None:
                 proc.kill()

@@ -14,6 +14,7 @@ from .bodies import MODEL_MAX_LEN, PREFIX_BLOCK_TOKENS, detokenize, parse_comple
 from .connection import Connection
 from .engine import Engine, EngineModel, EngineModelError, EngineRequest
 from .faults import ControlError, Fault, compile_fault, compile_pause, compile_script, integer_field, number_field
+from .metrics import metrics_text
 from .settings import ChunkLog, Settings
 from .stream import Plan, Stream, Timers
 from .wire import (
@@ -51,8 +52,12 @@ class GroundTruthServer:
         host: str = "127.0.0.1",
         port: int = 0,
         chunk_log_path: str | Path | None = None,
+        worker: tuple[int, int] = (0, 1),
     ) -> None:
         self.settings = settings or Settings()
+        self.worker, self.workers = worker
+        """This server's index among the workers sharing its port (``SO_REUSEPORT``), and how many there are.
+        Its request numbers are ``worker + k * workers``, so a response id is unique across all of them."""
         self.host = host
         self.requested_port = port
         self.chunk_log_path = Path(chunk_log_path) if chunk_log_path else None
@@ -61,7 +66,7 @@ class GroundTruthServer:
         self.log = ChunkLog()
         self.connections: set[Connection] = set()
         self.active: set[Stream] = set()
-        self.next_seq = 0
+        self.next_seq = self.worker
         self.pause_window = (0, 0)
         self.waiting = 0
         self.running = 0
@@ -90,8 +95,9 @@ class GroundTruthServer:
         self.loop = asyncio.get_running_loop()
         self.timers = Timers(self.loop)
         self._server = await self.loop.create_server(
-            lambda: Connection(self), self.host, self.requested_port, backlog=4096, reuse_address=True
-        )
+            lambda: Connection(self), self.host, self.requested_port, backlog=4096, reuse_address=True,
+            reuse_port=self.workers > 1 or None,
+        )  # fmt: skip
         return self.port
 
     async def stop(self) -> None:
@@ -105,6 +111,8 @@ class GroundTruthServer:
                 conn.stream.end()
             conn.closed = True
             conn.transport.abort()
+        if self.timers is not None:
+            self.timers.close()
         await asyncio.sleep(0)
         if self._server is not None:
             await self._server.wait_closed()
@@ -125,7 +133,7 @@ class GroundTruthServer:
         """Validate the whole document, then apply it: a bad key changes nothing.
 
         Keys: ``ttft_ms``, ``gap_ms``, ``model``, ``accept_any_model``, ``preemptions_total``,
-        ``healthy``, ``kv_capacity_tokens``, ``faults`` (replaces the plan, hit counts restart),
+        ``healthy``, ``kv_capacity_tokens``, ``write_delay_us``, ``faults`` (replaces the plan, hit counts restart),
         ``script`` (``{"schedules": {"<seq>": [ttft_ms, gap_ms, ...]}}``, replaces the schedules; chunks
         past a schedule's end follow ``gap_ms``), ``pause`` (``{"at_seq": S, "ms": P}``: every stream waits P ms
         from request S's arrival), ``reset_chunklog`` and ``reset_seq``. Settings reach
@@ -141,6 +149,7 @@ class GroundTruthServer:
         ttft = number_field(doc, "ttft_ms", s.ttft_ms)
         gap = number_field(doc, "gap_ms", s.gap_ms)
         preemptions = number_field(doc, "preemptions_total", s.preemptions_total)
+        delay = number_field(doc, "write_delay_us", s.write_delay_us)
         kv_capacity = integer_field(doc, "kv_capacity_tokens", s.kv_capacity_tokens, minimum=1)
         model = doc.get("model", s.model)
         if not isinstance(model, str) or not model:
@@ -161,7 +170,8 @@ class GroundTruthServer:
                 engine_model = None if doc["engine"] is None else EngineModel.from_dict(doc["engine"])
             except (EngineModelError, TypeError) as e:
                 raise ControlError(str(e)) from None
-        assert ttft is not None and gap is not None and preemptions is not None
+        assert ttft is not None and gap is not None and preemptions is not None and delay is not None
+        s.write_delay_us = delay
         s.ttft_ms, s.gap_ms, s.preemptions_total, s.kv_capacity_tokens = ttft, gap, preemptions, kv_capacity
         s.model = model
         s.accept_any_model = doc.get("accept_any_model", s.accept_any_model)
@@ -178,13 +188,15 @@ class GroundTruthServer:
                 stream.log = self.log
                 self.log.requests[stream.seq] = stream.request_row
         if doc.get("reset_seq"):
-            self.next_seq = 0
+            self.next_seq = self.worker
         return self.describe()
 
     def describe(self) -> dict[str, Any]:
         return {
             **self.settings.describe(),
             "next_seq": self.next_seq,
+            "worker": self.worker,
+            "workers": self.workers,
             "chunks_logged": len(self.log),
             "last_authorization": dict(self.last_authorization),
         }
@@ -230,60 +242,6 @@ class GroundTruthServer:
             stream.fire()
         self._engine_start(end)
 
-    # -- metrics
-
-    def metrics_text(self) -> str:
-        """vLLM's metric names in the Prometheus text format, as prometheus_client renders them.
-
-        Counters come with their ``_created`` series in a separate gauge family, as vLLM serves them,
-        so a scraper that matches on prefixes is caught mistaking one for the other.
-        """
-        labels = f'{{engine="0",model_name="{_escape_label(self.settings.model)}"}}'
-        generated = self.generation_tokens_done + sum(s.k for s in self.active)
-        kv = sum(s.kv_tokens for s in self.active) / self.settings.kv_capacity_tokens
-        out: list[str] = []
-
-        def counter(name: str, help_text: str, value: float) -> None:
-            out.append(f"# HELP vllm:{name}_total {help_text}")
-            out.append(f"# TYPE vllm:{name}_total counter")
-            out.append(f"vllm:{name}_total{labels} {float(value)!r}")
-            out.append(f"# HELP vllm:{name}_created {help_text}")
-            out.append(f"# TYPE vllm:{name}_created gauge")
-            out.append(f"vllm:{name}_created{labels} {self.started_wall!r}")
-
-        def gauge(name: str, help_text: str, value: float) -> None:
-            out.append(f"# HELP vllm:{name} {help_text}")
-            out.append(f"# TYPE vllm:{name} gauge")
-            out.append(f"vllm:{name}{labels} {float(value)!r}")
-
-        running, waiting, preemptions = self.running, self.waiting, self.settings.preemptions_total
-        engine = self.engine
-        if engine is not None:
-            # the fixed-schedule streams (non-streaming requests) count beside the engine's own
-            in_engine = {id(r.owner) for r in engine.running} | {id(r.owner) for r in engine.waiting}
-            fixed = [st for st in self.active if id(st) not in in_engine]
-            running = len(engine.running) + sum(1 for st in fixed if st.running)
-            waiting = len(engine.waiting) + sum(1 for st in fixed if not st.running)
-            preemptions += engine.preemptions
-            cap = engine.model.kv_capacity_tokens or self.settings.kv_capacity_tokens
-            kv = engine.kv_used() / cap
-        gauge("num_requests_running", "Number of requests in model execution batches.", running)
-        gauge("num_requests_waiting", "Number of requests waiting to be processed.", waiting)
-        gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", min(kv, 1.0))
-        counter("num_preemptions", "Cumulative number of preemption from the engine.", preemptions)
-        counter("prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens_total)
-        counter("generation_tokens", "Number of generation tokens processed.", generated)
-        counter("request_success", "Count of successfully processed requests.", self.requests_total)
-        counter(
-            "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", self.prefix_queries
-        )
-        counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", self.prefix_hits)
-        out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
-        out.append("# TYPE vllm:cache_config_info gauge")
-        out.append(f'vllm:cache_config_info{{block_size="{PREFIX_BLOCK_TOKENS}",'
-                   f'enable_prefix_caching="{self.settings.prefix_caching}",engine="0"}} 1.0')  # fmt: skip
-        return "\n".join(out) + "\n"
-
     # -- routing
 
     def dispatch(self, conn: Connection, head: RequestHead, body: bytes, recv_ns: int) -> None:
@@ -316,6 +274,12 @@ class GroundTruthServer:
             "/metrics": ("GET", self._metrics),
             "/_chunklog": ("GET", lambda: (200, json_bytes(self.log.dump()), "application/json")),
         }
+        if path in ("/_chunklog", "/_control") and self.workers > 1 and (path == "/_chunklog" or method == "POST"):
+            # each worker holds only its own share of the requests: its log or settings alone would mislead
+            why = (f"this server runs {self.workers} workers on one port; each keeps its own log, merged into "
+                   "--chunk-log when the server stops, and takes its settings from the command line")  # fmt: skip
+            conn.send(full_response(409, error_body(409, why), "application/json", ka))
+            return
         if path == "/_control":
             if method == "GET":
                 conn.send(full_response(200, json_bytes(self.describe()), "application/json", ka))
@@ -357,14 +321,14 @@ class GroundTruthServer:
         return 200, json_bytes({"object": "list", "data": [card]}), "application/json"
 
     def _metrics(self) -> tuple[int, bytes, str]:
-        return 200, self.metrics_text().encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8"
+        return 200, metrics_text(self).encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8"
 
     # -- completions
 
     def completions(self, conn: Connection, body: bytes, recv_ns: int, *, chat: bool = False) -> None:
         s = self.settings
         seq = self.next_seq
-        self.next_seq += 1
+        self.next_seq += self.workers
         if s.pause is not None and seq == s.pause[0]:
             self.pause_window = (recv_ns, recv_ns + s.pause[1])
         ka = conn.keep_alive
@@ -417,6 +381,7 @@ class GroundTruthServer:
             stream,
         )
         conn.stream = st
+        st.delay_s = s.write_delay_us / 1e6
         if engine_driven:
             st.engine_req = EngineRequest(prompt_tokens, max_tokens, recv_ns, st)
         created = int(time.time())
@@ -539,10 +504,6 @@ class GroundTruthServer:
             fire()
         else:
             self.loop.call_at((recv_ns + delay_ns) * 1e-9, fire)
-
-
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _detail(status: int, keep_alive: bool) -> bytes:

@@ -36,6 +36,10 @@ class Settings:
     engine: EngineModel | None = None
     """When set, streaming completions are served by the simulated engine (see :mod:`.engine`) instead of
     the fixed ``ttft_ms``/``gap_ms`` schedule, and the vLLM gauges report the engine's state."""
+    write_delay_us: float = 0.0
+    """After each write the event loop sleeps this long (no CPU used): a server whose every write costs that
+    much, which falls behind its schedule once chunks per second times the delay pass one second per
+    second. Only for testing what notices a late reference (the self-check's lateness bound)."""
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -51,6 +55,7 @@ class Settings:
             "scripted_requests": sorted(self.schedules),
             "pause": None if self.pause is None else {"at_seq": self.pause[0], "ms": self.pause[1] / 1e6},
             "engine": None if self.engine is None else self.engine.describe(),
+            "write_delay_us": self.write_delay_us,
         }
 
 
@@ -86,6 +91,19 @@ class ChunkLog:
 
     def __len__(self) -> int:
         return len(self.seq)
+
+    def columns(self) -> dict[str, Any]:
+        """The log as flat lists (a worker's part of a merged log: cheap to write and read back)."""
+        return {
+            "pid": os.getpid(),
+            "seq": self.seq.tolist(),
+            "idx": self.idx.tolist(),
+            "t_ns": self.t_ns.tolist(),
+            "begin_ns": self.begin_ns.tolist(),
+            "target_ns": self.target_ns.tolist(),
+            "requests": [[s, r[0], r[1]] for s, r in self.requests.items()],
+            "backpressured": self.backpressured,
+        }
 
     def dump(self) -> dict[str, Any]:
         return {

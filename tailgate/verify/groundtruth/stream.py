@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import heapq
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from .settings import ChunkLog
+from .timers import Timers
 from .wire import CHUNK_END, SSE_DONE, SSE_MALFORMED, chunk_frame, monotonic_ns, raw_frame
 
 if TYPE_CHECKING:
@@ -50,60 +51,6 @@ class StreamServer(Protocol):
 # ------------------------------------------------------------------------------------------- streams
 
 
-class Timers:
-    """Every stream's next write in one heap of ``(target_ns, order, stream)``, under one asyncio timer.
-
-    An asyncio timer per chunk costs a ``TimerHandle`` and heap comparisons made in Python; tuples of
-    integers compare in C. A stream has at most one entry at a time; a stream that ended is skipped
-    when its entry comes up rather than searched for. One pass runs at most as many entries as were
-    in the heap when it began, so a server that has fallen behind still reads sockets between passes.
-    """
-
-    __slots__ = ("heap", "in_pass", "loop", "order", "timer", "when")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.heap: list[tuple[int, int, Stream]] = []
-        self.order = 0
-        self.timer: asyncio.TimerHandle | None = None
-        self.when = 0
-        self.in_pass = False
-
-    def push(self, target: int, stream: Stream) -> None:
-        self.order += 1
-        heapq.heappush(self.heap, (target, self.order, stream))
-        if not self.in_pass and (self.timer is None or target < self.when):
-            self.arm()
-
-    def arm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.heap:
-            self.when = self.heap[0][0]
-            self.timer = self.loop.call_at(self.when * 1e-9, self.run_due)
-
-    def run_due(self) -> None:
-        self.timer = None
-        self.in_pass = True
-        heap = self.heap
-        budget = len(heap)
-        now = monotonic_ns()
-        # asyncio fired this timer because the first entry is due (to its float rounding): run it.
-        first = True
-        try:
-            while heap and budget > 0 and (first or heap[0][0] <= now):
-                first = False
-                budget -= 1
-                stream = heapq.heappop(heap)[2]
-                if not stream.ended:
-                    stream.fire()
-                now = monotonic_ns()
-        finally:
-            self.in_pass = False
-            self.arm()
-
-
 @dataclass(slots=True)
 class Plan:
     """How the stream-shaping faults that matched one request change its stream."""
@@ -132,6 +79,7 @@ class Stream:
         "base_ns",
         "body",
         "conn",
+        "delay_s",
         "ended",
         "engine_req",
         "first_ns",
@@ -216,6 +164,8 @@ class Stream:
         """Written just before the first content chunk (a chat stream's role-only delta)."""
         self.engine_req: EngineRequest | None = None
         """Set when the simulated engine decides this stream's token times."""
+        self.delay_s = 0.0
+        """How long each write then holds the event loop (``Settings.write_delay_us``): 0 but in tests."""
 
     # -- schedule
 
@@ -255,6 +205,8 @@ class Stream:
             self.tick()
         else:
             self.tick_whole()
+        if self.delay_s:
+            time.sleep(self.delay_s)  # the whole loop waits: every later write runs late, as on a saturated core
 
     def start(self) -> None:
         self.server.waiting += 1

@@ -52,6 +52,7 @@ REASONS = {
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
+    409: "Conflict",
     413: "Payload Too Large",
     429: "Too Many Requests",
     431: "Request Header Fields Too Large",
@@ -80,6 +81,7 @@ CONTROL_KEYS = frozenset(
         "reset_chunklog",
         "reset_seq",
         "engine",
+        "write_delay_us",
     }
 )
 
