@@ -184,12 +184,13 @@ def build_plan(args: argparse.Namespace) -> Any:
     processes = parse_processes(args.processes)
     if not args.knee_factor > 1:
         raise OptionError(f"--knee-factor: must be above 1, got {args.knee_factor}")
+    kind = server_kind_of(args)
     plan = SuitePlan(
         rates=rates, until_knee=args.until_knee, knee_factor=args.knee_factor, max_rate=args.max_rate,
         batch_size=batch, gated=not args.no_gated, nochunk_rates=nochunk,
         preempt_rate=preempt[0] if preempt else None, n=n, warmup=warmup, seed=args.seed,
         ignore_eos=args.ignore_eos or args.embedded, processes=processes,
-        realtime=getattr(server_kind_of(args), "shares_cores", False) and args.placement == "isolated",
+        realtime=kind is not None and kind.shares_cores and args.placement == "isolated",
         server_flags=server_flags(args),
         locust_args=list(args.locust_arg) + workload_locust_args(args) + stamp_locust_args(args),
         prompts=parse_prompt_sources(args.prompts), stage_warmup=stage_warmup,
