@@ -83,6 +83,7 @@ from tailgate.verify.lateness import (
     verdict_of,
 )
 from tailgate.verify.multihost import load_hosts
+from tailgate.verify.netns import NetnsUnavailable
 from tailgate.verify.selfcheckrun import (
     WARN_P99_MS,
     LoadRun,
@@ -337,6 +338,9 @@ def run_from_args(args: argparse.Namespace, prog: str = "tailgate selfcheck") ->
         except Stopped as e:
             sys.stderr.write(f"{prog}: {e.name}: stopped\n")
             return e.exit_code
+        except NetnsUnavailable as e:  # asked for what this machine cannot make: nothing was sent
+            sys.stderr.write(f"{prog}: error: --hosts {cfg.hosts}: network namespaces cannot be made here ({e})\n")
+            return EXIT_USAGE
     print(render(result), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

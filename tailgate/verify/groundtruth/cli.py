@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tailgate.lifecycle import ArgumentParser
 from tailgate.load.processes import set_realtime
 from tailgate.optiondecl import add_option, add_options
 
@@ -77,7 +78,8 @@ def _serve_one(args: argparse.Namespace, worker: tuple[int, int], ready_fd: int 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    # one line and exit 2 for bad input, options spelt out, as every command of the project
+    p = ArgumentParser(
         prog="python -m tailgate.verify.groundtruth",
         description="Ground-truth OpenAI-compatible streaming server with a per-chunk write-time log.",
     )

@@ -46,8 +46,9 @@ class ServerProcess:
         self._workdir = workdir
         self.workers = workers
         """Server processes on the port: above 1 the log exists only once the server stopped (:meth:`dump`)."""
-        self.stop_timeout_s = 10.0 if workers == 1 else STOP_TIMEOUT_S + 10.0
-        """How long :meth:`stop` waits for the log to be written before it kills the server."""
+        self.stop_timeout_s = STOP_TIMEOUT_S + 10.0
+        """How long :meth:`stop` waits for the log to be written before it kills the server (a log of millions of
+        chunks takes seconds to write; a server that ignores SIGTERM is killed after this)."""
 
     @property
     def base_url(self) -> str:
