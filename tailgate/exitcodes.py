@@ -1,6 +1,7 @@
-"""The one exit-code rule of ``locust`` (with the suite's locustfiles), ``tailgate suite`` and ``tailgate slo``.
+"""The one exit-code rule of ``locust`` (with the suite's locustfiles), ``tailgate suite``, ``tailgate slo`` and
+``tailgate selfcheck``.
 
-A script reads one number, so each number means one ending, whichever of the three commands ends:
+A script reads one number, so each number means one ending, whichever of the commands ends:
 
 ====  =======================================================================================================
 code  ending
@@ -17,6 +18,8 @@ code  ending
       (Stop in the web UI).
 1     failed: the run could not do what was asked: the server, a child run, a defect, or a run that ended
       itself early (``--stop-on-errors``, ``--on-worker-loss stop``, every load process lost).
+      ``tailgate selfcheck``: the check did not show the client exact at the load asked for: a bound on its
+      error breached, the reference server or the client behind its own schedule, or the join not exact.
 2     bad input, before anything was sent.
 128+N interrupted by signal N: 130 SIGINT (Ctrl-C), 143 SIGTERM, 129 SIGHUP.
 ====  =======================================================================================================

@@ -27,10 +27,10 @@ from tailgate.arms import CONTINUOUS, GATED, cell_folder, stage_label
 from tailgate.cell import CellSpec, run_cell
 from tailgate.clientbound import merged_breached
 from tailgate.contracts import RunMeta, RunStatus, StageSummary, SuiteMeta
+from tailgate.load.autosize import GATED_STREAM_CHUNKS_PER_S, mean_output_tokens, mean_trace_output_tokens
 from tailgate.load.processes import auto_processes
 from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.rxstamp import chunk_stamp_mode
-from tailgate.load.workload import SEED_MIX
 from tailgate.optiontable import DEFAULTS
 from tailgate.policies import CellPolicy, FixedCells, KneeRamp
 from tailgate.records import read_records
@@ -49,19 +49,6 @@ from tailgate.stagewarmup import (
 
 Log = Callable[[str], None]
 
-GATED_STREAM_CHUNKS_PER_S = 100.0
-"""Chunks per second one stream of a gated batch is assumed to receive (a fast GPU's decode rate), for
-``--processes auto``."""
-
-
-def mean_output_tokens() -> float:
-    """Expected max_tokens of one request of the seeded mix: the chunks one arrival brings."""
-    mean, low = 0.0, 0.0
-    for cumulative, _, out in SEED_MIX:
-        mean += (cumulative - low) * out
-        low = cumulative
-    return mean
-
 
 def trace_file_of(locust_args: list[str]) -> str | None:
     """The ``--trace-file`` passed through to Locust, if any (``--trace-file X`` or ``--trace-file=X``)."""
@@ -71,17 +58,6 @@ def trace_file_of(locust_args: list[str]) -> str | None:
         if arg.startswith("--trace-file="):
             return arg.split("=", 1)[1]
     return None
-
-
-def mean_trace_output_tokens(path: str) -> float | None:
-    """Mean max_tokens of a user trace: what ``auto`` sizes from when the run sends that trace, not the mix."""
-    from tailgate.load.workload import TraceError, load_jsonl
-
-    try:
-        items = load_jsonl(path)
-    except (TraceError, OSError):
-        return None  # Locust's own validation names the problem in one line
-    return sum(i.max_tokens for i in items) / len(items) if items else None
 
 
 def cell_processes(cell: Cell, processes: int, locust_args: list[str] | None = None) -> int:

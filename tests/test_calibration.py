@@ -156,3 +156,46 @@ def test_slo_takes_auto_per_probe() -> None:
     add_slo_arguments(parser)
     assert build_plan(parser.parse_args(["--slo", "ttft_p99<=300ms", "--processes", "auto"])).processes == 0
     assert build_plan(parser.parse_args(["--slo", "ttft_p99<=300ms"])).processes == 1
+
+
+def test_locusts_own_processes_option_sizes_auto_from_the_runs_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    from tailgate.load import autosize
+
+    cap = HostCapacity(10.0, 10.0, "measured")  # 27,778 chunks/s per process
+    monkeypatch.setattr(processes, "host_capacity", lambda measure=False, log=None: cap)
+    monkeypatch.setattr(processes.os, "cpu_count", lambda: 16)
+    trace = tmp_path / "long.jsonl"
+    trace.write_text("".join(f'{{"id": {i}, "prompt_tokens": 4, "max_tokens": 100}}\n' for i in range(4)))
+
+    def opts(**kw: object) -> argparse.Namespace:
+        base = {"locustfile": "locustfiles/continuous.py", "rates": "1,5", "batch_size": 16, "trace_file": "",
+                "chunk_stamp": "kernel", "worker": False}  # fmt: skip
+        return argparse.Namespace(**{**base, **kw})
+
+    assert autosize.locust_processes(opts()) is None  # one process: Locust forks nothing
+    assert autosize.locust_processes(opts(rates="100,600", trace_file=str(trace))) == 3  # 60,000 chunks/s
+    assert autosize.locust_processes(opts(locustfile="locustfiles/gated.py", batch_size=1000)) == 4  # 100,000
+    with pytest.raises(ValueError, match="a worker cannot size itself"):
+        autosize.locust_processes(opts(worker=True))
+
+
+def test_locust_runs_with_processes_auto_and_refuses_a_bad_count(tmp_path: Path) -> None:
+    from tailgate.load.processes import master_port_args
+    from tailgate.verify.groundtruth import DEFAULT_MODEL, start_server_process
+
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(f'{{"id": {i}, "prompt_tokens": 4, "max_tokens": 5}}\n' for i in range(6)))
+    with start_server_process(ttft_ms=5, gap_ms=5) as server:
+        cases = (("auto", "auto", 0, "--processes auto: 1 load process(es)"),
+                 ("bad", "many", 2, "argument --processes: a count or auto, got 'many'"))  # fmt: skip
+        for name, count, code, said in cases:
+            cmd = [sys.executable, "-m", "tailgate.locustcmd", "-f", "locustfiles/continuous.py", "--headless",
+                   "--only-summary", "--host", server.base_url, "--results-dir", str(tmp_path / name),
+                   "--trace-file", str(trace), "--n", "6", "--warmup", "0", "--rates", "5", "--model", DEFAULT_MODEL,
+                   "--settle", "0", "--sample-metrics", "0", *master_port_args(), "--processes", count]  # fmt: skip
+            done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+            assert done.returncode == code and said in done.stderr, done.stderr[-2000:]

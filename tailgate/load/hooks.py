@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from tailgate.load import distributed, stallwatch
+from tailgate.load.autosize import accept_auto
 from tailgate.load.descriptors import reserve_descriptors
 from tailgate.load.options import OptionError, add_arguments
 from tailgate.load.peers import PeerGate
@@ -50,6 +51,7 @@ def _add_options(parser: Any) -> None:
         fail(str(e))
     add_arguments(parser)
     distributed.add_arguments(parser)
+    accept_auto(parser)  # Locust's own --processes, sized from this run's options
     prepare_parser(parser)
 
 
