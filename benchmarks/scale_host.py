@@ -90,6 +90,7 @@ def short_verdict(r: dict[str, Any]) -> str:
     late = r.get("late") or {}
     why = [w for w, bad in (("reference late", late.get("server")), ("client late", late.get("client"))) if bad]
     why += [] if r.get("exact") else ["join not exact"]
+    why += ["accounting"] if (r.get("accounting") or {}).get("problem") else []
     why += r.get("breached") or []
     return "FAIL: " + ", ".join(why)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the set-up scripts left on this machine, each item with its size, and with --yes removed:
 #   .venv/                          the project and its tools (TAILGATE_PROJECT_VENV)
-#   ~/.cache/tailgate/              the CPU vLLM's venv, the tiny model, server logs (TAILGATE_HOME)
+#   ~/.cache/tailgate/              the CPU vLLM's venv, the tiny model, server logs, the calibration (TAILGATE_HOME)
 #   .cache/docker/, .cache/docker-logs/   the wheels and logs of the image build
 #   Docker images                   tailgate/vllm-cpu:local, tailgate/prometheus-cpu:local, tailgate/debian-base:*,
 #                                   and untagged images with the project's labels (org.tailgate.*)
@@ -103,6 +103,7 @@ path "$TG_HOME/tiny-model" "the tiny dummy-weight model"
 path "$TG_HOME/logs" "the CPU vLLM's server logs"
 path "$TG_HOME/vllm-install.log" "pip's output from the vLLM install"
 path "$TG_HOME/.vllm-install.lock" "the vLLM install's lock file"
+path "$TG_HOME/calibration.json" "this host's calibration for --processes auto (measured again when missing)"
 path "$LEDGER" "set-up's notes of what it installed and started"
 [ "$YES" = 1 ] && rmdir "$TG_HOME" 2>/dev/null || true
 path "$VENV" "the project's venv with its tools"

@@ -21,6 +21,7 @@ from tailgate.verify.groundtruth.workers import merge_parts
 from tailgate.verify.join import join_records
 from tailgate.verify.lateness import late_sides, schedule_findings, verdict_of
 from tailgate.verify.selfcheck import EXIT_WARN, SelfCheckConfig, main, run_selfcheck
+from tailgate.verify.selfcheckrun import accounting_problem
 
 
 def _stream(port: int, tokens: int) -> str:
@@ -102,6 +103,17 @@ def test_the_verdict_names_the_side_that_fell_behind() -> None:
     text, ok = verdict_of(True, clean, client, {"schedule_lag_p99_ms": 30.0})
     assert not ok and "the client fell behind its schedule: schedule lag p99 40.000 ms" in text
     assert late_sides(client) == {"server": False, "client": True}
+
+
+def test_a_run_whose_accounting_disagrees_with_its_records_is_not_ok() -> None:
+    exact = {"planned": 20, "sent": 20, "recorded": 20, "lost_in_flight": 0, "never_sent": 0, "errors": 0}
+    assert accounting_problem(20, 20, exact) is None
+    late_tally = {**exact, "recorded": 19, "lost_in_flight": 1}  # a record the stage's summary never counted
+    problem = accounting_problem(20, 20, late_tally)
+    assert problem is not None and "19 recorded, 1 lost in flight" in problem
+    text, ok = verdict_of(True, judge({MERGED: 0}), (), {}, problem)
+    assert not ok and text.startswith("FAIL: the run's accounting is not exact: 20 planned, 20 records read back")
+    assert accounting_problem(20, 18, exact) is not None
 
 
 def test_a_selfcheck_over_two_workers_joins_exactly_and_finds_no_late_reference(tmp_path: Path) -> None:

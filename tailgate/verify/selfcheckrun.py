@@ -179,6 +179,22 @@ def accounting_figures(results: Path) -> dict[str, int]:
     return out
 
 
+def accounting_problem(planned: int, records: int, accounting: Mapping[str, int]) -> str | None:
+    """How the run's accounting fails to account for every planned request exactly once (None: it does): the
+    records read back, and the stage summaries' tally of sends, records, losses and arrivals never sent."""
+    a = accounting
+    if (
+        records == planned
+        and (a["planned"], a["sent"], a["recorded"]) == (planned,) * 3
+        and not (a["lost_in_flight"] or a["never_sent"])
+    ):
+        return None
+    return (
+        f"{planned} planned, {records} records read back; the summaries say {a['sent']} sent, {a['recorded']} "
+        f"recorded, {a['lost_in_flight']} lost in flight, {a['never_sent']} never sent"
+    )
+
+
 def stage_window(records: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
     sent = [r["sent_s"] for r in records if r.get("sent_s") is not None]
     ends = [r["end_s"] for r in records if r.get("end_s") is not None]

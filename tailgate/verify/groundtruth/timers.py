@@ -8,7 +8,8 @@ same size. A ``timerfd`` armed at the absolute ``CLOCK_MONOTONIC`` target (the c
 becomes readable at that instant, and the event loop's ``epoll`` wakes for it like any socket. The process
 also asks for a timer slack of 1 ns instead of an ordinary task's 50 us.
 
-Where ``timerfd`` is missing (not Linux, no libc through ctypes) the heap falls back to one asyncio timer.
+Where ``timerfd`` is missing (not Linux, no libc through ctypes), or ``TAILGATE_GROUNDTRUTH_TIMERFD=0`` asks for
+it (to compare the two), the heap falls back to one asyncio timer.
 """
 
 from __future__ import annotations
