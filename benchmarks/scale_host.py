@@ -24,8 +24,10 @@ import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +35,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP_TIMEOUT_S = 1800.0
+STOP_GRACE_S = 90.0
+"""How long a step stopped at its timeout has to stop its Locust and reference before its group is killed."""
 SCHEDULE_KEYS = ("server_write_lateness_p99_ms", "schedule_lag_p99_ms")
 """The self-check's bounds on the two schedules (the row says which side was late apart from them)."""
 
@@ -149,6 +153,25 @@ def write(out: Path, rows: list[dict[str, Any]], metas: list[dict[str, Any]]) ->
     (out / "scale-host.md").write_text(markdown(rows, metas), encoding="utf-8")
 
 
+def run_step(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int | None, str]:
+    """One self-check in a session of its own; past ``timeout_s`` it is stopped as Ctrl-C would (it then stops its
+    Locust and its reference), then killed with whatever is left of its group. (exit code or None, stderr)."""
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        try:
+            code: int | None = proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        err.seek(0)
+        return code, err.read()
+
+
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     out = Path(args.out)
     (out / "steps").mkdir(parents=True, exist_ok=True)
@@ -166,13 +189,11 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             step.unlink(missing_ok=True)
             t0 = time.monotonic()
             error = None
-            try:
-                done = subprocess.run(step_command(args, rate, stamp, step), cwd=ROOT, env=env, capture_output=True,
-                                      text=True, timeout=args.step_timeout_s)  # fmt: skip
-                if not step.exists():
-                    error = f"no result (exit {done.returncode}): {done.stderr.strip()[-600:]}"
-            except subprocess.TimeoutExpired:
+            code, err = run_step(step_command(args, rate, stamp, step), env, args.step_timeout_s)
+            if code is None:
                 error = f"did not finish within {args.step_timeout_s:g} s"
+            elif not step.exists():
+                error = f"no result (exit {code}): {err.strip()[-600:]}"
             doc = json.loads(step.read_text()) if step.exists() else None
             r = row(rate, stamp, args.hosts, doc, time.monotonic() - t0, error)
             rows.append(r)

@@ -38,6 +38,7 @@ from tailgate.optiontable import (
     OptionError,
     check_counts,
     check_rate,
+    parse_processes,
     parse_rates,
     rates_text,
 )
@@ -103,8 +104,8 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
     add_stage_warmup_argument(p, "the highest rate of the server's cells (gated only: the batch)")
     add_options(p, ("seed", "ignore_eos"))
     add_option(p, "processes", type=None, default="auto",
-               help="load processes per cell, or auto (the default: from the cores and the cell's expected "
-                    "chunk rate, so each process stays within what it times exactly)")  # fmt: skip
+               help="load processes per cell, or auto (the default: from the cell's expected chunk rate and this "
+                    "host's calibration, each process within what it times exactly, one per core at most)")  # fmt: skip
     add_option(p, "prometheus_url")
     p.add_argument(
         "--nochunk-compose-file",
@@ -145,19 +146,6 @@ def add_suite_arguments(p: argparse.ArgumentParser) -> None:
 
 def _rates_or_none(text: str, default: tuple[float, ...], option: str) -> tuple[float, ...]:
     return parse_rates(text, option, allow_none=True) if text else default
-
-
-def parse_processes(text: str) -> int:
-    """``auto`` -> 0 (chosen per cell by :func:`tailgate.suite.cell_processes`), else a count of at least 1."""
-    if str(text).strip().lower() == "auto":
-        return 0
-    try:
-        n = int(text)
-    except ValueError:
-        raise OptionError(f"--processes: a count or auto, got {text!r}") from None
-    if n < 1:
-        raise OptionError(f"--processes: must be at least 1, got {n}")
-    return n
 
 
 def build_plan(args: argparse.Namespace) -> Any:

@@ -10,7 +10,15 @@
 #
 #   carry [.wheels312]:  bash benchmarks/h200/loadpath.sh && RATES=250,500,1000,2000 STAMPS=kernel bash benchmarks/device/scale.sh
 #   RATES (250,500,1000,2000,4000), STAMPS (kernel,capture), STAGE_S (30), HOSTS (1), TRUTH_REALTIME (1),
-#   STEP_TIMEOUT_S (300), TAG (h<HOSTS>-<STAMPS>-<RATES>), PY (python3).
+#   STEP_TIMEOUT_S (300; a step past it is stopped, then killed 90 s later), TAG (h<HOSTS>-<STAMPS>-<RATES>),
+#   PY (python3).
+#
+# The ramp in calls of at most 9 minutes (each step: 30 s of arrivals, ~10 s of start, then the reference's log
+# merged and joined, ~1 s per 250,000 chunks):
+#   RATES=250,500,1000,2000 STAMPS=kernel                      about 4-5 min
+#   RATES=250,500,1000,2000 STAMPS=capture                     about 4-5 min
+#   RATES=1000,2000 STAMPS=kernel HOSTS=2                      about 3 min
+#   RATES=4000 STAMPS=kernel,capture STEP_TIMEOUT_S=150        about 5-6 min, at most 8
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,6 +34,6 @@ print("calibration:", host_capacity().line(), flush=True)
 PY
 realtime=(); [ "$TRUTH_REALTIME" = 1 ] && realtime=(--truth-realtime)
 "$PY" benchmarks/scale_host.py --rates "$RATES" --stamps "$STAMPS" --stage-s "$STAGE_S" --hosts "$HOSTS" \
-  --step-timeout-s "$STEP_TIMEOUT_S" "${realtime[@]}" --out "$OUT/$TAG"
+  --step-timeout-s "$STEP_TIMEOUT_S" ${realtime[@]+"${realtime[@]}"} --out "$OUT/$TAG"
 cp "$TAILGATE_HOME/calibration.json" "$OUT/$TAG/" 2>/dev/null
 echo "$(uptime)"
