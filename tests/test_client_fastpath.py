@@ -18,6 +18,9 @@ import pytest
 import tailgate.load.client as client
 from tailgate.load.client import StreamTiming, Target, build_payload, content_template, stream_completion
 
+# the busy pass (scripts/test.sh) runs these again: their verdicts depend on when things happen
+pytestmark = pytest.mark.timing
+
 HEAD = b'{"id":"cmpl-9","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":'
 MID = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}'
 LAST = b',"logprobs":null,"finish_reason":"length","stop_reason":null}]}'

@@ -18,6 +18,9 @@ from tailgate.postprocess.table import NOT_A_MEASUREMENT, summary_table, table_m
 from tailgate.stats import client_quality
 from tailgate.verify.groundtruth import DEFAULT_MODEL, ServerProcess, start_server_process
 
+# the busy pass (scripts/test.sh) runs these again: their verdicts depend on when things happen
+pytestmark = pytest.mark.timing
+
 
 @pytest.fixture(scope="module")
 def gt() -> Iterator[ServerProcess]:

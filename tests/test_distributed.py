@@ -51,6 +51,9 @@ JOIN_WHEN_TOLD = """
 import sys, time
 from pathlib import Path
 import locust.main, tailgate.load.hooks, tailgate.shapes.base  # paid before the stage: see the test
+
+# the busy pass (scripts/test.sh) runs these again: their verdicts depend on when things happen
+pytestmark = pytest.mark.timing
 flag, deadline = Path(sys.argv[1]), time.monotonic() + 120
 while not flag.exists() and time.monotonic() < deadline:
     time.sleep(0.02)

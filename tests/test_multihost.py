@@ -20,6 +20,9 @@ from tailgate.verify.multihost import spread
 from tailgate.verify.netns import NetnsUnavailable
 from tailgate.verify.selfcheck import SelfCheckConfig, run_selfcheck
 
+# the busy pass (scripts/test.sh) runs these again: their verdicts depend on when things happen
+pytestmark = pytest.mark.timing
+
 needs_root = pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("ip") is None,
     reason="load hosts are network namespaces: they need root and iproute2's ip command",

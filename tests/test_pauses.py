@@ -9,10 +9,14 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from conftest import ROOT, write_trace
 
 from tailgate.postprocess.pauses import PAUSE_FLOOR_MS, cell_pauses, pause_lines, server_pauses
 from tailgate.verify.groundtruth import start_server_process
+
+# the busy pass (scripts/test.sh) runs these again: their verdicts depend on when things happen
+pytestmark = pytest.mark.timing
 
 
 def _stream(first: float, end: float, gap_ms: float, gap_end: float, **extra: object) -> dict:

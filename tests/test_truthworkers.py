@@ -23,6 +23,9 @@ from tailgate.verify.lateness import late_sides, schedule_findings, verdict_of
 from tailgate.verify.selfcheck import EXIT_WARN, SelfCheckConfig, main, run_selfcheck
 from tailgate.verify.selfcheckrun import accounting_problem
 
+# the busy pass (scripts/test.sh) runs these again: their verdicts depend on when things happen
+pytestmark = pytest.mark.timing
+
 
 def _stream(port: int, tokens: int) -> str:
     """One streamed completion on a fresh connection; its response id."""
