@@ -63,6 +63,24 @@ def test_counts_from_the_capacity_never_above_the_cores(monkeypatch: pytest.Monk
     assert processes.truth_workers(400_000.0, cores=2) == 1
 
 
+def test_auto_gives_the_load_the_cores_the_reference_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Load processes and reference workers never outnumber the cores together: past that, both sides queue."""
+    from tailgate.verify import selfcheckrun
+
+    cap = HostCapacity(10.0, 20.0, "measured")  # 27,778 chunks/s per process, 25,000 per reference worker
+    monkeypatch.setattr(processes, "host_capacity", lambda measure=False, log=None: cap)
+    monkeypatch.setattr(selfcheckrun, "host_capacity", lambda measure=False, log=None: cap)
+    monkeypatch.setattr(selfcheckrun.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(processes.os, "cpu_count", lambda: 16)
+    said: list[str] = []
+    small = selfcheckrun.size_run(selfcheckrun.SelfCheckConfig(rate=100, processes=0), "kernel", said.append)
+    assert (small.processes, small.truth_workers) == (1, 1) and said == []
+    # 400,000 chunks/s wants 15 load processes and 16 reference workers: 8 workers (half), the load the other 8
+    big = selfcheckrun.size_run(selfcheckrun.SelfCheckConfig(rate=4000, processes=0), "kernel", said.append)
+    assert (big.processes, big.truth_workers) == (8, 8)
+    assert len(said) == 1 and "16 cores" in said[0] and "which side fell behind" in said[0]
+
+
 def test_off_uses_the_table_and_says_so(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TAILGATE_CALIBRATION", "off")
     cap = host_capacity()

@@ -123,8 +123,17 @@ def size_run(cfg: SelfCheckConfig, stamp: str, log: Callable[[str], None] = lamb
         return Sizing(cfg.processes, cfg.truth_workers, None)
     cap = host_capacity(log=log)
     chunks = chunks_per_s(cfg)
-    processes = cfg.processes or max(cfg.hosts, auto_processes(chunks, stamp=stamp))
     workers = cfg.truth_workers or truth_workers(chunks)
+    cores = os.cpu_count() or 1
+    # the reference and the load share this host's cores: auto gives the load what the reference leaves, since a
+    # process beyond the cores only turns CPU shortage into scheduling delay on both sides
+    processes = cfg.processes or max(cfg.hosts, auto_processes(chunks, cores=max(1, cores - workers), stamp=stamp))
+    wanted = auto_processes(chunks, cores=10**6, stamp=stamp) + truth_workers(chunks, cores=10**6)
+    if wanted > cores:
+        log(
+            f"[selfcheck] {chunks:,.0f} chunks/s wants {wanted} processes (load and reference) where this host has "
+            f"{cores} cores: sized to the cores; the verdict says which side fell behind"
+        )
     return Sizing(processes, workers, cap)
 
 
