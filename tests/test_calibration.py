@@ -40,7 +40,9 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_capacities_follow_the_cpu_a_chunk_costs() -> None:
     fast, slow = HostCapacity(10.0, 10.0, "measured"), HostCapacity(20.0, 25.0, "measured")
-    assert fast.per_process("kernel") == pytest.approx(0.5e6 / (10.0 * hostcapacity.PROCESS_OVER_READ_PATH))
+    assert fast.per_process("kernel") == pytest.approx(
+        hostcapacity.CORE_SHARE_BY_STAMP["kernel"] * 1e6 / (10.0 * hostcapacity.PROCESS_OVER_READ_PATH)
+    )
     assert slow.per_process("kernel") == pytest.approx(fast.per_process("kernel") / 2)
     assert fast.per_process("recv") == fast.per_process("kernel") == fast.per_process("no such stamp")
     # capture: more CPU per chunk, but reads need not be on time, so a larger share of a core
@@ -53,10 +55,10 @@ def test_capacities_follow_the_cpu_a_chunk_costs() -> None:
 
 
 def test_counts_from_the_capacity_never_above_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    cap = HostCapacity(10.0, 20.0, "measured")  # 27,778 chunks/s per process, 25,000 per reference worker
+    cap = HostCapacity(10.0, 20.0, "measured")  # 17,391 chunks/s per process, 25,000 per reference worker
     monkeypatch.setattr(processes, "host_capacity", lambda measure=False, log=None: cap)
     assert processes.auto_processes(1000.0, cores=16) == 1
-    assert processes.auto_processes(200_000.0, cores=16) == 8
+    assert processes.auto_processes(200_000.0, cores=16) == 12
     assert processes.auto_processes(10_000_000.0, cores=16) == 16
     assert processes.truth_workers(1000.0, cores=16) == 1
     assert processes.truth_workers(400_000.0, cores=16) == 8  # 16 asked for, half the cores at most
@@ -67,7 +69,7 @@ def test_auto_gives_the_load_the_cores_the_reference_leaves(monkeypatch: pytest.
     """Load processes and reference workers never outnumber the cores together: past that, both sides queue."""
     from tailgate.verify import selfcheckrun
 
-    cap = HostCapacity(10.0, 20.0, "measured")  # 27,778 chunks/s per process, 25,000 per reference worker
+    cap = HostCapacity(10.0, 20.0, "measured")  # 17,391 chunks/s per process, 25,000 per reference worker
     monkeypatch.setattr(processes, "host_capacity", lambda measure=False, log=None: cap)
     monkeypatch.setattr(selfcheckrun, "host_capacity", lambda measure=False, log=None: cap)
     monkeypatch.setattr(selfcheckrun.os, "cpu_count", lambda: 16)
@@ -75,7 +77,7 @@ def test_auto_gives_the_load_the_cores_the_reference_leaves(monkeypatch: pytest.
     said: list[str] = []
     small = selfcheckrun.size_run(selfcheckrun.SelfCheckConfig(rate=100, processes=0), "kernel", said.append)
     assert (small.processes, small.truth_workers) == (1, 1) and said == []
-    # 400,000 chunks/s wants 15 load processes and 16 reference workers: 8 workers (half), the load the other 8
+    # 400,000 chunks/s wants 23 load processes and 16 reference workers: 8 workers (half), the load the other 8
     big = selfcheckrun.size_run(selfcheckrun.SelfCheckConfig(rate=4000, processes=0), "kernel", said.append)
     assert (big.processes, big.truth_workers) == (8, 8)
     assert len(said) == 1 and "16 cores" in said[0] and "which side fell behind" in said[0]
@@ -183,7 +185,7 @@ def test_locusts_own_processes_option_sizes_auto_from_the_runs_options(
 
     from tailgate.load import autosize
 
-    cap = HostCapacity(10.0, 10.0, "measured")  # 27,778 chunks/s per process
+    cap = HostCapacity(10.0, 10.0, "measured")  # 17,391 chunks/s per process
     monkeypatch.setattr(processes, "host_capacity", lambda measure=False, log=None: cap)
     monkeypatch.setattr(processes.os, "cpu_count", lambda: 16)
     trace = tmp_path / "long.jsonl"
@@ -195,8 +197,8 @@ def test_locusts_own_processes_option_sizes_auto_from_the_runs_options(
         return argparse.Namespace(**{**base, **kw})
 
     assert autosize.locust_processes(opts()) is None  # one process: Locust forks nothing
-    assert autosize.locust_processes(opts(rates="100,600", trace_file=str(trace))) == 3  # 60,000 chunks/s
-    assert autosize.locust_processes(opts(locustfile="locustfiles/gated.py", batch_size=1000)) == 4  # 100,000
+    assert autosize.locust_processes(opts(rates="100,600", trace_file=str(trace))) == 4  # 60,000 chunks/s
+    assert autosize.locust_processes(opts(locustfile="locustfiles/gated.py", batch_size=1000)) == 6  # 100,000
     with pytest.raises(ValueError, match="a worker cannot size itself"):
         autosize.locust_processes(opts(worker=True))
 
