@@ -27,6 +27,13 @@ else
   act "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev]'
   [ "$SETUP_CHECK" = 1 ] || echo "$want" >"$stamp"
 fi
+if [ "$SETUP_CHECK" != 1 ]; then
+  # `locust -f locustfiles/continuous.py --help` lists the suite's options too (tailgate/locusthelp.py says how)
+  "$VENV/bin/python" -c 'import pathlib, sysconfig
+from tailgate.locusthelp import PTH_LINE, PTH_NAME
+pth = pathlib.Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
+pth.exists() and pth.read_text() == PTH_LINE or pth.write_text(PTH_LINE)'
+fi
 
 if ! command -v prometheus >/dev/null 2>&1; then
   os_packages "the report reads the server from the load generator's direct /metrics samples" prometheus=prometheus
