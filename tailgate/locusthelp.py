@@ -1,11 +1,14 @@
-"""``locust -f locustfiles/continuous.py --help`` lists the suite's options beside Locust's own.
+"""``locust -f locustfiles/continuous.py --help`` lists the suite's options beside Locust's own, and a suite
+locustfile that is not there is one line and exit 2.
 
 Locust prints its help before it imports the locustfile, so the options a locustfile declares (through
 ``init_command_line_parser``) never reach it, and a Locust user who asks ``--help`` would not learn of
 ``--rates`` or ``--trace-file``. The project's environment runs this module at interpreter start (a one-line
 ``.pth`` file that ``scripts/setup-base.sh`` writes, :data:`PTH_LINE`) only when the program is ``locust``; it
 then declares the suite's options ahead of time, and only when help is asked for a locustfile of this suite, so
-every other ``locust`` run, and every other locustfile, is untouched.
+every other ``locust`` run, and every other locustfile, is untouched. A misspelt locustfile in the suite's
+folder (``-f locustfiles/continous.py``) is refused here in one line with the names that exist, exit 2, where
+Locust would print a paragraph and exit 1.
 """
 
 from __future__ import annotations
@@ -48,7 +51,22 @@ def wants_suite_help(argv: Sequence[str]) -> bool:
     return name is not None and is_suite_locustfile(name)
 
 
+def missing_suite_locustfile(argv: Sequence[str]) -> str | None:
+    """The first of ``-f``'s comma-separated files that would sit in the suite's folder but is not there."""
+    named = locustfile_named(argv[1:])
+    for name in (named or "").split(","):
+        if name and is_suite_locustfile(name) and not Path(name).exists():
+            return name
+    return None
+
+
 def _declare() -> None:
+    missing = missing_suite_locustfile(sys.argv)
+    if missing is not None:
+        known = ", ".join(sorted(p.name for p in LOCUSTFILES.glob("*.py") if not p.name.startswith("_")))
+        sys.stderr.write(f"locust: error: no locustfile {missing} (the suite's are {known})\n")
+        sys.stderr.flush()
+        os._exit(2)  # at interpreter start nothing is open yet, and SystemExit would not end it here
     if wants_suite_help(sys.argv):
         try:
             import tailgate.load.hooks  # noqa: F401  (declares the suite's options on Locust's parser)

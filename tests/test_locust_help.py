@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from tailgate.locusthelp import PTH_LINE, PTH_NAME, locustfile_named, wants_suite_help
+from tailgate.locusthelp import PTH_LINE, PTH_NAME, locustfile_named, missing_suite_locustfile, wants_suite_help
 
 LOCUST = str(Path(sys.executable).parent / "locust")
 
@@ -55,3 +55,14 @@ def test_the_locustfile_is_found_in_every_spelling(monkeypatch: pytest.MonkeyPat
     assert locustfile_named(["--headless"]) is None
     monkeypatch.setenv("LOCUST_LOCUSTFILE", suite)
     assert wants_suite_help(["locust", "--help"])
+
+
+def test_a_misspelt_suite_locustfile_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    done = subprocess.run([LOCUST, "-f", "locustfiles/continous.py", "--headless"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "no locustfile locustfiles/continous.py" in done.stderr
+    assert "continuous.py" in done.stderr and "gated.py" in done.stderr
+    # elsewhere a missing locustfile is Locust's to report
+    assert missing_suite_locustfile(["locust", "-f", str(tmp_path / "nope.py")]) is None
+    assert missing_suite_locustfile(["locust", "-f", f"{ROOT}/locustfiles/gated.py,{ROOT}/locustfiles/x.py"])
