@@ -16,56 +16,22 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import gevent  # noqa: E402
-from gevent.pool import Group  # noqa: E402
-
 import argparse  # noqa: E402
 import cProfile  # noqa: E402
 import pstats  # noqa: E402
-import resource  # noqa: E402
 import statistics  # noqa: E402
-import time  # noqa: E402
 
-from tailgate.load.client import StreamTiming, Target, build_payload, build_request, stream_completion  # noqa: E402
-from tailgate.load.stagegc import QuietCollector  # noqa: E402
-from tailgate.verify.groundtruth import DEFAULT_MODEL, start_server_process  # noqa: E402
-
-
-def cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+from tailgate.verify.calibrate import timed_streams  # noqa: E402
+from tailgate.verify.groundtruth import start_server_process  # noqa: E402
 
 
 def run_once(base_url: str, rate: float, n: int, tokens: int, stamp: str) -> tuple[float, int]:
-    """Open-loop arrivals at ``rate`` (even spacing); returns (CPU seconds, content chunks)."""
-    target = Target.parse(base_url)
-    request = build_request(target, build_payload(DEFAULT_MODEL, "hello " * 8, tokens))
-    group = Group()
-    timings: list[StreamTiming] = []
-
-    def one() -> None:
-        t = StreamTiming()
-        timings.append(t)
-        stream_completion(target, b"", t, request=request, record_chunks=True, stamp=stamp)
-
-    quiet = QuietCollector()  # as in a load process's stage: no collection while streams are timed
-    quiet.start()
+    """Open-loop arrivals at ``rate`` (even spacing), read as a load process reads them (the calibration's
+    workload, :func:`tailgate.verify.calibrate.timed_streams`); returns (CPU seconds, content chunks)."""
     try:
-        start_cpu = cpu_s()
-        t0 = time.perf_counter()
-        for i in range(n):
-            delay = t0 + i / rate - time.perf_counter()
-            if delay > 0:
-                gevent.sleep(delay)
-            group.spawn(one)
-        group.join()
-        used = cpu_s() - start_cpu
-    finally:
-        quiet.end()
-    failed = [t.error_class for t in timings if t.error_class]
-    if failed:
-        raise SystemExit(f"read_path: {len(failed)} streams failed, e.g. {failed[0]}")
-    return used, sum(t.chunks for t in timings)
+        return timed_streams(base_url, n, rate=rate, tokens=tokens, stamp=stamp)
+    except RuntimeError as e:
+        raise SystemExit(f"read_path: {e}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

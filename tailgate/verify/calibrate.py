@@ -46,7 +46,8 @@ GAP_MS = 2.0
 WARMUP_STREAMS = 40
 
 
-def _cpu_s() -> float:
+def cpu_s() -> float:
+    """CPU seconds (user + system) of this process so far."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
@@ -57,44 +58,47 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _run(base_url: str, n: int) -> tuple[float, int]:
-    """``n`` streams at :data:`RATE` (even spacing); CPU seconds of this process and content chunks read."""
+def timed_streams(
+    base_url: str, n: int, rate: float = RATE, tokens: int = TOKENS, stamp: str = "kernel"
+) -> tuple[float, int]:
+    """``n`` streams at ``rate`` (even spacing), read as a load process reads them; CPU seconds of this process
+    and content chunks read. Raises RuntimeError naming a failure: a failed stream's CPU is not a chunk's."""
     target = Target.parse(base_url)
-    request = build_request(target, build_payload(DEFAULT_MODEL, "hello " * 8, TOKENS))
+    request = build_request(target, build_payload(DEFAULT_MODEL, "hello " * 8, tokens))
     group = Group()
     timings: list[StreamTiming] = []
 
     def one() -> None:
         t = StreamTiming()
         timings.append(t)
-        stream_completion(target, b"", t, request=request, record_chunks=True, stamp="kernel")
+        stream_completion(target, b"", t, request=request, record_chunks=True, stamp=stamp)
 
-    quiet = QuietCollector()
+    quiet = QuietCollector()  # as in a load process's stage: no collection while streams are timed
     quiet.start()
     try:
-        start = _cpu_s()
+        start = cpu_s()
         t0 = time.perf_counter()
         for i in range(n):
-            delay = t0 + i / RATE - time.perf_counter()
+            delay = t0 + i / rate - time.perf_counter()
             if delay > 0:
                 gevent.sleep(delay)
             group.spawn(one)
         group.join()
-        used = _cpu_s() - start
+        used = cpu_s() - start
     finally:
         quiet.end()
     failed = [t.error_class for t in timings if t.error_class]
     if failed:
-        raise RuntimeError(f"{len(failed)} of {n} calibration streams failed, e.g. {failed[0]}")
+        raise RuntimeError(f"{len(failed)} of {n} streams failed, e.g. {failed[0]}")
     return used, sum(t.chunks for t in timings)
 
 
 def measure() -> dict[str, Any]:
     t0 = time.monotonic()
     with start_server_process(ttft_ms=GAP_MS, gap_ms=GAP_MS) as server:
-        _run(server.base_url, WARMUP_STREAMS)  # imports and first use, not counted
+        timed_streams(server.base_url, WARMUP_STREAMS)  # imports and first use, not counted
         before = _proc_cpu_s(server.pid)
-        used, chunks = _run(server.base_url, STREAMS)
+        used, chunks = timed_streams(server.base_url, STREAMS)
         server_used = _proc_cpu_s(server.pid) - before
     return {
         "read_us_per_chunk": round(1e6 * used / chunks, 2),
