@@ -9,6 +9,8 @@
 #   python benchmarks/scale_host.py --merge A/scale-host.json B/scale-host.json ... --out benchmarks/results/DIR
 #
 #   carry [.wheels312]:  bash benchmarks/h200/loadpath.sh && RATES=250,500,1000,2000 STAMPS=kernel bash benchmarks/device/scale.sh
+#   HOSTS=2 needs `ip`: carry [.wheels312, .gpu/iproute] (benchmarks/device/iproute.sh pack .gpu/iproute here), and run
+#   `bash benchmarks/device/iproute.sh install .gpu/iproute && export PATH=/tmp/iproute/bin:$PATH` first
 #   RATES (250,500,1000,2000,4000), STAMPS (kernel,capture), STAGE_S (30), HOSTS (1), TRUTH_REALTIME (1),
 #   STEP_TIMEOUT_S (300; a step past it is stopped, then killed 90 s later), TAG (h<HOSTS>-<STAMPS>-<RATES>),
 #   PY (python3).
