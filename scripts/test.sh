@@ -9,7 +9,7 @@
 #      `stress-ng --cpu 2`, so a test that only passes on an idle machine fails here rather than on a busy CI
 #      runner. Tests marked `quiet` measure a precision only idle cores give, and skip when the cores are
 #      saturated: this pass could not judge them, so it leaves them out.
-# About 24 minutes on 2 cores from a fresh clone with the caches set-up fills present; README, "Two commands",
+# About 23 minutes on 2 cores from a fresh clone with the caches set-up fills present; README, "Two commands",
 # says what each part costs.
 # TAILGATE_TEST_STRESS=0 skips pass 2; arguments go to pass 1 (e.g. a test file, -k, -x; -n 0 runs it serially).
 set -euo pipefail
