@@ -400,7 +400,8 @@ def stream_completion(
             finally:
                 if content:
                     last = timing.last_chunk_ns
-                    if last is not None:
+                    # the comparison alone on the read path; the rule (stats.wider_gap) only when the gap widens
+                    if last is not None and now - last > timing.worst_gap_ns:
                         timing.worst_gap_ns, timing.worst_gap_end_ns = wider_gap(
                             timing.worst_gap_ns, timing.worst_gap_end_ns, last, now
                         )
