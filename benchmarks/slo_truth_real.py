@@ -1,0 +1,262 @@
+"""Long-run truth of a real server's capacity under an SLO: one long probe per rate, read with fixed-n bounds.
+
+A simulated engine's truth follows from its model; a real engine's can only be measured. At each rate this runs
+one ``tailgate slo`` probe of at least ``--n`` measured requests (4,000 by default: enough that a p99 rests on
+~40 requests over it, so a run-to-run spread of a few percent) on a workload seed the searches do not use, and
+reads it three ways:
+
+- the point p99 of each limited metric over the steady part of the probe;
+- a time-block bootstrap 95% interval of that p99 (blocks of ``--block-s`` seconds of arrivals resampled whole, so
+  one engine stall that hits many streams moves a whole block, not single requests);
+- the suite's own fixed-n verdict at 95% (distribution-free bounds with the design effect), which says "not enough
+  data" where the rate sits too close to the limit for this n.
+
+The capacity lies between the highest rate that passes and the lowest that fails; both sides are needed for a
+claim. ``truth.json`` keeps every rate's figures and the bracket, so the coverage benchmark can score a search's
+interval against it.
+
+    # the CPU vLLM of this machine, started and stopped by tailgate slo (a quiet machine: ~15 min per rate)
+    python benchmarks/slo_truth_real.py run --embedded --slo "ttft_p99<=4s,gap_p99<=2s" --rates 3,4 \\
+        --out benchmarks/results/slo-truth-cpu
+    # a server already running (the H200: benchmarks/h200/truth.sh)
+    python benchmarks/slo_truth_real.py run --host http://127.0.0.1:8000 --config nochunk --ignore-eos \\
+        --slo "ttft_p99<=300ms,gap_p99<=200ms" --rates 10 --out /tmp/w/truth-nochunk
+    # read any folders run made (no request sent), merge their rates
+    python benchmarks/slo_truth_real.py read OUT [OUT ...] --json truth.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tailgate import slo
+from tailgate.slo.plan import SloPlan
+from tailgate.slo.probe import SloRunner
+from tailgate.slo.verdict import METRIC_FIELDS, steady_part
+
+TRUTH_SEED = 11
+"""Not the searches' seed (7): the truth must not be the sample the search measured."""
+
+
+@dataclass(frozen=True)
+class MetricTruth:
+    key: str
+    limit: float
+    point: float | None
+    bootstrap_low: float | None
+    bootstrap_high: float | None
+    verdict: str
+    """The suite's fixed-n verdict at 95% on this check alone."""
+    n: int
+    n_effective: float | None
+
+
+@dataclass(frozen=True)
+class RateTruth:
+    config: str
+    rate: float
+    sent: int
+    measured: int
+    errors: int
+    duration_s: float
+    verdict: str
+    metrics: list[MetricTruth]
+    folder: str
+
+
+def _p99(values: Sequence[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def block_bootstrap(
+    rows: Sequence[tuple[float, float]], q: float, block_s: float, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float] | tuple[None, None]:
+    """95% percentile interval of the q-quantile, resampling whole blocks of arrival time.
+
+    ``rows``: (intended send in s, value). Blocks keep what one stall did to many streams together."""
+    if len(rows) < 50:
+        return None, None
+    t0 = min(t for t, _ in rows)
+    blocks: dict[int, list[float]] = {}
+    for t, v in rows:
+        blocks.setdefault(int((t - t0) // block_s), []).append(v)
+    groups = list(blocks.values())
+    if len(groups) < 5:
+        return None, None
+    rng = random.Random(seed)
+    stats = []
+    for _ in range(resamples):
+        sample: list[float] = []
+        for _ in groups:
+            sample += groups[rng.randrange(len(groups))]
+        stats.append(_p99(sample, q))
+    stats.sort()
+    return stats[int(0.025 * resamples)], stats[int(0.975 * resamples) - 1]
+
+
+def read_truth(root: Path, block_s: float) -> list[RateTruth]:
+    """Every probe of a ``tailgate slo`` folder, read as truth (fixed-n bounds, block bootstrap)."""
+    state = json.loads((root / slo.SLO_FILE).read_text())
+    limits = slo.parse_slo(state["plan"]["slo"])
+    plan = SloPlan(limits=limits, configs=[], n=state["plan"]["n"], warmup=state["plan"]["warmup"])
+    reader = SloRunner(plan, None, root, log=lambda _line: None)
+    out: list[RateTruth] = []
+    for c in state["configs"]:
+        for pr in sorted(c["probes"], key=lambda x: x["rate"]):
+            folders = [root / a["dir"] for a in pr["attempts"]]
+            attempts = [
+                replace(reader._attempt_data(d, slo.ProbeMark.read(d / slo.PROBE_MARK)), workload=int(a["seed"]))
+                for d, a in zip(folders, pr["attempts"], strict=True)
+            ]
+            verdict, checks = slo.check_probe(attempts, limits, level=0.95, rate=pr["rate"], sequential=False)
+            steady = [r for a in attempts for r in steady_part(a)[0]]
+            metrics = []
+            by_key = {ch.key: ch for ch in checks}
+            for lim in limits:
+                ch = by_key.get(lim.key)
+                if lim.p is None or ch is None:
+                    continue
+                fld = METRIC_FIELDS[lim.metric]
+                rows = [(float(r["intended_s"]), float(r[fld])) for r in steady
+                        if isinstance(r.get(fld), (int, float)) and isinstance(r.get("intended_s"), (int, float))
+                        and not (lim.metric == "gap" and r.get("client_coalesced"))]  # fmt: skip
+                lo, hi = block_bootstrap(rows, lim.p / 100.0, block_s)
+                point = _p99([v for _, v in rows], lim.p / 100.0) if rows else None
+                metrics.append(MetricTruth(lim.key, lim.limit, _r(point), _r(lo), _r(hi), ch.verdict, ch.n,
+                                           ch.n_effective))  # fmt: skip
+            sends = [float(r["intended_s"]) for a in attempts for r in a.measured
+                     if isinstance(r.get("intended_s"), (int, float))]  # fmt: skip
+            out.append(RateTruth(
+                config=c["name"], rate=float(pr["rate"]), sent=sum(a.sent for a in attempts),
+                measured=sum(len(a.measured) for a in attempts), errors=sum(a.errors for a in attempts),
+                duration_s=round(max(sends) - min(sends), 1) if sends else 0.0, verdict=verdict, metrics=metrics,
+                folder=str(root),
+            ))  # fmt: skip
+    return out
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def bracket(rates: Sequence[RateTruth], min_n: int) -> dict[str, Any]:
+    """The highest passing and the lowest failing rate among the long runs; a claim needs both."""
+    long = [r for r in rates if r.measured >= min_n]
+    passed = [r.rate for r in long if r.verdict == "pass"]
+    failed = [r.rate for r in long if r.verdict == "fail"]
+    low = max(passed) if passed else None
+    high = min(failed) if failed else None
+    if low is not None and high is not None and low >= high:
+        return {"low": low, "high": high, "claim": "contradictory: a rate passed above one that failed"}
+    claim = "both sides measured" if low is not None and high is not None else "one side only: no claim"
+    return {"low": low, "high": high, "claim": claim, "min_n": min_n}
+
+
+def print_table(rates: Sequence[RateTruth]) -> None:
+    print(
+        "| configuration | rate | measured (sent) | arrivals s | check | p99 | block bootstrap 95% | fixed-n 95% "
+        "| n eff | verdict |"
+    )
+    print("|---|---:|---:|---:|---|---:|---|---|---:|---|")
+    for r in rates:
+        for m in r.metrics:
+            boot = f"[{m.bootstrap_low}, {m.bootstrap_high}]" if m.bootstrap_low is not None else "n/a"
+            eff = f"{m.n_effective:.0f}" if m.n_effective is not None else "n/a"
+            print(
+                f"| {r.config} | {r.rate:g} | {r.measured} ({r.sent}) | {r.duration_s:.0f} | {m.key} <= {m.limit:g} "
+                f"| {m.point} | {boot} | {m.verdict} | {eff} | {r.verdict} |"
+            )
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for rate in args.rates:
+        folder = out / f"r{rate:g}".replace(".", "p")
+        if (folder / slo.SLO_FILE).exists() and any(read_truth(folder, args.block_s)):
+            print(f"[truth] {rate:g} req/s: already in {folder}", flush=True)
+            continue
+        cmd = [sys.executable, "-m", "tailgate.cli", "slo", "--slo", args.slo, "--results", str(folder),
+               "--start-rate", f"{rate:g}", "--max-rate", f"{rate:g}", "--min-rate", f"{rate:g}",
+               "--max-probes", "1", "--reruns", "0", "--extend", "0", "--n", str(args.n), "--duration", "0",
+               "--warmup", str(args.warmup), "--seed", str(args.seed), "--model-replicates", "0", "--no-confirm",
+               "--no-report", "--time-budget", "0", "--config", args.config]  # fmt: skip
+        cmd += ["--embedded"] if args.embedded else ["--server", "url", "--host", args.host]
+        if args.ignore_eos:
+            cmd.append("--ignore-eos")
+        if args.stage_warmup is not None:
+            cmd += ["--stage-warmup", str(args.stage_warmup)]
+        cmd += [f"--locust-arg={a}" for a in args.locust_arg]
+        print(f"[truth] {rate:g} req/s, {args.n} measured requests: {' '.join(cmd[2:])}", flush=True)
+        rc = subprocess.call(cmd)
+        if rc not in (0, 3, 5):  # 3: failed, 5: undecided: both are a truth run's outcome
+            print(f"[truth] tailgate slo exited {rc} at {rate:g} req/s", file=sys.stderr)
+            return rc
+    return report([out / p.name for p in sorted(out.iterdir()) if (p / slo.SLO_FILE).exists()], args)
+
+
+def report(folders: Sequence[Path], args: argparse.Namespace) -> int:
+    rates = sorted((t for f in folders for t in read_truth(f, args.block_s)), key=lambda t: (t.config, t.rate))
+    if not rates:
+        print("truth: no probe in the folders given", file=sys.stderr)
+        return 2
+    print_table(rates)
+    by_config: dict[str, list[RateTruth]] = {}
+    for t in rates:
+        by_config.setdefault(t.config, []).append(t)
+    doc: dict[str, Any] = {"block_s": args.block_s, "configs": {}}
+    for name, ts in by_config.items():
+        b = bracket(ts, args.min_n)
+        print(f"{name}: truth in [{b['low']}, {b['high']}] req/s ({b['claim']})")
+        doc["configs"][name] = {"bracket": b, "rates": [asdict(t) for t in ts]}
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="one long probe per rate, then the table")
+    r.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], required=True)
+    r.add_argument("--slo", required=True)
+    r.add_argument("--n", type=int, default=4000)
+    r.add_argument("--warmup", type=int, default=25)
+    r.add_argument("--seed", type=int, default=TRUTH_SEED)
+    r.add_argument("--config", default="chunked: chunked=on")
+    where = r.add_mutually_exclusive_group(required=True)
+    where.add_argument("--embedded", action="store_true")
+    where.add_argument("--host")
+    r.add_argument("--ignore-eos", action="store_true")
+    r.add_argument("--stage-warmup", type=int)
+    r.add_argument("--locust-arg", action="append", default=[])
+    r.add_argument("--out", required=True)
+    rd = sub.add_parser("read", help="the table and truth.json from folders run made")
+    rd.add_argument("folders", nargs="+")
+    for q in (r, rd):
+        q.add_argument("--block-s", type=float, default=30.0, help="bootstrap block length, s of arrivals")
+        q.add_argument("--min-n", type=int, default=4000, help="measured requests a rate needs to count as truth")
+        q.add_argument("--json", help="write the truth here")
+    args = p.parse_args(argv)
+    if args.command == "run":
+        return run(args)
+    folders = [Path(f) for f in args.folders]
+    expanded = [c for f in folders for c in ([f] if (f / slo.SLO_FILE).exists() else sorted(f.iterdir()))
+                if (c / slo.SLO_FILE).exists()]  # fmt: skip
+    return report(expanded, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
