@@ -5,7 +5,8 @@ evidence of a few hundred independent requests at most, and a measured bracket n
 service the server gave each request is measured much faster: every stream's inter-token time, how many streams
 shared the engine at that moment and how many prompt tokens were prefilled beside it. A continuous-batching engine
 (vLLM's scheduler) is a step loop: a step costs ``step_ms + step_ms_per_seq * running + prefill_ms_per_token *
-prefilled`` and admits waiting requests while fewer than ``slots`` run. The three costs are fitted to the probes'
+prefilled`` (plus, where attention over a long prompt shows, a cost per prefilled token that grows with the prompt
+before it) and admits waiting requests while fewer than ``slots`` run. The three costs are fitted to the probes'
 own streams (:mod:`tailgate.slo.stepfit`: each stream's decode time, and the TTFT of requests that found no
 queue); the slot count, the prefill policy (whole prompts, or
 chunks of 512, 2048 or 8192 tokens a step) and the prefill cost are then chosen by replaying every probe's own
@@ -35,7 +36,7 @@ from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.workload import make_trace
 from tailgate.slo.answer import figure_text
 from tailgate.slo.attempt import ProbeAttempt
-from tailgate.slo.stepfit import Stream, fit_costs, max_concurrency, streams_of
+from tailgate.slo.stepfit import Costs, Stream, fit_costs, max_concurrency, streams_of
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
 
 
@@ -181,17 +182,19 @@ def fit_service(probes: Sequence[Probe], q: float = 0.99, metrics: Sequence[str]
     return best[1] if best is not None else None
 
 
-def _policy(cost: tuple[float, float, float], peak: int, probes: Sequence[Probe], q: float, metrics: Sequence[str],
+def _policy(cost: Costs, peak: int, probes: Sequence[Probe], q: float, metrics: Sequence[str],
             streams: int) -> tuple[float, ServiceFit] | None:  # fmt: skip
     """The slot count and prefill policy that replay the probes best with these costs, and its score."""
     best: tuple[float, ServiceFit] | None = None
-    step, per_seq, prefill = cost
+    step, per_seq, prefill, ctx = cost
     # unlimited admission first: a slot count is taken only when replaying it is clearly better (a limit the
     # probes never reached replays the same, and would cap the simulated capacity at a concurrency merely seen)
     for slots in sorted({max(1, peak), UNLIMITED_SLOTS}, reverse=True):
         for chunk in CHUNK_CHOICES:
-            engine = EngineModel(slots=slots, step_ms=step, step_ms_per_seq=per_seq, prefill_ms_per_token=prefill,
-                                 chunked=chunk > 0, chunk_tokens=chunk or 512)  # fmt: skip
+            engine = EngineModel(
+                slots=slots, step_ms=step, step_ms_per_seq=per_seq, prefill_ms_per_token=prefill,
+                prefill_ms_per_token_ctx=ctx, chunked=chunk > 0, chunk_tokens=chunk or 512,
+            )  # fmt: skip
             rep = replay_rows(engine, probes, q, metrics)
             if not rep:
                 continue
@@ -210,9 +213,9 @@ def _calibrated(
     if found is None:
         return None
     score, fit = found
-    base = fit.engine.prefill_ms_per_token
+    base, ctx = fit.engine.prefill_ms_per_token, fit.engine.prefill_ms_per_token_ctx
     for factor in PREFILL_FACTORS:
-        engine = replace(fit.engine, prefill_ms_per_token=base * factor)
+        engine = replace(fit.engine, prefill_ms_per_token=base * factor, prefill_ms_per_token_ctx=ctx * factor)
         rep = replay_rows(engine, probes, q, metrics)
         tried = _score(rep) + SLOTS_MARGIN * len(rep)
         if rep and tried < score:

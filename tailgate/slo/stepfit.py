@@ -10,7 +10,10 @@ among the costs that result (:func:`fit_costs`), since a real server is not alwa
   steps (many streams) more: the count is taken per step (time weighted by the inverse of the step's cost at
   that count, from the fit before), or the step cost comes out a few percent low and every queue replays short.
 - The prefill cost rides on a few long prompts per span and comes out 10-15% off. It is measured directly where
-  it is plain: the TTFT of requests that found no queue, against their prompt length.
+  it is plain: the TTFT of requests that found no queue, against their prompt length and its square. Attention
+  reads the whole prompt before each token, so a prompt's cost grows faster than its length where the model is
+  small beside its context (the CPU server's 6,000-token prompt takes 2.7 times what its 200- and 1,000-token ones
+  extrapolate to); the square term measures that, and a chunked prompt's last chunk is then its dearest step.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ ROUNDS = 3
 
 Row = tuple[float, float, float, float]
 """(weight, response, first regressor, second regressor): one row of the fits' least squares."""
+Costs = tuple[float, float, float, float]
+"""(step ms, ms per running stream, ms per prefilled token, ms per prefilled token per 1,000 tokens before it)."""
+CTX_MIN_SHARE = 0.05
+"""The square term is kept only when it adds at least this share to the longest idle prompt's prefill cost."""
 
 
 @dataclass(frozen=True)
@@ -124,17 +131,19 @@ class _PerStep:
         return (n1 - n0) / (d1 - d0) if d1 > d0 else 0.0
 
 
-def decode_rows(streams: Sequence[Stream], step: float = 1.0, per_seq: float = 0.0) -> list[Row]:
+def decode_rows(streams: Sequence[Stream], step: float = 1.0, per_seq: float = 0.0, ctx: float = 0.0) -> list[Row]:
     """Per stream with three tokens or more: (weight, mean step ms, streams running per step, prompt tokens
-    prefilled per step). ``step`` and ``per_seq`` weigh the running count per step (``per_seq`` 0: per second)."""
+    prefilled per step). ``step`` and ``per_seq`` weigh the running count per step (``per_seq`` 0: per second);
+    a known context cost ``ctx`` (ms per token per 1,000 before it) is taken off each mean step."""
     if not streams:
         return []
     per_step = _PerStep(streams, step, per_seq)
     by_first = sorted(streams, key=lambda s: s.first)
     firsts = [s.first for s in by_first]
-    prefix = [0]
+    prefix, squares = [0], [0.0]
     for s in by_first:
         prefix.append(prefix[-1] + s.prompt)
+        squares.append(squares[-1] + ctx * s.prompt * s.prompt / 2000.0)
     rows = []
     for s in streams:
         steps = s.tokens - 1
@@ -143,23 +152,36 @@ def decode_rows(streams: Sequence[Stream], step: float = 1.0, per_seq: float = 0
             continue
         i, j = bisect.bisect_right(firsts, s.first), bisect.bisect_right(firsts, s.end)
         prefilled = (prefix[j] - prefix[i]) / steps
-        rows.append((float(steps), span * 1000.0 / steps, per_step.mean(s.first, s.end), prefilled))
+        mean_step = (span * 1000.0 - (squares[j] - squares[i])) / steps
+        rows.append((float(steps), mean_step, per_step.mean(s.first, s.end), prefilled))
     return rows
 
 
 def solve(rows: Sequence[Row], use: tuple[bool, bool]) -> list[float] | None:
     """Weighted least squares of the response on (1, first, second), the unused regressors held at 0."""
     cols = [0] + [k + 1 for k, u in enumerate(use) if u]
-    size = len(cols)
+    sol = least_squares([(w, y, tuple((1.0, r, p)[c] for c in cols)) for w, y, r, p in rows])
+    if sol is None:
+        return None
+    out = [0.0, 0.0, 0.0]
+    for ci, v in zip(cols, sol, strict=True):
+        out[ci] = v
+    return out
+
+
+def least_squares(rows: Sequence[tuple[float, float, tuple[float, ...]]]) -> list[float] | None:
+    """Weighted least squares of each row's response on its regressors; None when they are collinear."""
+    if not rows:
+        return None
+    size = len(rows[0][2])
     a = [[0.0] * size for _ in range(size)]
     b = [0.0] * size
-    for w, y, r, p in rows:
-        x = [1.0, r, p]
-        for i, ci in enumerate(cols):
-            b[i] += w * x[ci] * y
-            for j, cj in enumerate(cols):
-                a[i][j] += w * x[ci] * x[cj]
-    # Gaussian elimination with partial pivoting (at most 3x3)
+    for w, y, x in rows:
+        for i in range(size):
+            b[i] += w * x[i] * y
+            for j in range(size):
+                a[i][j] += w * x[i] * x[j]
+    # Gaussian elimination with partial pivoting (a handful of columns)
     for i in range(size):
         piv = max(range(i, size), key=lambda k: abs(a[k][i]))
         if abs(a[piv][i]) < 1e-12:
@@ -173,10 +195,7 @@ def solve(rows: Sequence[Row], use: tuple[bool, bool]) -> list[float] | None:
     sol = [0.0] * size
     for i in reversed(range(size)):
         sol[i] = (b[i] - sum(a[i][j] * sol[j] for j in range(i + 1, size))) / a[i][i]
-    out = [0.0, 0.0, 0.0]
-    for ci, v in zip(cols, sol, strict=True):
-        out[ci] = v
-    return out
+    return sol
 
 
 def fit_step_cost(rows: Sequence[Row], prefill: float | None = None) -> tuple[float, float, float] | None:
@@ -210,9 +229,30 @@ def idle_rows(streams: Sequence[Stream]) -> list[Row]:
     return rows
 
 
-def prefill_from_idle(attempts_by_rate: Sequence[Sequence[Sequence[Stream]]]) -> float | None:
-    """ms per prompt token from the TTFT of requests that found no queue, the lowest rates first (their requests
-    are the likeliest to find none); None when too few, or their prompts too alike to give a slope."""
+def _idle_fit(rows: Sequence[Row], square: bool) -> list[float] | None:
+    """TTFT on (1, running, prompt[, prompt**2 / 2000]), refitted once without residuals beyond TRIM robust sd."""
+
+    def x(r: float, p: float) -> tuple[float, ...]:
+        return (1.0, r, p, p * p / 2000.0) if square else (1.0, r, p)
+
+    def resid(sol: Sequence[float], y: float, r: float, p: float) -> float:
+        return abs(y - sum(c * v for c, v in zip(sol, x(r, p), strict=True)))
+
+    sol = least_squares([(w, y, x(r, p)) for w, y, r, p in rows])
+    if sol is None:
+        return None
+    spread = 1.4826 * sorted(resid(sol, y, r, p) for _, y, r, p in rows)[len(rows) // 2]
+    if spread > 0:
+        kept = [(w, y, x(r, p)) for w, y, r, p in rows if resid(sol, y, r, p) <= TRIM * spread]
+        sol = least_squares(kept) if len(kept) >= IDLE_ROWS // 4 else None
+    return sol
+
+
+def prefill_from_idle(attempts_by_rate: Sequence[Sequence[Sequence[Stream]]]) -> tuple[float, float] | None:
+    """(ms per prompt token, ms per token per 1,000 before it) from the TTFT of requests that found no queue, the
+    lowest rates first (their requests are the likeliest to find none); None when too few, or their prompts too
+    alike to give a slope. The square term needs three prompt lengths or more and is kept only where it is
+    positive and material (:data:`CTX_MIN_SHARE` of the longest prompt's cost); else the cost is linear."""
     rows: list[Row] = []
     for attempts in attempts_by_rate:
         if len(rows) >= IDLE_ROWS:
@@ -221,36 +261,43 @@ def prefill_from_idle(attempts_by_rate: Sequence[Sequence[Sequence[Stream]]]) ->
     prompts = [p for *_, p in rows]
     if len(rows) < IDLE_ROWS // 4 or min(prompts) <= 0 or max(prompts) < PROMPT_SPREAD * min(prompts):
         return None
-    sol = solve(rows, (True, True))
-    if sol is None:
-        return None
-    resid = sorted(abs(y - sol[0] - sol[1] * r - sol[2] * p) for _, y, r, p in rows)
-    spread = 1.4826 * resid[len(resid) // 2]
-    if spread > 0:
-        kept = [row for row in rows if abs(row[1] - sol[0] - sol[1] * row[2] - sol[2] * row[3]) <= TRIM * spread]
-        sol = solve(kept, (True, True)) if len(kept) >= IDLE_ROWS // 4 else None
-    return sol[2] if sol is not None and sol[2] > 0 else None
+    if len(set(prompts)) >= 3:
+        sol = _idle_fit(rows, square=True)
+        longest = max(prompts)
+        if (
+            sol is not None
+            and sol[2] >= 0
+            and sol[3] * longest * longest / 2000.0
+            >= CTX_MIN_SHARE * (sol[2] * longest + sol[3] * longest * longest / 2000.0)
+        ):
+            return sol[2], sol[3]
+    sol = _idle_fit(rows, square=False)
+    return (sol[2], 0.0) if sol is not None and sol[2] > 0 else None
 
 
-def fit_costs(attempts_by_rate: Sequence[Sequence[Sequence[Stream]]]) -> list[tuple[float, float, float]]:
+def fit_costs(attempts_by_rate: Sequence[Sequence[Sequence[Stream]]]) -> list[Costs]:
     """Candidate costs from every attempt's streams (``attempts_by_rate`` in rising rate), for the replay to
     choose from: the running count per second; per step with the prefill cost fitted; per step with the prefill
-    cost measured on requests that found no queue. On a step loop of the fitted family the last is exact, but a
-    chunk's step overhead counts as prefill in the direct slope, and on a real server a few long prefill steps
-    weigh on the per-step count as many steps would: which holds is what the probes' own replay shows."""
+    cost measured on requests that found no queue (with its context term). On a step loop of the fitted family
+    the last is exact, but a chunk's step overhead counts as prefill in the direct slope, and on a real server a
+    few long prefill steps weigh on the per-step count as many steps would: which holds is what the probes' own
+    replay shows."""
     attempts = [a for by_rate in attempts_by_rate for a in by_rate]
-    per_second = fit_step_cost([row for a in attempts for row in decode_rows(a)])
-    if per_second is None:
+    first = fit_step_cost([row for a in attempts for row in decode_rows(a)])
+    if first is None:
         return []
+    per_second: Costs = (*first, 0.0)
     out = [per_second]
-    for prefill in (None, prefill_from_idle(attempts_by_rate)):
-        cost: tuple[float, float, float] | None = per_second
+    for measured in (None, prefill_from_idle(attempts_by_rate)):
+        prefill, ctx = measured if measured is not None else (None, 0.0)
+        cost: Costs | None = per_second
         for _ in range(ROUNDS):
             assert cost is not None
-            refit = fit_step_cost([row for a in attempts for row in decode_rows(a, cost[0], cost[1])], prefill)
+            rows = [row for a in attempts for row in decode_rows(a, cost[0], cost[1], ctx)]
+            refit = fit_step_cost(rows, prefill)
             if refit is None:
                 break
-            cost = refit
+            cost = (*refit, ctx)
         if cost is not None and cost is not per_second and cost not in out:
             out.append(cost)
     return out

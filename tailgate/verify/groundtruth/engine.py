@@ -6,7 +6,9 @@ small enough to reason about and rich enough to show what a real scheduler does 
 - ``slots`` sequences run at once; the rest wait in a FIFO admission queue;
 - every step costs ``step_ms + step_ms_per_seq * running`` plus ``prefill_ms_per_token`` for every
   prompt token prefilled in it, so a long prompt inserted into the batch stalls *every* running
-  stream for that step (the batch-wide stall of unchunked prefill);
+  stream for that step (the batch-wide stall of unchunked prefill); with ``prefill_ms_per_token_ctx``
+  a prompt token also costs in proportion to the prompt before it (attention reads the whole context),
+  so a prompt's cost grows with its square and the last chunk of a long prompt is its dearest;
 - with ``chunked`` on, a step prefills at most ``chunk_tokens`` prompt tokens, which bounds the stall
   and spreads a long prompt over several steps;
 - with a KV pool (``kv_capacity_tokens``), admission waits for room and a running batch that outgrows
@@ -46,6 +48,10 @@ class EngineModel:
     chunk_tokens: int = 512
     kv_capacity_tokens: int = 0
     """0: unlimited (no admission limit, no preemption)."""
+    prefill_ms_per_token_ctx: float = 0.0
+    """ms per prefilled token per 1,000 tokens of the prompt before it: a chunk of ``take`` tokens starting at
+    position ``s`` costs ``prefill_ms_per_token_ctx * take * (s + take / 2) / 1000`` on top, and a whole prompt of
+    ``P`` tokens ``prefill_ms_per_token_ctx * P**2 / 2000``, however it is chunked."""
 
     @classmethod
     def from_dict(cls, doc: Any) -> EngineModel:
@@ -64,7 +70,7 @@ class EngineModel:
         kv = model.kv_capacity_tokens
         if isinstance(kv, bool) or not isinstance(kv, int) or kv < 0:
             raise EngineModelError(f"engine kv_capacity_tokens must be an integer >= 0, got {kv!r}")
-        for name in ("step_ms", "step_ms_per_seq", "prefill_ms_per_token"):
+        for name in ("step_ms", "step_ms_per_seq", "prefill_ms_per_token", "prefill_ms_per_token_ctx"):
             v = getattr(model, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
                 raise EngineModelError(f"engine {name} must be a number >= 0, got {v!r}")
@@ -160,6 +166,7 @@ class Engine:
             return None
         budget = m.chunk_tokens if m.chunked else math.inf
         prefilled = 0
+        context = 0.0  # sum over the tokens prefilled of the prompt before each (a recompute counts its output too)
         emit: list[EngineRequest] = []
         for r in self.running:
             if r.prefill_left == 0:
@@ -168,6 +175,7 @@ class Engine:
             if budget <= 0:
                 continue
             take = int(min(r.prefill_left, budget))
+            context += take * (r.prompt_tokens + r.k - r.prefill_left + take / 2)
             r.prefill_left -= take
             budget -= take
             prefilled += take
@@ -177,6 +185,7 @@ class Engine:
         self._emit = emit
         self._prefilled = prefilled
         ms = m.step_ms + m.step_ms_per_seq * len(self.running) + m.prefill_ms_per_token * prefilled
+        ms += m.prefill_ms_per_token_ctx * context / 1000.0
         self.step_end_ns = now_ns + round(ms * MS)
         return self.step_end_ns
 
