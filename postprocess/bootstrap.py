@@ -59,7 +59,8 @@ def bootstrap_percentile_naive(
     x = x[np.isfinite(x)]
     rng = rng or np.random.default_rng(DEFAULT_SEED)
     idx = rng.integers(0, x.size, size=(resamples, x.size))
-    return np.percentile(x[idx], p, axis=1)
+    percentiles: np.ndarray = np.percentile(x[idx], p, axis=1)
+    return percentiles
 
 
 @dataclass(frozen=True, slots=True)

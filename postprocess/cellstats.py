@@ -36,10 +36,10 @@ def finite(x: Any) -> float | None:
 
 
 def safe_ratio(a: Any, b: Any) -> float | None:
-    a, b = finite(a), finite(b)
-    if a is None or b is None or b <= 0:
+    x, y = finite(a), finite(b)
+    if x is None or y is None or y <= 0:
         return None
-    return round(a / b, 3)
+    return round(x / y, 3)
 
 
 def ms_text(x: Any) -> str:
@@ -77,7 +77,8 @@ class Cells:
         idx = self.index.get((str(row["run_dir"]), int(row["stage"])))
         if idx is None:
             return np.array([], dtype=float)
-        return self.measured[column].to_numpy(dtype=float)[idx]
+        values: np.ndarray = self.measured[column].to_numpy(dtype=float)[idx]
+        return values
 
     def frame(self, row: pd.Series, measured: bool = True) -> pd.DataFrame:
         key = (str(row["run_dir"]), int(row["stage"]))

@@ -66,7 +66,8 @@ def _save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
 def _wide(values: Sequence[float] | np.ndarray) -> bool:
     v = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=float)
     v = v[np.isfinite(v) & (v > 0)]
-    return v.size > 1 and v.max() / v.min() >= LOG_RATIO
+    wide: bool = v.size > 1 and v.max() / v.min() >= LOG_RATIO
+    return wide
 
 
 def _plain_number(v: float, _pos: int) -> str:

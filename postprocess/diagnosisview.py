@@ -70,5 +70,6 @@ def render_html(findings: Sequence[Mapping[str, Any]]) -> str:
     """An HTML fragment: question, verdict, explanation, and the evidence as collapsible JSON."""
     from tailgate.postprocess.html import render
 
-    return render("diagnosis.html.j2", findings=findings_context(findings), interval_note=interval_note(findings),
-                  interval_id=NO_INTERVAL_ID)  # fmt: skip
+    html: str = render("diagnosis.html.j2", findings=findings_context(findings), interval_note=interval_note(findings),
+                       interval_id=NO_INTERVAL_ID)  # fmt: skip
+    return html

@@ -90,7 +90,8 @@ def server_pauses(records: pd.DataFrame) -> list[Pause]:
 def _column(records: pd.DataFrame, name: str) -> np.ndarray:
     if name not in records.columns:
         return np.full(len(records), np.nan)
-    return pd.to_numeric(records[name], errors="coerce").to_numpy(dtype=float)
+    column: np.ndarray = pd.to_numeric(records[name], errors="coerce").to_numpy(dtype=float)
+    return column
 
 
 def cell_pauses(summaries: pd.DataFrame, records: pd.DataFrame) -> pd.DataFrame:

@@ -75,7 +75,8 @@ def counter_increments(values: Sequence[float] | np.ndarray) -> np.ndarray:
     if v.size == 0:
         return v.copy()
     d = np.diff(v)
-    return np.r_[0.0, np.where(d < 0, v[1:], d)]
+    increments: np.ndarray = np.r_[0.0, np.where(d < 0, v[1:], d)]
+    return increments
 
 
 def counter_increase(
@@ -171,7 +172,8 @@ class PrometheusSource:
 
     def connect(self) -> PrometheusSource:
         import requests
-        from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+        from prometheus_api_client import PrometheusConnect
+        from prometheus_api_client.exceptions import PrometheusApiClientException
         from urllib3.util.retry import Retry
 
         # no retries: an unreachable Prometheus must fall back at once, not after back-offs
@@ -192,7 +194,7 @@ class PrometheusSource:
 
     def _call(self, fn: Any) -> Any:
         import requests
-        from prometheus_api_client import PrometheusApiClientException
+        from prometheus_api_client.exceptions import PrometheusApiClientException
 
         if self._client is None:
             self.connect()

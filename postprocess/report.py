@@ -409,7 +409,7 @@ def render_report_html(
 ) -> str:
     """The whole self-contained page (charts embedded), from ``templates/report.html.j2``."""
     a = analysis
-    return render(
+    html: str = render(
         "report.html.j2",
         title=a.results_dir.name,
         results_dir=str(a.results_dir),
@@ -429,6 +429,7 @@ def render_report_html(
         runs=[_run_facts(r) for r in a.runs],
         extra_sections=list(extra_sections),
     )
+    return html
 
 
 def _json_default(x: Any) -> Any:

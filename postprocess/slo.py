@@ -424,7 +424,8 @@ def chart_feasible(rows: Sequence[Mapping[str, Any]], out_dir: Path, name: str =
     ax.set_xlabel("Poisson arrival rate (req/s): bar = highest passing probe, red tick = lowest failing probe above it")
     ax.set_title("SLO-feasible rate per server configuration")
     ax.grid(axis="x", alpha=0.3)
-    return charts._save(fig, out_dir, name)
+    paths: list[Path] = charts._save(fig, out_dir, name)
+    return paths
 
 
 def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") -> list[Path]:
@@ -485,7 +486,8 @@ def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") ->
         ax.set_ylabel(f"{METRIC_NAMES[metric]} p99 (ms)" + (" from intended send" if metric != "gap" else ""))
         ax.set_title(f"{METRIC_NAMES[metric]} p99" + ("" if lim else " (no limit)"))
     axes[0].legend(fontsize=8, title="o pass · X fail · ◇ not enough data", title_fontsize=8)
-    return charts._save(fig, out_dir, name)
+    paths: list[Path] = charts._save(fig, out_dir, name)
+    return paths
 
 
 def _model_curves(ax: Any, state: Mapping[str, Any], key: str, names: Sequence[str]) -> None:

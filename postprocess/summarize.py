@@ -80,7 +80,9 @@ def measured_mask(
     return pd.Series(np.where(by_trace, keep_trace, keep_completion), index=records.index)
 
 
-def stage_warmups(summaries: pd.DataFrame, default: int = 0) -> tuple[dict[tuple[Any, ...], int], dict]:
+def stage_warmups(
+    summaries: pd.DataFrame, default: int = 0
+) -> tuple[dict[tuple[Any, ...], int], dict[tuple[Any, ...], str]]:
     """Each stage's warm-up count and rule as its summary recorded them."""
     warm: dict[tuple[Any, ...], int] = {}
     rules: dict[tuple[Any, ...], str] = {}

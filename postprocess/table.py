@@ -159,7 +159,7 @@ def table_context(table: pd.DataFrame) -> dict[str, Any]:
     """Both tables as the page shows them (``postprocess/tableview.py``), for ``templates/table.html.j2``."""
     from tailgate.postprocess.tableview import ACCOUNTING, view_context
 
-    ctx = view_context(table, _fmt)
+    ctx: dict[str, Any] = view_context(table, _fmt)
     ctx["accounting"] = view_context(table, _fmt, with_key=False, columns=ACCOUNTING)
     return ctx
 

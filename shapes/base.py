@@ -23,9 +23,10 @@ import logging
 from typing import Any, ClassVar
 
 from tailgate.exitcodes import run_exit_code
-from tailgate.load.options import OptionError, Settings
+from tailgate.load.options import Settings
 from tailgate.load.peers import PeerGate
 from tailgate.load.session import RunSession
+from tailgate.optiontable import OptionError
 
 log = logging.getLogger("tailgate")
 

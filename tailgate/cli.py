@@ -29,10 +29,10 @@ from tailgate.exitcodes import combine
 from tailgate.lifecycle import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, ArgumentParser, Stopped, usage_error
 from tailgate.load.arrivals import DEFAULT_ARRIVALS, arrival_processes, rate_driven, rate_driven_params
 from tailgate.load.client import Target, TargetError
-from tailgate.load.options import API_KEY_ENV, add_prefix_arguments, check_workload
+from tailgate.load.options import add_prefix_arguments, check_workload
 from tailgate.load.payloads import DEFAULT_ENDPOINT
 from tailgate.load.promptsources import PREFIX_DEFAULTS
-from tailgate.optiondecl import add_option, add_options, to_flags
+from tailgate.optiondecl import API_KEY_ENV, add_option, add_options, to_flags
 from tailgate.optiontable import (
     DEFAULTS,
     OptionError,
@@ -536,7 +536,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "report":
         from tailgate.postprocess.cli import main as report_main
 
-        return report_main(argv[1:])
+        code: int = report_main(argv[1:])
+        return code
     if argv and argv[0] == "selfcheck":
         from tailgate.verify.selfcheck import main as selfcheck_main
 

@@ -45,7 +45,8 @@ def _type_name(tp: Any) -> str:
     if tp is type(None):
         return "null"
     if origin is not None:
-        return origin.__name__
+        name: str = origin.__name__
+        return name
     return getattr(tp, "__name__", str(tp))
 
 

@@ -141,7 +141,8 @@ def usage_error(prog: str, message: str) -> int:
 
 def _descendants(pid: int) -> list[psutil.Process]:
     try:
-        return psutil.Process(pid).children(recursive=True)
+        children: list[psutil.Process] = psutil.Process(pid).children(recursive=True)
+        return children
     except psutil.Error:
         return []
 
@@ -158,7 +159,7 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 
 def stop_process_tree(
-    proc: subprocess.Popen, first: int = signal.SIGINT, grace_s: float = 20.0, term_s: float = 10.0
+    proc: subprocess.Popen[Any], first: int = signal.SIGINT, grace_s: float = 20.0, term_s: float = 10.0
 ) -> list[int]:
     """End ``proc`` and every process it started; return the pids that needed SIGKILL.
 

@@ -19,7 +19,7 @@ from locust import main as locust_main
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tailgate.load.hooks  # noqa: F401  (the suite's options and events, before Locust parses anything)
@@ -50,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     problem = locustfile_problem(str(options.locustfile))
     if problem:
         fail(problem)
-    locust_main.main()
+    run_locust: Callable[[], object] = locust_main.main  # unannotated in Locust
+    run_locust()
 
 
 __all__ = ["locustfile_problem", "main"]

@@ -76,7 +76,8 @@ class CaptureLink:
                 raise OSError("the capture process ended")
             self._buf += data
         line, self._buf = self._buf.split(b"\n", 1)
-        return json.loads(line)
+        answer: dict[str, Any] = json.loads(line)
+        return answer
 
     def ask(self, query: dict[str, Any]) -> dict[str, Any]:
         with self._lock:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Any
 
 from tailgate.load.capture import connection_key
 from tailgate.load.payloads import build_chat_payload, build_payload, build_request
@@ -180,7 +181,7 @@ def _error_message(body: bytes) -> str:
     return text[:300]
 
 
-def _token_count(usage: dict, key: str, event: bytes) -> int | None:
+def _token_count(usage: dict[str, Any], key: str, event: bytes) -> int | None:
     """A usage count as the record schema holds it (an int), or the event is malformed."""
     value = usage.get(key)
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):

@@ -17,18 +17,20 @@ it on disk before Locust reports it stopped, and ``test_stop`` starts its report
 from __future__ import annotations
 
 from locust import events
+from locust.event import EventHook
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 import argparse
 import logging
 import os
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from tailgate.load import distributed, stallwatch
 from tailgate.load.autosize import accept_auto
 from tailgate.load.descriptors import reserve_descriptors
-from tailgate.load.options import OptionError, add_arguments
+from tailgate.load.options import add_arguments
 from tailgate.load.peers import PeerGate
 from tailgate.load.preflight import fail, settings_for
 from tailgate.load.webaccess import check_access, forget_credentials, install_login, prepare_parser
@@ -40,10 +42,25 @@ from tailgate.load.worker import (
     READY_MESSAGE,
     order_runner,
 )
+from tailgate.optiontable import OptionError
 from tailgate.plugins import load_plugins
 
+Handler = TypeVar("Handler", bound=Callable[..., None])
 
-@events.init_command_line_parser.add_listener
+
+def listener(hook: EventHook) -> Callable[[Handler], Handler]:
+    """``@listener(events.init)``: ``hook.add_listener`` as a decorator that keeps the handler's type (Locust's
+    own is unannotated, which would leave every handler it decorates untyped)."""
+    add: Callable[[Callable[..., None]], object] = hook.add_listener
+
+    def register(handler: Handler) -> Handler:
+        add(handler)
+        return handler
+
+    return register
+
+
+@listener(events.init_command_line_parser)
 def _add_options(parser: Any) -> None:
     try:
         load_plugins()  # the registries' extensions first: their names are option choices
@@ -111,7 +128,7 @@ def _is_tailgate(environment: Any) -> bool:
     return shape is not None and bool(getattr(shape, "arm", ""))
 
 
-@events.init.add_listener
+@listener(events.init)
 def _on_init(environment: Any, **_: Any) -> None:
     runner = environment.runner
     if isinstance(runner, (MasterRunner, LocalRunner)):
@@ -172,7 +189,8 @@ def _key_in_force(environment: Any) -> str | None:
     """The key a peer must prove: the next or running run's, else this master's own (moved to its environment)."""
     settings = environment.shape_class.settings
     if settings is not None:
-        return settings.api_key
+        key: str | None = settings.api_key
+        return key
     return os.environ.get(distributed.API_KEY_ENV)
 
 
@@ -229,7 +247,7 @@ def _cache_default_args() -> None:
         return defaults
 
     cached.tailgate_cached = True  # type: ignore[attr-defined]
-    argument_parser.default_args_dict = cached  # type: ignore[assignment]
+    argument_parser.default_args_dict = cached
 
 
 def _go_realtime() -> None:
@@ -251,27 +269,27 @@ def _on_cancel(environment: Any, msg: Any, **_: Any) -> None:
     order_runner(environment).cancel()
 
 
-@events.test_start.add_listener
+@listener(events.test_start)
 def _on_test_start(environment: Any, **_: Any) -> None:
     """A new run in a load process: nothing of the previous one (orders, stop flag, files) carries over."""
     if isinstance(environment.runner, (WorkerRunner, LocalRunner)):
         order_runner(environment).reset()
 
 
-@events.test_stopping.add_listener
+@listener(events.test_stopping)
 def _on_test_stopping(environment: Any, **_: Any) -> None:
     """Stop, --run-time or a natural end: the run is finished on disk before Locust reports it stopped."""
     if isinstance(environment.runner, (MasterRunner, LocalRunner)) and _is_tailgate(environment):
         environment.shape_class.stop_run("stop")
 
 
-@events.test_stop.add_listener
+@listener(events.test_stop)
 def _on_test_stop(environment: Any, **_: Any) -> None:
     if isinstance(environment.runner, (MasterRunner, LocalRunner)) and _is_tailgate(environment):
         environment.shape_class.close_run()
 
 
-@events.quitting.add_listener
+@listener(events.quitting)
 def _on_quit(environment: Any, **_: Any) -> None:
     """Ctrl-C, SIGTERM or the end of a headless run: stop the run like Stop does, then close the files."""
     runner = environment.runner

@@ -11,10 +11,11 @@ import json
 import urllib.request
 
 from tailgate.load.arrivals import arrival_process
-from tailgate.load.options import OptionError, Settings
+from tailgate.load.options import Settings
 from tailgate.load.prompts import Prompt, PromptError, ServerTokenizer
 from tailgate.load.promptsources import PromptPlan, prompt_source
 from tailgate.load.workload import TraceItem
+from tailgate.optiontable import OptionError
 
 
 def model_limit(settings: Settings) -> int | None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tailgate.load.target import Target
 from tailgate.plugins import Registry
 
 
 def build_payload(
-    model: str, prompt: str, max_tokens: int, *, ignore_eos: bool = False, extra: dict | None = None
+    model: str, prompt: str, max_tokens: int, *, ignore_eos: bool = False, extra: dict[str, Any] | None = None
 ) -> bytes:
     """A streamed completion with usage in its final event."""
     return _streamed_body(model, {"prompt": prompt}, max_tokens, ignore_eos, extra)
@@ -31,7 +32,7 @@ def build_chat_payload(
     max_tokens: int,
     *,
     ignore_eos: bool = False,
-    extra: dict | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> bytes:
     """A streamed chat completion with usage in its final event, as :func:`build_payload` for completions.
 
@@ -41,10 +42,10 @@ def build_chat_payload(
 
 
 def _streamed_body(
-    model: str, content: dict[str, object], max_tokens: int, ignore_eos: bool, extra: dict | None
+    model: str, content: dict[str, object], max_tokens: int, ignore_eos: bool, extra: dict[str, Any] | None
 ) -> bytes:
     """The fields both endpoints share, in one place, so the two can never disagree on sampling or usage."""
-    body: dict = {
+    body: dict[str, Any] = {
         "model": model,
         **content,
         "max_tokens": max_tokens,

@@ -38,6 +38,12 @@ WATCH_S = 0.5
 MISSING = "missing"
 
 
+def _message(kind: str, data: Any, node: str) -> Message:
+    """Locust's RPC message (its constructor is unannotated)."""
+    make: Callable[[str, Any, str], Message] = Message
+    return make(kind, data, node)
+
+
 class PeerGate:
     """The master's admission of peers: challenges, held spawns, refusals, and quitting written-off processes."""
 
@@ -127,7 +133,7 @@ class PeerGate:
         if now - self._asked.get(node, -RECHALLENGE_S) < RECHALLENGE_S:
             return
         self._asked[node] = now
-        self._raw(Message(distributed.CHALLENGE_MESSAGE, {"nonce": nonce}, node))
+        self._raw(_message(distributed.CHALLENGE_MESSAGE, {"nonce": nonce}, node))
 
     def on_proof(self, environment: Any, msg: Any, **_: Any) -> None:
         node, data = msg.node_id, msg.data or {}
@@ -168,7 +174,7 @@ class PeerGate:
             self.told_to_quit.append(node)
             log.warning("tailgate: load process %s, written off earlier, is back: told to quit",
                         self.names.get(node, node))  # fmt: skip
-            self._raw(Message("quit", None, node))
+            self._raw(_message("quit", None, node))
         for node in list(clients.keys()):
             if node not in self.answers:
                 self.challenge(node)

@@ -17,7 +17,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from tailgate.load.options import OptionError, Settings, validate
+from tailgate.load.options import Settings, validate
+from tailgate.optiontable import OptionError
 
 EXIT_USAGE = 2
 

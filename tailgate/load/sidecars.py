@@ -102,7 +102,8 @@ def _answers(url: str) -> bool:
 
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
+            ok: bool = resp.status == 200
+            return ok
     except Exception:
         return False
 

@@ -570,7 +570,7 @@ class StreamingUser(User):
     """
 
     fixed_count = 0
-    wait_time = staticmethod(lambda: 0)  # type: ignore[assignment]
+    wait_time = staticmethod(lambda: 0)
 
     def on_start(self) -> None:
         self.environment.runner.send_message(READY_MESSAGE, {"worker": order_runner(self.environment).worker})

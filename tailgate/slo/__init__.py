@@ -17,11 +17,11 @@ a distribution-free bound whose counts are shrunk for correlated requests; other
 This module drives child processes and reads JSONL; it never imports pandas, gevent or Locust.
 """
 
+from tailgate.serverconfigs import EMBEDDED_BASE_FLAGS
 from tailgate.slo.answer import print_table
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.command import (
     EMBEDDED,
-    EMBEDDED_BASE_FLAGS,
     GPU,
     add_slo_arguments,
     build_plan,

@@ -268,9 +268,8 @@ def check_probe(
         assert lim.p is not None
         c = check_tail(values, lim.p / 100.0, lim.limit, confidence=level, groups=groups, key=lim.key,
                        sequential=sequential)  # fmt: skip
-        rnd = lambda x: None if x is None else round(x, 1)  # noqa: E731
-        checks.append(Check(lim.key, lim.limit, rnd(c.point), rnd(c.low), rnd(c.high), c.n, c.verdict, c.reason,
-                            c.n_effective, excluded, c.over))  # fmt: skip
+        checks.append(Check(lim.key, lim.limit, _round1(c.point), _round1(c.low), _round1(c.high), c.n, c.verdict,
+                            c.reason, c.n_effective, excluded, c.over))  # fmt: skip
     stopped = next((a.stopped_early for a in attempts if a.stopped_early), None)
     if stopped:
         checks.append(Check("sustained", KEEP_UP, None, None, None, sum(len(a.measured) for a in attempts),
@@ -285,6 +284,10 @@ def check_probe(
     if any(a.stopped_early for a in attempts) or FAIL in verdicts:
         return FAIL, checks
     return (NOT_ENOUGH if NOT_ENOUGH in verdicts else PASS), checks
+
+
+def _round1(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
 
 
 def _spans(attempts: Sequence[ProbeAttempt]) -> list[tuple[float, float]]:
@@ -322,9 +325,11 @@ def binding_limit(checks: Sequence[Check] | Sequence[Mapping[str, Any]]) -> str 
         if cands:
 
             def over(c: Mapping[str, Any]) -> float:
-                if c["point"] is None:
+                point: float | None = c["point"]
+                limit: float = c["limit"]
+                if point is None:
                     return math.inf
-                return (c["point"] - c["limit"]) / c["limit"] if c["limit"] > 0 else c["point"]
+                return (point - limit) / limit if limit > 0 else point
 
             return str(max(cands, key=over)["key"])
     return None

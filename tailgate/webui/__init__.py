@@ -26,14 +26,16 @@ import json
 import logging
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flask import Blueprint, Response, abort, jsonify, request, send_file
+from flask import Blueprint, Flask, Response, abort, jsonify, request, send_file
+from flask.typing import ResponseReturnValue
 
-from tailgate.load.options import OptionError
 from tailgate.load.preflight import settings_for, usage_line
 from tailgate.load.webaccess import AllowList
+from tailgate.optiontable import OptionError
 from tailgate.resultfiles import RECORDS_GLOB, RECORDS_SUBDIR, REPORT_DIR, RUN_META, SENT_GLOB, SUMMARY_GLOB
 from tailgate.webui.live import TABLE_KEY, TABLE_STRUCTURE, LiveViews, table_rows
 
@@ -105,7 +107,9 @@ def install(environment: Any) -> None:
     base = getattr(environment.parsed_options, "web_base_path", None) or None
     bp = Blueprint("tailgate", __name__, static_folder=str(STATIC), static_url_path="/tailgate/static",
                    url_prefix=base)  # fmt: skip
-    auth = web_ui.auth_required_if_enabled
+    app: Flask = web_ui.app
+    # Locust's login check (unannotated): the view it wraps answers as before, or with an error page
+    auth: Callable[[Callable[..., Response]], Callable[..., ResponseReturnValue]] = web_ui.auth_required_if_enabled
     launch = environment.parsed_options
     # fixed now, before any Start: Locust's own Start handler writes the form's values into the parsed options
     allowed = AllowList.at_launch(launch, getattr(launch, "host", None) or environment.host)
@@ -157,7 +161,7 @@ def install(environment: Any) -> None:
         return send_file(buf, mimetype="application/zip", as_attachment=True,
                          download_name=f"{run.folder.name}-{what}.zip", max_age=0)  # fmt: skip
 
-    web_ui.app.register_blueprint(bp)
+    app.register_blueprint(bp)
 
     def begin_accepted(response: Response) -> None:
         """A Start Locust accepted opens its run now, before the answer goes out: the shape's first tick, which
@@ -169,7 +173,7 @@ def install(environment: Any) -> None:
         if answer.get("success"):
             shape.begin()
 
-    @web_ui.app.before_request
+    @app.before_request
     def check_start() -> Response | None:
         if request.endpoint != "locust.swarm" or request.method != "POST":
             return None
@@ -194,7 +198,7 @@ def install(environment: Any) -> None:
         shape.configure(settings)
         return None
 
-    @web_ui.app.after_request
+    @app.after_request
     def decorate(response: Response) -> Response:
         endpoint = request.endpoint
         if endpoint == "locust.swarm" and request.method == "POST" and response.status_code == 200:

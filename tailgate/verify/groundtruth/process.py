@@ -78,7 +78,8 @@ class ServerProcess:
         doc = json.loads(data)
         if status != 200:
             raise ValueError(doc.get("error", {}).get("message", data.decode("utf-8", "replace")))
-        return doc
+        answer: dict[str, Any] = doc
+        return answer
 
     def metrics(self) -> str:
         return self.request("GET", "/metrics")[2].decode("utf-8")
@@ -86,10 +87,13 @@ class ServerProcess:
     def dump(self) -> dict[str, Any]:
         """The full log: live from the server, or from the file it wrote when it stopped. A server of several
         workers is stopped first: their logs are merged only then."""
+        full_log: dict[str, Any]
         if self.proc.poll() is None and self.workers == 1:
-            return json.loads(self.request("GET", "/_chunklog")[2])
+            full_log = json.loads(self.request("GET", "/_chunklog")[2])
+            return full_log
         self.stop()
-        return json.loads(self.chunk_log_path.read_bytes())
+        full_log = json.loads(self.chunk_log_path.read_bytes())
+        return full_log
 
     def pids(self) -> list[int]:
         """The server's process and its workers (for CPU accounting)."""
@@ -102,7 +106,8 @@ class ServerProcess:
 
     def chunk_log(self) -> list[list[int]]:
         """``[seq, chunk index, write time ns]`` for every content chunk written, in write order."""
-        return self.dump()["chunks"]
+        chunks: list[list[int]] = self.dump()["chunks"]
+        return chunks
 
     def stop(self, timeout: float | None = None) -> int:
         """SIGTERM (the server writes its chunk log and exits), SIGKILL if it does not within ``timeout``

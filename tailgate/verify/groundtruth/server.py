@@ -16,7 +16,8 @@ from .engine import Engine, EngineModel, EngineModelError, EngineRequest
 from .faults import ControlError, Fault, compile_fault, compile_pause, compile_script, integer_field, number_field
 from .metrics import metrics_text
 from .settings import ChunkLog, Settings
-from .stream import Plan, Stream, Timers
+from .stream import Plan, Stream
+from .timers import Timers
 from .wire import (
     CHUNK_END,
     CONTROL_KEYS,

@@ -171,7 +171,8 @@ def _http_date() -> bytes:
     if _date_cache[0] != now:
         _date_cache[0] = now
         _date_cache[1] = formatdate(now, usegmt=True).encode("ascii")
-    return _date_cache[1]
+    date: bytes = _date_cache[1]
+    return date
 
 
 def response_head(status: int, headers: Sequence[tuple[str, str]], keep_alive: bool) -> bytes:
