@@ -312,6 +312,18 @@ def test_next_probe_decides_one_typed_step_or_the_end() -> None:
     assert slo.next_probe({6: "pass", 7: "fail"}, **kw) == slo.SearchEnds("bracketed")
 
 
+def test_with_no_lower_end_the_highest_rate_lacking_only_data_is_extended() -> None:
+    """Every rate undecided and the top one not kept up: more data at the highest rate whose points already meet
+    the limits buys the most requests a second and the highest lower end; without such a rate, the lowest."""
+    kw: dict[str, Any] = {"start": 1, "max_rate": 8, "min_rate": 1, "resolution": slo.Resolution(0.25, True)}
+    undecided = {r: "not_enough_data" for r in (1.0, 2.0, 4.0, 8.0)}
+    assert slo.next_probe(undecided, **kw) == slo.ProbeNext(1.0, "extend")
+    assert slo.next_probe(undecided, on_track=[1.0, 2.0, 4.0], **kw) == slo.ProbeNext(4.0, "extend")
+    # a failure above: the upper end is narrowed first, then the highest on-track rate under it gets the data
+    assert slo.next_probe({1.0: "not_enough_data", 2.0: "not_enough_data", 2.2: "fail"}, on_track=[1.0, 2.0],
+                          **kw) == slo.ProbeNext(2.0, "extend")  # fmt: skip
+
+
 def test_search_narrows_on_both_sides_of_an_undecided_band() -> None:
     """Probes within 3% of the capacity cannot decide; the search closes in on that band from both sides,
     so the bracket ends within a resolution step of it (not at the doubling's coarse steps)."""

@@ -379,7 +379,23 @@ class SloRunner:
             resolution=p.resolution, max_probes=max_probes, pooled=lambda: self._pooled(config),
             guess=lambda: getattr(self._model(config), "capacity", None),
             settled=(lambda: self._settles(config)) if settle else None,
+            on_track=lambda: self._on_track(config),
         )  # fmt: skip
+
+    def _on_track(self, config: ServerConfig) -> list[float]:
+        """Undecided rates that lack only data: every limited point under its limit, the server kept up, no
+        error check failed."""
+        out = []
+        for rate, entry in self._config_state(config).latest().items():
+            if entry.verdict in ("pass", "fail"):
+                continue
+            checks = {str(c.get("key")): c for c in entry.checks}
+            tails = [c for k, c in checks.items() if k not in ("errors", "sustained")]
+            under = all(isinstance(c.get("point"), (int, float)) and c["point"] <= c["limit"] for c in tails)
+            kept_up = checks.get("sustained", {}).get("verdict") == "pass"
+            if tails and under and kept_up and checks.get("errors", {}).get("verdict") != "fail":
+                out.append(rate)
+        return sorted(out)
 
     def _remeasured(self, config: ServerConfig, outcome: SearchOutcome) -> SearchOutcome:
         """The outcome with the measured bracket and verdicts of every probe run so far (confirmation probes are

@@ -10,7 +10,7 @@ what it was given: a rate with not enough data never ends it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -135,11 +135,15 @@ def next_probe(
     min_rate: float,
     resolution: Resolution,
     guess: float | None = None,
+    on_track: Collection[float] = (),
 ) -> Decision:
     """The next rate to probe and its phase given the verdicts so far, or the status the search ends with.
 
     ``guess`` is a model's capacity (a model statement, never a verdict): it only places probes, aiming the
-    ends of the bracket around it; without it the search doubles, steps and bisects."""
+    ends of the bracket around it; without it the search doubles, steps and bisects. ``on_track``: undecided
+    rates whose measured points already meet every limit and whose server kept up, so that only more data is
+    missing; with no lower end yet, the highest of them is extended (a second there holds more requests than
+    at any lower rate, and its pass is the higher lower end), else the lowest undecided rate."""
     if not verdicts:
         return ProbeNext(round(min(start, max_rate), 3), "double")
     lo, hi = bracket(verdicts)
@@ -157,7 +161,8 @@ def next_probe(
         # lowest undecided rate, the likeliest to pass
         if hi is not None and not resolution.narrow(undecided[-1], hi):
             return ProbeNext(round((undecided[-1] + hi) / 2, 3), "bisect")
-        return ProbeNext(undecided[0], "extend")
+        tracking = [r for r in undecided if r in on_track]
+        return ProbeNext(tracking[-1] if tracking else undecided[0], "extend")
     aim_hi = None if guess is None else guess + AIM * resolution.step(guess)
     if hi is None:  # open above: close it by probing higher
         if not undecided:
@@ -214,6 +219,7 @@ def search(
     pooled: Callable[[], Mapping[float, str]] | None = None,
     guess: Callable[[], float | None] | None = None,
     settled: Callable[[], bool] | None = None,
+    on_track: Callable[[], Collection[float]] | None = None,
 ) -> SearchOutcome:
     """Probe until the bracket meets the resolution, the cap or floor is reached, or the probes run out.
 
@@ -221,8 +227,9 @@ def search(
     (a rate probed again pools its attempts); it may raise :class:`SearchStopped`. ``pooled()``, when
     given, returns every rate's verdict after pooling across rates under the monotone order, which may
     decide rates their own data did not. ``guess()``, when given, returns a model's capacity from the probes
-    so far, used only to place probes (:func:`next_probe`). ``settled()``, when given, is asked after each
-    probe whether a model checked against the probes has met the resolution: the search then ends early.
+    so far, used only to place probes (:func:`next_probe`), as is ``on_track()``. ``settled()``, when given, is
+    asked after each probe whether a model checked against the probes has met the resolution: the search then
+    ends early.
     Only ``pass`` counts as meeting the SLO; the reported upper end is the lowest rate that *failed*, so the
     bracket holds the capacity whenever the verdicts do.
     """
@@ -235,7 +242,8 @@ def search(
     status: SearchStatus = "probe_limit"
     while True:
         g = guess() if guess is not None else None
-        nxt = next_probe(current(), start=start, max_rate=max_rate, min_rate=min_rate, resolution=resolution, guess=g)
+        nxt = next_probe(current(), start=start, max_rate=max_rate, min_rate=min_rate, resolution=resolution, guess=g,
+                         on_track=on_track() if on_track is not None else ())  # fmt: skip
         if isinstance(nxt, SearchEnds):
             status = nxt.status
             break
