@@ -21,6 +21,7 @@ from tailgate.slo.replay import (
     ReplayRow,
     Replicates,
     Workload,
+    _refuted,
     capacity_of,
     fit_service,
     model_answer,
@@ -344,3 +345,44 @@ def test_a_resumed_search_reads_its_confirmation_probes_whatever_the_budget_left
     assert again["result"]["fitted"]["confirmation"] == first["result"]["fitted"]["confirmation"]
     assert again["result"]["fitted"]["bracket"] == first["result"]["fitted"]["bracket"]
     assert not any("no time for a probe" in line for line in lines)
+
+
+def test_a_server_that_states_its_kv_pool_is_modelled_through_its_preemptions() -> None:
+    """A pool of 24,000 tokens makes the seeded mix queue for room from 2 req/s (TTFT p99 ~0.8 s where the engine
+    alone gives 73 ms): with the pool the server states, the fitted engine admits and preempts as the server did
+    and replays that within a few percent; a server that does not state its pool refuses the model instead of
+    replaying a queue it cannot see."""
+    server = EngineModel(
+        slots=64, step_ms=6.0, step_ms_per_seq=0.2, prefill_ms_per_token=0.01, kv_capacity_tokens=24_000
+    )
+    by_rate = {}
+    for k, r in enumerate([1.0, 2.0, 3.0]):
+        a = attempt(r, 900, 31 + k, engine=server)
+        by_rate[r] = [replace(a, kv_capacity_tokens=24_000, summary=StageSummary(preemptions_delta=1.0))]
+    stated = probes_of(by_rate, {r: [] for r in by_rate})
+    fit = fit_service(stated, Q)
+    assert fit is not None and fit.engine.kv_capacity_tokens == 24_000
+    assert all(abs(r.model - r.measured) <= 0.05 * r.measured for r in fit.replay), fit.replay
+    assert _refuted(fit, stated) == ""
+    poolless = replay_rows(replace(fit.engine, kv_capacity_tokens=0), stated, Q)
+    assert max(r.measured / r.model for r in poolless) > 5, poolless  # the queue is the pool's, not the engine's
+    unstated = probes_of({r: [replace(a, kv_capacity_tokens=None) for a in v] for r, v in by_rate.items()},
+                         {r: [] for r in by_rate})  # fmt: skip
+    blind = fit_service(unstated, Q)
+    assert blind is not None and blind.engine.kv_capacity_tokens == 0
+    assert "did not state its KV pool" in _refuted(blind, unstated)
+
+
+def test_the_kv_pool_is_read_from_the_cache_config_gauge_and_kept_with_the_attempt(tmp_path: Path) -> None:
+    from tailgate.load.metrics import parse_exposition
+
+    recent = 'vllm:cache_config_info{block_size="128",enable_prefix_caching="False",kv_cache_size_tokens="1048576"} 1.0'
+    older = 'vllm:cache_config_info{block_size="16",enable_prefix_caching="False",num_gpu_blocks="57489"} 1.0'
+    unsized = 'vllm:cache_config_info{block_size="16",enable_prefix_caching="True",num_gpu_blocks="None"} 1.0'
+    assert parse_exposition(recent).kv_capacity_tokens == 1_048_576
+    assert parse_exposition(older).kv_capacity_tokens == 57_489 * 16
+    assert parse_exposition(unsized).kv_capacity_tokens is None and parse_exposition(unsized).prefix_caching
+    mark = ProbeMark(2.0, 7, kv_capacity_tokens=24_000)
+    mark.write(tmp_path / "mark.json")
+    assert ProbeMark.read(tmp_path / "mark.json") == mark
+    assert ProbeMark.from_json({"rate": 2.0, "seed": 7}).kv_capacity_tokens is None  # a mark from before

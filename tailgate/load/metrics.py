@@ -53,6 +53,9 @@ class Snapshot:
     prefix_cache_hits_total: float | None = None
     prefix_caching: bool | None = None
     """The server's ``enable_prefix_caching`` as its cache-config info gauge states it; None: not exposed."""
+    kv_capacity_tokens: int | None = None
+    """Tokens the KV-cache pool holds, from the cache-config info gauge (``kv_cache_size_tokens``, or
+    ``num_gpu_blocks`` times ``block_size``); None: not exposed. What the fitted step loop admits and preempts by."""
     itl_count: float | None = None
     """Inter-token gaps the engine has observed (its histogram's count)."""
     itl_slow: float | None = None
@@ -70,6 +73,7 @@ def parse_exposition(text: str, t: float | None = None) -> Snapshot:
     sums: dict[str, float] = {}
     itl: dict[str, dict[float, float]] = {}
     caching: bool | None = None
+    kv_tokens: int | None = None
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -80,6 +84,7 @@ def parse_exposition(text: str, t: float | None = None) -> Snapshot:
             found = _label(line, "enable_prefix_caching")
             if found is not None:
                 caching = found.lower() == "true"
+            kv_tokens = kv_pool_tokens(line)
             continue
         brace = line.find("{")
         space = line.find(" ")
@@ -96,7 +101,7 @@ def parse_exposition(text: str, t: float | None = None) -> Snapshot:
         # prefer the current spelling when both are exposed
         key = f"{field}|{SERIES[field].index(name)}"
         sums[key] = sums.get(key, 0.0) + value
-    snap = Snapshot(time.time() if t is None else t, prefix_caching=caching)
+    snap = Snapshot(time.time() if t is None else t, prefix_caching=caching, kv_capacity_tokens=kv_tokens)
     for field, names in SERIES.items():
         for i in range(len(names)):
             if f"{field}|{i}" in sums:
@@ -121,6 +126,18 @@ def _add_bucket(family: dict[float, float], line: str) -> None:
     except (IndexError, ValueError):
         return
     family[edge] = family.get(edge, 0.0) + value
+
+
+def kv_pool_tokens(line: str) -> int | None:
+    """The KV pool's size in tokens from a cache-config info line: vLLM states it directly in recent versions,
+    as blocks of a size in older ones; None when neither is there or the blocks are not counted yet."""
+    text = _label(line, "kv_cache_size_tokens")
+    if text is not None and text.isdigit() and int(text) > 0:
+        return int(text)
+    blocks, size = _label(line, "num_gpu_blocks"), _label(line, "block_size")
+    if blocks is not None and size is not None and blocks.isdigit() and size.isdigit() and int(blocks) > 0:
+        return int(blocks) * int(size)
+    return None
 
 
 def _label(line: str, name: str) -> str | None:

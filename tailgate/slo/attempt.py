@@ -34,12 +34,15 @@ class ProbeMark:
     waiting_series: tuple[float, ...] = ()
     """The server's waiting queue, every sample in time order: the steady-state check tests it for a trend."""
     errors_at_stop: int | None = None
+    kv_capacity_tokens: int | None = None
+    """The server's KV pool in tokens while the attempt ran (None: the server did not state it)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "rate": self.rate, "seed": self.seed, "exit_code": self.exit_code, "seconds": self.seconds,
             "stopped_early": self.stopped_early, "waiting_max": self.waiting_max, "queue_stop": self.queue_stop,
             "waiting_series": list(self.waiting_series), "errors_at_stop": self.errors_at_stop,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
         }  # fmt: skip
 
     @classmethod
@@ -50,6 +53,7 @@ class ProbeMark:
             seconds=data.get("seconds"), stopped_early=data.get("stopped_early"),
             waiting_max=data.get("waiting_max"), queue_stop=data.get("queue_stop"),
             waiting_series=tuple(data.get("waiting_series") or ()), errors_at_stop=data.get("errors_at_stop"),
+            kv_capacity_tokens=data.get("kv_capacity_tokens"),
         )  # fmt: skip
 
     def write(self, path: Path) -> None:
@@ -79,6 +83,8 @@ class ProbeAttempt:
     summary: StageSummary | None = None
     records: Sequence[Mapping[str, Any]] = ()
     """Every record of the attempt, warm-up included: what the fitted step loop replays."""
+    kv_capacity_tokens: int | None = None
+    """The server's KV pool in tokens: the fitted step loop admits and preempts by it where it is known."""
 
 
 __all__ = ["ProbeAttempt", "ProbeMark"]

@@ -196,7 +196,8 @@ class SloRunner:
             self.probe_codes.append(done.ending.code)
         mark = ProbeMark(rate, seed, exit_code=code, seconds=round(done.seconds, 1), stopped_early=stopped,
                          waiting_max=watch.waiting_max, queue_stop=queue_stop,
-                         waiting_series=tuple(watch.waiting_series), errors_at_stop=watch.errors)  # fmt: skip
+                         waiting_series=tuple(watch.waiting_series), errors_at_stop=watch.errors,
+                         kv_capacity_tokens=watch.kv_capacity_tokens)  # fmt: skip
         out.mkdir(parents=True, exist_ok=True)  # a run set aside or never started leaves no folder to mark
         mark.write(out / PROBE_MARK)
         return mark
@@ -213,6 +214,7 @@ class SloRunner:
             measured=measured_records(recs, self.plan.warmup), sent=len(scan.records) + dropped,
             errors=errors, stopped_early=mark.stopped_early, cancelled=len(scan.records) - len(recs),
             waiting_series=mark.waiting_series, summary=summary, records=scan.records,
+            kv_capacity_tokens=mark.kv_capacity_tokens,
         )  # fmt: skip
 
     def probe(self, config: ServerConfig, rate: float, phase: str, index: int, length: float = 1.0) -> str:

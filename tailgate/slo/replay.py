@@ -18,7 +18,8 @@ workload's requests: its own generator when known, else the distinct requests me
 interval is the jackknife over the replicates, floored at :data:`FLOOR`. The model narrows the bracket only when
 it passes its checks: its replay of every probe lies inside that probe's own distribution-free interval or close
 to the measured value, no limit's replay leans one way at every probe, its interval overlaps the measured bracket,
-and the server preempted nothing (KV-cache pressure is not in the model). Every figure here is labelled a model
+and the server preempted nothing unless it stated its KV pool (the engine then admits and preempts by that pool,
+newest first, recomputing, as vLLM does). Every figure here is labelled a model
 estimate; the measured bracket is never replaced, only intersected.
 """
 
@@ -80,6 +81,8 @@ class Probe:
     attempts: list[list[Stream]]
     checks: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     preempted: bool = False
+    kv_capacity_tokens: int | None = None
+    """The server's KV pool in tokens as it stated it (None: not stated)."""
 
 
 def probes_of(
@@ -98,7 +101,8 @@ def probes_of(
         streams = [streams_of(a.records, {r.get("trace_id") for r in a.measured}) for a in full]
         if streams:
             checks = {str(c["key"]): c for c in checks_by_rate[rate]}
-            out.append(Probe(rate, streams, checks, preempted))
+            pools = [a.kv_capacity_tokens for a in attempts if a.kv_capacity_tokens]
+            out.append(Probe(rate, streams, checks, preempted, min(pools) if pools else None))
     return out
 
 
@@ -174,17 +178,20 @@ def fit_service(probes: Sequence[Probe], q: float = 0.99, metrics: Sequence[str]
     count and prefill policy that replay it best and its prefill cost calibrated, the one that replays best."""
     streams = sum(len(a) for p in probes for a in p.attempts)
     peak = max((max_concurrency(a) for p in probes for a in p.attempts), default=0)
+    pools = [p.kv_capacity_tokens for p in probes if p.kv_capacity_tokens]
+    kv = min(pools) if pools else 0
     best: tuple[float, ServiceFit] | None = None
     for cost in fit_costs([p.attempts for p in sorted(probes, key=lambda p: p.rate)]):
-        tried = _calibrated(_policy(cost, peak, probes, q, metrics, streams), probes, q, metrics)
+        tried = _calibrated(_policy(cost, peak, probes, q, metrics, streams, kv), probes, q, metrics)
         if tried is not None and (best is None or tried[0] < best[0]):
             best = tried
     return best[1] if best is not None else None
 
 
 def _policy(cost: Costs, peak: int, probes: Sequence[Probe], q: float, metrics: Sequence[str],
-            streams: int) -> tuple[float, ServiceFit] | None:  # fmt: skip
-    """The slot count and prefill policy that replay the probes best with these costs, and its score."""
+            streams: int, kv: int = 0) -> tuple[float, ServiceFit] | None:  # fmt: skip
+    """The slot count and prefill policy that replay the probes best with these costs, and its score. ``kv``: the
+    server's KV pool in tokens (0: unknown), which admits and preempts as the server's does."""
     best: tuple[float, ServiceFit] | None = None
     step, per_seq, prefill, ctx = cost
     # unlimited admission first: a slot count is taken only when replaying it is clearly better (a limit the
@@ -193,7 +200,7 @@ def _policy(cost: Costs, peak: int, probes: Sequence[Probe], q: float, metrics: 
         for chunk in CHUNK_CHOICES:
             engine = EngineModel(
                 slots=slots, step_ms=step, step_ms_per_seq=per_seq, prefill_ms_per_token=prefill,
-                prefill_ms_per_token_ctx=ctx, chunked=chunk > 0, chunk_tokens=chunk or 512,
+                prefill_ms_per_token_ctx=ctx, chunked=chunk > 0, chunk_tokens=chunk or 512, kv_capacity_tokens=kv,
             )  # fmt: skip
             rep = replay_rows(engine, probes, q, metrics)
             if not rep:
@@ -529,8 +536,8 @@ def _unusable(fit: ServiceFit, probes: Sequence[Probe], interval: tuple[float, f
 
 def _refuted(fit: ServiceFit, probes: Sequence[Probe]) -> str:
     """Why the probes themselves refute the fitted engine ('' when none does): checks before any simulation."""
-    if any(p.preempted for p in probes):
-        return "the server preempted requests: KV-cache pressure is not in the model"
+    if any(p.preempted for p in probes) and not fit.engine.kv_capacity_tokens:
+        return "the server preempted requests and did not state its KV pool: KV-cache pressure is not in the model"
     bad = [r for r in fit.replay if not r.inside]
     if bad:
         r = bad[0]

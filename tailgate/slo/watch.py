@@ -8,6 +8,7 @@ import urllib.request
 from pathlib import Path
 
 from tailgate.jsonl import Follower
+from tailgate.load.metrics import CACHE_CONFIG_INFO, kv_pool_tokens
 from tailgate.resultfiles import RECORDS_GLOB, SERVER_METRICS
 
 _NULL_CLASS = re.compile(rb'"error_class":\s*null')
@@ -27,6 +28,8 @@ class ProbeWatch:
         self.waiting_series: list[float] = []
         """Every sample, in time order: the steady-state check tests it for an upward trend."""
         self.from_file = False
+        self.kv_capacity_tokens: int | None = None
+        """The server's KV pool in tokens, as its cache-config gauge states it (None: not stated)."""
 
     def _sample_direct(self) -> None:
         """Read ``vllm:num_requests_waiting`` from the server itself: with a live Prometheus the load generator
@@ -40,6 +43,8 @@ class ProbeWatch:
             return
         total, seen = 0.0, False
         for line in text.splitlines():
+            if line.startswith(CACHE_CONFIG_INFO + "{"):
+                self.kv_capacity_tokens = kv_pool_tokens(line) or self.kv_capacity_tokens
             if line.startswith("vllm:num_requests_waiting") and not line.startswith("#"):
                 try:
                     total += float(line.rsplit(" ", 1)[1])
@@ -57,6 +62,9 @@ class ProbeWatch:
     def poll(self) -> None:
         samples, _ = self._metrics.new_objects()
         for sample in samples:
+            kv = sample.get("kv_capacity_tokens")
+            if isinstance(kv, int) and kv > 0:
+                self.kv_capacity_tokens = kv
             w = sample.get("waiting")
             if isinstance(w, (int, float)):
                 self.from_file = True

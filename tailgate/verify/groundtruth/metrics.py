@@ -52,6 +52,7 @@ def metrics_text(server: Counted) -> str:
 
     running, waiting, preemptions = server.running, server.waiting, server.settings.preemptions_total
     engine = server.engine
+    pool = server.settings.kv_capacity_tokens
     if engine is not None:
         # the fixed-schedule streams (non-streaming requests) count beside the engine's own
         in_engine = {id(r.owner) for r in engine.running} | {id(r.owner) for r in engine.waiting}
@@ -59,8 +60,8 @@ def metrics_text(server: Counted) -> str:
         running = len(engine.running) + sum(1 for st in fixed if st.running)
         waiting = len(engine.waiting) + sum(1 for st in fixed if not st.running)
         preemptions += engine.preemptions
-        cap = engine.model.kv_capacity_tokens or server.settings.kv_capacity_tokens
-        kv = engine.kv_used() / cap
+        pool = engine.model.kv_capacity_tokens or server.settings.kv_capacity_tokens
+        kv = engine.kv_used() / pool
     gauge("num_requests_running", "Number of requests in model execution batches.", running)
     gauge("num_requests_waiting", "Number of requests waiting to be processed.", waiting)
     gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", min(kv, 1.0))
@@ -74,7 +75,8 @@ def metrics_text(server: Counted) -> str:
     out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
     out.append("# TYPE vllm:cache_config_info gauge")
     out.append(f'vllm:cache_config_info{{block_size="{PREFIX_BLOCK_TOKENS}",'
-               f'enable_prefix_caching="{server.settings.prefix_caching}",engine="0"}} 1.0')  # fmt: skip
+               f'enable_prefix_caching="{server.settings.prefix_caching}",engine="0",'
+               f'kv_cache_size_tokens="{pool}"}} 1.0')  # fmt: skip
     return "\n".join(out) + "\n"
 
 
