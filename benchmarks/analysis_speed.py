@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tailgate.postprocess.load import find_run_dirs, load_records, load_summaries, usable_cpus  # noqa: E402
 from tailgate.postprocess.prometheus import collect_server_data  # noqa: E402
 from tailgate.postprocess.report import REPORT_DIR, Analysis, build_report, draw_charts  # noqa: E402
+from tailgate.postprocess.runfolders import find_run_dirs, load_records, load_summaries, usable_cpus  # noqa: E402
 from tailgate.postprocess.summarize import summaries_from_records  # noqa: E402
 from tailgate.postprocess.table import summary_table  # noqa: E402
 from tailgate.records import RECORD_FIELDS  # noqa: E402

@@ -22,11 +22,11 @@ if __name__ != "tailgate.postprocess":  # a checkout with its root on sys.path w
     raise ImportError(f"import tailgate.postprocess, not {__name__}: one file under two names would load twice")
 
 _EXPORTS: dict[str, str] = {
-    "ResultsError": "tailgate.postprocess.load",
-    "find_run_dirs": "tailgate.postprocess.load",
-    "load_summaries": "tailgate.postprocess.load",
-    "load_records": "tailgate.postprocess.load",
-    "load_server_metrics": "tailgate.postprocess.load",
+    "ResultsError": "tailgate.postprocess.runfolders",
+    "find_run_dirs": "tailgate.postprocess.runfolders",
+    "load_summaries": "tailgate.postprocess.runfolders",
+    "load_records": "tailgate.postprocess.runfolders",
+    "load_server_metrics": "tailgate.postprocess.runfolders",
     "summaries_from_records": "tailgate.postprocess.summarize",
     "summary_table": "tailgate.postprocess.table",
     "table_markdown": "tailgate.postprocess.table",

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from tailgate.arms import is_open_loop
-from tailgate.postprocess.load import RunDir
+from tailgate.postprocess.runfolders import RunDir
 from tailgate.records import read_sent
 
 COLUMNS: tuple[str, ...] = ("planned", "sent", "recorded", "lost_in_flight", "never_sent")

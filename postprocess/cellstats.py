@@ -17,7 +17,7 @@ import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
 from tailgate.postprocess.bootstrap import min_n_for_difference, percentile_difference
-from tailgate.postprocess.load import rate_text
+from tailgate.postprocess.runfolders import rate_text
 from tailgate.postprocess.summarize import measured_mask, stage_warmups
 
 MIN_N_P99_CI = min_n_for_difference(99.0, 0.95)

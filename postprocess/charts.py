@@ -21,8 +21,8 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
 from tailgate.arms import OPEN_LOOP, STARTS_TOGETHER, is_open_loop
-from tailgate.postprocess.load import rate_text
 from tailgate.postprocess.prompts import long_prompt_threshold
+from tailgate.postprocess.runfolders import rate_text
 from tailgate.postprocess.tableview import CACHE_HITS, cell_marks, not_measured
 from tailgate.serverconfigs import CHUNKED_PAIR, configuration, engine_default, preempting
 

@@ -32,9 +32,9 @@ from tailgate.postprocess.cellstats import (
     span_text,
     times_text,
 )
-from tailgate.postprocess.load import rate_text
 from tailgate.postprocess.pauses import pause_evidence, pause_lines
 from tailgate.postprocess.prompt_ab import PROMPT_AB_QUESTION, prompt_ab
+from tailgate.postprocess.runfolders import rate_text
 from tailgate.postprocess.table import choose_decision_rate, summary_table
 from tailgate.postprocess.tableview import IN_SHORT, NOT_A_MEASUREMENT, cell_marks, not_measured
 from tailgate.postprocess.timeline import increment_windows, overlaps, prefill_attribution

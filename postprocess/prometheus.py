@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tailgate.postprocess.load import RunDir, read_server_metrics
+from tailgate.postprocess.runfolders import RunDir, read_server_metrics
 from tailgate.resultfiles import SERVER_METRICS
 
 PROMETHEUS = "prometheus"

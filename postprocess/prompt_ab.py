@@ -20,7 +20,7 @@ from tailgate.postprocess.cellstats import (
     safe_ratio,
     times_text,
 )
-from tailgate.postprocess.load import rate_text
+from tailgate.postprocess.runfolders import rate_text
 from tailgate.serverconfigs import CHUNKED_PAIR
 
 PROMPT_AB_QUESTION = "Do realistic prompts change the answer? (the same arrival schedule, seed vs other prompts)"

@@ -31,9 +31,9 @@ from tailgate.postprocess.diagnosis import diagnose
 from tailgate.postprocess.diagnosisview import findings_context, interval_note
 from tailgate.postprocess.glossary import NO_INTERVAL_ID, glossary_context
 from tailgate.postprocess.html import render
-from tailgate.postprocess.load import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus
 from tailgate.postprocess.pauses import PAUSE_COLUMNS, cell_pauses
 from tailgate.postprocess.prometheus import NONE, ServerData, collect_server_data
+from tailgate.postprocess.runfolders import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus
 from tailgate.postprocess.table import choose_decision_rate, summary_table, table_context, write_table
 from tailgate.postprocess.tableview import NOT_A_MEASUREMENT, PARTIAL, cell_marks
 from tailgate.resultfiles import DIAGNOSIS, REPORT_DIR, REPORT_HTML

@@ -32,7 +32,7 @@ from tailgate.postprocess.diagnosis import (
     TTFT_FLAT_GROWTH,
 )
 from tailgate.postprocess.html import render
-from tailgate.postprocess.load import ResultsError
+from tailgate.postprocess.runfolders import ResultsError
 from tailgate.postprocess.slofitted import fitted_cell, fitted_curves
 from tailgate.postprocess.timeline import prefill_attribution
 from tailgate.resultfiles import SLO_ANALYSIS

@@ -204,7 +204,7 @@ def choose_decision_rate(table: pd.DataFrame, requested: float | None = None) ->
     chart exists for), else 10 req/s if measured (the seed's knee), else the highest continuous
     rate. None when no continuous cell exists. A requested rate must have been measured.
     """
-    from tailgate.postprocess.load import ResultsError, rate_text
+    from tailgate.postprocess.runfolders import ResultsError, rate_text
 
     every = _continuous_rates(table)
     if requested is not None:

@@ -212,7 +212,7 @@ def test_a_damaged_or_missing_file_fails_with_one_line(tmp_path: Path) -> None:
 
 def test_the_analysis_names_a_wrong_typed_file_in_one_line(tmp_path: Path) -> None:
     """The report's loader turns a contract failure into its ResultsError (the report's one line, exit 2)."""
-    from tailgate.postprocess.load import ResultsError, find_run_dirs, load_summaries
+    from tailgate.postprocess.runfolders import ResultsError, find_run_dirs, load_summaries
 
     run = tmp_path / "run"
     run.mkdir()

@@ -130,7 +130,7 @@ def test_lost_worker_share_is_exactly_accounted(tmp_path: Path) -> None:
     assert scan.superseded == 1
     assert read_sent(tmp_path) == {(0, 0), (0, 1), (0, 2), (0, 3)}
     # the report's reader keeps the same one record per request
-    from tailgate.postprocess.load import load_records
+    from tailgate.postprocess.runfolders import load_records
 
     (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "status": "completed"}))
     frame = load_records(tmp_path)

@@ -20,8 +20,8 @@ import pytest
 from conftest import write_trace
 from runkit import LocustProcess, count_lines, start_locust, wait_until
 
-from tailgate.postprocess.load import load_records, load_summaries
 from tailgate.postprocess.report import build_report
+from tailgate.postprocess.runfolders import load_records, load_summaries
 from tailgate.records import (
     OPTIONAL_ON_DISK,
     RECORD_FIELDS,

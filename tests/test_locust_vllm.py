@@ -136,10 +136,10 @@ def test_preemption_delta_direct_and_prometheus(vllm_preempt_server, tmp_path: P
         if prometheus is None:
             pytest.skip("no prometheus binary: the direct-scrape half passed")
         time.sleep(2.5)  # one more scrape after the stage's last read
-        from tailgate.postprocess.load import find_run_dirs
-        from tailgate.postprocess.load import load_summaries as pp_load_summaries
         from tailgate.postprocess.prometheus import collect_server_data
         from tailgate.postprocess.report import build_report
+        from tailgate.postprocess.runfolders import find_run_dirs
+        from tailgate.postprocess.runfolders import load_summaries as pp_load_summaries
 
         data = collect_server_data(find_run_dirs(out), pp_load_summaries(out), prometheus.url, save=False)
         row = data.preemptions.iloc[0]

@@ -19,7 +19,8 @@ from tailgate.postprocess.bootstrap import bootstrap_percentile, bootstrap_perce
 from tailgate.postprocess.cli import main as report_main
 from tailgate.postprocess.diagnosis import QUESTIONS, diagnose
 from tailgate.postprocess.diagnosisview import render_text
-from tailgate.postprocess.load import (
+from tailgate.postprocess.report import ReportPaths, build_report
+from tailgate.postprocess.runfolders import (
     ResultsError,
     cell_name,
     find_run_dirs,
@@ -28,7 +29,6 @@ from tailgate.postprocess.load import (
     load_summaries,
     read_records_file,
 )
-from tailgate.postprocess.report import ReportPaths, build_report
 from tailgate.postprocess.summarize import measured_mask, summaries_from_records
 from tailgate.postprocess.table import TABLE_COLUMNS, choose_decision_rate, summary_table, table_markdown
 from tailgate.records import read_records
@@ -233,8 +233,8 @@ def test_error_texts_come_back_exactly(tmp_path: Path) -> None:
 def test_parallel_reading_and_drawing_match_serial(
     results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tailgate.postprocess.load as load_module
     import tailgate.postprocess.report as report_module
+    import tailgate.postprocess.runfolders as load_module
 
     serial = load_records(results)
     monkeypatch.setattr(load_module, "PARALLEL_BYTES", 0)

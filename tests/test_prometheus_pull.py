@@ -28,7 +28,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tailgate.postprocess.load import find_run_dirs, load_summaries
 from tailgate.postprocess.prometheus import (
     DIRECT,
     PROMETHEUS,
@@ -42,6 +41,7 @@ from tailgate.postprocess.prometheus import (
     summed_increase,
 )
 from tailgate.postprocess.report import build_report
+from tailgate.postprocess.runfolders import find_run_dirs, load_summaries
 from tailgate.postprocess.table import summary_table
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"

@@ -128,7 +128,7 @@ def test_queue_stop_fires_relative_to_the_probe(tmp_path: Path) -> None:
 def test_stage_warmup_runs_at_the_top_rate_and_is_no_cell(tmp_path: Path) -> None:
     """The real command against the ground-truth server: warm-up rounds at --max-rate go under stage-warmup/,
     are recorded in slo.json, and the report's run finder does not see them as cells."""
-    from tailgate.postprocess.load import find_run_dirs
+    from tailgate.postprocess.runfolders import find_run_dirs
 
     results = tmp_path / "r"
     with start_server_process(accept_any_model=True) as server:

@@ -285,7 +285,7 @@ def test_a_signal_at_a_cell_boundary_then_resume(gt: ServerProcess, tmp_path: Pa
 
 def test_the_stage_warmup_runs_before_the_first_cell_and_is_no_cell(gt: ServerProcess, tmp_path: Path) -> None:
     """Rounds at the server's top rate under stage-warmup/, before the first cell, in suite.json, never a cell."""
-    from tailgate.postprocess.load import find_run_dirs
+    from tailgate.postprocess.runfolders import find_run_dirs
 
     trace = write_trace(tmp_path / "trace.jsonl", [(4, 3)] * 4)
     results = tmp_path / "suite"
