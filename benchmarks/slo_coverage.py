@@ -57,6 +57,7 @@ from tailgate.slo.replay import (
     settling_answer,
     workload_of,
 )
+from tailgate.slo.search import lacks_only_data
 from tailgate.verify.groundtruth import start_server_process
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, poisson_arrivals, simulate, true_capacity
 
@@ -277,7 +278,9 @@ class Search:
         return slo.search(self.probe, start=a.start, max_rate=a.max_rate, min_rate=a.start / 8,
                           resolution=slo.Resolution.parse(a.resolution), max_probes=max_probes,
                           pooled=self.pooled, guess=self.guess,
-                          settled=self.settles if settle else None)  # fmt: skip
+                          settled=self.settles if settle else None,
+                          on_track=lambda: [r for r, p in self.latest.items()
+                                            if lacks_only_data(p["verdict"], p["checks"])])  # fmt: skip
 
     def remeasured(self, out: slo.SearchOutcome) -> slo.SearchOutcome:
         """The outcome with every probe's verdict so far, the confirmation probes' included."""

@@ -32,7 +32,7 @@ from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.plan import PROBE_OVERHEAD_S, SloPlan
 from tailgate.slo.pooled import pooled_verdicts
 from tailgate.slo.replay import ModelAnswer, Probe, Workload, model_answer, probes_of, settling_answer, workload_of
-from tailgate.slo.search import SearchOutcome, SearchStopped, bracket, search
+from tailgate.slo.search import SearchOutcome, SearchStopped, bracket, lacks_only_data, search
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Log, ServerConfig
 from tailgate.slo.state import ConfigSearch, ProbeEntry, SloState
 from tailgate.slo.verdict import binding_limit, check_probe, p99s
@@ -387,17 +387,8 @@ class SloRunner:
     def _on_track(self, config: ServerConfig) -> list[float]:
         """Undecided rates that lack only data: every limited point under its limit, the server kept up, no
         error check failed."""
-        out = []
-        for rate, entry in self._config_state(config).latest().items():
-            if entry.verdict in ("pass", "fail"):
-                continue
-            checks = {str(c.get("key")): c for c in entry.checks}
-            tails = [c for k, c in checks.items() if k not in ("errors", "sustained")]
-            under = all(isinstance(c.get("point"), (int, float)) and c["point"] <= c["limit"] for c in tails)
-            kept_up = checks.get("sustained", {}).get("verdict") == "pass"
-            if tails and under and kept_up and checks.get("errors", {}).get("verdict") != "fail":
-                out.append(rate)
-        return sorted(out)
+        latest = self._config_state(config).latest()
+        return sorted(rate for rate, entry in latest.items() if lacks_only_data(entry.verdict, entry.checks))
 
     def _remeasured(self, config: ServerConfig, outcome: SearchOutcome) -> SearchOutcome:
         """The outcome with the measured bracket and verdicts of every probe run so far (confirmation probes are

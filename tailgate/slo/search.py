@@ -10,9 +10,9 @@ what it was given: a rate with not enough data never ends it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from tailgate.slo.spec import SloError
 
@@ -193,6 +193,18 @@ def next_probe(
     # nearest the middle splits it most evenly whichever way it goes
     mid = (lo + hi) / 2
     return ProbeNext(min(undecided, key=lambda r: abs(r - mid)), "extend")
+
+
+def lacks_only_data(verdict: str, checks: Sequence[Mapping[str, Any]]) -> bool:
+    """An undecided rate whose every limited point is under its limit, whose server kept up and whose errors did
+    not fail: only more data is missing for a pass (what ``on_track`` of :func:`next_probe` holds)."""
+    if verdict in ("pass", "fail"):
+        return False
+    by_key = {str(c.get("key")): c for c in checks}
+    tails = [c for k, c in by_key.items() if k not in ("errors", "sustained")]
+    under = all(isinstance(c.get("point"), (int, float)) and c["point"] <= c["limit"] for c in tails)
+    kept_up = by_key.get("sustained", {}).get("verdict") == "pass"
+    return bool(tails) and under and kept_up and by_key.get("errors", {}).get("verdict") != "fail"
 
 
 def _aimed(points: list[float], guess: float, resolution: Resolution) -> float | None:
