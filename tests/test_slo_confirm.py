@@ -85,6 +85,24 @@ def test_a_model_ten_percent_off_is_contradicted(windows: dict[float, tuple[str,
         assert c.outcome == "contradicted", c.why
 
 
+@pytest.mark.parametrize("factor", [1.1, 1 / 1.1])
+def test_a_window_far_under_its_limit_still_tests_the_model_where_the_queue_is_in_sight(
+    windows: dict[float, tuple[str, Probe]], factor: float
+) -> None:
+    """A capacity set where the queue runs away, under a limit ten times the window's tail (a cliff: the CPU
+    vLLM's TTFT p99 is 1.9 s in a minute at 6.2 req/s and 80 s over 4,000 requests at 6.5, under a 4-s limit): the
+    tail is matched because it rises with the load, and a model 10% off is contradicted all the same; a percentile
+    flat in the load (the worst gap here) is not matched."""
+    far = {"ttft": 10 * LIMITS["ttft"], "gap": 10 * LIMITS["ttft"]}
+    for rate, (_, probe) in windows.items():
+        right = matches_at(TRUE, [probe], 0.99, ["ttft", "gap"], far)
+        assert [m.metric for m in right] == ["ttft"] and right[0].load_spread >= 1.5, right
+        side = "above" if rate > NEAR else "below"
+        assert judge(rate, side, "not_enough_data", right, (0.96, 1.04)).outcome == "confirmed"
+        off = matches_at(slowed(TRUE, factor), [probe], 0.99, ["ttft"], far)
+        assert judge(rate, side, "not_enough_data", off, (0.96, 1.04)).outcome == "contradicted", off
+
+
 def test_a_model_three_percent_off_within_its_claim_stands(windows: dict[float, tuple[str, Probe]]) -> None:
     model = slowed(TRUE, 1.03)
     for rate, (verdict, probe) in windows.items():

@@ -89,6 +89,12 @@ LEVEL = 0.975
 """Two-sided level of each window's interval: 95% over the two confirmation probes of a round (Bonferroni)."""
 MIN_STREAMS = 100
 """Measured streams a window needs before its p99 can be matched (a p99 of fewer rests on one request)."""
+LOAD_SENSITIVE = 1.5
+"""A window's percentile is matched, far under its limit too, when the model's replay of it rises at least this
+many times from the scan's sparsest arrivals to its densest: the queue is in sight, so where the model's and the
+window's tails meet says how far its capacity is off. A capacity set by a queue that runs away (a cliff, as on a
+CPU server whose TTFT p99 jumps from 2 s to 80 s between two rates) is tested this way, where the tail near the
+capacity is never near its limit in a window of a minute or two."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +120,14 @@ class WindowMatch:
     open_low: bool = False
     """The ratio lies at or under the scan's lowest end (the model is far too fast)."""
     open_high: bool = False
+    load_spread: float = 1.0
+    """The model's percentile on these requests at the scan's densest arrivals over its sparsest."""
 
     def to_json(self) -> dict[str, Any]:
         return {"metric": self.metric, "measured": round(self.measured, 1), "model": round(self.model, 1),
                 "ratio": round(self.ratio, 4), "interval": [round(self.low, 4), round(self.high, 4)],
-                "open_low": self.open_low, "open_high": self.open_high}  # fmt: skip
+                "open_low": self.open_low, "open_high": self.open_high,
+                "load_spread": round(self.load_spread, 3)}  # fmt: skip
 
     def text(self) -> str:
         lo = f"<={self.low:.3f}" if self.open_low else f"{self.low:.3f}"
@@ -172,8 +181,10 @@ def window_match(engine: EngineModel, attempts: Sequence[Sequence[Stream]], q: f
     tail = (1.0 - LEVEL) / 2
     s_lo, s_hi = boots[int(tail * RESAMPLES)], boots[min(RESAMPLES - 1, math.ceil((1 - tail) * RESAMPLES) - 1)]
     at_one = replayed[SCALES.index(1.0)]
+    sparse, dense = quantile(replayed[0], q), quantile(replayed[-1], q)
     return WindowMatch(metric, quantile(measured, q), quantile(at_one, q), 1.0 / point, 1.0 / s_hi, 1.0 / s_lo,
-                       open_low=s_hi >= SCALES[-1], open_high=s_lo <= SCALES[0])  # fmt: skip
+                       open_low=s_hi >= SCALES[-1], open_high=s_lo <= SCALES[0],
+                       load_spread=dense / sparse if sparse > 0 else 1.0)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,13 +243,14 @@ def judge(rate: float, side: Side, verdict: str, matches: Sequence[WindowMatch],
 def matches_at(engine: EngineModel, probes: Sequence[Probe], q: float, metrics: Sequence[str],
                limits: Mapping[str, float]) -> tuple[WindowMatch, ...]:  # fmt: skip
     """The window matches of confirmation probes (their attempts pooled), for every limited metric whose tail is
-    near its limit there (measured or modelled p99 at least half the limit): a percentile far under its limit
-    does not set the capacity, and a model need not get it right."""
+    near its limit there (measured or modelled p99 at least half the limit) or rises with the load there
+    (:data:`LOAD_SENSITIVE`): a percentile far under its limit and flat in the load does not set the capacity,
+    and a model need not get it right."""
     out = []
     attempts = [a for p in probes for a in p.attempts]
     for metric in metrics:
         m = window_match(engine, attempts, q, metric)
-        if m is not None and max(m.measured, m.model) >= 0.5 * limits[metric]:
+        if m is not None and (max(m.measured, m.model) >= 0.5 * limits[metric] or m.load_spread >= LOAD_SENSITIVE):
             out.append(m)
     return tuple(out)
 
