@@ -255,6 +255,9 @@ class Scored:
     width: float | None
     """Of the answer, relative to its midpoint."""
     probing_min: float
+    fitted: tuple[float, float] | None = None
+    """The fitted model's own interval, used or not."""
+    fitted_holds: str = "n/a"
 
 
 def holds(answer: tuple[float, float | None], truth: tuple[float, float]) -> str:
@@ -284,8 +287,11 @@ def score_search(folder: Path, truth: Mapping[str, Any], config_as: str | None) 
         hi = answer[1]
         width = None if hi is None else (hi - answer[0]) / ((hi + answer[0]) / 2)
         seconds = sum(float(a.get("seconds") or 0) for pr in c["probes"] for a in pr["attempts"])
-        out.append(Scored(str(folder), c["name"], measured, answer, kind,
-                          holds(answer, (t["bracket"]["low"], t["bracket"]["high"])), width, seconds / 60))  # fmt: skip
+        truth_bracket = (t["bracket"]["low"], t["bracket"]["high"])
+        own = fitted.get("interval")
+        model = (float(own[0]), float(own[1])) if own else None
+        out.append(Scored(str(folder), c["name"], measured, answer, kind, holds(answer, truth_bracket), width,
+                          seconds / 60, model, holds(model, truth_bracket) if model else "n/a"))  # fmt: skip
     return out
 
 
@@ -295,14 +301,18 @@ def score(args: argparse.Namespace) -> int:
     if not rows:
         print("score: no search configuration has a two-sided truth in the file given", file=sys.stderr)
         return 2
-    print("| search | configuration | truth | measured bracket | answer | kind | holds | width | probing min |")
-    print("|---|---|---|---|---|---|---|---:|---:|")
+    print(
+        "| search | configuration | truth | measured bracket | answer | kind | holds | width | probing min "
+        "| fitted model's own interval | it holds |"
+    )
+    print("|---|---|---|---|---|---|---|---:|---:|---|---|")
     for s in rows:
         b = truth["configs"][args.config_as or s.config]["bracket"]
         w = "open" if s.width is None else f"{s.width:.1%}"
         print(
             f"| {s.search} | {s.config} | [{b['low']:g}, {b['high']:g}] | [{s.measured[0]:g}, {s.measured[1]}] "
-            f"| [{s.answer[0]:g}, {s.answer[1]}] | {s.answer_kind} | {s.holds} | {w} | {s.probing_min:.1f} |"
+            f"| [{s.answer[0]:g}, {s.answer[1]}] | {s.answer_kind} | {s.holds} | {w} | {s.probing_min:.1f} "
+            f"| {list(s.fitted) if s.fitted else 'none'} | {s.fitted_holds} |"
         )
     held = sum(s.holds == "holds" for s in rows)
     print(
