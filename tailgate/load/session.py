@@ -40,7 +40,7 @@ from tailgate.load.options import Settings
 from tailgate.load.peers import PeerGate
 from tailgate.load.plan import Stage, share
 from tailgate.load.processes import processes_for
-from tailgate.load.roster import WorkerRoster, WorkersLost
+from tailgate.load.roster import LoadProcess, WorkerRoster, WorkersLost
 from tailgate.load.runfiles import iso, run_metadata, stage_accounting, write_json
 from tailgate.load.sidecars import (
     REPORT_INTERRUPTED,
@@ -133,7 +133,7 @@ class RunSession(WorkerRoster):
         self._late_pending: set[int] = set()
         self.stamp_notes: dict[str, str] = {}
         """Load process -> why it stamps chunks when read instead of with kernel stamps (clocks disagree)."""
-        self.workers: dict[str, dict[str, Any]] = {}
+        self.workers: dict[str, LoadProcess] = {}
         """Per load process: its name, clock offset and RTT, the stage it joined at, and a loss if any."""
         self.lost: dict[str, str] = {}
         self.worker_errors: list[str] = []
@@ -217,7 +217,7 @@ class RunSession(WorkerRoster):
             self.sink.close()
         self.status = status
         self.meta.update({
-            "workers": self.workers, "workers_lost": self.lost, "worker_errors": self.worker_errors,
+            "workers": self.workers_json(), "workers_lost": self.lost, "worker_errors": self.worker_errors,
             "on_worker_loss": self.on_worker_loss, "workers_refused": self.refused,
             "chunk_stamp_notes": self.stamp_notes,
         })  # fmt: skip
@@ -287,9 +287,9 @@ class RunSession(WorkerRoster):
         if done.stamp_note:
             self.stamp_notes[worker] = done.stamp_note
         if node_id in self.workers and done.stamp:
-            self.workers[node_id]["chunk_stamp"] = done.stamp
+            self.workers[node_id].chunk_stamp = done.stamp
         if done.stamp_note and node_id in self.workers:
-            self.workers[node_id]["chunk_stamp_note"] = done.stamp_note
+            self.workers[node_id].chunk_stamp_note = done.stamp_note
         self._done[node_id] = done
         # exact counters at the end of each order, so a stage's baseline is never stale
         self._counts[node_id] = (done.sent, done.ended)
@@ -392,7 +392,7 @@ class RunSession(WorkerRoster):
         self.lost_in.setdefault(node, order.stage)
         name = self._ready.get(node, node)
         if node in self.workers:
-            self.workers[node]["lost"] = f"{order.stage_label}: {reason}"
+            self.workers[node].lost = f"{order.stage_label}: {reason}"
         line = (f"load process {name} lost in {order.stage_label} ({reason}): {in_flight} request(s) in flight "
                 f"recorded as {WORKER_LOST}, {never} arrival(s) never sent; "
                 + ("the run goes on with the others" if self.on_worker_loss == "continue" else
