@@ -91,6 +91,9 @@ class Contract:
 
     KIND: ClassVar[str] = "contract"
     REQUIRED: ClassVar[tuple[str, ...]] = ()
+    WRITTEN_WHEN_SET: ClassVar[frozenset[str]] = frozenset()
+    """Declared keys a contract built in code writes only when they hold a value: a note that exists only when
+    it applies (a warning, a reconciliation), which a reader tells apart by its presence."""
 
     extra: dict[str, Any] = field(default_factory=dict, kw_only=True, compare=False)
     """Keys this version does not declare, in the order they were read; written back unchanged."""
@@ -124,8 +127,9 @@ class Contract:
             if tp is None:
                 extra[key] = value
                 continue
-            if _is_contract(tp) and isinstance(value, Mapping):  # a nested contract: checked and kept typed
-                known[key] = tp.from_dict(value, source=f"{source or cls.KIND} {key}")
+            nested = _contract_in(tp)
+            if nested is not None and isinstance(value, Mapping):  # a nested contract: checked and kept typed
+                known[key] = nested.from_dict(value, source=f"{source or cls.KIND} {key}")
                 continue
             if not _matches(value, tp):
                 raise ContractError(
@@ -150,7 +154,9 @@ class Contract:
                 if key not in out and getattr(self, key) != defaults.get(key, _NOTHING):
                     out[key] = _plain(getattr(self, key))
         else:
-            out = {key: _plain(getattr(self, key)) for key in declared}
+            sparse = self.WRITTEN_WHEN_SET
+            out = {key: _plain(getattr(self, key)) for key in declared
+                   if key not in sparse or getattr(self, key) is not None}  # fmt: skip
         for key, value in self.extra.items():
             out.setdefault(key, value)
         return out
@@ -212,6 +218,18 @@ class Contract:
 
 def _is_contract(tp: Any) -> bool:
     return isinstance(tp, type) and issubclass(tp, Contract)
+
+
+def _contract_in(tp: Any) -> type[Contract] | None:
+    """The contract a field holds, alone or as the one contract of an optional (``CaptureStats | None``)."""
+    if _is_contract(tp):
+        found: type[Contract] = tp
+        return found
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        members: list[type[Contract]] = [a for a in typing.get_args(tp) if _is_contract(a)]
+        if len(members) == 1:
+            return members[0]
+    return None
 
 
 def _plain(value: Any) -> Any:
@@ -335,6 +353,7 @@ class StageSummary(Contract):
 
     KIND: ClassVar[str] = "stage summary"
     REQUIRED: ClassVar[tuple[str, ...]] = SEED_SUMMARY_KEYS
+    WRITTEN_WHEN_SET: ClassVar[frozenset[str]] = frozenset({"prefix_cache_warning", "reconciled"})
 
     # the seed's keys, in the seed's order
     arm: str = ""
@@ -386,16 +405,88 @@ class StageSummary(Contract):
     preemption_counter_reset: bool | None = None
     metrics_url: str | None = None
     target_rate: float | None = None
+    # where every planned arrival went (tailgate/load/runfiles.py): planned = recorded + lost_in_flight + never_sent
+    recorded: int | None = None
+    lost_in_flight: int | None = None
+    never_sent: int | None = None
+    ran_short: bool | None = None
+    # the workload and the server's view of it (tailgate/load/stage_workload.py)
+    prompts: str | None = None
+    endpoint: str | None = None
+    arrivals: str | None = None
+    prefix_cache_queries_delta: float | None = None
+    prefix_cache_hits_delta: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    prefix_caching: bool | None = None
+    server_slow_gaps_delta: float | None = None
+    server_slow_gap_edge_s: float | None = None
+    prefix_cache_warning: str | None = None
+    """Present only when the seed's repeated filler met a prefix cache."""
+    prompt_tokens_checked: int | None = None
+    prompt_tokens_exact: int | None = None
+    prompt_tokens_diff_max: int | None = None
+    prompt_tokens_diff_mean: float | None = None
     workers_lost: list[str] | None = None
+    negative_latencies: int | None = None
     chunks_per_s: float | None = None
     load_processes: int | None = None
+    # how the chunks were stamped (tailgate/load/capturelink.py)
+    chunk_stamp: str | None = None
+    capture_drops: int | None = None
+    capture_missed_streams: int | None = None
     processes_to_keep_up: int | None = None
     host_steal_share: float | None = None
     """Share of the coordinating machine's CPU time the hypervisor stole during the stage (None: unknown)."""
+    reconciled: bool | None = None
+    """Present only on a summary written again after a load process written off reported more."""
 
     def seed_row(self) -> dict[str, Any]:
         """The seed's twelve keys only, in its order: what a comparison with the reference harness reads."""
         return {k: getattr(self, k) for k in SEED_SUMMARY_KEYS}
+
+
+# ---------------------------------------------------------------------------------------- order done
+
+
+@dataclass(frozen=True)
+class CaptureStats(Contract):
+    """What a load process's packet capture saw during one order: segments, drops, and streams it missed."""
+
+    KIND: ClassVar[str] = "capture stats"
+
+    packets: int = 0
+    drops: int = 0
+    missed_streams: int = 0
+
+
+@dataclass(frozen=True)
+class OrderDone(Contract):
+    """A load process's reply once an order has ended or failed: the master waits for one per order.
+
+    ``order_id``, ``run_id`` and ``stage`` are None only when the order was too damaged to name them; the
+    master still hears of the failure (``error``) instead of waiting for the order until its deadline.
+    """
+
+    KIND: ClassVar[str] = "order done"
+    REQUIRED: ClassVar[tuple[str, ...]] = ("order_id", "run_id", "stage", "worker", "sent", "ended")
+
+    order_id: str | None = None
+    run_id: str | None = None
+    stage: int | None = None
+    worker: str = ""
+    dropped: int = 0
+    """Arrivals not sent because ``max_in_flight`` streams were already open."""
+    sent: int = 0
+    """Requests this process started, all orders together: the master's baseline for the next stage."""
+    ended: int = 0
+    stamp: str | None = None
+    """How this order's chunks were stamped (``capture``, ``kernel``, ``recv``)."""
+    stamp_note: str | None = None
+    """Why this process gave up kernel stamps or the capture, if it did."""
+    capture: CaptureStats | None = None
+    error: str | None = None
+    records: list[dict[str, Any]] | None = None
+    """One process only: the order's records as the stage summary reads them (several stream them instead)."""
 
 
 # --------------------------------------------------------------------------------------- metadata

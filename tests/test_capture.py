@@ -24,8 +24,9 @@ import pytest
 from conftest import ROOT
 from runkit import stall_locust_mid_stage
 
+from tailgate.contracts import CaptureStats, OrderDone
 from tailgate.load.capture import SEQ_MOD, Segments, bpf_program, chunk_times, connection_key
-from tailgate.load.capturelink import CaptureLink, apply_times, capture_refusal, causal, stamp_summary
+from tailgate.load.capturelink import CaptureLink, StampUse, apply_times, capture_refusal, causal, stamp_summary
 from tailgate.load.client import StreamTiming, Target
 from tailgate.load.rxstamp import WallToClock
 from tailgate.load.sse import event_ends
@@ -124,10 +125,10 @@ def test_capture_times_replace_the_stream_stamps_and_the_read_cannot_merge_them(
 
 
 def test_stage_summary_names_the_stamps_and_adds_up_drops() -> None:
-    got = stamp_summary([{"stamp": "capture", "capture": {"drops": 2, "missed_streams": 1}},
-                         {"stamp": "kernel", "capture": None}])  # fmt: skip
-    assert got == {"chunk_stamp": "capture,kernel", "capture_drops": 2, "capture_missed_streams": 1}
-    assert stamp_summary([{"stamp": "kernel"}])["capture_drops"] is None
+    got = stamp_summary([OrderDone(stamp="capture", capture=CaptureStats(drops=2, missed_streams=1)),
+                         OrderDone(stamp="kernel", capture=None)])  # fmt: skip
+    assert got == StampUse(chunk_stamp="capture,kernel", capture_drops=2, capture_missed_streams=1)
+    assert stamp_summary([OrderDone(stamp="kernel")]).capture_drops is None
 
 
 def test_tls_is_refused_with_a_reason() -> None:

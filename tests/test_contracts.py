@@ -21,9 +21,11 @@ import pytest
 
 from tailgate import arms, resultfiles
 from tailgate.contracts import (
+    CaptureStats,
     ContractError,
     Order,
     OrderConfig,
+    OrderDone,
     OrderItem,
     RunMeta,
     SloMeta,
@@ -164,6 +166,43 @@ def test_an_order_built_by_the_master_travels_as_it_always_did_and_is_read_typed
     assert read.to_dict() == wire and list(read.to_dict()["config"]) == list(WIRE_CONFIG)
     older = Order.from_dict(_order())  # an order without the workload keys reads them as absent
     assert older.arrivals is None and older.config.endpoint is None and older.to_dict() == _order()
+
+
+def test_a_done_reply_travels_as_an_object_and_is_read_back_typed() -> None:
+    done = OrderDone(
+        order_id="0:0:1", run_id="abc", stage=0, worker="w1", dropped=2, sent=40, ended=38, stamp="capture",
+        capture=CaptureStats(packets=900, drops=1, missed_streams=0), records=[{"trace_id": 3, "stage": 0}],
+    )  # fmt: skip
+    wire = done.to_dict()
+    assert wire["capture"] == {"packets": 900, "drops": 1, "missed_streams": 0}
+    read = OrderDone.from_dict(json.loads(json.dumps(wire)))
+    assert read == done and read.capture == CaptureStats(packets=900, drops=1, missed_streams=0)
+    failed = OrderDone.from_dict({**wire, "order_id": None, "stage": None, "capture": None, "error": "E: x"})
+    assert failed.capture is None and failed.error == "E: x"
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"order_id": "0:0:0", "run_id": "r", "stage": 0, "worker": "w"}, "order done lacks 'sent', 'ended'"),
+        ({"order_id": "0", "run_id": "r", "stage": "0", "worker": "w", "sent": 1, "ended": 1},
+         "order done key 'stage' should be int or null"),
+        ({"order_id": "0", "run_id": "r", "stage": 0, "worker": "w", "sent": 1, "ended": 1, "capture": {"drops": "1"}},
+         "capture stats key 'drops' should be int"),
+    ],
+)  # fmt: skip
+def test_a_wrong_done_reply_fails_with_one_line_naming_the_key(data: dict[str, Any], expected: str) -> None:
+    with pytest.raises(ContractError) as e:
+        OrderDone.from_dict(data, source="load process w")
+    assert "\n" not in str(e.value) and str(e.value).startswith("load process w") and expected in str(e.value)
+
+
+def test_a_summary_built_in_code_writes_its_notes_only_when_they_apply() -> None:
+    fresh = StageSummary(arm="continuous", n=3, started="t", rate_or_batch=5.0)
+    assert "prefix_cache_warning" not in fresh.to_dict() and "reconciled" not in fresh.to_dict()
+    assert "never_sent" in fresh.to_dict()  # every other declared key is written, null when unknown
+    noted = fresh.with_(reconciled=True, prefix_cache_warning="cached")
+    assert list(noted.to_dict())[-1] == "reconciled" and noted.to_dict()["prefix_cache_warning"] == "cached"
 
 
 # ------------------------------------------------------------------------------------------ validation

@@ -87,7 +87,7 @@ def test_the_report_names_the_cell_where_the_server_paused_every_stream(tmp_path
 def test_the_engines_own_count_of_slow_gaps_comes_from_its_histogram() -> None:
     """vLLM's buckets jump from 0.2 to 0.3 s: the edge used is the first at or above 0.25 s, and named."""
     from tailgate.load.metrics import parse_exposition
-    from tailgate.load.stage_workload import slow_gaps
+    from tailgate.load.stage_workload import SlowGaps, slow_gaps
 
     def exposition(below: float, total: float) -> str:
         rows = [(0.2, below - 5), (0.3, below), (0.5, below + 1), ("+Inf", total)]
@@ -98,7 +98,7 @@ def test_the_engines_own_count_of_slow_gaps_comes_from_its_histogram() -> None:
 
     before, after = parse_exposition(exposition(100, 104), 1.0), parse_exposition(exposition(180, 190), 2.0)
     assert (after.itl_slow_edge_s, after.itl_count, after.itl_slow) == (0.3, 190, 10)
-    assert slow_gaps(before, after) == {"server_slow_gaps_delta": 6, "server_slow_gap_edge_s": 0.3}
-    assert slow_gaps(after, before) == {"server_slow_gaps_delta": None, "server_slow_gap_edge_s": None}  # reset
-    assert slow_gaps(None, after)["server_slow_gaps_delta"] is None  # no read before the stage: absent, not 0
+    assert slow_gaps(before, after) == SlowGaps(server_slow_gaps_delta=6, server_slow_gap_edge_s=0.3)
+    assert slow_gaps(after, before) == SlowGaps(server_slow_gaps_delta=None, server_slow_gap_edge_s=None)  # reset
+    assert slow_gaps(None, after).server_slow_gaps_delta is None  # no read before the stage: absent, not 0
     assert parse_exposition("vllm:num_requests_running 3\n").itl_slow is None

@@ -85,10 +85,12 @@ def from_files(results: Path, summary: dict[str, Any]) -> dict[str, Any]:
     )  # fmt: skip
     out = {k: figures[k] for k in RECORD_FIGURES}
     stage = cast(Stage, SimpleNamespace(index=summary["stage"], size=summary["planned"], arm=summary["arm"]))
-    out.update(stage_accounting(results, stage, records))
+    accounting = stage_accounting(results, stage, records)
+    out.update({k: getattr(accounting, k) for k in ("planned", "sent", "recorded", "lost_in_flight", "never_sent")})
+    out["ran_short"] = accounting.ran_short
     workload = SimpleNamespace(prompts=summary["prompts"], endpoint=summary["endpoint"], arrivals="poisson")
     checked = workload_summary(cast(Any, workload), stage, records, None, None)
-    out.update({k: v for k, v in checked.items() if k.startswith("prompt_tokens_")})
+    out.update({k: v for k, v in vars(checked).items() if k.startswith("prompt_tokens_")})
     start, end = min(r["sent_s"] for r in records), max(r["end_s"] for r in records)
     chunks = sum(int(r.get("chunks") or 0) for r in records)
     out.update({

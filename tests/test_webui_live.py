@@ -163,8 +163,6 @@ def test_the_tab_counts_sends_as_the_analysis_does(tmp_path: Path) -> None:
     # stop on, and in the summary, dropped is what the load processes reported refusing: one definition
     session.stopping = True
     assert live.snapshot()["stages"][0]["dropped"] == 0
-    session.summaries = {
-        0: StageSummary(partial=True, dropped_arrivals=0, preemptions_delta=None, extra={"never_sent": 3})
-    }
+    session.summaries = {0: StageSummary(partial=True, dropped_arrivals=0, preemptions_delta=None, never_sent=3)}
     snap = live.snapshot()["stages"][0]
     assert (snap["dropped"], snap["never_sent"]) == (0, 3)

@@ -15,8 +15,11 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
+from tailgate.contracts import CaptureStats, OrderDone
 from tailgate.load.capture import chunk_times
 from tailgate.load.client import StreamTiming, Target
 from tailgate.stats import worst_gap
@@ -153,7 +156,7 @@ class StampSource:
             return
         apply_times(timing, times)
 
-    def stats(self) -> dict[str, Any] | None:
+    def stats(self) -> CaptureStats | None:
         """Segments the capture saw and dropped during this order, and the streams it could not account for."""
         if not self.capture or self.link is None:
             return None
@@ -163,7 +166,7 @@ class StampSource:
             return None
         packets, drops = int(got.get("packets") or 0), int(got.get("drops") or 0)
         seen, self._seen = self._seen, (packets, drops)
-        return {"packets": packets - seen[0], "drops": drops - seen[1], "missed_streams": self.missed}
+        return CaptureStats(packets=packets - seen[0], drops=drops - seen[1], missed_streams=self.missed)
 
     def close(self) -> None:
         if self.link is not None:
@@ -171,15 +174,27 @@ class StampSource:
             self.link = None
 
 
-def stamp_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """A stage's stamp source as its load processes used it, and what their captures dropped or missed."""
-    stamps = sorted({str(r["stamp"]) for r in results if r.get("stamp")})
-    caps = [r["capture"] for r in results if r.get("capture")]
-    return {
-        "chunk_stamp": ",".join(stamps) or None,
-        "capture_drops": sum(int(c.get("drops") or 0) for c in caps) if caps else None,
-        "capture_missed_streams": sum(int(c.get("missed_streams") or 0) for c in caps) if caps else None,
-    }
+@dataclass(frozen=True)
+class StampUse:
+    """A stage's stamp sources as its load processes used them, and what their captures dropped or missed;
+    named as the stage summary names them."""
+
+    chunk_stamp: str | None
+    capture_drops: int | None
+    """None when no process captured: no capture, not a capture without drops."""
+    capture_missed_streams: int | None
+
+
+def stamp_summary(results: Iterable[OrderDone]) -> StampUse:
+    """Every source any process used, joined, so a stage stamped two ways says so."""
+    done = list(results)
+    stamps = sorted({r.stamp for r in done if r.stamp})
+    caps = [r.capture for r in done if r.capture is not None]
+    return StampUse(
+        chunk_stamp=",".join(stamps) or None,
+        capture_drops=sum(c.drops for c in caps) if caps else None,
+        capture_missed_streams=sum(c.missed_streams for c in caps) if caps else None,
+    )
 
 
 CAUSAL_SLACK_NS = 20_000_000
@@ -220,4 +235,4 @@ def apply_times(timing: StreamTiming, times: list[int]) -> None:
         timing.chunk_ns = times
 
 
-__all__ = ["CaptureLink", "StampSource", "apply_times", "capture_refusal", "causal", "stamp_summary"]
+__all__ = ["CaptureLink", "StampSource", "StampUse", "apply_times", "capture_refusal", "causal", "stamp_summary"]

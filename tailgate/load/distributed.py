@@ -40,6 +40,7 @@ import secrets
 import socket
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -238,12 +239,23 @@ def to_master_clock(row: dict[str, Any], offset_s: float) -> dict[str, Any]:
     return row
 
 
+@dataclass(frozen=True)
+class ClockReading:
+    """A load process's clock against the master's, from the fastest of several round trips (the one a
+    queue delayed least)."""
+
+    offset_s: float
+    """The process's wall clock minus the master's, at the midpoint of the round trip."""
+    rtt_s: float
+    rounds: int
+
+
 class ClockSync:
     """Offsets of workers' wall clocks from the master's (worker minus master), by minimum RTT."""
 
     def __init__(self, runner: Any) -> None:
         self.runner = runner
-        self.offsets: dict[str, dict[str, float]] = {}
+        self.offsets: dict[str, ClockReading] = {}
         self._replies: dict[str, tuple[float, float, float]] = {}
         self._event = Event()
 
@@ -251,7 +263,7 @@ class ClockSync:
         self._replies[f"{node}:{data.get('seq')}"] = (float(data["t_master"]), time.time(), float(data["t_worker"]))
         self._event.set()
 
-    def measure(self, node: str, rounds: int = SYNC_ROUNDS) -> dict[str, float] | None:
+    def measure(self, node: str, rounds: int = SYNC_ROUNDS) -> ClockReading | None:
         """None when any round goes unanswered: a node that cannot answer now must not take a stage."""
         best: tuple[float, float] | None = None
         for seq in range(rounds):
@@ -270,13 +282,13 @@ class ClockSync:
                 best = (rtt, tw - (t1 + t2) / 2)
         if best is None:
             return None
-        result = {"offset_s": best[1], "rtt_s": best[0], "rounds": rounds}
+        result = ClockReading(offset_s=best[1], rtt_s=best[0], rounds=rounds)
         self.offsets[node] = result
         return result
 
     def offset(self, node: str) -> float:
         entry = self.offsets.get(node)
-        return 0.0 if entry is None else entry["offset_s"]
+        return 0.0 if entry is None else entry.offset_s
 
 
 class MasterSink:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from gevent.event import Event
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,48 @@ READY_TIMEOUT_S = 60.0
 """How long a run waits for every expected load process to report ready before it goes with those that did."""
 
 
+@dataclass(frozen=True)
+class ClockCheck:
+    """One round-trip measurement of a load process's clock, taken just before a stage."""
+
+    stage: str
+    t: float
+    offset_ms: float
+    rtt_ms: float
+
+
+@dataclass
+class LoadProcess:
+    """One load process of a distributed run as ``run.json``'s ``workers`` lists it: its name, its clock
+    against the master's stage by stage, when it joined, how it stamped chunks, and its loss if any."""
+
+    worker: str
+    clock_offset_ms: float
+    clock_rtt_ms: float
+    clock_rounds: int
+    joined_stage: str
+    lost: str | None = None
+    clock_by_stage: list[ClockCheck] = field(default_factory=list)
+    clock_drift_ppm: float | None = None
+    """How fast its clock moved against the master's; None until two stages measured it apart in time."""
+    chunk_stamp: str | None = None
+    """Absent from the file until an order's DONE says how this process stamped chunks."""
+    chunk_stamp_note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "worker": self.worker, "clock_offset_ms": self.clock_offset_ms, "clock_rtt_ms": self.clock_rtt_ms,
+            "clock_rounds": self.clock_rounds, "joined_stage": self.joined_stage, "lost": self.lost,
+            "clock_by_stage": [dataclasses.asdict(c) for c in self.clock_by_stage],
+            "clock_drift_ppm": self.clock_drift_ppm,
+        }  # fmt: skip
+        if self.chunk_stamp is not None:
+            out["chunk_stamp"] = self.chunk_stamp
+        if self.chunk_stamp_note is not None:
+            out["chunk_stamp_note"] = self.chunk_stamp_note
+        return out
+
+
 class WorkersLost(Exception):
     """No load process is left to take a stage."""
 
@@ -43,7 +87,7 @@ class WorkerRoster:
     meta: dict[str, Any]
     clock: ClockSync
     on_worker_loss: str
-    workers: dict[str, dict[str, Any]]
+    workers: dict[str, LoadProcess]
     lost: dict[str, str]
     refused: dict[str, str]
     _local: bool
@@ -52,6 +96,10 @@ class WorkerRoster:
     _ready_event: Event
     gate: PeerGate | None
     written_off: Callable[[str], None] | None
+
+    def workers_json(self) -> dict[str, dict[str, Any]]:
+        """``run.json``'s ``workers``: every load process that took a stage, by node id."""
+        return {node: w.to_json() for node, w in self.workers.items()}
 
     def _refusals(self) -> None:
         """Peers that answered the challenge without the key in force: named once, listed, given nothing."""
@@ -110,7 +158,7 @@ class WorkerRoster:
             if reason:  # went between stages: nothing of it was in flight
                 self._mark_lost(node, reason)
                 if node in self.workers:
-                    self.workers[node]["lost"] = f"before {stage.label}: {reason}"
+                    self.workers[node].lost = f"before {stage.label}: {reason}"
                 log.error("tailgate: load process %s lost before %s (%s)", self._ready[node], stage.label, reason)
                 if self.on_worker_loss == "stop":
                     raise WorkersLost(f"load process {self._ready[node]} lost before {stage.label} "
@@ -130,30 +178,29 @@ class WorkerRoster:
                 reason = "did not answer a clock round trip before the stage"
                 self._mark_lost(node, reason)
                 if not joined:
-                    self.workers[node]["lost"] = f"before {stage.label}: {reason}"
+                    self.workers[node].lost = f"before {stage.label}: {reason}"
                 log.error("tailgate: load process %s %s %s; left out", self._ready[node], reason, stage.label)
                 if self.on_worker_loss == "stop" and not joined:
                     raise WorkersLost(f"load process {self._ready[node]} lost before {stage.label} "
                                       "(--on-worker-loss stop)")  # fmt: skip
                 continue
-            offset_ms, rtt_ms = round(measured["offset_s"] * 1000, 3), round(measured["rtt_s"] * 1000, 3)
+            offset_ms, rtt_ms = round(measured.offset_s * 1000, 3), round(measured.rtt_s * 1000, 3)
             if joined:
-                self.workers[node] = {
-                    "worker": self._ready[node], "clock_offset_ms": offset_ms, "clock_rtt_ms": rtt_ms,
-                    "clock_rounds": measured["rounds"], "joined_stage": stage.label, "lost": None,
-                    "clock_by_stage": [], "clock_drift_ppm": None,
-                }  # fmt: skip
+                self.workers[node] = LoadProcess(
+                    worker=self._ready[node], clock_offset_ms=offset_ms, clock_rtt_ms=rtt_ms,
+                    clock_rounds=measured.rounds, joined_stage=stage.label,
+                )  # fmt: skip
                 log.info("tailgate: load process %s: clock offset %+.3f ms (RTT %.3f ms)", self._ready[node],
                          offset_ms, rtt_ms)  # fmt: skip
             w = self.workers[node]
-            w["clock_offset_ms"], w["clock_rtt_ms"] = offset_ms, rtt_ms
-            history = w.setdefault("clock_by_stage", [])
-            history.append({"stage": stage.label, "t": round(time.time(), 3), "offset_ms": offset_ms, "rtt_ms": rtt_ms})
-            if len(history) > 1 and history[-1]["t"] > history[0]["t"]:
-                span = history[-1]["t"] - history[0]["t"]
-                moved_s = (history[-1]["offset_ms"] - history[0]["offset_ms"]) / 1000
-                w["clock_drift_ppm"] = round(moved_s / span * 1e6, 1)
-        self.meta["workers"] = self.workers
+            w.clock_offset_ms, w.clock_rtt_ms = offset_ms, rtt_ms
+            history = w.clock_by_stage
+            history.append(ClockCheck(stage=stage.label, t=round(time.time(), 3), offset_ms=offset_ms, rtt_ms=rtt_ms))
+            if len(history) > 1 and history[-1].t > history[0].t:
+                span = history[-1].t - history[0].t
+                moved_s = (history[-1].offset_ms - history[0].offset_ms) / 1000
+                w.clock_drift_ppm = round(moved_s / span * 1e6, 1)
+        self.meta["workers"] = self.workers_json()
         write_json(self.folder / RUN_META, self.meta)
         nodes = [n for n in nodes if n not in self.lost]
         if not nodes:

@@ -13,6 +13,7 @@ import os
 import platform
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +38,34 @@ def write_json(path: Path, obj: Any) -> None:
     tmp.replace(path)
 
 
-def stage_accounting(folder: Path, stage: Stage, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Where every planned arrival of a stage went: ``planned = recorded + lost_in_flight + never_sent``.
+@dataclass(frozen=True)
+class StageAccounting:
+    """Where every planned arrival of a stage went: ``planned = recorded + lost_in_flight + never_sent``."""
 
-    ``sent`` is the send journal (written before each send; by the master for workers), so a stopped
-    or broken stage says how much of its plan never went out, not only what was recorded."""
+    planned: int
+    sent: int
+    """From the send journal (written before each send; by the master for workers), so a stopped or broken
+    stage says how much of its plan never went out, not only what was recorded."""
+    recorded: int
+    lost_in_flight: int
+    never_sent: int
+
+    @property
+    def ran_short(self) -> bool:
+        """Part of the stage never went out or never came back."""
+        return self.sent < self.planned or self.lost_in_flight > 0
+
+
+def stage_accounting(folder: Path, stage: Stage, records: list[dict[str, Any]]) -> StageAccounting:
+    """A worker's lost in-flight requests are records (``worker_lost``); the rest of what was lost in flight
+    is journaled as sent without a record."""
     sent = {key for key in read_sent(folder) if key[0] == stage.index}
     keys = {(r.get("stage"), r.get("trace_id")) for r in records}
     lost = sum(1 for r in records if r.get("error_class") == WORKER_LOST)
-    return {
-        "planned": stage.size, "sent": len(sent), "recorded": len(records) - lost,
-        "lost_in_flight": lost + len(sent - keys), "never_sent": stage.size - len(sent),
-        # the stage did not run as planned: part of it never went out or never came back
-        "ran_short": len(sent) < stage.size or lost + len(sent - keys) > 0,
-    }  # fmt: skip
+    return StageAccounting(
+        planned=stage.size, sent=len(sent), recorded=len(records) - lost,
+        lost_in_flight=lost + len(sent - keys), never_sent=stage.size - len(sent),
+    )  # fmt: skip
 
 
 def run_metadata(

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tailgate.arms import arm as arm_of
-from tailgate.contracts import Order, OrderConfig, RunStatus, StageSummary
+from tailgate.contracts import ContractError, Order, OrderConfig, OrderDone, RunStatus, StageSummary
 from tailgate.hoststeal import cpu_counters, steal_share
 from tailgate.load.capturelink import stamp_summary
 from tailgate.load.console import summary_line
@@ -40,7 +40,7 @@ from tailgate.load.options import Settings
 from tailgate.load.peers import PeerGate
 from tailgate.load.plan import Stage, share
 from tailgate.load.processes import processes_for
-from tailgate.load.roster import WorkerRoster, WorkersLost
+from tailgate.load.roster import LoadProcess, WorkerRoster, WorkersLost
 from tailgate.load.runfiles import iso, run_metadata, stage_accounting, write_json
 from tailgate.load.sidecars import (
     REPORT_INTERRUPTED,
@@ -116,7 +116,7 @@ class RunSession(WorkerRoster):
         self._sampler: subprocess.Popen[bytes] | None = None
         self._ready: dict[str, str] = {}
         self._ready_event = Event()
-        self._done: dict[str, dict[str, Any]] = {}
+        self._done: dict[str, OrderDone] = {}
         self._done_event = Event()
         self._waiting_for: set[str] = set()
         self._counts: dict[str, tuple[int, int]] = {}
@@ -133,7 +133,7 @@ class RunSession(WorkerRoster):
         self._late_pending: set[int] = set()
         self.stamp_notes: dict[str, str] = {}
         """Load process -> why it stamps chunks when read instead of with kernel stamps (clocks disagree)."""
-        self.workers: dict[str, dict[str, Any]] = {}
+        self.workers: dict[str, LoadProcess] = {}
         """Per load process: its name, clock offset and RTT, the stage it joined at, and a loss if any."""
         self.lost: dict[str, str] = {}
         self.worker_errors: list[str] = []
@@ -217,7 +217,7 @@ class RunSession(WorkerRoster):
             self.sink.close()
         self.status = status
         self.meta.update({
-            "workers": self.workers, "workers_lost": self.lost, "worker_errors": self.worker_errors,
+            "workers": self.workers_json(), "workers_lost": self.lost, "worker_errors": self.worker_errors,
             "on_worker_loss": self.on_worker_loss, "workers_refused": self.refused,
             "chunk_stamp_notes": self.stamp_notes,
         })  # fmt: skip
@@ -264,29 +264,35 @@ class RunSession(WorkerRoster):
         self.natural_end = True
         self._end(status)
 
-    def on_done(self, node_id: str, data: dict[str, Any]) -> None:
-        if data.get("run_id") not in (None, self.run_id):
+    def on_done(self, node_id: str, data: object) -> None:
+        try:
+            done = OrderDone.from_dict(data, source=f"load process {self._ready.get(node_id, node_id)}")
+        except ContractError as e:  # said once; the order is then waited for as if no DONE had come
+            self.worker_errors.append(str(e))
+            log.error("tailgate: %s", e)
+            return
+        if done.run_id not in (None, self.run_id):
             return  # a cancelled order of an earlier run
-        if data.get("records"):  # one process: the order's records come with its DONE (several: streamed)
-            self.tally.add_many(data["records"])
-        stage = data.get("stage")
+        if done.records:  # one process: the order's records come with its DONE (several: streamed)
+            self.tally.add_many(done.records)
         if node_id in self.lost:
             return  # its share was closed already: written as worker_lost or never sent
-        if data.get("error"):
-            line = f"load process {data.get('worker', node_id)} failed: {data['error']}"
+        worker = done.worker or node_id
+        if done.error:
+            line = f"load process {worker} failed: {done.error}"
             self.worker_errors.append(line)
             log.error("tailgate: %s", line)
-        if isinstance(stage, int):
-            self.dropped[stage] = self.dropped.get(stage, 0) + int(data.get("dropped") or 0)
-        if data.get("stamp_note"):
-            self.stamp_notes[str(data.get("worker", node_id))] = str(data["stamp_note"])
-        if node_id in self.workers and data.get("stamp"):
-            self.workers[node_id]["chunk_stamp"] = data.get("stamp")
-        if data.get("stamp_note") and node_id in self.workers:
-            self.workers[node_id]["chunk_stamp_note"] = data["stamp_note"]
-        self._done[node_id] = data
-        if "sent" in data:  # exact counters at the end of each order, so a stage's baseline is never stale
-            self._counts[node_id] = (int(data["sent"]), int(data["ended"]))
+        if done.stage is not None:
+            self.dropped[done.stage] = self.dropped.get(done.stage, 0) + done.dropped
+        if done.stamp_note:
+            self.stamp_notes[worker] = done.stamp_note
+        if node_id in self.workers and done.stamp:
+            self.workers[node_id].chunk_stamp = done.stamp
+        if done.stamp_note and node_id in self.workers:
+            self.workers[node_id].chunk_stamp_note = done.stamp_note
+        self._done[node_id] = done
+        # exact counters at the end of each order, so a stage's baseline is never stale
+        self._counts[node_id] = (done.sent, done.ended)
         if self._waiting_for <= set(self._done):
             self._done_event.set()
 
@@ -386,7 +392,7 @@ class RunSession(WorkerRoster):
         self.lost_in.setdefault(node, order.stage)
         name = self._ready.get(node, node)
         if node in self.workers:
-            self.workers[node]["lost"] = f"{order.stage_label}: {reason}"
+            self.workers[node].lost = f"{order.stage_label}: {reason}"
         line = (f"load process {name} lost in {order.stage_label} ({reason}): {in_flight} request(s) in flight "
                 f"recorded as {WORKER_LOST}, {never} arrival(s) never sent; "
                 + ("the run goes on with the others" if self.on_worker_loss == "continue" else
@@ -407,64 +413,75 @@ class RunSession(WorkerRoster):
         partial: bool,
         lost: list[str] | None = None,
     ) -> StageSummary:
-        """The stage's summary, written to its file and kept for run.json and the web UI. The producers it is
-        gathered from (the percentile rules, the accounting, the workload's checks) each give their keys as
-        the file holds them; the summary is typed once they are together."""
+        """The stage's summary, written to its file and kept for run.json and the web UI.
+
+        The percentile rules give their figures by name, as the analysis computes them from the same table
+        (:data:`tailgate.stats.PERCENTILE_RULES`); they are checked against the contract once, and every other
+        part (the window, the counters, the accounting, the workload, the stamps) is a typed value of its own."""
         s = self.settings
         stage_start = self.stage_started.get(stage.index, time.time())
         before = self.before.get(stage.index)
         pre = None if before is None else before.preemptions_total
         post = None if after is None else after.preemptions_total
         delta = (post - pre) if pre is not None and post is not None else None
+        reset = delta is not None and delta < 0  # the counter went backwards: the server restarted mid-stage
         self._after[stage.index] = after
-        summary = summarize_stage(
+        figures = StageSummary.from_dict(summarize_stage(
             records, arm=stage.arm, rate_or_batch=stage.rate_or_batch, started=iso(stage_start),
-            warmup=stage.warmup, warmup_rule=s.warmup_rule, preemptions_delta=delta,
-        )  # fmt: skip
-        summary.update(
-            {
-                "stage": stage.index, "stage_label": stage.label, "config": s.config_label, "run_id": self.run_id,
-                "partial": partial,
-                "window_start_s": min([r["sent_s"] for r in records] or [stage_start]),
-                "window_end_s": max([r["end_s"] for r in records] or [time.time()]),
-                "planned": stage.size, "dropped_arrivals": self.dropped.get(stage.index, 0),
-                "preemptions_before": pre, "preemptions_after": post,
-                "preemptions_before_t": None if before is None else before.t,
-                "preemptions_after_t": None if after is None else after.t,
-                "preemptions_source": "direct_scrape" if delta is not None else None,
-                "preemption_counter_reset": bool(delta is not None and delta < 0),
-                "metrics_url": s.metrics_url,
-                "target_rate": stage.rate_or_batch if arm_of(stage.arm).open_loop else None,
-            }
-        )  # fmt: skip
-        summary.update(stage_accounting(self.folder, stage, records))
-        summary.update(workload_summary(s, stage, records, before, after))
-        if summary.get("prefix_cache_warning"):
-            log.warning("tailgate: %s: %s", stage.label, summary["prefix_cache_warning"])
-        summary["workers_lost"] = list(lost or [])
+            warmup=stage.warmup, warmup_rule=s.warmup_rule, preemptions_delta=None if reset else delta,
+        ), source=f"{stage.label} summary")  # fmt: skip
+        window_start = min([r["sent_s"] for r in records] or [stage_start])
+        window_end = max([r["end_s"] for r in records] or [time.time()])
+        span = window_end - window_start
+        chunks = sum(int(r.get("chunks") or 0) for r in records)
+        accounting = stage_accounting(self.folder, stage, records)
+        workload = workload_summary(s, stage, records, before, after)
+        if workload.prefix_cache_warning:
+            log.warning("tailgate: %s: %s", stage.label, workload.prefix_cache_warning)
         negative = sum(1 for r in records for k in ("ttft_ms", "total_ms", "worst_gap_ms") if (r.get(k) or 0) < 0)
-        summary["negative_latencies"] = negative
         if negative:  # stamps from two clocks that disagree; the load processes guard against it, this says so
             log.error("tailgate: %s: %d negative latency value(s) in the records: a clock disagreed with another "
                       "(see run.json chunk_stamp_notes); these percentiles are not to be trusted", stage.label,
                       negative)  # fmt: skip
-        span = summary["window_end_s"] - summary["window_start_s"]
-        chunks = sum(int(r.get("chunks") or 0) for r in records)
-        summary["chunks_per_s"] = round(chunks / span, 1) if span > 0 else None
-        summary["load_processes"] = 1 if self._local else self._ran(stage.index)
-        summary.update(stamp_summary(list(self._done.values())))
-        # what the report suggests when this stage fell behind its schedule
-        summary["processes_to_keep_up"] = processes_for(chunks / span, s.chunk_stamp) if span > 0 else None
-        # this machine's CPU time the hypervisor took during the stage (the coordinator's host)
-        summary["host_steal_share"] = steal_share(self.stage_cpu.get(stage.index), cpu_counters())
-        if delta is not None and delta < 0:
-            # the counter went backwards: the server restarted mid-stage; a negative delta is meaningless
-            summary["preemptions_delta"] = None
+        if reset:
             log.warning("tailgate: %s: preemption counter fell %s -> %s (server restarted?)", stage.label, pre, post)
-        typed = StageSummary.from_dict(summary)
-        self.summaries[stage.index] = typed
-        write_json(self.folder / summary_file(stage.label), typed.to_dict())
-        return typed
+        stamps = stamp_summary(self._done.values())
+        summary = dataclasses.replace(
+            figures, key_order=(),  # a new summary: written in the contract's declared order
+            sent=accounting.sent,
+            stage=stage.index, stage_label=stage.label, config=s.config_label, run_id=self.run_id, partial=partial,
+            window_start_s=window_start, window_end_s=window_end,
+            planned=accounting.planned, dropped_arrivals=self.dropped.get(stage.index, 0),
+            preemptions_before=pre, preemptions_after=post,
+            preemptions_before_t=None if before is None else before.t,
+            preemptions_after_t=None if after is None else after.t,
+            preemptions_source="direct_scrape" if delta is not None else None, preemption_counter_reset=reset,
+            metrics_url=s.metrics_url, target_rate=stage.rate_or_batch if arm_of(stage.arm).open_loop else None,
+            recorded=accounting.recorded, lost_in_flight=accounting.lost_in_flight,
+            never_sent=accounting.never_sent, ran_short=accounting.ran_short,
+            prompts=workload.prompts, endpoint=workload.endpoint, arrivals=workload.arrivals,
+            prefix_cache_queries_delta=workload.prefix_cache_queries_delta,
+            prefix_cache_hits_delta=workload.prefix_cache_hits_delta,
+            prefix_cache_hit_rate=workload.prefix_cache_hit_rate, prefix_caching=workload.prefix_caching,
+            server_slow_gaps_delta=workload.slow.server_slow_gaps_delta,
+            server_slow_gap_edge_s=workload.slow.server_slow_gap_edge_s,
+            prefix_cache_warning=workload.prefix_cache_warning,
+            prompt_tokens_checked=workload.prompt_tokens_checked, prompt_tokens_exact=workload.prompt_tokens_exact,
+            prompt_tokens_diff_max=workload.prompt_tokens_diff_max,
+            prompt_tokens_diff_mean=workload.prompt_tokens_diff_mean,
+            workers_lost=list(lost or []), negative_latencies=negative,
+            chunks_per_s=round(chunks / span, 1) if span > 0 else None,
+            load_processes=1 if self._local else self._ran(stage.index),
+            chunk_stamp=stamps.chunk_stamp, capture_drops=stamps.capture_drops,
+            capture_missed_streams=stamps.capture_missed_streams,
+            # what the report suggests when this stage fell behind its schedule
+            processes_to_keep_up=processes_for(chunks / span, s.chunk_stamp) if span > 0 else None,
+            # this machine's CPU time the hypervisor took during the stage (the coordinator's host)
+            host_steal_share=steal_share(self.stage_cpu.get(stage.index), cpu_counters()),
+        )  # fmt: skip
+        self.summaries[stage.index] = summary
+        write_json(self.folder / summary_file(stage.label), summary.to_dict())
+        return summary
 
     def _ran(self, stage_index: int) -> int:
         """Processes that ran this stage to its end: those it was split over, less those lost in it."""
@@ -486,13 +503,16 @@ class RunSession(WorkerRoster):
         if old is None or stage is None:
             return  # not summarized yet: its summary counts these records when it is
         records = self.tally.records(stage_index)
-        summary = self._summarize(stage, records, self._after.get(stage_index), partial=bool(old.partial),
-                                  lost=old.workers_lost).with_(reconciled=True)  # fmt: skip
+        summary = dataclasses.replace(
+            self._summarize(stage, records, self._after.get(stage_index), partial=bool(old.partial),
+                            lost=old.workers_lost),
+            reconciled=True,
+        )  # fmt: skip
         self.summaries[stage_index] = summary
         write_json(self.folder / summary_file(stage.label), summary.to_dict())
-        log.warning("tailgate: %s: a load process written off sent more; summary reconciled: %d sent, %d recorded, "
-                    "%d lost in flight, %d never sent", stage.label, summary.sent, summary.get("recorded"),
-                    summary.get("lost_in_flight"), summary.get("never_sent"))  # fmt: skip
+        log.warning("tailgate: %s: a load process written off sent more; summary reconciled: %s sent, %s recorded, "
+                    "%s lost in flight, %s never sent", stage.label, summary.sent, summary.recorded,
+                    summary.lost_in_flight, summary.never_sent)  # fmt: skip
 
     def _progress(self, stage: Stage, baseline: tuple[int, int]) -> None:
         """Requests sent and ended so far in this stage, counted in memory by the load processes."""

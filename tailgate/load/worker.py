@@ -24,7 +24,7 @@ from collections import deque
 from typing import Any
 
 from tailgate import arms
-from tailgate.contracts import Order, OrderConfig
+from tailgate.contracts import Order, OrderConfig, OrderDone
 from tailgate.load import distributed
 from tailgate.load.arrivals import DEFAULT_ARRIVALS
 from tailgate.load.batch import BatchGate
@@ -210,17 +210,22 @@ class OrderRunner:
                 log.exception("tailgate: order %s failed in %s", order.get("order_id"), self.worker)
                 self.cancel()
                 self.cancelled = False
-                result = {
-                    "order_id": order.get("order_id"), "run_id": order.get("run_id"), "stage": order.get("stage"),
-                    "worker": self.worker, "dropped": 0, "error": f"{type(e).__name__}: {e}",
-                    "sent": self.sent, "ended": self.ended,
-                }  # fmt: skip
-                if self._rows is not None:  # what it recorded before failing still counts in the summary
-                    result["records"] = self._rows
+                result = self._failed(order, f"{type(e).__name__}: {e}")
             finally:
                 self.busy = False
             self.flush()
-            send(DONE_MESSAGE, result)
+            send(DONE_MESSAGE, result.to_dict())
+
+    def _failed(self, message: dict[str, Any], error: str) -> OrderDone:
+        """The DONE of an order that failed, named by what its message held (it may have failed its contract);
+        what it recorded before failing still counts in the summary."""
+        order_id, run_id, stage = (message.get(k) for k in ("order_id", "run_id", "stage"))
+        return OrderDone(
+            order_id=order_id if isinstance(order_id, str) else None,
+            run_id=run_id if isinstance(run_id, str) else None,
+            stage=stage if type(stage) is int else None,
+            worker=self.worker, error=error, sent=self.sent, ended=self.ended, records=self._rows,
+        )  # fmt: skip
 
     def _writer(self, results_dir: str) -> tuple[Any, Any]:
         """A record file and send journal here, or, in a Locust worker, the stream to the master (the
@@ -274,7 +279,7 @@ class OrderRunner:
             if isinstance(writer, distributed.WorkerStream):
                 writer.flush()
 
-    def run(self, message: dict[str, Any]) -> dict[str, Any]:
+    def run(self, message: dict[str, Any]) -> OrderDone:
         """Dispatch one order open-loop, wait for all its requests, return its DONE reply."""
         order = Order.from_dict(message)
         cfg = order.config
@@ -373,15 +378,13 @@ class OrderRunner:
             quiet.end()
             if progress is not None:
                 progress.kill(block=False)
-        done = {
-            "order_id": order.order_id, "run_id": order.run_id, "stage": order.stage, "worker": self.worker,
-            "dropped": dropped, "sent": self.sent, "ended": self.ended,
-            "stamp": "capture" if capture else self.stamp, "stamp_note": self.stamp_note or self.stamps.note,
-            "capture": self.stamps.stats(),
-        }  # fmt: skip
-        if finished is not None:  # one process: the summary's records go with the DONE, in memory
-            done["records"] = finished
-        return done
+        return OrderDone(
+            order_id=order.order_id, run_id=order.run_id, stage=order.stage, worker=self.worker,
+            dropped=dropped, sent=self.sent, ended=self.ended,
+            stamp="capture" if capture else self.stamp, stamp_note=self.stamp_note or self.stamps.note,
+            capture=self.stamps.stats(),
+            records=finished,  # one process: the summary's records go with the DONE, in memory
+        )  # fmt: skip
 
     def _one(
         self,
