@@ -23,7 +23,6 @@ import numpy as np
 import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
-from tailgate.contracts import RunStatus
 from tailgate.postprocess import charts
 from tailgate.postprocess.accounting import COLUMNS as ACCOUNTING
 from tailgate.postprocess.accounting import account
@@ -37,6 +36,7 @@ from tailgate.postprocess.runfolders import RunDir, find_run_dirs, load_records,
 from tailgate.postprocess.table import choose_decision_rate, summary_table, table_context, write_table
 from tailgate.postprocess.tableview import NOT_A_MEASUREMENT, PARTIAL, cell_marks
 from tailgate.resultfiles import DIAGNOSIS, REPORT_DIR, REPORT_HTML
+from tailgate.runmeta import RunStatus
 from tailgate.serverconfigs import engine_default, preempting
 
 PARALLEL_CHART_RECORDS = 200_000

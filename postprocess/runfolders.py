@@ -24,11 +24,12 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from tailgate.arms import OPEN_LOOP, cell_name, value_text
-from tailgate.contracts import C, ContractError, RunMeta, RunStatus, StageSummary
+from tailgate.contracts import C, ContractError, StageSummary
 from tailgate.jsonl import parse_lines
 from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.records import RECORD_FIELDS, WORKLOAD_DEFAULTS, record_files
 from tailgate.resultfiles import RUN_META, SENT_GLOB, SERVER_METRICS, SUMMARY_GLOB
+from tailgate.runmeta import RunMeta, RunStatus
 from tailgate.serverconfigs import CONFIGS, DEFAULT
 
 #: Record fields left out of the analysis frame: never analysed here (per-chunk offsets, response

@@ -16,14 +16,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 from markupsafe import Markup
 from matplotlib.figure import Figure
 
-from tailgate.contracts import ContractError, SloMeta
+from tailgate.contracts import ContractError
 from tailgate.postprocess import charts
 from tailgate.postprocess.diagnosis import (
     FLAT_GAP_RATIO,
@@ -37,6 +37,7 @@ from tailgate.postprocess.slofitted import fitted_cell, fitted_curves
 from tailgate.postprocess.timeline import prefill_attribution
 from tailgate.resultfiles import SLO_ANALYSIS
 from tailgate.resultfiles import SLO_META as SLO_FILE
+from tailgate.runmeta import SloMeta
 from tailgate.slo.answer import bracket_text, check_text
 
 LAG_WARN_MS = 10.0
@@ -424,8 +425,7 @@ def chart_feasible(rows: Sequence[Mapping[str, Any]], out_dir: Path, name: str =
     ax.set_xlabel("Poisson arrival rate (req/s): bar = highest passing probe, red tick = lowest failing probe above it")
     ax.set_title("SLO-feasible rate per server configuration")
     ax.grid(axis="x", alpha=0.3)
-    paths: list[Path] = charts._save(fig, out_dir, name)
-    return paths
+    return cast("list[Path]", charts._save(fig, out_dir, name))
 
 
 def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") -> list[Path]:
@@ -486,8 +486,7 @@ def chart_p99(state: Mapping[str, Any], out_dir: Path, name: str = "slo_p99") ->
         ax.set_ylabel(f"{METRIC_NAMES[metric]} p99 (ms)" + (" from intended send" if metric != "gap" else ""))
         ax.set_title(f"{METRIC_NAMES[metric]} p99" + ("" if lim else " (no limit)"))
     axes[0].legend(fontsize=8, title="o pass · X fail · ◇ not enough data", title_fontsize=8)
-    paths: list[Path] = charts._save(fig, out_dir, name)
-    return paths
+    return cast("list[Path]", charts._save(fig, out_dir, name))
 
 
 def _model_curves(ax: Any, state: Mapping[str, Any], key: str, names: Sequence[str]) -> None:

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tailgate.contracts import RunMeta, StageSummary
+from tailgate.contracts import StageSummary
 from tailgate.exitcodes import Ending, child_ending
 from tailgate.resultfiles import RUN_META, SUMMARY_GLOB
+from tailgate.runmeta import RunMeta
 from tailgate.runner import ChildResult, ChildRunner, LocustRun, prepare_results
 
 TAIL_LINES = 15

@@ -26,7 +26,7 @@ from tailgate import arms
 from tailgate.arms import CONTINUOUS, GATED, cell_folder, stage_label
 from tailgate.cell import CellSpec, run_cell
 from tailgate.clientbound import merged_breached
-from tailgate.contracts import RunMeta, RunStatus, StageSummary, SuiteMeta
+from tailgate.contracts import StageSummary
 from tailgate.load.autosize import GATED_STREAM_CHUNKS_PER_S, mean_output_tokens, mean_trace_output_tokens
 from tailgate.load.processes import auto_processes
 from tailgate.load.promptsources import DEFAULT_PROMPTS
@@ -35,6 +35,7 @@ from tailgate.optiontable import DEFAULTS
 from tailgate.policies import CellPolicy, FixedCells, KneeRamp
 from tailgate.records import read_records
 from tailgate.resultfiles import RUN_META, SUITE_META, summary_file
+from tailgate.runmeta import RunMeta, RunStatus, SuiteMeta
 from tailgate.runner import ChildRunner, LocustRun, prepare_server
 from tailgate.serverconfigs import CONFIGS, DEFAULT, NOCHUNK, PREEMPT, engine_default
 from tailgate.servers.base import redact_argv

@@ -20,22 +20,12 @@ from typing import Any
 import pytest
 
 from tailgate import arms, resultfiles
-from tailgate.contracts import (
-    CaptureStats,
-    ContractError,
-    Order,
-    OrderConfig,
-    OrderDone,
-    OrderItem,
-    RunMeta,
-    SloMeta,
-    StageSummary,
-    SuiteMeta,
-)
+from tailgate.contracts import CaptureStats, ContractError, Order, OrderConfig, OrderDone, OrderItem, StageSummary
 from tailgate.jsonl import Follower, parse_lines
 from tailgate.load.plan import continuous_stage, gated_stage
 from tailgate.load.workload import make_trace
 from tailgate.optiontable import DEFAULTS, OptionError, check_counts, parse_rates
+from tailgate.runmeta import RunMeta, SloMeta, SuiteMeta
 from tailgate.stats import SEED_SUMMARY_KEYS, field_values, summarize_stage, tail
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -470,7 +460,7 @@ def test_the_contracts_import_neither_gevent_nor_pandas() -> None:
 
 
 def test_a_run_status_is_read_as_written_and_says_whether_every_stage_was_summarized() -> None:
-    from tailgate.contracts import RunStatus
+    from tailgate.runmeta import RunStatus
 
     written = {
         "completed": True, "stopped": True, "stopped after cont_r4: 3 errors": True,

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from tailgate import arms
-from tailgate.contracts import RunMeta
 from tailgate.load.arrivals import (
     DEFAULT_ARRIVALS,
     ArrivalError,
@@ -48,6 +47,7 @@ from tailgate.optiontable import (
     parse_rates,
 )
 from tailgate.resultfiles import RUN_META
+from tailgate.runmeta import RunMeta
 from tailgate.stats import WARMUP_RULES
 
 ARMS = tuple(arms.ARMS)

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import tailgate
-from tailgate.contracts import RunStatus
 from tailgate.load.distributed import WORKER_LOST
 from tailgate.load.options import Settings
 from tailgate.load.plan import Stage
 from tailgate.load.sidecars import server_info
 from tailgate.load.workload import mix_of
 from tailgate.records import read_sent
+from tailgate.runmeta import RunStatus
 
 
 def iso(t: float) -> str:

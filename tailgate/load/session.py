@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tailgate.arms import arm as arm_of
-from tailgate.contracts import ContractError, Order, OrderConfig, OrderDone, RunStatus, StageSummary
+from tailgate.contracts import ContractError, Order, OrderConfig, OrderDone, StageSummary
 from tailgate.hoststeal import cpu_counters, steal_share
 from tailgate.load.capturelink import stamp_summary
 from tailgate.load.console import summary_line
@@ -55,6 +55,7 @@ from tailgate.load.tally import StageTally
 from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
 from tailgate.records import lost_in_flight
 from tailgate.resultfiles import REPORT_LOG, RUN_META, report_html, summary_file
+from tailgate.runmeta import RunStatus
 from tailgate.stats import summarize_stage
 
 log = logging.getLogger("tailgate")

@@ -16,9 +16,10 @@ from typing import Any
 
 from tailgate.arms import CONTINUOUS
 from tailgate.cell import CellSpec, read_summaries, run_cell
-from tailgate.contracts import SloMeta, StageSummary
+from tailgate.contracts import StageSummary
 from tailgate.load.plan import rate_label
 from tailgate.records import read_records
+from tailgate.runmeta import SloMeta
 from tailgate.runner import ChildRunner, LocustRun, prepare_server
 from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark

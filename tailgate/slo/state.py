@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from tailgate.contracts import SloMeta
+from tailgate.runmeta import SloMeta
 from tailgate.slo.spec import ServerConfig
 from tailgate.stagewarmup import StageWarmup
 from tailgate.tailbounds import NOT_ENOUGH
