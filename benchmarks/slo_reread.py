@@ -12,15 +12,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tailgate import slo
 from tailgate.slo.plan import SloPlan
 from tailgate.slo.probe import SloRunner
+
+
+def probe_attempts(reader: SloRunner, root: Path, probe: Mapping[str, Any]) -> list[slo.ProbeAttempt]:
+    """One probe of ``slo.json`` as a verdict reads it: each attempt's folder, with its workload's seed, since runs
+    of one seed are one workload and their blocks are clustered together."""
+    folders = [root / a["dir"] for a in probe["attempts"]]
+    return [
+        replace(reader._attempt_data(d, slo.ProbeMark.read(d / slo.PROBE_MARK)), workload=int(a["seed"]))
+        for d, a in zip(folders, probe["attempts"], strict=True)
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,11 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---:|---|---|---|---|")
     for c in state["configs"]:
         for pr in sorted(c["probes"], key=lambda x: x["rate"]):
-            folders = [root / a["dir"] for a in pr["attempts"]]
-            attempts = [
-                replace(reader._attempt_data(d, slo.ProbeMark.read(d / slo.PROBE_MARK)), workload=int(a["seed"]))
-                for d, a in zip(folders, pr["attempts"], strict=True)
-            ]  # runs of one seed are one workload: their blocks are clustered together
+            attempts = probe_attempts(reader, root, pr)
             verdict, checks = slo.check_probe(attempts, limits, level=plan.look_confidence, rate=pr["rate"])
             why = "; ".join(f"{ch.key}: {ch.verdict} (n {ch.n}, effective {ch.n_effective})" if ch.n_effective
                             is not None else f"{ch.key}: {ch.verdict}" for ch in checks)  # fmt: skip

@@ -39,11 +39,14 @@ import random
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from slo_reread import probe_attempts
 
 from tailgate import slo
 from tailgate.slo.plan import SloPlan
@@ -123,11 +126,7 @@ def read_truth(root: Path, block_s: float) -> list[RateTruth]:
     out: list[RateTruth] = []
     for c in state["configs"]:
         for pr in sorted(c["probes"], key=lambda x: x["rate"]):
-            folders = [root / a["dir"] for a in pr["attempts"]]
-            attempts = [
-                replace(reader._attempt_data(d, slo.ProbeMark.read(d / slo.PROBE_MARK)), workload=int(a["seed"]))
-                for d, a in zip(folders, pr["attempts"], strict=True)
-            ]
+            attempts = probe_attempts(reader, root, pr)
             verdict, checks = slo.check_probe(attempts, limits, level=0.95, rate=pr["rate"], sequential=False)
             steady = [r for a in attempts for r in steady_part(a)[0]]
             metrics = []
