@@ -12,7 +12,8 @@ The package is laid out by role (``ARCHITECTURE.md`` draws the data flow):
 * ``verify``: the ground-truth server and the self-check that measure the suite's own timing error.
 * ``webui``: the Tail latency tab in Locust's web UI.
 * ``suite``, ``slo`` and ``cli``: the ``tailgate`` command that runs all of it; ``runner``: the one way
-  it runs a Locust child against a server.
+  it runs a Locust child against a server; ``serversession``: the server's life in one command (restarts,
+  stage warm-up, interrupt).
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import tailgate
 from tailgate import arms
 from tailgate.arms import CONTINUOUS, GATED, cell_folder, stage_label
-from tailgate.cell import CellSpec, run_cell
+from tailgate.cell import CellSpec
 from tailgate.clientbound import merged_breached
 from tailgate.contracts import StageSummary
 from tailgate.load.autosize import GATED_STREAM_CHUNKS_PER_S, mean_output_tokens, mean_trace_output_tokens
@@ -36,17 +35,11 @@ from tailgate.policies import CellPolicy, FixedCells, KneeRamp
 from tailgate.records import read_records
 from tailgate.resultfiles import RUN_META, SUITE_META, summary_file
 from tailgate.runmeta import RunMeta, RunStatus, SuiteMeta
-from tailgate.runner import ChildRunner, LocustRun, prepare_server
+from tailgate.runner import ChildRunner, LocustRun
 from tailgate.serverconfigs import CONFIGS, DEFAULT, NOCHUNK, PREEMPT, engine_default
 from tailgate.servers.base import redact_argv
-from tailgate.stagewarmup import (
-    STAGE_WARMUP_DIR,
-    STAGE_WARMUP_SEED,
-    WarmupRound,
-    warm_up,
-    warmup_line,
-    worst_gap_ms,
-)
+from tailgate.serversession import RoundRun, ServerSession, StageLoad, end_run_meta, iso_now
+from tailgate.stagewarmup import StageWarmup
 
 Log = Callable[[str], None]
 
@@ -196,12 +189,11 @@ class Suite:
         self.prometheus_url = prometheus_url
         self.log = log
         self.extra_metadata = extra_metadata or {}
-        self.child = ChildRunner(log, env=child_env)
-        """The one Locust child at a time, with the API key in its environment only."""
+        self.server = ServerSession(controller, root, ChildRunner(log, env=child_env), log=log, tag="[suite] ",
+                                    tell_kills=True)  # fmt: skip
+        """The server and its one Locust child at a time, with the API key in the child's environment only."""
         self.cell_codes: list[int] = []
         """Each cell's Locust exit code this invocation ran: the suite's own exit code combines them."""
-        self._config_running: str | None = None
-        self._current_cell: Path | None = None
         self.knee: str | None = None
 
     # -- metadata ---------------------------------------------------------------------------
@@ -210,60 +202,51 @@ class Suite:
 
     def _write_meta(self, **updates: Any) -> None:
         path = self._meta_path()
-        meta = SuiteMeta.read_or_none(path) or SuiteMeta.from_dict({"created": _iso(time.time()), "servers": {}})
+        meta = SuiteMeta.read_or_none(path) or SuiteMeta.from_dict({"created": iso_now(), "servers": {}})
         meta.with_(**updates).write(path)
 
-    # -- running ----------------------------------------------------------------------------
-    def _ensure_server(self, config: str) -> None:
-        if self._config_running == config:
-            return
-        entry = prepare_server(
-            self.controller, config, self.plan.server_flags.get(config, []),
-            declared=self.plan.declared_flags.get(config), log=self.log, tag="[suite] ",
-        )  # fmt: skip
-        self._config_running = config
+    def _record_server(self, config: str, entry: dict[str, Any]) -> None:
         meta = SuiteMeta.read_or_none(self._meta_path())
         servers = dict(meta.servers) if meta is not None else {}
         servers[config] = entry
         self._write_meta(servers=servers)
-        self._stage_warmup(config)
 
-    def _stage_warmup(self, config: str) -> None:
-        """Before the first measured cell on a (re)started server, rounds at the heaviest load the run will
-        put on it until a round's worst gap is no longer well below the round before's: a fresh engine's
-        first-time pauses then fall here, not in the first cell's tail. Under ``stage-warmup/``, never a
-        cell; the rounds go to ``suite.json``. A restarted server is a fresh engine: its rounds run again."""
-        p = self.plan
-        top = p.top_stage(config)
-        if p.stage_warmup <= 0 or top is None:
-            return
-        unit = "req/s" if arms.arm(top.arm).open_loop else "streams at once"
-
-        def one_round(k: int) -> WarmupRound:
-            out = self.root / STAGE_WARMUP_DIR / f"{config}_w{k}"
-            run = replace(self.locust_run(top, out), n=p.stage_warmup, warmup=0, seed=p.seed + STAGE_WARMUP_SEED + k,
-                          prometheus_url=None)  # fmt: skip
-            # aside_root None: an earlier start's round warmed another engine, so it is removed
-            done = run_cell(CellSpec(run, f"stage warm-up of {config}"), self.child)
-            if not done.ending.finished:
-                raise SuiteError(done.failure())
-            return WarmupRound(
-                k,
-                f"{STAGE_WARMUP_DIR}/{out.name}",
-                round(worst_gap_ms(read_records(out).records), 1),
-                round(done.seconds, 1),
-                arm=top.arm,
-                value=top.value,
-                requests=p.stage_warmup,
-            )
-
-        warm = warm_up(one_round)
+    def _record_warmup(self, config: str, warm: StageWarmup) -> None:
         meta = SuiteMeta.read_or_none(self._meta_path())
         warmups = dict((meta.stage_warmup if meta is not None else None) or {})
         warmups[config] = warm.to_json()
         self._write_meta(stage_warmup=warmups)
-        self.log(f"[suite] {config}: {warmup_line(warm)} ({len(warm.rounds)} x {p.stage_warmup} requests at "
-                 f"{top.value:g} {unit})")  # fmt: skip
+
+    # -- running ----------------------------------------------------------------------------
+    def _serve(self, config: str) -> None:
+        """The configuration's server up and warmed, restarted only when the suite moves to another one."""
+        p = self.plan
+        self.server.ensure(
+            config, p.server_flags.get(config, []), declared=p.declared_flags.get(config),
+            record=lambda entry: self._record_server(config, entry), warmup=lambda: self._stage_load(config),
+        )  # fmt: skip
+
+    def _stage_load(self, config: str) -> StageLoad | None:
+        """The warm-up of a (re)started server: rounds at the heaviest load the run will put on it (its top rate,
+        gated only: its batch), each a cell run of its own; the rounds go to ``suite.json``."""
+        p = self.plan
+        top = p.top_stage(config)
+        if p.stage_warmup <= 0 or top is None:
+            return None
+        unit = "req/s" if arms.arm(top.arm).open_loop else "streams at once"
+
+        def one_round(k: int, out: Path, seed: int) -> RoundRun:
+            run = replace(self.locust_run(top, out), n=p.stage_warmup, warmup=0, seed=seed, prometheus_url=None)
+            # aside_root None: an earlier start's round warmed another engine, so it is removed
+            done = self.server.run(CellSpec(run, f"stage warm-up of {config}"))
+            if not done.ending.finished:
+                raise SuiteError(done.failure())
+            return RoundRun(read_records(out).records, round(done.seconds, 1))
+
+        return StageLoad(
+            p.seed, one_round, lambda warm: self._record_warmup(config, warm),
+            arm=top.arm, value=top.value, requests=p.stage_warmup, at=f"{top.value:g} {unit}",
+        )  # fmt: skip
 
     def locust_run(self, cell: Cell, out: Path) -> LocustRun:
         p = self.plan
@@ -278,24 +261,23 @@ class Suite:
     def measure(self, cell: Cell, index: int, total: int) -> StageSummary:
         """Run one pending cell on its configuration's server; its summary, or :class:`SuiteError`."""
         out = self.root / cell.name
-        self._ensure_server(cell.config)
+        self._serve(cell.config)
         processes = cell_processes(cell, self.plan.processes, self.plan.locust_args)
         how = " (auto)" if self.plan.processes == 0 else ""
         self.log(f"[suite] cell {index}/{total}: {cell.name}, {processes} load process(es){how}")
-        self._current_cell = out
 
         def echo(line: str) -> None:
             if "tailgate" in line:
                 self.log("    " + line.split("tailgate: ", 1)[-1])
 
         spec = CellSpec(self.locust_run(cell, out), f"cell {cell.name}", aside_root=self.root)
-        done = run_cell(spec, self.child, on_line=echo)
-        self._current_cell = None
+        done = self.server.run(spec, on_line=echo, kept=True)
         summary = next((s for s in done.summaries if s.stage_label == cell.stage_label), None)
         # failed requests are data (error records): the cell counts as done whenever its run finished and
         # wrote its summary, complete or not (a lost load process: exit 4, combined into the suite's own)
         if not done.complete or summary is None or done.meta is None or not done.meta.completed:
-            mark_run_ended(out / RUN_META, done.ending.describe(), status=RunStatus.FAILED)
+            if done.meta is not None:
+                end_run_meta(done.meta, out / RUN_META, done.ending.describe(), RunStatus.FAILED)
             raise SuiteError(done.failure())
         self.cell_codes.append(done.ending.code)
         merged = summary.client_coalesced_streams or 0
@@ -323,7 +305,7 @@ class Suite:
         p = self.plan
         self.root.mkdir(parents=True, exist_ok=True)
         self._write_meta(
-            started=_iso(time.time()), plan=asdict(p), prometheus_url=self.prometheus_url, **self.extra_metadata,
+            started=iso_now(), plan=asdict(p), prometheus_url=self.prometheus_url, **self.extra_metadata,
             status="running", exit_code=None, ended=None, end_detail=None,
         )  # fmt: skip
         ramp, rest = self.policies()
@@ -351,42 +333,18 @@ class Suite:
         return done_cells
 
     def interrupt(self, why: str = "interrupted") -> None:
-        """Stop the Locust child and all its processes; say in its run.json how it ended.
-
-        SIGINT first: Locust writes the requests in flight as ``cancelled`` records. A run.json
-        Locust had no time to finish still says ``running``; it is rewritten to ``interrupted`` so
-        no folder claims a run that is still going.
-        """
-        if self.child.child is None:
-            return
-        killed = self.child.stop(grace_s=20.0)
-        if killed:
-            self.log(f"[suite] Locust did not stop on SIGINT; killed {len(killed)} process(es)")
-        cell_dir = self._current_cell
-        if cell_dir is not None:
-            mark_run_ended(cell_dir / RUN_META, why)
+        """Stop the Locust child and all its processes; the cell it ran says in its run.json how it ended."""
+        self.server.interrupt(why)
 
     def finish(self, status: str, exit_code: int, detail: str | None = None) -> None:
         """Record in suite.json how the suite ended (completed, interrupted, failed) and its exit code."""
         if not self._meta_path().exists():
             return
-        self._write_meta(status=status, exit_code=exit_code, ended=_iso(time.time()), end_detail=detail)
-
-
-def mark_run_ended(path: Path, why: str, status: RunStatus = RunStatus.INTERRUPTED) -> None:
-    """Rewrite a run.json left at ``running`` (its Locust was stopped before it could) to ``status``."""
-    meta = RunMeta.read_or_none(path)
-    if meta is None or meta.state is not RunStatus.RUNNING:
-        return
-    meta.with_(status=status.text(), ended=meta.ended or _iso(time.time()), ended_by=why).write(path)
+        self._write_meta(status=status, exit_code=exit_code, ended=iso_now(), end_detail=detail)
 
 
 class SuiteError(RuntimeError):
     pass
-
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def gpu_facts() -> dict[str, Any] | None:

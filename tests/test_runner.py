@@ -121,19 +121,75 @@ def test_a_manual_server_never_records_flags_as_applied(gt: ServerProcess, tmp_p
     )
     runner = slo.SloRunner(plan, _manual(gt), tmp_path / "slo", log=lambda _line: None)
     runner.root.mkdir()
-    runner._ensure_server(plan.configs[0])
+    runner._serve(plan.configs[0])
     server = json.loads((tmp_path / "slo" / slo.SLO_FILE).read_text())["configs"][0]["server"]
     assert server["flags_applied"] is False and server["requested_flags"] == flags
     # suite: the same
     suite = Suite(SuitePlan(server_flags={"chunked": flags}), _manual(gt), tmp_path / "suite", log=lambda _l: None)
     suite.root.mkdir()
-    suite._ensure_server("chunked")
+    suite._serve("chunked")
     server = json.loads((tmp_path / "suite" / "suite.json").read_text())["servers"]["chunked"]
     assert server["flags_applied"] is False and server["requested_flags"] == flags
     # a server nobody restarts keeps the declared flags apart; one restarted here applies them
     fixed = prepare_server(FixedServer(gt.base_url), "x", flags, declared=flags, log=lambda _line: None)
     assert fixed["flags_applied"] is False and fixed["declared_flags"] == flags and fixed["flags"] is None
     assert isinstance(FixedServer(gt.base_url), ServerController)
+
+
+def test_the_server_session_restarts_and_warms_up_once_per_start(tmp_path: Path) -> None:
+    """A configuration already running is neither restarted nor warmed again; moving to another restarts it,
+    and its fresh engine is warmed again: rounds in their folders with their seeds, recorded, and said once."""
+    from tailgate.serversession import RoundRun, ServerSession, StageLoad
+    from tailgate.stagewarmup import STAGE_WARMUP_SEED, StageWarmup
+
+    class Controller:
+        base_url, restarts, applies_flags, flags_in_files = "http://127.0.0.1:9", True, True, False
+
+        def __init__(self) -> None:
+            self.restarted: list[list[str]] = []
+
+        def use_config(self, config: str) -> None: ...
+        def restart(self, flags: Any) -> None:
+            self.restarted.append(list(flags))
+
+        def wait_healthy(self) -> float:
+            return 0.0
+
+        def describe(self) -> dict[str, Any]:
+            return {"command": ["vllm", *self.restarted[-1]]}
+
+        def stop(self) -> None: ...
+
+    ctl, lines = Controller(), list[str]()
+    session = ServerSession(ctl, tmp_path, ChildRunner(lines.append), log=lines.append, tag="[x] ")  # type: ignore[arg-type]
+    entries: list[dict[str, Any]] = []
+    warmed: list[StageWarmup] = []
+    rounds: list[tuple[int, Path, int]] = []
+    gaps = {1: 900.0, 2: 80.0, 3: 70.0}
+
+    def one_round(k: int, out: Path, seed: int) -> RoundRun:
+        rounds.append((k, out, seed))
+        return RoundRun([{"worst_gap_ms": gaps[k]}], 1.0)
+
+    def load() -> StageLoad:
+        return StageLoad(7, one_round, warmed.append, arm="continuous", value=8.0, requests=5, at="8 req/s")
+
+    def ensure(config: str) -> bool:
+        return session.ensure(config, ["--f", config], declared=None, record=entries.append, warmup=load)
+
+    assert ensure("a") and not ensure("a") and ensure("b")
+    assert ctl.restarted == [["--f", "a"], ["--f", "b"]] and [e["flags"] for e in entries] == ctl.restarted
+    assert [(k, out.relative_to(tmp_path).as_posix(), seed) for k, out, seed in rounds[:3]] == [
+        (k, f"stage-warmup/a_w{k}", 7 + STAGE_WARMUP_SEED + k) for k in (1, 2, 3)
+    ]
+    assert len(rounds) == 6 and len(warmed) == 2 and warmed[0].settled
+    assert [r.worst_gap_ms for r in warmed[1].rounds] == [900.0, 80.0, 70.0]
+    first = {"round": 1, "dir": "stage-warmup/a_w1", "arm": "continuous", "value": 8.0, "requests": 5,
+             "worst_gap_ms": 900.0, "seconds": 1.0}  # fmt: skip
+    assert warmed[0].rounds[0].to_json() == first
+    said = [line for line in lines if "stage warm-up worst gaps" in line]
+    assert said == [f"[x] {c}: stage warm-up worst gaps 900 -> 80 -> 70 ms: no first-time pause left "
+                    "(3 x 5 requests at 8 req/s)" for c in "ab"]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ slo, whole

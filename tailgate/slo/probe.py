@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from tailgate.arms import CONTINUOUS
-from tailgate.cell import CellSpec, read_summaries, run_cell
+from tailgate.cell import CellSpec, read_summaries
 from tailgate.contracts import StageSummary
 from tailgate.load.plan import rate_label
 from tailgate.records import read_records
 from tailgate.runmeta import SloMeta
-from tailgate.runner import ChildRunner, LocustRun, prepare_server
+from tailgate.runner import ChildRunner, LocustRun
+from tailgate.serversession import RoundRun, ServerSession, StageLoad, iso_now
 from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.confirm import (
@@ -38,14 +39,7 @@ from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Log, ServerConfig
 from tailgate.slo.state import ConfigSearch, ProbeEntry, SloState
 from tailgate.slo.verdict import binding_limit, check_probe, p99s
 from tailgate.slo.watch import ProbeWatch
-from tailgate.stagewarmup import (
-    STAGE_WARMUP_DIR,
-    STAGE_WARMUP_SEED,
-    WarmupRound,
-    warm_up,
-    warmup_line,
-    worst_gap_ms,
-)
+from tailgate.stagewarmup import StageWarmup
 from tailgate.stats import measured_records
 from tailgate.suite import Cell, cell_processes
 
@@ -73,11 +67,10 @@ class SloRunner:
         self.prometheus_url = prometheus_url
         self.log = log
         self.extra = extra_metadata or {}
-        self.child = ChildRunner(log, tag="[slo]   ")
-        """The one Locust child at a time: its own session, stopped with its whole process tree."""
+        self.server = ServerSession(controller, root, ChildRunner(log, tag="[slo]   "), log=log, tag="[slo] ")
+        """The server and its one Locust child at a time."""
         self.probe_codes: list[int] = []
         """Each probe's Locust exit code this invocation ran: the command's exit code combines them."""
-        self._running: str | None = None
         self.state = SloState()
         self._loaded = False
         """Whether :meth:`run` has read (or begun) this folder's ``slo.json``: nothing to close before."""
@@ -106,43 +99,43 @@ class SloRunner:
         return self.state.config(config)
 
     # -- server ------------------------------------------------------------------------------------
-    def _ensure_server(self, config: ServerConfig) -> None:
-        if self._running == config.name:
-            return
+    def _serve(self, config: ServerConfig) -> None:
+        """The configuration's server up and warmed; the time budget is for probes, not for starts and warm-ups."""
         flags = [*self.plan.base_flags, *config.flags]
-        cs = self._config_state(config)
         t0 = self.clock()
-        cs.server = prepare_server(self.controller, config.name, flags, declared=flags, log=self.log, tag="[slo] ")
-        self._running = config.name
-        self._save()
-        self._stage_warmup(config)
-        self._config_t0 += self.clock() - t0  # the time budget is for probes, not for starts and warm-ups
+        started = self.server.ensure(
+            config.name, flags, declared=flags,
+            record=lambda entry: self._record_server(config, entry), warmup=lambda: self._stage_load(config),
+        )  # fmt: skip
+        if started:
+            self._config_t0 += self.clock() - t0
 
-    def _stage_warmup(self, config: ServerConfig) -> None:
-        """Before the first measured probe on a (re)started server, load it at the highest rate the search may
-        use, in rounds, until a round's worst gap is no longer well below the round before: the first-time
-        pauses of a fresh engine (kernel compilation, graph capture, allocator growth at a new batch size) then
-        fall in the warm-up, not in the first probe's tail. Kept under ``stage-warmup/``, never a cell."""
+    def _record_server(self, config: ServerConfig, entry: dict[str, Any]) -> None:
+        self._config_state(config).server = entry
+        self._save()
+
+    def _record_warmup(self, config: ServerConfig, warm: StageWarmup) -> None:
+        self._config_state(config).stage_warmup = warm
+        self._save()
+
+    def _stage_load(self, config: ServerConfig) -> StageLoad | None:
+        """The warm-up of a (re)started server: rounds at the highest rate the search may use, each a probe run of
+        its own (the queue and the errors may stop it early); a resumed search reads a round already on disk."""
         p = self.plan
         if p.stage_warmup <= 0:
-            return
+            return None
 
-        def one_round(k: int) -> WarmupRound:
-            out = self.root / STAGE_WARMUP_DIR / f"{config.name}_w{k}"
+        def one_round(k: int, out: Path, seed: int) -> RoundRun:
             if (out / PROBE_MARK).exists():
                 mark = ProbeMark.read(out / PROBE_MARK)
             else:
                 self.log(f"[slo] {config.name}: stage warm-up round {k}: {p.stage_warmup} requests at "
                          f"{p.max_rate:g} req/s, the highest rate the search may use")  # fmt: skip
                 out.parent.mkdir(parents=True, exist_ok=True)
-                mark = self._run_child(config, p.max_rate, p.seed + STAGE_WARMUP_SEED + k, out, n=p.stage_warmup)
-            worst = worst_gap_ms(self._attempt_data(out, mark).measured)
-            return WarmupRound(k, f"{STAGE_WARMUP_DIR}/{out.name}", round(worst, 1), mark.seconds, rate=p.max_rate)
+                mark = self._run_child(config, p.max_rate, seed, out, n=p.stage_warmup)
+            return RoundRun(self._attempt_data(out, mark).measured, mark.seconds)
 
-        warm = warm_up(one_round)
-        self._config_state(config).stage_warmup = warm
-        self.log(f"[slo] {config.name}: {warmup_line(warm)}")
-        self._save()
+        return StageLoad(p.seed, one_round, lambda warm: self._record_warmup(config, warm), rate=p.max_rate)
 
     # -- one Locust run ----------------------------------------------------------------------------
     def _cell(self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None,
@@ -186,7 +179,7 @@ class SloRunner:
                 return f"{watch.errors} errors: over the SLO's error budget of {budget} for the probe"
             return None
 
-        done = run_cell(self._cell(config, rate, seed, out, n, warmup), self.child, watch=decided)
+        done = self.server.run(self._cell(config, rate, seed, out, n, warmup), watch=decided)
         code, stopped = done.child.exit_code, done.stopped_early
         if stopped:
             self.log(f"[slo]   stopped the probe early: {stopped}")
@@ -250,7 +243,7 @@ class SloRunner:
                         self.log(f"[slo]   no time left in the budget for more: {rate:g} req/s stays undecided")
                         break
                     raise SearchStopped(why)
-                self._ensure_server(config)
+                self._serve(config)
                 self.log(f"[slo] {config.name}: probe {index} ({phase}) {rate:g} req/s attempt {attempt} "
                          f"(~{est:.0f} s of arrivals)")  # fmt: skip
                 ran = self._attempt_run(config, rate, seed, out, n)
@@ -478,13 +471,13 @@ class SloRunner:
         self.root.mkdir(parents=True, exist_ok=True)
         found = SloMeta.read_or_none(self.root / SLO_FILE)
         # configurations searched by earlier invocations (one per device call) stay in the file
-        self.state = SloState.from_meta(found) if found is not None else SloState(created=_iso(time.time()))
-        self.state.started, self.state.plan = _iso(time.time()), self.plan.describe()
+        self.state = SloState.from_meta(found) if found is not None else SloState(created=iso_now())
+        self.state.started, self.state.plan = iso_now(), self.plan.describe()
         self.state.extra.update(self.extra)
         self._loaded = True
         self._save()
         done = [self.run_config(config) for config in self.plan.configs]
-        self.state.ended = _iso(time.time())
+        self.state.ended = iso_now()
         self._save()
         return done
 
@@ -496,17 +489,13 @@ class SloRunner:
         for c in self.state.configs:
             if c.status == "running":
                 c.status, c.error = status, reason
-        self.state.ended = _iso(time.time())
+        self.state.ended = iso_now()
         self._save()
 
     def interrupt(self) -> None:
         """Stop the Locust child and every process it started (in-flight requests are written as cancelled)."""
-        self.child.stop(grace_s=20.0)
+        self.server.interrupt()
 
 
 class SloRunError(RuntimeError):
     pass
-
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
