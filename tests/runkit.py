@@ -205,3 +205,32 @@ def stall_locust_mid_stage(keep: Path, extra: list[str]) -> tuple[str, int]:
             proc.wait()
     assert stalled, "the Locust process ended before it could be stalled"
     return out + err[-2000:], proc.returncode
+
+
+class RecordingController:
+    """A server controller that restarts nothing and remembers every restart's flags: what the server session and
+    the SLO runner are given in tests that fake the server."""
+
+    base_url = "http://127.0.0.1:9"
+    restarts = True
+    applies_flags = True
+    flags_in_files = False
+
+    def __init__(self) -> None:
+        self.restarted: list[list[str]] = []
+        self.config: str | None = None
+
+    def use_config(self, config: str) -> None:
+        self.config = config
+
+    def restart(self, flags: Any) -> None:
+        self.restarted.append(list(flags))
+
+    def wait_healthy(self) -> float:
+        return 0.0
+
+    def describe(self) -> dict[str, Any]:
+        return {"command": ["vllm", *self.restarted[-1]]}
+
+    def stop(self) -> None:
+        pass

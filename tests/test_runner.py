@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 from conftest import ROOT, write_trace
+from runkit import RecordingController
 
 from tailgate import slo
 from tailgate.runner import ChildRunner, LocustRun, prepare_server
@@ -142,25 +143,7 @@ def test_the_server_session_restarts_and_warms_up_once_per_start(tmp_path: Path)
     from tailgate.serversession import RoundRun, ServerSession, StageLoad
     from tailgate.stagewarmup import STAGE_WARMUP_SEED, StageWarmup
 
-    class Controller:
-        base_url, restarts, applies_flags, flags_in_files = "http://127.0.0.1:9", True, True, False
-
-        def __init__(self) -> None:
-            self.restarted: list[list[str]] = []
-
-        def use_config(self, config: str) -> None: ...
-        def restart(self, flags: Any) -> None:
-            self.restarted.append(list(flags))
-
-        def wait_healthy(self) -> float:
-            return 0.0
-
-        def describe(self) -> dict[str, Any]:
-            return {"command": ["vllm", *self.restarted[-1]]}
-
-        def stop(self) -> None: ...
-
-    ctl, lines = Controller(), list[str]()
+    ctl, lines = RecordingController(), list[str]()
     session = ServerSession(ctl, tmp_path, ChildRunner(lines.append), log=lines.append, tag="[x] ")  # type: ignore[arg-type]
     entries: list[dict[str, Any]] = []
     warmed: list[StageWarmup] = []

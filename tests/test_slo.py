@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from runkit import RecordingController
 
 from tailgate import slo
 from tailgate.servers.sweep import CommandServer, ComposeWithFlags
@@ -426,35 +427,12 @@ def test_compose_override_really_carries_the_flags(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------ the runner, faked
 
 
-class _Controller:
-    base_url = "http://127.0.0.1:9"
-    restarts = True
-    applies_flags = True
-    flags_in_files = False
-
-    def __init__(self) -> None:
-        self.restarted: list[list[str]] = []
-
-    def use_config(self, config: str) -> None:
-        self.config = config
-
-    def restart(self, flags: Any) -> None:
-        self.restarted.append(list(flags))
-
-    def wait_healthy(self) -> float:
-        return 0.0
-
-    def describe(self) -> dict[str, Any]:
-        return {"command": ["vllm", *self.restarted[-1]]}
-
-    def stop(self) -> None:
-        pass
-
-
-def _fake_runner(tmp_path: Path, capacity: float, edge: float, **plan: Any) -> tuple[slo.SloRunner, _Controller]:
+def _fake_runner(
+    tmp_path: Path, capacity: float, edge: float, **plan: Any
+) -> tuple[slo.SloRunner, RecordingController]:
     """A runner whose Locust runs are replaced by a latency model: TTFT p99 crosses 300 ms at ``capacity``,
     and probes within ``edge`` req/s of it straddle the limit."""
-    ctl = _Controller()
+    ctl = RecordingController()
     p = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=300ms"), configs=[slo.parse_config("a: max-num-seqs=8")],
                     start_rate=2, max_rate=64, min_rate=1, resolution=slo.Resolution(1, False), n=500, warmup=0,
                     resamples=300, **plan)  # fmt: skip
@@ -533,7 +511,7 @@ def test_resume_refuses_a_changed_plan_after_an_interrupted_first_probe(tmp_path
     from tailgate.slo.command import resume_refusal
 
     plan = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=300ms"), configs=[slo.parse_config("a")], n=500)
-    runner = slo.SloRunner(plan, _Controller(), tmp_path, log=lambda _line: None)
+    runner = slo.SloRunner(plan, RecordingController(), tmp_path, log=lambda _line: None)
 
     def interrupted(config: Any) -> dict[str, Any]:  # the first attempt ended, then the command was stopped
         out = tmp_path / slo.probe_dir_name("a", plan.start_rate, 1)
