@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tailgate.records import read_records
 from tailgate.slo.attempt import ProbeAttempt
-from tailgate.slo.replay import model_answer, probes_of, workload_of
+from tailgate.slo.replay import Probe, Workload, model_answer, probes_of, workload_of
 from tailgate.stats import measured_records
 
 
-def refit(root: Path, config: dict[str, Any], plan: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+@dataclass
+class Search:
+    """One configuration of a finished search, as the model sees it."""
+
+    probes: list[Probe]
+    limits: dict[str, float]
+    q: float
+    measured: tuple[float | None, float | None]
+    workload: Workload
+    seed: int
+
+
+def load_search(root: Path, config: dict[str, Any], plan: dict[str, Any]) -> Search | None:
+    """The probes of one configuration of a ``tailgate slo`` folder, read from its records (None: no model can be
+    fitted: no workload, or limits at different percentiles)."""
     warmup = int(plan.get("warmup", 25))
     by_rate: dict[float, list[ProbeAttempt]] = {}
     checks: dict[float, list[dict[str, Any]]] = {}
@@ -53,13 +68,18 @@ def refit(root: Path, config: dict[str, Any], plan: dict[str, Any], args: argpar
     measured = (result.get("best_rate"), result.get("first_fail_rate"))
     workload = workload_of(by_rate, trace_file=any("trace-file" in x for x in plan.get("locust_args", [])))
     if workload is None or len(qs) != 1:
+        return None
+    return Search(probes_of(by_rate, checks), limits, qs.pop() / 100.0, measured, workload, int(plan.get("seed", 7)))
+
+
+def refit(root: Path, config: dict[str, Any], plan: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    search = load_search(root, config, plan)
+    if search is None:
         return {"config": config["name"], "fitted": None}
     t0 = time.monotonic()
-    probes = probes_of(by_rate, checks)
-    seed = int(plan.get("seed", 7))
-    answer = model_answer(probes, limits, qs.pop() / 100.0, measured, workload=workload, requests=args.requests,
-                          replicates=args.replicates, seed=seed)  # fmt: skip
-    return {"config": config["name"], "measured": list(measured), "seconds": round(time.monotonic() - t0, 1),
+    answer = model_answer(search.probes, search.limits, search.q, search.measured, workload=search.workload,
+                          requests=args.requests, replicates=args.replicates, seed=search.seed)  # fmt: skip
+    return {"config": config["name"], "measured": list(search.measured), "seconds": round(time.monotonic() - t0, 1),
             "fitted": answer.as_dict()}  # fmt: skip
 
 
@@ -85,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  fitted step loop ({row['seconds']} s): {e.get('slots')} slots "
               f"({'reached' if f['slots_reached'] else 'never filled: unlimited'}), step {e.get('step_ms', 0):.3g} ms "
               f"+ {e.get('step_ms_per_seq', 0):.3g} ms/stream + {e.get('prefill_ms_per_token', 0):.3g} ms/prefilled "
-              f"token, {'chunks of ' + str(e.get('chunk_tokens')) if e.get('chunked') else 'whole prompts'}; "
+              f"token (+ {e.get('prefill_ms_per_token_ctx', 0):.3g} per 1,000 before it in its prompt, "
+              f"+ {e.get('prefill_ms_per_token_step', 0):.3g} per 1,000 in its step; front end "
+              f"{e.get('frontend_ms', 0):.3g} ms + {e.get('frontend_ms_per_token', 0):.3g} ms/token), "
+              f"{'chunks of ' + str(e.get('chunk_tokens')) if e.get('chunked') else 'whole prompts'}; "
               f"{f['streams']} streams; requests from {f['workload']}")  # fmt: skip
         for r in f["replay"]:
             print(f"    {r['rate']:>6g} req/s {r['key']:<9} measured {r['measured']:>7.1f} ms  replayed "

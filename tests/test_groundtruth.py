@@ -893,6 +893,41 @@ def test_engine_serves_the_model_it_simulates(gt: ServerProcess) -> None:
     assert sim[0].ttft_ms == pytest.approx(35.0)
 
 
+def test_engine_front_end_holds_a_request_before_the_scheduler(gt: ServerProcess) -> None:
+    """A front end's time per request and per prompt token is paid by the request's own first token, and the server
+    serves it as the simulation does: a stream already running keeps its pace while the next one is held."""
+    from tailgate.verify.groundtruth.engine import EngineModel, simulate
+
+    model = {"slots": 4, "step_ms": 10.0, "step_ms_per_seq": 0.0, "prefill_ms_per_token": 0.5,
+             "frontend_ms": 30.0, "frontend_ms_per_token": 2.0}  # fmt: skip
+    gt.control({"engine": model})
+    results: list[RawResponse] = []
+
+    def send(prompt_words: int, n: int) -> None:
+        results.append(raw_request(gt.port, completion_body(n, prompt="w " * prompt_words)))
+
+    import threading
+
+    first = threading.Thread(target=send, args=(10, 30))
+    first.start()
+    assert wait_for(lambda: metric(gt.metrics(), "vllm:num_requests_running") == 1)
+    second = threading.Thread(target=send, args=(40, 3))
+    second.start()
+    first.join(10)
+    second.join(10)
+    dump = gt.dump()
+    recv = {seq: r for seq, r, _ in dump["requests"]}
+    arrivals = [(recv[0], 10, 30), (recv[1], 40, 3)]
+    sim = simulate(EngineModel.from_dict(model), arrivals)
+    for seq, (arr, _, n) in enumerate(arrivals):
+        targets = [t for _, _, t in rows_for(dump, seq)]
+        assert len(targets) == n
+        assert (targets[0] - arr) / MS == pytest.approx(sim[seq].ttft_ms, abs=1e-6)
+        assert (targets[-1] - arr) / MS == pytest.approx(sim[seq].total_ms, abs=1e-6)
+    assert sim[1].ttft_ms >= 30.0 + 2.0 * 40  # held by the front end first
+    assert sim[0].worst_gap_ms == pytest.approx(10.0 + 0.5 * 40)  # the running stream feels the prefill, not the hold
+
+
 def test_engine_settings_are_validated(gt: ServerProcess) -> None:
     with pytest.raises(ValueError, match="slots"):
         gt.control({"engine": {"slots": 0}})

@@ -7,8 +7,10 @@ that holds every request before the engine sees it (outside the fitted family)."
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,10 +24,12 @@ from tailgate.slo.replay import (
     Replicates,
     Workload,
     _refuted,
+    bias_moves_nothing,
     capacity_of,
     fit_service,
     model_answer,
     probes_of,
+    replay,
     replay_rows,
     settling_answer,
     systematic_error,
@@ -44,27 +48,42 @@ def lengths(n: int, seed: int) -> list[tuple[int, int]]:
 
 
 def attempt(
-    rate: float, n: int, seed: int, front_ms: float = 0.0, warmup: int = 25, engine: EngineModel = ENGINE
+    rate: float,
+    n: int,
+    seed: int,
+    front_ms: float = 0.0,
+    warmup: int = 25,
+    engine: EngineModel = ENGINE,
+    held_at_random: bool = False,
 ) -> ProbeAttempt:
     """One probe attempt as ``tailgate slo`` hands it over: every record, the measured ones past the warm-up.
-    ``front_ms`` holds every request that long before the engine sees it (a front end outside the model)."""
+    ``front_ms`` holds every request that long before the engine sees it; ``held_at_random``: each request for an
+    exponential time of that mean instead (a front end outside the model's family: its TTFT tail is the hold's)."""
     arrivals = poisson_arrivals(rate, lengths(n + warmup, seed), seed + 1)
-    delayed = [(a + round(front_ms * 1e6), p, m) for a, p, m in arrivals]
-    outs = simulate(engine, delayed)
+    rng = random.Random(seed)
+    holds = [round((rng.expovariate(1.0 / front_ms) if held_at_random else front_ms) * 1e6) for _ in arrivals]
+    # +k keeps every engine arrival distinct, so each outcome finds its request
+    delayed = [(a + h + k, p, m) for k, ((a, p, m), h) in enumerate(zip(arrivals, holds, strict=True))]
+    by_arrival = {o.arrival_ns: o for o in simulate(engine, delayed)}
     recs = []
-    for i, (o, (a, p, m)) in enumerate(zip(outs, arrivals, strict=True)):
-        t0 = a / 1e9
-        ttft = o.ttft_ms + front_ms
+    for i, ((a, p, m), (d, _, _)) in enumerate(zip(arrivals, delayed, strict=True)):
+        o = by_arrival[d]
+        t0, hold = a / 1e9, (d - a) / 1e6
+        ttft = o.ttft_ms + hold
         recs.append({"trace_id": i, "intended_s": t0, "first_chunk_s": t0 + ttft / 1e3,
-                     "end_s": t0 + (o.total_ms + front_ms) / 1e3, "ttft_from_intended_ms": ttft,
-                     "worst_gap_ms": o.worst_gap_ms, "total_from_intended_ms": o.total_ms + front_ms,
+                     "end_s": t0 + (o.total_ms + hold) / 1e3, "ttft_from_intended_ms": ttft,
+                     "worst_gap_ms": o.worst_gap_ms, "total_from_intended_ms": o.total_ms + hold,
+                     "worst_gap_end_s": o.worst_gap_end_ns / 1e9 if o.worst_gap_end_ns else None,
                      "prompt_tokens": p, "completion_tokens": m, "error_class": None})  # fmt: skip
     measured = sorted(recs, key=lambda r: r["end_s"])[warmup:]
     return ProbeAttempt(measured, sent=len(recs), errors=0, records=recs)
 
 
-def probes(rates: list[float], front_ms: float = 0.0, engine: EngineModel = ENGINE) -> list[Probe]:
-    by_rate = {r: [attempt(r, 900, 11 + k, front_ms, engine=engine)] for k, r in enumerate(rates)}
+def probes(
+    rates: list[float], front_ms: float = 0.0, engine: EngineModel = ENGINE, held_at_random: bool = False
+) -> list[Probe]:
+    by_rate = {r: [attempt(r, 900, 11 + k, front_ms, engine=engine, held_at_random=held_at_random)]
+               for k, r in enumerate(rates)}  # fmt: skip
     return probes_of(by_rate, {r: [] for r in rates})
 
 
@@ -102,8 +121,9 @@ def test_the_interval_holds_the_capacity_and_narrows_the_bracket(truth: float) -
 
 
 def test_a_server_it_cannot_replay_narrows_nothing() -> None:
-    """A front end holding every request 400 ms: the decode fit is the engine's, the TTFTs are not."""
-    ps = probes([2.0, 6.0, 9.0], front_ms=400.0)
+    """A front end holding each request an exponential time (400 ms on average): the decode fit is the engine's,
+    the TTFT tail is the hold's, which no fixed front end replays."""
+    ps = probes([2.0, 6.0, 9.0], front_ms=400.0, held_at_random=True)
     answer = model_answer(ps, {"ttft": 2000.0}, Q, (2.0, None), workload=Workload(seeded=True), requests=3000,
                           replicates=3, seed=5)  # fmt: skip
     assert not answer.usable and answer.bracket is None
@@ -168,17 +188,20 @@ def test_the_costs_are_measured_without_the_fits_biases() -> None:
     ps = probes([2.0, 6.0, 9.0])
     by_rate = [p.attempts for p in ps]
     costs = fit_costs(by_rate)
-    assert len(costs) == 3, costs  # per second; per step; per step with the prefill measured directly
-    step, per_seq, _, _ = costs[1]
-    assert step == pytest.approx(ENGINE.step_ms, rel=0.01)
-    assert per_seq == pytest.approx(ENGINE.step_ms_per_seq, rel=0.03)
+    # per second; per step; per step with the prefill measured on idle requests, and on the stalls it caused
+    assert len(costs) == 4, costs
+    assert costs[1].step == pytest.approx(ENGINE.step_ms, rel=0.01)
+    assert costs[1].per_seq == pytest.approx(ENGINE.step_ms_per_seq, rel=0.03)
+    stalls = costs[3]
+    assert stalls.prefill == pytest.approx(ENGINE.prefill_ms_per_token, rel=0.05), stalls
+    assert stalls.batch == 0.0 and stalls.frontend_per_token < 1e-4 and stalls.frontend < 1.0, stalls
     direct = prefill_from_idle(by_rate)
     held = prefill_from_idle([p.attempts for p in probes([2.0, 6.0, 9.0], front_ms=400.0)])
     assert direct is not None and held is not None
     assert direct[0] == pytest.approx(ENGINE.prefill_ms_per_token, rel=0.03)
     assert held[0] == pytest.approx(ENGINE.prefill_ms_per_token, rel=0.03)
     assert direct[1] == 0.0 and held[1] == 0.0  # a linear engine: no square term is kept
-    assert any(c[2] == direct[0] for c in costs)  # offered to the replay beside the fitted one
+    assert any(c.prefill == direct[0] for c in costs)  # offered to the replay beside the fitted one
     same = [[[s for s in a if s.prompt == 200] for a in p.attempts] for p in ps]
     assert prefill_from_idle(same) is None  # one prompt length: no slope to measure
 
@@ -244,7 +267,14 @@ def test_a_checked_model_may_end_the_search_only_past_five_probes_and_a_failure(
     answer = settling_answer(ps, LIMITS, Q, (rates[0], rates[4]), within(0.2), **sim)
     assert answer is not None and answer.usable and answer.bracket is not None
     assert answer.bracket[0] <= truth <= answer.bracket[1]
-    held = settling_answer(probes(rates, front_ms=400.0), {"ttft": 2000.0}, Q, (rates[0], rates[4]), within(0.5), **sim)
+    held = settling_answer(
+        probes(rates, front_ms=400.0, held_at_random=True),
+        {"ttft": 2000.0},
+        Q,
+        (rates[0], rates[4]),
+        within(0.5),
+        **sim,
+    )
     assert held is None  # refuted by its own probes, so not even simulated
 
 
@@ -386,3 +416,63 @@ def test_the_kv_pool_is_read_from_the_cache_config_gauge_and_kept_with_the_attem
     mark.write(tmp_path / "mark.json")
     assert ProbeMark.read(tmp_path / "mark.json") == mark
     assert ProbeMark.from_json({"rate": 2.0, "seed": 7}).kv_capacity_tokens is None  # a mark from before
+
+
+#: An unchunked GPU engine as the H200 showed it: two long prompts prefilled in one step cost ~2.2x one, and the
+#: front end spends ~10 ms on every request and ~21 ms more on a 6,000-token prompt before the scheduler sees it.
+GPU = EngineModel(slots=4096, step_ms=4.9, step_ms_per_seq=0.1, prefill_ms_per_token=0.0185,
+                  prefill_ms_per_token_step=0.0006, frontend_ms=10.0, frontend_ms_per_token=0.0035)  # fmt: skip
+GPU_LIMITS = {"ttft": 300.0, "gap": 200.0}
+
+
+def test_a_paired_prefill_costs_more_than_twice_one_and_a_front_end_no_step() -> None:
+    one, two = simulate(GPU, [(0, 6000, 3)]), simulate(GPU, [(0, 6000, 3), (0, 6000, 3)])
+    single = GPU.prefill_ms_per_token * 6000 + GPU.prefill_ms_per_token_step * 6000**2 / 2000
+    paired = GPU.prefill_ms_per_token * 12000 + GPU.prefill_ms_per_token_step * 12000**2 / 2000
+    front = GPU.frontend_ms + GPU.frontend_ms_per_token * 6000
+    assert one[0].ttft_ms == pytest.approx(front + GPU.step_ms + GPU.step_ms_per_seq + single, abs=0.01)
+    assert two[1].ttft_ms == pytest.approx(front + GPU.step_ms + 2 * GPU.step_ms_per_seq + paired, abs=0.01)
+    assert paired > 2.1 * single
+    # a short stream running beside it feels the step, not the front end
+    beside = simulate(GPU, [(0, 200, 50), (100_000_000, 6000, 3)])[0]
+    assert beside.worst_gap_ms == pytest.approx(GPU.step_ms + 2 * GPU.step_ms_per_seq + single, abs=0.01)
+
+
+def test_stalls_measure_the_prefill_the_ttft_overstates() -> None:
+    """The TTFT of a long prompt carries the front end's time on it; the gap it puts on running streams carries only
+    the step. Measured on the stalls, the costs are the engine's and the body of the worst-gap distribution (one
+    long prefill beside the decodes) replays within a few %; the prefill cost read from the TTFT replays it high."""
+    ps = probes([3.0, 6.0, 9.0], engine=GPU)
+    by_rate = [p.attempts for p in ps]
+    stalls = fit_costs(by_rate)[-1]
+    assert stalls.prefill == pytest.approx(GPU.prefill_ms_per_token, rel=0.1), stalls
+    assert stalls.batch == pytest.approx(GPU.prefill_ms_per_token_step, rel=0.35), stalls
+    assert stalls.frontend_per_token == pytest.approx(GPU.frontend_ms_per_token, rel=0.35), stalls
+    assert stalls.frontend == pytest.approx(GPU.frontend_ms, abs=3.0), stalls
+    fit = fit_service(ps, Q, ("ttft", "gap"), GPU_LIMITS)
+    assert fit is not None and fit.engine.prefill_ms_per_token_step > 0, fit.engine
+    assert not fit.engine.chunked or fit.engine.chunk_tokens >= 6000, fit.engine  # long prompts prefilled whole
+    direct = prefill_from_idle(by_rate)
+    assert direct is not None and direct[0] + direct[1] * 6000 / 2000 > 1.08 * GPU.prefill_ms_per_token, direct
+    from_ttft = replace(fit.engine, prefill_ms_per_token=direct[0], prefill_ms_per_token_ctx=direct[1],
+                        prefill_ms_per_token_step=0.0, frontend_ms=0.0, frontend_ms_per_token=0.0)  # fmt: skip
+    for p in ps:
+        measured = sorted(s.gap_ms for a in p.attempts for s in a if s.measured)
+        body = measured[int(0.95 * len(measured))]
+        got = {e: sorted(o.worst_gap_ms for a in p.attempts for o in replay(e, a)) for e in (fit.engine, from_ttft)}
+        assert got[fit.engine][int(0.95 * len(measured))] == pytest.approx(body, rel=0.04), p.rate
+        assert got[from_ttft][int(0.95 * len(measured))] > 1.06 * body, p.rate
+
+
+def test_a_systematic_error_stands_in_the_way_only_where_it_moves_a_verdict() -> None:
+    """TTFT replayed 10% short at every probe, where the worst gap binds: corrected, the TTFT stays under its limit
+    at every rate the capacity search simulated, so the answer stands; had it been near its limit, it would not."""
+    bias = ("ttft_p99", -0.10, 5)
+    points = {4.0: (150.0, 150.0), 5.0: (180.0, 196.0), 5.5: (200.0, 204.0), 7.0: (285.0, 260.0)}
+    curve = {rate: {"ttft": (ttft, 0.0, 0.0), "gap": (gap, 0.0, 0.0)} for rate, (ttft, gap) in points.items()}
+    reps = SimpleNamespace(curve=curve)
+    limits = {"ttft": 300.0, "gap": 200.0}
+    assert bias_moves_nothing(bias, reps, limits, up_to=5.6)  # type: ignore[arg-type]
+    assert not bias_moves_nothing(bias, reps, limits, up_to=7.0)  # type: ignore[arg-type]  # 285 / 0.9 > 300
+    assert not bias_moves_nothing(("gap_p99", 0.05, 5), reps, limits, up_to=5.6)  # type: ignore[arg-type]
+    assert not bias_moves_nothing(("total_p99", -0.1, 5), reps, limits, up_to=5.6)  # type: ignore[arg-type]

@@ -6,12 +6,13 @@ service the server gave each request is measured much faster: every stream's int
 shared the engine at that moment and how many prompt tokens were prefilled beside it. A continuous-batching engine
 (vLLM's scheduler) is a step loop: a step costs ``step_ms + step_ms_per_seq * running + prefill_ms_per_token *
 prefilled`` (plus, where attention over a long prompt shows, a cost per prefilled token that grows with the prompt
-before it) and admits waiting requests while fewer than ``slots`` run. The three costs are fitted to the probes'
-own streams (:mod:`tailgate.slo.stepfit`: each stream's decode time, and the TTFT of requests that found no
-queue); the slot count, the prefill policy (whole prompts, or
-chunks of 512, 2048 or 8192 tokens a step) and the prefill cost are then chosen by replaying every probe's own
-arrivals through the fitted engine and comparing each limited percentile with the one measured on the same
-requests.
+before it, or, where a GPU's unchunked prefill shows it, with the tokens prefilled in the same step) and admits
+waiting requests while fewer than ``slots`` run; a front end may hold a long prompt before the scheduler sees it.
+The costs are fitted to the probes' own streams (:mod:`tailgate.slo.stepfit`: each stream's decode time, the TTFT
+of requests that found no queue, and the stalls that running streams saw when a prompt was prefilled); the slot
+count, the prefill policy (whole prompts, or chunks of 512, 2048 or 8192 tokens a step) and the prefill cost are
+then chosen by replaying every probe's own arrivals through the fitted engine and comparing the body and the
+limited percentile of each metric with those measured on the same requests.
 
 The fitted engine then predicts the steady-state percentile at any rate (pooled simulation replicates of the
 workload's requests: its own generator when known, else the distinct requests measured), and so a capacity. Its
@@ -131,31 +132,60 @@ class ReplayRow:
     inside: bool
 
 
+OVERLOADED = 1.5
+"""A probe measured past this many times a limit is overloaded: it checks the replay but does not choose the costs."""
+SCORE_QUANTILES = (0.5, 0.9, 0.95)
+"""Quantiles beside the limited one that choose among candidate costs: a p99 of worst gaps or TTFT near a capacity
+rests on a few rare events (two long prompts in one step), while the body of the distribution pins the costs of
+the common steps (one long prefill beside the decodes) that decide how often the rare ones happen."""
+
+
 def replay_rows(
     engine: EngineModel, probes: Sequence[Probe], q: float, metrics: Sequence[str] = ("ttft",)
 ) -> list[ReplayRow]:
     """Each probe's percentile of every limited metric, measured and replayed on the probe's own arrivals: inside
     the probe's interval, or within :data:`REPLAY_TOLERANCE` of the measured value."""
+    return replay_fit(engine, probes, q, metrics)[0]
+
+
+def replay_fit(
+    engine: EngineModel,
+    probes: Sequence[Probe],
+    q: float,
+    metrics: Sequence[str] = ("ttft",),
+    limits: Mapping[str, float] | None = None,
+) -> tuple[list[ReplayRow], float]:
+    """:func:`replay_rows`, and how far the replay is from what was measured: the mean squared log ratio over
+    :data:`SCORE_QUANTILES` and ``q``, summed over the rows (one simulation serves both). With ``limits``, a probe
+    measured past :data:`OVERLOADED` times a limit does not count in the score when another does: its tail is set
+    by the overload (a front end's queue as much as the engine's) far from the capacity the costs must answer."""
     rows = []
+    scores: list[tuple[float, str, float, float]] = []
+    levels = (*SCORE_QUANTILES, q)
     for p in probes:
         if sum(1 for a in p.attempts for s in a if s.measured) < 20:
             continue
         model = [o for a in p.attempts for o in replay(engine, a)]
         for metric in metrics:
             measured = [s.value(metric) for a in p.attempts for s in a if s.measured]
+            replayed = [getattr(o, METRIC_OF_OUTCOME[metric]) for o in model]
             m = quantile(measured, q)
-            r = quantile([getattr(o, METRIC_OF_OUTCOME[metric]) for o in model], q)
+            r = quantile(replayed, q)
             key = f"{metric}_p{q * 100:g}"
             chk = p.checks.get(key, {})
             low, high = chk.get("low"), chk.get("high")
             within = (low is not None or high is not None) and (low is None or r >= low) and (high is None or r <= high)
             close = abs(r - m) <= REPLAY_TOLERANCE * max(m, 1.0)
             rows.append(ReplayRow(p.rate, key, round(m, 1), round(r, 1), low, high, within or close))
-    return rows
-
-
-def _score(rows: Sequence[ReplayRow]) -> float:
-    return sum(math.log(max(r.model, 1.0) / max(r.measured, 1.0)) ** 2 for r in rows)
+            term = statistics.fmean(
+                math.log(max(quantile(replayed, lv), 1.0) / max(quantile(measured, lv), 1.0)) ** 2 for lv in levels
+            )
+            scores.append((p.rate, metric, m, term))
+    overloaded = {
+        rate for rate, metric, m, _ in scores if limits and metric in limits and m > OVERLOADED * limits[metric]
+    }
+    kept = [t for rate, _, _, t in scores if rate not in overloaded] or [t for *_, t in scores]
+    return rows, sum(kept)
 
 
 @dataclass
@@ -173,7 +203,12 @@ class ServiceFit:
         return bool(self.replay) and all(r.inside for r in self.replay)
 
 
-def fit_service(probes: Sequence[Probe], q: float = 0.99, metrics: Sequence[str] = ("ttft",)) -> ServiceFit | None:
+def fit_service(
+    probes: Sequence[Probe],
+    q: float = 0.99,
+    metrics: Sequence[str] = ("ttft",),
+    limits: Mapping[str, float] | None = None,
+) -> ServiceFit | None:
     """Fit the step loop to every probe's streams: of the candidate costs (:func:`fit_costs`), each with the slot
     count and prefill policy that replay it best and its prefill cost calibrated, the one that replays best."""
     streams = sum(len(a) for p in probes for a in p.attempts)
@@ -182,37 +217,45 @@ def fit_service(probes: Sequence[Probe], q: float = 0.99, metrics: Sequence[str]
     kv = min(pools) if pools else 0
     best: tuple[float, ServiceFit] | None = None
     for cost in fit_costs([p.attempts for p in sorted(probes, key=lambda p: p.rate)]):
-        tried = _calibrated(_policy(cost, peak, probes, q, metrics, streams, kv), probes, q, metrics)
+        found = _policy(cost, peak, probes, q, metrics, streams, kv, limits)
+        tried = _calibrated(found, probes, q, metrics, limits)
         if tried is not None and (best is None or tried[0] < best[0]):
             best = tried
     return best[1] if best is not None else None
 
 
 def _policy(cost: Costs, peak: int, probes: Sequence[Probe], q: float, metrics: Sequence[str],
-            streams: int, kv: int = 0) -> tuple[float, ServiceFit] | None:  # fmt: skip
+            streams: int, kv: int = 0, limits: Mapping[str, float] | None = None,
+            ) -> tuple[float, ServiceFit] | None:  # fmt: skip
     """The slot count and prefill policy that replay the probes best with these costs, and its score. ``kv``: the
     server's KV pool in tokens (0: unknown), which admits and preempts as the server's does."""
     best: tuple[float, ServiceFit] | None = None
-    step, per_seq, prefill, ctx = cost
     # unlimited admission first: a slot count is taken only when replaying it is clearly better (a limit the
     # probes never reached replays the same, and would cap the simulated capacity at a concurrency merely seen)
     for slots in sorted({max(1, peak), UNLIMITED_SLOTS}, reverse=True):
         for chunk in CHUNK_CHOICES:
             engine = EngineModel(
-                slots=slots, step_ms=step, step_ms_per_seq=per_seq, prefill_ms_per_token=prefill,
-                prefill_ms_per_token_ctx=ctx, chunked=chunk > 0, chunk_tokens=chunk or 512, kv_capacity_tokens=kv,
+                slots=slots, step_ms=cost.step, step_ms_per_seq=cost.per_seq, prefill_ms_per_token=cost.prefill,
+                prefill_ms_per_token_ctx=cost.ctx, prefill_ms_per_token_step=cost.batch,
+                frontend_ms=cost.frontend, frontend_ms_per_token=cost.frontend_per_token,
+                chunked=chunk > 0, chunk_tokens=chunk or 512,
+                kv_capacity_tokens=kv,
             )  # fmt: skip
-            rep = replay_rows(engine, probes, q, metrics)
+            rep, fit_score = replay_fit(engine, probes, q, metrics, limits)
             if not rep:
                 continue
-            score = _score(rep) + (0.0 if slots == UNLIMITED_SLOTS else SLOTS_MARGIN * len(rep))
+            score = fit_score + (0.0 if slots == UNLIMITED_SLOTS else SLOTS_MARGIN * len(rep))
             if best is None or score < best[0]:
                 best = (score, ServiceFit(engine, slots < UNLIMITED_SLOTS, streams, rep))
     return best
 
 
 def _calibrated(
-    found: tuple[float, ServiceFit] | None, probes: Sequence[Probe], q: float, metrics: Sequence[str]
+    found: tuple[float, ServiceFit] | None,
+    probes: Sequence[Probe],
+    q: float,
+    metrics: Sequence[str],
+    limits: Mapping[str, float] | None = None,
 ) -> tuple[float, ServiceFit] | None:
     """The prefill cost is the least determined (it rides on a few long prompts per span, and a direct measure
     holds only where prompts are not chunked) and the most visible in TTFT: it is calibrated by the replay, the
@@ -220,11 +263,13 @@ def _calibrated(
     if found is None:
         return None
     score, fit = found
-    base, ctx = fit.engine.prefill_ms_per_token, fit.engine.prefill_ms_per_token_ctx
+    e = fit.engine
+    base, ctx, batch = e.prefill_ms_per_token, e.prefill_ms_per_token_ctx, e.prefill_ms_per_token_step
     for factor in PREFILL_FACTORS:
-        engine = replace(fit.engine, prefill_ms_per_token=base * factor, prefill_ms_per_token_ctx=ctx * factor)
-        rep = replay_rows(engine, probes, q, metrics)
-        tried = _score(rep) + SLOTS_MARGIN * len(rep)
+        engine = replace(e, prefill_ms_per_token=base * factor, prefill_ms_per_token_ctx=ctx * factor,
+                         prefill_ms_per_token_step=batch * factor)  # fmt: skip
+        rep, fit_score = replay_fit(engine, probes, q, metrics, limits)
+        tried = fit_score + SLOTS_MARGIN * len(rep)
         if rep and tried < score:
             score, fit = tried, ServiceFit(engine, fit.slots_reached, fit.streams, rep)
     return score, fit
@@ -456,7 +501,7 @@ def model_answer(
     ``limits``: metric (``ttft``, ``gap``, ``total``) -> ms at the quantile ``q``; ``measured``: the measured
     bracket [highest pass, lowest fail] (either end None when open); ``workload``: where each replicate's
     requests come from. ``quick``: a fit its own probes refute is not simulated (no capacity, only why)."""
-    fit = fit_service(probes, q, list(limits))
+    fit = fit_service(probes, q, list(limits), limits)
     if fit is None:
         return ModelAnswer(None, None, None, [], None, False, "too few streams of three tokens or more to fit")
     refuted = _refuted(fit, probes) if quick else ""
@@ -478,8 +523,12 @@ def model_answer(
         se *= math.sqrt(r)
     half = max(T975.get(r - 1, 2.2) * se, FLOOR * cap)
     low, high = cap - half, cap + half
-    why = _unusable(fit, probes, (low, high), measured)
-    answer = ModelAnswer(cap, low, high, jack, fit, not why, why or "every check held", curve=curve,
+    why = _unusable(fit, probes, (low, high), measured, lambda bias: bias_moves_nothing(bias, reps, limits, high))
+    held = "every check held"
+    bias = systematic_bias(fit.replay)
+    if not why and bias is not None:
+        held += f" ({systematic_error(fit.replay).split(': a ')[0]}, which moves no verdict up to {high:.3g} req/s)"
+    answer = ModelAnswer(cap, low, high, jack, fit, not why, why or held, curve=curve,
                          workload=workload.describe())  # fmt: skip
     if not why:
         answer.bracket = (max(low, lo_m or 0.0), min(high, hi_m if hi_m is not None else math.inf))
@@ -506,24 +555,55 @@ def settling_answer(
     return None
 
 
-def systematic_error(replay: Sequence[ReplayRow]) -> str:
-    """A model on one side of the measured percentile at every probe is off by more than its noise, even when each
-    probe alone agrees within its interval ('' when no limit's replay is)."""
+def systematic_bias(replay: Sequence[ReplayRow]) -> tuple[str, float, int] | None:
+    """(percentile key, mean relative error, probes) of the first limit whose replay is on one side of the measured
+    percentile at every probe, by :data:`BIAS_SHARE` or more on average; None when no limit's is."""
     for key in sorted({r.key for r in replay}):
         errs = [(r.model - r.measured) / r.measured for r in replay if r.key == key and r.measured > 0]
         if len(errs) >= BIAS_PROBES and (all(e < 0 for e in errs) or all(e > 0 for e in errs)):
             mean = statistics.fmean(errs)
             if abs(mean) >= BIAS_SHARE:
-                side = "under" if mean < 0 else "over"
-                return (f"its replay is {side} the measured {key} at every one of {len(errs)} probes "
-                        f"({mean:+.0%} on average): a systematic error, not noise")  # fmt: skip
-    return ""
+                return key, mean, len(errs)
+    return None
+
+
+def systematic_error(replay: Sequence[ReplayRow]) -> str:
+    """A model on one side of the measured percentile at every probe is off by more than its noise, even when each
+    probe alone agrees within its interval ('' when no limit's replay is)."""
+    bias = systematic_bias(replay)
+    if bias is None:
+        return ""
+    key, mean, count = bias
+    side = "under" if mean < 0 else "over"
+    return (f"its replay is {side} the measured {key} at every one of {count} probes ({mean:+.0%} on average): "
+            "a systematic error, not noise")  # fmt: skip
+
+
+def bias_moves_nothing(
+    bias: tuple[str, float, int], reps: Replicates, limits: Mapping[str, float], up_to: float
+) -> bool:
+    """Whether a systematic error in one limit's replay, taken out, leaves that limit on the same side at every rate
+    simulated up to ``up_to``: the limit does not bind there either way, so the capacity (set by another limit)
+    stands. A limit that binds, or would once corrected, moves it."""
+    metric = bias[0].split("_p")[0]
+    if metric not in limits:
+        return False
+    factor = 1.0 / (1.0 + bias[1])
+    limit = limits[metric]
+    for rate, by_metric in reps.curve.items():
+        if rate <= up_to and metric in by_metric:
+            value = by_metric[metric][0]
+            if (value > limit) != (value * factor > limit):
+                return False
+    return True
 
 
 def _unusable(fit: ServiceFit, probes: Sequence[Probe], interval: tuple[float, float],
-              measured: tuple[float | None, float | None]) -> str:  # fmt: skip
-    """Why the model may not narrow the bracket ('' when it may)."""
-    refuted = _refuted(fit, probes)
+              measured: tuple[float | None, float | None], harmless: Callable[[tuple[str, float, int]], bool],
+              ) -> str:  # fmt: skip
+    """Why the model may not narrow the bracket ('' when it may). ``harmless``: whether a systematic error moves no
+    verdict the capacity rests on."""
+    refuted = _refuted(fit, probes, harmless)
     if refuted:
         return refuted
     lo_m, hi_m = measured
@@ -534,8 +614,11 @@ def _unusable(fit: ServiceFit, probes: Sequence[Probe], interval: tuple[float, f
     return ""
 
 
-def _refuted(fit: ServiceFit, probes: Sequence[Probe]) -> str:
-    """Why the probes themselves refute the fitted engine ('' when none does): checks before any simulation."""
+def _refuted(
+    fit: ServiceFit, probes: Sequence[Probe], harmless: Callable[[tuple[str, float, int]], bool] | None = None
+) -> str:
+    """Why the probes themselves refute the fitted engine ('' when none does): checks before any simulation, and a
+    systematic error that ``harmless`` does not clear."""
     if any(p.preempted for p in probes) and not fit.engine.kv_capacity_tokens:
         return "the server preempted requests and did not state its KV pool: KV-cache pressure is not in the model"
     bad = [r for r in fit.replay if not r.inside]
@@ -545,4 +628,7 @@ def _refuted(fit: ServiceFit, probes: Sequence[Probe]) -> str:
             f"its replay of {r.rate:g} req/s gives {r.key} {r.model:g} ms where {r.measured:g} ms was measured "
             f"(its interval [{figure_text(r.key, r.low)}, {figure_text(r.key, r.high)}])"
         )
+    bias = systematic_bias(fit.replay)
+    if bias is not None and harmless is not None and harmless(bias):
+        return ""
     return systematic_error(fit.replay)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 IDLE_ROWS = 200
 """Requests that found no queue wanted for the direct prefill estimate, taken from the lowest rates first."""
@@ -34,8 +34,28 @@ ROUNDS = 3
 
 Row = tuple[float, float, float, float]
 """(weight, response, first regressor, second regressor): one row of the fits' least squares."""
-Costs = tuple[float, float, float, float]
-"""(step ms, ms per running stream, ms per prefilled token, ms per prefilled token per 1,000 tokens before it)."""
+
+
+class Costs(NamedTuple):
+    """One candidate set of step-loop costs (the :class:`EngineModel` fields of the same meaning)."""
+
+    step: float
+    per_seq: float
+    prefill: float
+    ctx: float = 0.0
+    """ms per prefilled token per 1,000 tokens of its prompt before it."""
+    batch: float = 0.0
+    """ms per prefilled token per 1,000 tokens prefilled in the same step."""
+    frontend: float = 0.0
+    """ms before a request joins the scheduler's queue."""
+    frontend_per_token: float = 0.0
+    """ms per prompt token on top of ``frontend``."""
+
+
+STEP_TOL_S = 0.0015
+"""First tokens this close together were emitted by one step (a client's read jitter is well under it)."""
+STALL_ROWS = 20
+"""Steps with a stall seen by a running stream wanted for the stall fit."""
 CTX_MIN_SHARE = 0.05
 """The square term is kept only when it adds at least this share to the longest idle prompt's prefill cost."""
 
@@ -53,6 +73,8 @@ class Stream:
     measured: bool
     gap_ms: float = 0.0
     total_ms: float = 0.0
+    gap_end: float = 0.0
+    """When the worst gap ended (0: unknown)."""
 
     def value(self, metric: str) -> float:
         return {"ttft": self.ttft_ms, "gap": self.gap_ms, "total": self.total_ms}[metric]
@@ -75,10 +97,11 @@ def streams_of(records: Sequence[Mapping[str, Any]], measured_ids: set[Any]) -> 
         tokens = next((r[k] for k in ("completion_tokens", "chunks") if isinstance(r.get(k), int) and r[k] > 0), None)
         if prompt is None or tokens is None:
             continue
-        gap, total = r.get("worst_gap_ms"), r.get("total_from_intended_ms")
+        gap, total, gap_end = r.get("worst_gap_ms"), r.get("total_from_intended_ms"), r.get("worst_gap_end_s")
         out.append(Stream(float(t0), first, float(end), int(prompt), int(tokens), float(ttft),  # type: ignore[arg-type]
                           r.get("trace_id") in measured_ids, float(gap) if isinstance(gap, (int, float)) else 0.0,
-                          float(total) if isinstance(total, (int, float)) else (float(end) - float(t0)) * 1000.0))  # type: ignore[arg-type]  # fmt: skip
+                          float(total) if isinstance(total, (int, float)) else (float(end) - float(t0)) * 1000.0,  # type: ignore[arg-type]
+                          float(gap_end) if isinstance(gap_end, (int, float)) else 0.0))  # fmt: skip
     return out
 
 
@@ -275,31 +298,130 @@ def prefill_from_idle(attempts_by_rate: Sequence[Sequence[Sequence[Stream]]]) ->
     return (sol[2], 0.0) if sol is not None and sol[2] > 0 else None
 
 
+def stall_rows(streams: Sequence[Stream]) -> list[Row]:
+    """(1, stall ms, streams in the step, prompt tokens prefilled in it) of every step that emitted first tokens and
+    ended some running stream's worst gap: that gap is the step, as the streams beside the prefill felt it.
+
+    A first token's TTFT also holds what the front end spends on the prompt before the scheduler sees it; the gap
+    of a stream already running holds only the step. Steps are told apart by their first tokens' times, so the
+    prefill is taken whole (a chunked prompt's earlier chunks ran in other steps: the replay judges that)."""
+    if not streams:
+        return []
+    firsts = sorted(streams, key=lambda s: s.first)
+    ends = sorted((s.gap_end, s.gap_ms) for s in streams if s.gap_end > s.first)
+    end_times = [t for t, _ in ends]
+    running = _count_steps(streams)
+    run_times = [t for t, _ in running]
+    rows: list[Row] = []
+    k = 0
+    while k < len(firsts):
+        group = [firsts[k]]
+        while k + len(group) < len(firsts) and firsts[k + len(group)].first - group[-1].first <= STEP_TOL_S:
+            group.append(firsts[k + len(group)])
+        k += len(group)
+        lo, hi = group[0].first - STEP_TOL_S, group[-1].first + STEP_TOL_S
+        gaps = sorted(g for _, g in ends[bisect.bisect_left(end_times, lo) : bisect.bisect_right(end_times, hi)])
+        if not gaps:
+            continue
+        i = bisect.bisect_right(run_times, lo) - 1
+        before = running[i][1] if i >= 0 else 0
+        rows.append((1.0, gaps[len(gaps) // 2], float(before + len(group)), float(sum(s.prompt for s in group))))
+    return rows
+
+
+def prefill_from_stalls(
+    attempts_by_rate: Sequence[Sequence[Sequence[Stream]]], step: float, per_seq: float
+) -> tuple[float, float] | None:
+    """(ms per prefilled token, ms per token per 1,000 prefilled in the same step) from the stalls running streams
+    saw (:func:`stall_rows`), the step's own cost (``step + per_seq * running``) taken off. The square term is kept
+    where steps of different prefill sizes show it (an unchunked GPU prefill of two long prompts costs more than
+    twice one) and it is material (:data:`CTX_MIN_SHARE` of the largest step's prefill); None when too few."""
+    rows = [(w, y - step - per_seq * r, r, t) for a in attempts_by_rate for at in a for w, y, r, t in stall_rows(at)]
+    rows = [row for row in rows if row[3] > 0]
+    if len(rows) < STALL_ROWS or max(t for *_, t in rows) < PROMPT_SPREAD * min(t for *_, t in rows):
+        return None
+    largest = max(t for *_, t in rows)
+    sol = least_squares([(w, y, (t, t * t / 2000.0)) for w, y, _, t in rows])
+    if (
+        sol is not None
+        and sol[0] >= 0
+        and sol[1] * largest / 2000.0 >= CTX_MIN_SHARE * (sol[0] + sol[1] * largest / 2000.0)
+    ):
+        return sol[0], sol[1]
+    sol = least_squares([(w, y, (t,)) for w, y, _, t in rows])
+    return (sol[0], 0.0) if sol is not None and sol[0] > 0 else None
+
+
+def frontend_from_idle(attempts_by_rate: Sequence[Sequence[Sequence[Stream]]], cost: Costs) -> tuple[float, float]:
+    """(ms, ms per prompt token) that requests which found no queue spent beyond the step that prefilled them:
+    their TTFT less the step's cost and half the decode step they arrived in (the replay waits that out itself),
+    against the prompt. Each figure at least 0; (0, 0) where too few such requests were seen."""
+    rows: list[tuple[float, float, tuple[float, ...]]] = []
+    for attempts in attempts_by_rate:
+        if len(rows) >= IDLE_ROWS:
+            break
+        for a in attempts:
+            for _, ttft, running, p in idle_rows(a):
+                decode = cost.step + cost.per_seq * running
+                stepped = (
+                    cost.step
+                    + cost.per_seq * (running + 1)
+                    + cost.prefill * p
+                    + (cost.ctx + cost.batch) * p * p / 2000.0
+                )
+                rows.append((1.0, ttft - stepped - decode / 2.0, (1.0, p)))
+    prompts = [x[1] for *_, x in rows]
+    if len(rows) < IDLE_ROWS // 4 or min(prompts) <= 0 or max(prompts) < PROMPT_SPREAD * min(prompts):
+        return 0.0, 0.0
+    sol = least_squares(rows)
+    if sol is None:
+        return 0.0, 0.0
+    if sol[1] < 0:  # no slope: the mean alone
+        return max(0.0, sum(y for _, y, _ in rows) / len(rows)), 0.0
+    return max(0.0, sol[0]), sol[1]
+
+
 def fit_costs(attempts_by_rate: Sequence[Sequence[Sequence[Stream]]]) -> list[Costs]:
     """Candidate costs from every attempt's streams (``attempts_by_rate`` in rising rate), for the replay to
     choose from: the running count per second; per step with the prefill cost fitted; per step with the prefill
-    cost measured on requests that found no queue (with its context term). On a step loop of the fitted family
-    the last is exact, but a chunk's step overhead counts as prefill in the direct slope, and on a real server a
-    few long prefill steps weigh on the per-step count as many steps would: which holds is what the probes' own
-    replay shows."""
+    cost measured on requests that found no queue (with its context term); per step with the prefill cost
+    measured on the stalls it put on running streams (with its batch term, and the front end's share of the TTFT
+    measured beside it). On a step loop of the fitted family the third is exact, but a chunk's step overhead
+    counts as prefill in the direct slope, a few long prefill steps weigh on the per-step count as many steps
+    would, and a real server's front end spends time on a long prompt that no step pays: which holds is what the
+    probes' own replay shows."""
     attempts = [a for by_rate in attempts_by_rate for a in by_rate]
     first = fit_step_cost([row for a in attempts for row in decode_rows(a)])
     if first is None:
         return []
-    per_second: Costs = (*first, 0.0)
+    per_second = Costs(*first)
     out = [per_second]
-    for measured in (None, prefill_from_idle(attempts_by_rate)):
-        prefill, ctx = measured if measured is not None else (None, 0.0)
-        cost: Costs | None = per_second
+
+    def per_step(prefill: float | None, ctx: float, batch: float) -> Costs | None:
+        cost = per_second
         for _ in range(ROUNDS):
-            assert cost is not None
-            rows = [row for a in attempts for row in decode_rows(a, cost[0], cost[1], ctx)]
+            # a step's batch term, for the one prompt most steps prefill, costs as the context term does
+            rows = [row for a in attempts for row in decode_rows(a, cost.step, cost.per_seq, ctx + batch)]
             refit = fit_step_cost(rows, prefill)
             if refit is None:
                 break
-            cost = (*refit, ctx)
-        if cost is not None and cost is not per_second and cost not in out:
+            cost = Costs(*refit, ctx=ctx, batch=batch)
+        return cost if cost is not per_second else None
+
+    for measured in (None, prefill_from_idle(attempts_by_rate)):
+        prefill, ctx = measured if measured is not None else (None, 0.0)
+        cost = per_step(prefill, ctx, 0.0)
+        if cost is not None and cost not in out:
             out.append(cost)
+    fitted = out[-1] if len(out) > 1 else None
+    stalls = prefill_from_stalls(attempts_by_rate, fitted.step, fitted.per_seq) if fitted is not None else None
+    if stalls is not None:
+        cost = per_step(stalls[0], 0.0, stalls[1])
+        if cost is not None:
+            front, per_token = frontend_from_idle(attempts_by_rate, cost)
+            cost = cost._replace(frontend=front, frontend_per_token=per_token)
+            if cost not in out:
+                out.append(cost)
     return out
 
 

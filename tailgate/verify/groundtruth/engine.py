@@ -8,7 +8,12 @@ small enough to reason about and rich enough to show what a real scheduler does 
   prompt token prefilled in it, so a long prompt inserted into the batch stalls *every* running
   stream for that step (the batch-wide stall of unchunked prefill); with ``prefill_ms_per_token_ctx``
   a prompt token also costs in proportion to the prompt before it (attention reads the whole context),
-  so a prompt's cost grows with its square and the last chunk of a long prompt is its dearest;
+  so a prompt's cost grows with its square and the last chunk of a long prompt is its dearest; with
+  ``prefill_ms_per_token_step`` a token also costs in proportion to every token prefilled in the same step, so
+  two long prompts prefilled together cost more than twice one (as a GPU's unchunked prefill does);
+- with ``frontend_ms`` and ``frontend_ms_per_token`` a request reaches the scheduler that long (plus so much per
+  prompt token) after it arrived (the front end parses, tokenizes and copies the prompt beside the engine): its
+  own TTFT pays it, no step does;
 - with ``chunked`` on, a step prefills at most ``chunk_tokens`` prompt tokens, which bounds the stall
   and spreads a long prompt over several steps;
 - with a KV pool (``kv_capacity_tokens``), admission waits for room and a running batch that outgrows
@@ -52,6 +57,18 @@ class EngineModel:
     """ms per prefilled token per 1,000 tokens of the prompt before it: a chunk of ``take`` tokens starting at
     position ``s`` costs ``prefill_ms_per_token_ctx * take * (s + take / 2) / 1000`` on top, and a whole prompt of
     ``P`` tokens ``prefill_ms_per_token_ctx * P**2 / 2000``, however it is chunked."""
+    prefill_ms_per_token_step: float = 0.0
+    """ms per prefilled token per 1,000 tokens prefilled in the same step: a step that prefills ``T`` tokens
+    costs ``prefill_ms_per_token_step * T**2 / 2000`` on top (alone, a whole prompt costs as with the context
+    term; two prompts in one step cost more than apart)."""
+    frontend_ms: float = 0.0
+    """ms between a request's arrival and its entry into the scheduler's queue, whatever its prompt."""
+    frontend_ms_per_token: float = 0.0
+    """ms per prompt token on top of ``frontend_ms``."""
+
+    def ready_ns(self, arrival_ns: int, prompt_tokens: int) -> int:
+        """When a request that arrived at ``arrival_ns`` joins the scheduler's queue."""
+        return arrival_ns + round((self.frontend_ms + self.frontend_ms_per_token * prompt_tokens) * MS)
 
     @classmethod
     def from_dict(cls, doc: Any) -> EngineModel:
@@ -70,7 +87,14 @@ class EngineModel:
         kv = model.kv_capacity_tokens
         if isinstance(kv, bool) or not isinstance(kv, int) or kv < 0:
             raise EngineModelError(f"engine kv_capacity_tokens must be an integer >= 0, got {kv!r}")
-        for name in ("step_ms", "step_ms_per_seq", "prefill_ms_per_token", "prefill_ms_per_token_ctx"):
+        for name in (
+            "step_ms",
+            "step_ms_per_seq",
+            "prefill_ms_per_token",
+            "prefill_ms_per_token_ctx",
+            "prefill_ms_per_token_step",
+            "frontend_ms_per_token",
+        ):
             v = getattr(model, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
                 raise EngineModelError(f"engine {name} must be a number >= 0, got {v!r}")
@@ -97,6 +121,8 @@ class EngineRequest:
     prefill_left: int = 0
     emitted_ns: list[int] = field(default_factory=list)
     """When each token was emitted (kept only by :func:`simulate`)."""
+    cancelled: bool = False
+    """The client went away (a front end still holding the request drops it)."""
 
     def __post_init__(self) -> None:
         self.prefill_left = self.prompt_tokens
@@ -133,6 +159,7 @@ class Engine:
 
     def cancel(self, req: EngineRequest) -> None:
         """A client went away: the sequence leaves the engine wherever it is."""
+        req.cancelled = True
         if req in self.running:
             self.running.remove(req)
         else:
@@ -185,7 +212,7 @@ class Engine:
         self._emit = emit
         self._prefilled = prefilled
         ms = m.step_ms + m.step_ms_per_seq * len(self.running) + m.prefill_ms_per_token * prefilled
-        ms += m.prefill_ms_per_token_ctx * context / 1000.0
+        ms += m.prefill_ms_per_token_ctx * context / 1000.0 + m.prefill_ms_per_token_step * prefilled**2 / 2000.0
         self.step_end_ns = now_ns + round(ms * MS)
         return self.step_end_ns
 
@@ -218,6 +245,8 @@ class Outcome:
     ttft_ms: float
     worst_gap_ms: float
     total_ms: float
+    worst_gap_end_ns: int = 0
+    """When the worst gap ended (0: the stream had one token)."""
 
 
 def simulate(model: EngineModel, arrivals: Iterable[tuple[int, int, int]], *, fast: bool = True) -> list[Outcome]:
@@ -229,16 +258,17 @@ def simulate(model: EngineModel, arrivals: Iterable[tuple[int, int, int]], *, fa
     (a test holds it to the step-by-step run), only the time a long truth run takes.
     """
     engine = Engine(model)
-    pending = deque(sorted(arrivals))
+    # (joins the queue, arrival, prompt, max tokens): a front end's delay may reorder requests
+    pending = deque(sorted((model.ready_ns(a, p), a, p, mx) for a, p, mx in arrivals))
     reqs: list[EngineRequest] = []
-    # per request: [first token ns, last token ns, worst gap ns]
+    # per request: [first token ns, last token ns, worst gap ns, end of the worst gap ns]
     stats: dict[int, list[int]] = {}
 
     def admit_until(t: int) -> None:
         while pending and pending[0][0] <= t:
-            a, p, mx = pending.popleft()
+            _, a, p, mx = pending.popleft()
             req = EngineRequest(p, mx, a)
-            stats[id(req)] = [-1, -1, 0]
+            stats[id(req)] = [-1, -1, 0, 0]
             reqs.append(req)
             engine.submit(req)
 
@@ -246,10 +276,10 @@ def simulate(model: EngineModel, arrivals: Iterable[tuple[int, int, int]], *, fa
         st = stats[id(r)]
         if st[0] < 0:
             st[0] = first_t
-        else:
-            st[2] = max(st[2], first_t - st[1])
-        if count > 1:
-            st[2] = max(st[2], step_ns)
+        elif first_t - st[1] > st[2]:
+            st[2], st[3] = first_t - st[1], first_t
+        if count > 1 and step_ns > st[2]:
+            st[2], st[3] = step_ns, first_t + step_ns
         st[1] = first_t + (count - 1) * step_ns
 
     t = 0
@@ -278,9 +308,11 @@ def simulate(model: EngineModel, arrivals: Iterable[tuple[int, int, int]], *, fa
             emitted(r, end, 0, 1)
         t = end
     out = []
-    for r in reqs:
-        first, last, worst = stats[id(r)]
-        out.append(Outcome(r.arrival_ns, (first - r.arrival_ns) / MS, worst / MS, (last - r.arrival_ns) / MS))
+    for r in sorted(reqs, key=lambda r: r.arrival_ns):
+        first, last, worst, worst_end = stats[id(r)]
+        out.append(
+            Outcome(r.arrival_ns, (first - r.arrival_ns) / MS, worst / MS, (last - r.arrival_ns) / MS, worst_end)
+        )
     return out
 
 

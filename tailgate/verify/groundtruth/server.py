@@ -214,9 +214,18 @@ class GroundTruthServer:
         engine = self.engine
         if engine is None:  # switched off since the request arrived: it is not served
             return
+        ready = engine.model.ready_ns(req.arrival_ns, req.prompt_tokens)
+        if ready > req.arrival_ns:  # the front end holds it first, off the engine's steps
+            self.loop.call_at(ready * 1e-9, self._engine_enqueue, engine, req, ready)
+        else:
+            self._engine_enqueue(engine, req, ready)
+
+    def _engine_enqueue(self, engine: Engine, req: EngineRequest, ready_ns: int) -> None:
+        if engine is not self.engine or req.cancelled:
+            return
         engine.submit(req)
         if engine.step_end_ns is None:
-            self._engine_start(max(req.arrival_ns, engine.last_end_ns))
+            self._engine_start(max(ready_ns, engine.last_end_ns))
 
     def engine_cancel(self, req: EngineRequest) -> None:
         if self.engine is not None:
