@@ -7,6 +7,7 @@ Standard library only: the load path (gevent) and the analysis (pandas) both imp
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
@@ -53,6 +54,11 @@ class RunStatus(Enum):
 
 
 _WITH_DETAIL = frozenset({RunStatus.STOPPED_AFTER, RunStatus.STOPPED_IN_STAGE})
+
+
+def utc_stamp(t: float | None = None) -> str:
+    """A moment (now by default) as every results file stamps it: UTC to the second, so stamps compare as text."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ Not :mod:`tailgate.load.session`: that is one run inside the Locust process; thi
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 from tailgate.cell import CellResult, CellSpec, run_cell
 from tailgate.resultfiles import RUN_META
-from tailgate.runmeta import RunMeta, RunStatus
+from tailgate.runmeta import RunMeta, RunStatus, utc_stamp
 from tailgate.runner import ChildRunner, prepare_server
 from tailgate.servers.base import ServerController
 from tailgate.stagewarmup import (
@@ -33,11 +32,6 @@ from tailgate.stagewarmup import (
 )
 
 Log = Callable[[str], None]
-
-
-def iso_now() -> str:
-    """Now, as every results file stamps a moment: UTC to the second, so two files' stamps compare as text."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 @dataclass(frozen=True)
@@ -192,7 +186,7 @@ def end_run_meta(meta: RunMeta, path: Path, why: str, status: RunStatus) -> None
     """:func:`mark_run_ended` for a run.json already read (a cell's result carries it)."""
     if meta.state is not RunStatus.RUNNING:
         return
-    meta.with_(status=status.text(), ended=meta.ended or iso_now(), ended_by=why).write(path)
+    meta.with_(status=status.text(), ended=meta.ended or utc_stamp(), ended_by=why).write(path)
 
 
-__all__ = ["RoundRun", "ServerSession", "StageLoad", "end_run_meta", "iso_now", "mark_run_ended"]
+__all__ = ["RoundRun", "ServerSession", "StageLoad", "end_run_meta", "mark_run_ended"]

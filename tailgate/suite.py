@@ -34,11 +34,11 @@ from tailgate.optiontable import DEFAULTS
 from tailgate.policies import CellPolicy, FixedCells, KneeRamp
 from tailgate.records import read_records
 from tailgate.resultfiles import RUN_META, SUITE_META, summary_file
-from tailgate.runmeta import RunMeta, RunStatus, SuiteMeta
+from tailgate.runmeta import RunMeta, RunStatus, SuiteMeta, utc_stamp
 from tailgate.runner import ChildRunner, LocustRun
 from tailgate.serverconfigs import CONFIGS, DEFAULT, NOCHUNK, PREEMPT, engine_default
 from tailgate.servers.base import redact_argv
-from tailgate.serversession import RoundRun, ServerSession, StageLoad, end_run_meta, iso_now
+from tailgate.serversession import RoundRun, ServerSession, StageLoad, end_run_meta
 from tailgate.stagewarmup import StageWarmup
 
 Log = Callable[[str], None]
@@ -202,7 +202,7 @@ class Suite:
 
     def _write_meta(self, **updates: Any) -> None:
         path = self._meta_path()
-        meta = SuiteMeta.read_or_none(path) or SuiteMeta.from_dict({"created": iso_now(), "servers": {}})
+        meta = SuiteMeta.read_or_none(path) or SuiteMeta.from_dict({"created": utc_stamp(), "servers": {}})
         meta.with_(**updates).write(path)
 
     def _record_server(self, config: str, entry: dict[str, Any]) -> None:
@@ -305,7 +305,7 @@ class Suite:
         p = self.plan
         self.root.mkdir(parents=True, exist_ok=True)
         self._write_meta(
-            started=iso_now(), plan=asdict(p), prometheus_url=self.prometheus_url, **self.extra_metadata,
+            started=utc_stamp(), plan=asdict(p), prometheus_url=self.prometheus_url, **self.extra_metadata,
             status="running", exit_code=None, ended=None, end_detail=None,
         )  # fmt: skip
         ramp, rest = self.policies()
@@ -340,7 +340,7 @@ class Suite:
         """Record in suite.json how the suite ended (completed, interrupted, failed) and its exit code."""
         if not self._meta_path().exists():
             return
-        self._write_meta(status=status, exit_code=exit_code, ended=iso_now(), end_detail=detail)
+        self._write_meta(status=status, exit_code=exit_code, ended=utc_stamp(), end_detail=detail)
 
 
 class SuiteError(RuntimeError):

@@ -11,7 +11,6 @@ from locust import __version__ as locust_version
 import json
 import os
 import platform
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +23,7 @@ from tailgate.load.plan import Stage
 from tailgate.load.sidecars import server_info
 from tailgate.load.workload import mix_of
 from tailgate.records import read_sent
-from tailgate.runmeta import RunStatus
-
-
-def iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+from tailgate.runmeta import RunStatus, utc_stamp
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -76,7 +71,7 @@ def run_metadata(
     measured = s.trace[s.warmup :]
     return {
         "run_id": run_id, "arm": s.arm, "config": s.config_label, "host": s.host, "model": s.model,
-        "prometheus_url": s.prometheus_url, "metrics_url": s.metrics_url, "started": iso(started),
+        "prometheus_url": s.prometheus_url, "metrics_url": s.metrics_url, "started": utc_stamp(started),
         "ended": None, "status": RunStatus.RUNNING.text(), "stop_reason": None,
         "trace": {"seed": s.seed, "warmup": s.warmup, "n": s.n, "source": s.trace_source,
                   "mix": mix_of(measured), "mix_with_warmup": mix_of(s.trace)},

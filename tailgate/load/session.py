@@ -41,7 +41,7 @@ from tailgate.load.peers import PeerGate
 from tailgate.load.plan import Stage, share
 from tailgate.load.processes import processes_for
 from tailgate.load.roster import LoadProcess, WorkerRoster, WorkersLost
-from tailgate.load.runfiles import iso, run_metadata, stage_accounting, write_json
+from tailgate.load.runfiles import run_metadata, stage_accounting, write_json
 from tailgate.load.sidecars import (
     REPORT_INTERRUPTED,
     launch_report,
@@ -55,7 +55,7 @@ from tailgate.load.tally import StageTally
 from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
 from tailgate.records import lost_in_flight
 from tailgate.resultfiles import REPORT_LOG, RUN_META, report_html, summary_file
-from tailgate.runmeta import RunStatus
+from tailgate.runmeta import RunStatus, utc_stamp
 from tailgate.stats import summarize_stage
 
 log = logging.getLogger("tailgate")
@@ -223,7 +223,7 @@ class RunSession(WorkerRoster):
             "chunk_stamp_notes": self.stamp_notes,
         })  # fmt: skip
         self.meta.update({
-            "ended": iso(time.time()), "status": status, "stop_reason": self.stop_reason,
+            "ended": utc_stamp(), "status": status, "stop_reason": self.stop_reason,
             "stages": [self.summaries[i].stage_label for i in sorted(self.summaries)],
             "partial_stages": [s.stage_label for _, s in sorted(self.summaries.items()) if s.partial],
             "error": self.failed,
@@ -428,7 +428,7 @@ class RunSession(WorkerRoster):
         reset = delta is not None and delta < 0  # the counter went backwards: the server restarted mid-stage
         self._after[stage.index] = after
         figures = StageSummary.from_dict(summarize_stage(
-            records, arm=stage.arm, rate_or_batch=stage.rate_or_batch, started=iso(stage_start),
+            records, arm=stage.arm, rate_or_batch=stage.rate_or_batch, started=utc_stamp(stage_start),
             warmup=stage.warmup, warmup_rule=s.warmup_rule, preemptions_delta=None if reset else delta,
         ), source=f"{stage.label} summary")  # fmt: skip
         window_start = min([r["sent_s"] for r in records] or [stage_start])

@@ -19,9 +19,9 @@ from tailgate.cell import CellSpec, read_summaries
 from tailgate.contracts import StageSummary
 from tailgate.load.plan import rate_label
 from tailgate.records import read_records
-from tailgate.runmeta import SloMeta
+from tailgate.runmeta import SloMeta, utc_stamp
 from tailgate.runner import ChildRunner, LocustRun
-from tailgate.serversession import RoundRun, ServerSession, StageLoad, iso_now
+from tailgate.serversession import RoundRun, ServerSession, StageLoad
 from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.confirm import (
@@ -471,13 +471,13 @@ class SloRunner:
         self.root.mkdir(parents=True, exist_ok=True)
         found = SloMeta.read_or_none(self.root / SLO_FILE)
         # configurations searched by earlier invocations (one per device call) stay in the file
-        self.state = SloState.from_meta(found) if found is not None else SloState(created=iso_now())
-        self.state.started, self.state.plan = iso_now(), self.plan.describe()
+        self.state = SloState.from_meta(found) if found is not None else SloState(created=utc_stamp())
+        self.state.started, self.state.plan = utc_stamp(), self.plan.describe()
         self.state.extra.update(self.extra)
         self._loaded = True
         self._save()
         done = [self.run_config(config) for config in self.plan.configs]
-        self.state.ended = iso_now()
+        self.state.ended = utc_stamp()
         self._save()
         return done
 
@@ -489,7 +489,7 @@ class SloRunner:
         for c in self.state.configs:
             if c.status == "running":
                 c.status, c.error = status, reason
-        self.state.ended = iso_now()
+        self.state.ended = utc_stamp()
         self._save()
 
     def interrupt(self) -> None:
