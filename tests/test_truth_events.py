@@ -1,0 +1,57 @@
+"""The long-run truth counts the requests over a limit in events: a p99 that rests on two rare stalls, each over
+twenty streams at once, is not a verdict at 95% however many requests the run held."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import slo_truth_real as truth
+
+
+def test_poisson_bounds_are_garwoods() -> None:
+    assert truth.poisson_bounds(0) == pytest.approx((0.0, 3.689), abs=1e-3)
+    assert truth.poisson_bounds(3) == pytest.approx((0.619, 8.767), abs=1e-3)
+    assert truth.poisson_bounds(10) == pytest.approx((4.795, 18.390), abs=1e-3)
+
+
+def _run(stalls: list[float], hit: int, n: int = 4000, seconds: float = 400.0) -> list[dict[str, Any]]:
+    """``n`` streams over ``seconds``; each stall at the given moments puts ``hit`` of them at 270 ms."""
+    rng = random.Random(3)
+    recs = []
+    for i in range(n):
+        t0 = seconds * i / n
+        recs.append({"intended_s": t0, "end_s": t0 + 1.0, "worst_gap_ms": 100 + 40 * rng.random(),
+                     "worst_gap_end_s": t0 + 0.5})  # fmt: skip
+    for at in stalls:
+        for j in range(hit):
+            r = recs[int(at / seconds * n) - j - 1]
+            r["worst_gap_ms"], r["worst_gap_end_s"] = 270.0 + j, at + 0.001 * rng.random()
+    return recs
+
+
+def test_two_stalls_over_many_streams_bound_the_share_loosely() -> None:
+    over, events, low, high = truth.event_share(_run([100.0, 300.0], hit=24), "gap", 200.0, 4000)
+    assert (over, events) == (48, 2)
+    assert low == pytest.approx(0.242 * 24 / 4000, rel=0.01) and high == pytest.approx(7.225 * 24 / 4000, rel=0.01)
+    spread = truth.event_share(_run([50.0 * k for k in range(1, 8)], hit=1), "gap", 200.0, 4000)
+    assert spread[:2] == (7, 7) and spread[3] < 0.01  # seven single streams: a share well within 1%
+
+
+def _metric(events: int, low: float | None, high: float | None, boot_high: float = 190.0) -> Any:
+    return truth.MetricTruth("gap_p99", 200.0, 180.0, 150.0, boot_high, "not_enough_data", 4000, 200.0,
+                             over=events * 20, events=events, share_low=low, share_high=high)  # fmt: skip
+
+
+def test_the_truth_passes_only_where_its_events_allow() -> None:
+    assert truth.bootstrap_verdict([_metric(2, 0.0015, 0.043)], stopped=False) == "undecided"
+    assert truth.bootstrap_verdict([_metric(2, 0.0015, 0.008)], stopped=False) == "pass"
+    assert truth.bootstrap_verdict([_metric(0, 0.0, 0.06)], stopped=False) == "pass"  # no event seen: the bootstrap's
+    assert truth.bootstrap_verdict([_metric(30, 0.012, 0.05, boot_high=260.0)], stopped=False) == "fail"
+    assert truth.bootstrap_verdict([_metric(0, 0.0, 0.06)], stopped=True) == "fail"
