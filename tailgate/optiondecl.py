@@ -1,6 +1,6 @@
 """Every option more than one command takes, declared once: flags, dest, type, default, help, choices.
 
-Locust's parser (``tailgate/load/options.py``), ``tailgate suite`` and ``trace`` (``tailgate/cli.py``),
+Locust's parser (``tailgate/load/options.py``), ``tailgate suite`` (``tailgate/suitecommand.py``) and ``trace``,
 ``tailgate slo``, ``tailgate selfcheck`` and the ground-truth server share ``--seed``, ``--n``,
 ``--chunk-stamp`` and some twenty more. Declared once, their helps cannot differ between commands, and a
 caller turning values back into a Locust command line cannot spell a flag another way: each parser adds

@@ -4,7 +4,7 @@ A configuration is a way to start the same vLLM: the engine default (chunked pre
 off, and a small KV pool that forces preemption. The suite runs its cells on each, restarting the server
 between them; the analysis asks a configuration what role it plays in the comparison (which side of chunked
 prefill on vs off, whether it exists to preempt) rather than matching its name. A new configuration is an
-entry here, its option pair in ``tailgate/cli.py`` and, for compose, an override file.
+entry here, its option pair in ``tailgate/suitecommand.py`` and, for compose, an override file.
 
 Pure Python, no flags of vLLM beyond strings: the suite, the servers and the analysis all read it.
 """

@@ -293,12 +293,12 @@ def test_one_option_names_the_stamp_source_for_every_kind_of_run(tmp_path: Path)
 
     import argparse
 
-    from tailgate.cli import add_suite_arguments
-    from tailgate.cli import build_plan as suite_plan
     from tailgate.load.options import add_arguments, validate
     from tailgate.runner import LocustRun
     from tailgate.slo import add_slo_arguments
     from tailgate.slo.command import build_plan as slo_plan
+    from tailgate.suitecommand import add_suite_arguments
+    from tailgate.suitecommand import build_plan as suite_plan
     from tailgate.verify.selfcheck import build_parser, config_from_args, locust_command
 
     parser = get_parser()

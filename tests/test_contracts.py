@@ -314,10 +314,10 @@ def _defaults_of(add: Any) -> dict[str, Any]:
 
 
 def test_every_parser_takes_its_defaults_from_the_option_table() -> None:
-    from tailgate.cli import EMBEDDED, build_plan
     from tailgate.load.options import add_arguments
     from tailgate.slo import GPU, add_slo_arguments
     from tailgate.suite import SuitePlan
+    from tailgate.suitecommand import EMBEDDED, build_plan
 
     assert DEFAULTS["n"] == 500 and DEFAULTS["warmup"] == 25 and DEFAULTS["seed"] == 7
     locust = _defaults_of(add_arguments)
@@ -332,7 +332,7 @@ def test_every_parser_takes_its_defaults_from_the_option_table() -> None:
     slo = _defaults_of(add_slo_arguments)
     assert slo["seed"] == DEFAULTS["seed"] and GPU["warmup"] == DEFAULTS["warmup"]
 
-    from tailgate.cli import add_suite_arguments
+    from tailgate.suitecommand import add_suite_arguments
 
     parser = argparse.ArgumentParser()
     add_suite_arguments(parser)
@@ -372,9 +372,9 @@ def test_one_rate_check(text: str, message: str) -> None:
 
 
 def test_the_command_line_and_the_slo_search_refuse_a_rate_as_the_options_do() -> None:
-    from tailgate.cli import add_suite_arguments, build_plan
     from tailgate.slo import SloError, add_slo_arguments
     from tailgate.slo import build_plan as slo_plan
+    from tailgate.suitecommand import add_suite_arguments, build_plan
 
     parser = argparse.ArgumentParser()
     add_suite_arguments(parser)

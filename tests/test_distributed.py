@@ -498,8 +498,8 @@ def test_an_order_that_fails_in_a_worker_still_reports_done_with_the_error() -> 
 
 
 def test_processes_option_takes_auto(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tailgate.cli import parse_processes
     from tailgate.load.options import OptionError
+    from tailgate.optiontable import parse_processes
     from tailgate.suite import Cell, cell_processes
 
     assert parse_processes("auto") == 0 and parse_processes("3") == 3

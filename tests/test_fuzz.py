@@ -433,7 +433,7 @@ def test_suite_checks_the_workload_before_any_server_starts(
 
 
 def test_suite_forwards_the_workload_options_to_every_locust_run(tmp_path: Path) -> None:
-    from tailgate.cli import add_suite_arguments, build_plan
+    from tailgate.suitecommand import add_suite_arguments, build_plan
 
     parser = argparse.ArgumentParser()
     add_suite_arguments(parser)

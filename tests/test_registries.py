@@ -43,14 +43,14 @@ def test_a_plugin_joins_every_option_that_lists_the_processes() -> None:
     out = _child(
         "from locust.argument_parser import get_parser\n"
         "from tailgate.load.options import add_arguments\n"
-        "from tailgate.cli import add_suite_arguments\n"
+        "from tailgate.suitecommand import add_suite_arguments\n"
         "import argparse\n"
         "p = get_parser(); add_arguments(p)\n"
         "a = next(x for x in p._actions if x.dest == 'arrivals')\n"
         "print(list(a.choices)); print(a.help)\n"
         "s = argparse.ArgumentParser(); add_suite_arguments(s)\n"
         "print(list(next(x for x in s._actions if x.dest == 'arrivals').choices))\n"
-        "from tailgate.cli import workload_locust_args\n"
+        "from tailgate.suitecommand import workload_locust_args\n"
         "print(workload_locust_args(s.parse_args(['--arrivals', 'fixed', '--fixed-phase', '0.25'])))\n"
     )
     locust_choices, help_text, suite_choices, passed_on = out.splitlines()
@@ -164,7 +164,7 @@ def test_a_plugin_prompt_source_is_offered_and_sent_end_to_end(gt: ServerProcess
     out = _child(
         "from locust.argument_parser import get_parser\n"
         "from tailgate.load.options import add_arguments\n"
-        "from tailgate.cli import parse_prompt_sources\n"
+        "from tailgate.suitecommand import parse_prompt_sources\n"
         "p = get_parser(); add_arguments(p)\n"
         "print(list(next(x for x in p._actions if x.dest == 'prompts').choices))\n"
         "print(parse_prompt_sources('seed,sevens'))\n"

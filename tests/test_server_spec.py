@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tailgate.cli import add_suite_arguments, suite_server
 from tailgate.servers import ComposeByConfig, FixedServer, ManualServer
 from tailgate.servers.spec import SERVER_KINDS, ServerSpec, add_server_arguments, make_controller
 from tailgate.servers.sweep import CommandServer, ComposeWithFlags
 from tailgate.slo.command import add_slo_arguments
+from tailgate.suitecommand import add_suite_arguments, suite_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
