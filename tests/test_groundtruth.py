@@ -857,37 +857,46 @@ def test_in_process_server(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------- simulated engine
 
 
-def test_engine_serves_the_model_it_simulates(gt: ServerProcess) -> None:
-    """One slot: the second request waits (FIFO, gauge shows it), and every token lands on the target the
-    pure-python simulation of the same arrivals gives, so a benchmark's truth is what the server serves."""
-    from tailgate.verify.groundtruth.engine import EngineModel, simulate
-
-    model = {"slots": 1, "step_ms": 15.0, "step_ms_per_seq": 0.0, "prefill_ms_per_token": 0.5}
-    gt.control({"engine": model})
-    results: list[RawResponse] = []
-
-    def send(prompt_words: int, n: int) -> None:
-        results.append(raw_request(gt.port, completion_body(n, prompt="w " * prompt_words)))
-
+def _served_beside_simulated(
+    gt: ServerProcess, model: dict[str, Any], first: tuple[int, int], second: tuple[int, int], second_waits: bool
+) -> tuple[dict[str, Any], list[Any]]:
+    """Two requests ((prompt words, tokens) each), the second sent once the first runs (and, with
+    ``second_waits``, seen waiting), served by the engine ``model``; every token's target is held to the
+    pure-python simulation of the same arrivals. Returns the server's dump and the simulation's outcomes."""
     import threading
 
-    first = threading.Thread(target=send, args=(40, 6))
-    first.start()
+    from tailgate.verify.groundtruth.engine import EngineModel, simulate
+
+    gt.control({"engine": model})
+
+    def send(prompt_words: int, n: int) -> None:
+        raw_request(gt.port, completion_body(n, prompt="w " * prompt_words))
+
+    threads = [threading.Thread(target=send, args=first), threading.Thread(target=send, args=second)]
+    threads[0].start()
     assert wait_for(lambda: metric(gt.metrics(), "vllm:num_requests_running") == 1)
-    second = threading.Thread(target=send, args=(10, 3))
-    second.start()
-    assert wait_for(lambda: metric(gt.metrics(), "vllm:num_requests_waiting") == 1)
-    first.join(10)
-    second.join(10)
+    threads[1].start()
+    if second_waits:
+        assert wait_for(lambda: metric(gt.metrics(), "vllm:num_requests_waiting") == 1)
+    for t in threads:
+        t.join(10)
     dump = gt.dump()
     recv = {seq: r for seq, r, _ in dump["requests"]}
-    arrivals = [(recv[0], 40, 6), (recv[1], 10, 3)]
+    arrivals = [(recv[0], *first), (recv[1], *second)]
     sim = simulate(EngineModel.from_dict(model), arrivals)
     for seq, (arr, _, n) in enumerate(arrivals):
         targets = [t for _, _, t in rows_for(dump, seq)]
         assert len(targets) == n
         assert (targets[0] - arr) / MS == pytest.approx(sim[seq].ttft_ms, abs=1e-6)
         assert (targets[-1] - arr) / MS == pytest.approx(sim[seq].total_ms, abs=1e-6)
+    return dump, sim
+
+
+def test_engine_serves_the_model_it_simulates(gt: ServerProcess) -> None:
+    """One slot: the second request waits (FIFO, gauge shows it), and every token lands on the target the
+    pure-python simulation of the same arrivals gives, so a benchmark's truth is what the server serves."""
+    model = {"slots": 1, "step_ms": 15.0, "step_ms_per_seq": 0.0, "prefill_ms_per_token": 0.5}
+    dump, sim = _served_beside_simulated(gt, model, (40, 6), (10, 3), second_waits=True)
     assert min(t for _, _, t in rows_for(dump, 1)) > max(t for _, _, t in rows_for(dump, 0))
     # prefill of 40 tokens stalls the step: 15 + 20 ms to the first token
     assert sim[0].ttft_ms == pytest.approx(35.0)
@@ -896,34 +905,9 @@ def test_engine_serves_the_model_it_simulates(gt: ServerProcess) -> None:
 def test_engine_front_end_holds_a_request_before_the_scheduler(gt: ServerProcess) -> None:
     """A front end's time per request and per prompt token is paid by the request's own first token, and the server
     serves it as the simulation does: a stream already running keeps its pace while the next one is held."""
-    from tailgate.verify.groundtruth.engine import EngineModel, simulate
-
     model = {"slots": 4, "step_ms": 10.0, "step_ms_per_seq": 0.0, "prefill_ms_per_token": 0.5,
              "frontend_ms": 30.0, "frontend_ms_per_token": 2.0}  # fmt: skip
-    gt.control({"engine": model})
-    results: list[RawResponse] = []
-
-    def send(prompt_words: int, n: int) -> None:
-        results.append(raw_request(gt.port, completion_body(n, prompt="w " * prompt_words)))
-
-    import threading
-
-    first = threading.Thread(target=send, args=(10, 30))
-    first.start()
-    assert wait_for(lambda: metric(gt.metrics(), "vllm:num_requests_running") == 1)
-    second = threading.Thread(target=send, args=(40, 3))
-    second.start()
-    first.join(10)
-    second.join(10)
-    dump = gt.dump()
-    recv = {seq: r for seq, r, _ in dump["requests"]}
-    arrivals = [(recv[0], 10, 30), (recv[1], 40, 3)]
-    sim = simulate(EngineModel.from_dict(model), arrivals)
-    for seq, (arr, _, n) in enumerate(arrivals):
-        targets = [t for _, _, t in rows_for(dump, seq)]
-        assert len(targets) == n
-        assert (targets[0] - arr) / MS == pytest.approx(sim[seq].ttft_ms, abs=1e-6)
-        assert (targets[-1] - arr) / MS == pytest.approx(sim[seq].total_ms, abs=1e-6)
+    _, sim = _served_beside_simulated(gt, model, (10, 30), (40, 3), second_waits=False)
     assert sim[1].ttft_ms >= 30.0 + 2.0 * 40  # held by the front end first
     assert sim[0].worst_gap_ms == pytest.approx(10.0 + 0.5 * 40)  # the running stream feels the prefill, not the hold
 
