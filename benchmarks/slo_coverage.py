@@ -48,16 +48,15 @@ from tailgate.slo.confirm import ConfirmationRecord, confirm_answer, length_with
 from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.replay import (
     ModelAnswer,
-    Probe,
     Replicates,
     Workload,
     capacity_of,
     model_answer,
-    probes_of,
     settling_answer,
     workload_of,
 )
 from tailgate.slo.search import lacks_only_data
+from tailgate.slo.servicefit import Probe, probes_of
 from tailgate.verify.groundtruth import start_server_process
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, poisson_arrivals, simulate, true_capacity
 

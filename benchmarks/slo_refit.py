@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tailgate.records import read_records
 from tailgate.slo.attempt import ProbeAttempt
-from tailgate.slo.replay import Probe, Workload, model_answer, probes_of, workload_of
+from tailgate.slo.replay import Workload, model_answer, workload_of
+from tailgate.slo.servicefit import Probe, probes_of
 from tailgate.stats import measured_records
 
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from slo_refit import load_search
 
-from tailgate.slo.replay import METRIC_OF_OUTCOME, fit_service
+from tailgate.slo.servicefit import METRIC_OF_OUTCOME, fit_service
 from tailgate.verify.groundtruth.engine import poisson_arrivals, quantile, simulate
 
 WARMUP = 25

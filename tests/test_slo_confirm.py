@@ -28,7 +28,8 @@ from tailgate.slo.confirm import (
     settle_confirmed,
     window_match,
 )
-from tailgate.slo.replay import ModelAnswer, Probe, ServiceFit, probes_of
+from tailgate.slo.replay import ModelAnswer
+from tailgate.slo.servicefit import Probe, ServiceFit, probes_of
 from tailgate.slo.spec import EXIT_NOT_MET, EXIT_OK, EXIT_UNDECIDED
 from tailgate.slo.state import ConfigSearch
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate

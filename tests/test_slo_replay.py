@@ -19,22 +19,17 @@ from tailgate.contracts import StageSummary
 from tailgate.load.workload import make_trace
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.replay import (
-    Probe,
-    ReplayRow,
     Replicates,
     Workload,
     _refuted,
     bias_moves_nothing,
     capacity_of,
-    fit_service,
     model_answer,
-    probes_of,
-    replay,
-    replay_rows,
     settling_answer,
     systematic_error,
     workload_of,
 )
+from tailgate.slo.servicefit import Probe, ReplayRow, fit_service, probes_of, replay, replay_rows
 from tailgate.slo.stepfit import fit_costs, prefill_from_idle, streams_of
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
 

@@ -32,8 +32,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from tailgate.slo.replay import METRIC_OF_OUTCOME, ModelAnswer, Probe, replay
+from tailgate.slo.replay import ModelAnswer
 from tailgate.slo.search import SearchStopped
+from tailgate.slo.servicefit import METRIC_OF_OUTCOME, Probe, replay
 from tailgate.slo.stepfit import Stream
 from tailgate.verify.groundtruth.engine import EngineModel, quantile
 

@@ -33,8 +33,9 @@ from tailgate.slo.confirm import (
 from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.plan import PROBE_OVERHEAD_S, SloPlan
 from tailgate.slo.pooled import pooled_verdicts
-from tailgate.slo.replay import ModelAnswer, Probe, Workload, model_answer, probes_of, settling_answer, workload_of
+from tailgate.slo.replay import ModelAnswer, Workload, model_answer, settling_answer, workload_of
 from tailgate.slo.search import SearchOutcome, SearchStopped, bracket, lacks_only_data, search
+from tailgate.slo.servicefit import Probe, probes_of
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Log, ServerConfig
 from tailgate.slo.state import ConfigSearch, ProbeEntry, SloState
 from tailgate.slo.verdict import binding_limit, check_probe, p99s

@@ -1,0 +1,232 @@
+"""The server's step loop fitted to its probes' own streams, and replayed on their own arrivals.
+
+Each candidate set of costs (:func:`tailgate.slo.stepfit.fit_costs`) is tried with every slot count and prefill
+policy worth trying; the one whose replay of every probe comes nearest to what was measured on the same requests
+(the body of each limited metric's distribution and its limited percentile, over the probes not overloaded) is
+the fitted engine. :mod:`tailgate.slo.replay` simulates it for a capacity and checks it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tailgate.slo.attempt import ProbeAttempt
+from tailgate.slo.stepfit import Costs, Stream, fit_costs, max_concurrency, streams_of
+from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
+
+CHUNK_CHOICES = (0, 512, 2048, 8192)
+"""Prefill policies tried: whole prompts in one step (0), or chunks of this many prompt tokens a step."""
+UNLIMITED_SLOTS = 4096
+"""The slot count of a model whose probes never filled the engine: admission never waits."""
+SLOTS_MARGIN = 0.0025
+"""Per replayed percentile, the squared log error a slot count must save over unlimited admission (5% each)."""
+PREFILL_FACTORS = (0.7, 0.8, 0.9, 1.12, 1.25, 1.4)
+"""Multiples of the fitted prefill cost tried by replaying the probes."""
+REPLAY_TOLERANCE = 0.15
+"""A replayed percentile further than this (relative) from the measured one, and outside its interval, fails."""
+METRIC_OF_OUTCOME = {"ttft": "ttft_ms", "gap": "worst_gap_ms", "total": "total_ms"}
+
+
+@dataclass
+class Probe:
+    """One rate's attempts for the model: each attempt's streams, and the measured check of every limit."""
+
+    rate: float
+    attempts: list[list[Stream]]
+    checks: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    preempted: bool = False
+    kv_capacity_tokens: int | None = None
+    """The server's KV pool in tokens as it stated it (None: not stated)."""
+
+
+def probes_of(
+    attempts_by_rate: Mapping[float, Sequence[ProbeAttempt]],
+    checks_by_rate: Mapping[float, Sequence[Mapping[str, Any]]],
+) -> list[Probe]:
+    """The model's view of a search: every rate's attempts (as :func:`tailgate.slo.check_probe` takes them, with
+    ``records``, every record of the attempt) and its latest checks. An attempt the early stop cut short is left
+    out: its cancelled streams were running, and neither the fit nor the replay can see them."""
+    out = []
+    for rate, attempts in sorted(attempts_by_rate.items()):
+        if rate not in checks_by_rate:
+            continue
+        full = [a for a in attempts if not a.stopped_early and a.records]
+        preempted = any(a.summary is not None and (a.summary.preemptions_delta or 0) > 0 for a in attempts)
+        streams = [streams_of(a.records, {r.get("trace_id") for r in a.measured}) for a in full]
+        if streams:
+            checks = {str(c["key"]): c for c in checks_by_rate[rate]}
+            pools = [a.kv_capacity_tokens for a in attempts if a.kv_capacity_tokens]
+            out.append(Probe(rate, streams, checks, preempted, min(pools) if pools else None))
+    return out
+
+
+def replay(engine: EngineModel, streams: Sequence[Stream]) -> list[Outcome]:
+    """What the engine gives the measured streams when it is sent every stream of the attempt, at its times."""
+    if not streams:
+        return []
+    t0 = min(s.intended for s in streams)
+    order = sorted(range(len(streams)), key=lambda i: streams[i].intended)
+    arrivals = [
+        (round((streams[i].intended - t0) * 1e9) + k, streams[i].prompt, streams[i].tokens) for k, i in enumerate(order)
+    ]  # fmt: skip  (+k: distinct times keep the order)
+    outs = simulate(engine, arrivals)
+    by_arrival = {o.arrival_ns: o for o in outs}
+    return [by_arrival[a[0]] for a, i in zip(arrivals, order, strict=True) if streams[i].measured]
+
+
+@dataclass
+class ReplayRow:
+    rate: float
+    key: str
+    measured: float
+    model: float
+    low: float | None
+    high: float | None
+    inside: bool
+
+
+OVERLOADED = 1.5
+"""A probe measured past this many times a limit is overloaded: it checks the replay but does not choose the costs."""
+SCORE_QUANTILES = (0.5, 0.9, 0.95)
+"""Quantiles beside the limited one that choose among candidate costs: a p99 of worst gaps or TTFT near a capacity
+rests on a few rare events (two long prompts in one step), while the body of the distribution pins the costs of
+the common steps (one long prefill beside the decodes) that decide how often the rare ones happen."""
+
+
+def replay_rows(
+    engine: EngineModel, probes: Sequence[Probe], q: float, metrics: Sequence[str] = ("ttft",)
+) -> list[ReplayRow]:
+    """Each probe's percentile of every limited metric, measured and replayed on the probe's own arrivals: inside
+    the probe's interval, or within :data:`REPLAY_TOLERANCE` of the measured value."""
+    return replay_fit(engine, probes, q, metrics)[0]
+
+
+def replay_fit(
+    engine: EngineModel,
+    probes: Sequence[Probe],
+    q: float,
+    metrics: Sequence[str] = ("ttft",),
+    limits: Mapping[str, float] | None = None,
+) -> tuple[list[ReplayRow], float]:
+    """:func:`replay_rows`, and how far the replay is from what was measured: the mean squared log ratio over
+    :data:`SCORE_QUANTILES` and ``q``, summed over the rows (one simulation serves both). With ``limits``, a probe
+    measured past :data:`OVERLOADED` times a limit does not count in the score when another does: its tail is set
+    by the overload (a front end's queue as much as the engine's) far from the capacity the costs must answer."""
+    rows = []
+    scores: list[tuple[float, str, float, float]] = []
+    levels = (*SCORE_QUANTILES, q)
+    for p in probes:
+        if sum(1 for a in p.attempts for s in a if s.measured) < 20:
+            continue
+        model = [o for a in p.attempts for o in replay(engine, a)]
+        for metric in metrics:
+            measured = [s.value(metric) for a in p.attempts for s in a if s.measured]
+            replayed = [getattr(o, METRIC_OF_OUTCOME[metric]) for o in model]
+            m = quantile(measured, q)
+            r = quantile(replayed, q)
+            key = f"{metric}_p{q * 100:g}"
+            chk = p.checks.get(key, {})
+            low, high = chk.get("low"), chk.get("high")
+            within = (low is not None or high is not None) and (low is None or r >= low) and (high is None or r <= high)
+            close = abs(r - m) <= REPLAY_TOLERANCE * max(m, 1.0)
+            rows.append(ReplayRow(p.rate, key, round(m, 1), round(r, 1), low, high, within or close))
+            term = statistics.fmean(
+                math.log(max(quantile(replayed, lv), 1.0) / max(quantile(measured, lv), 1.0)) ** 2 for lv in levels
+            )
+            scores.append((p.rate, metric, m, term))
+    overloaded = {
+        rate for rate, metric, m, _ in scores if limits and metric in limits and m > OVERLOADED * limits[metric]
+    }
+    kept = [t for rate, _, _, t in scores if rate not in overloaded] or [t for *_, t in scores]
+    return rows, sum(kept)
+
+
+@dataclass
+class ServiceFit:
+    """The engine fitted to a server's own streams, and how well it replays what was measured."""
+
+    engine: EngineModel
+    slots_reached: bool
+    """The probes filled the engine (its slot count is measured); else admission is taken as never waiting."""
+    streams: int
+    replay: list[ReplayRow]
+
+    @property
+    def consistent(self) -> bool:
+        return bool(self.replay) and all(r.inside for r in self.replay)
+
+
+def fit_service(
+    probes: Sequence[Probe],
+    q: float = 0.99,
+    metrics: Sequence[str] = ("ttft",),
+    limits: Mapping[str, float] | None = None,
+) -> ServiceFit | None:
+    """Fit the step loop to every probe's streams: of the candidate costs (:func:`fit_costs`), each with the slot
+    count and prefill policy that replay it best and its prefill cost calibrated, the one that replays best."""
+    streams = sum(len(a) for p in probes for a in p.attempts)
+    peak = max((max_concurrency(a) for p in probes for a in p.attempts), default=0)
+    pools = [p.kv_capacity_tokens for p in probes if p.kv_capacity_tokens]
+    kv = min(pools) if pools else 0
+    best: tuple[float, ServiceFit] | None = None
+    for cost in fit_costs([p.attempts for p in sorted(probes, key=lambda p: p.rate)]):
+        found = _policy(cost, peak, probes, q, metrics, streams, kv, limits)
+        tried = _calibrated(found, probes, q, metrics, limits)
+        if tried is not None and (best is None or tried[0] < best[0]):
+            best = tried
+    return best[1] if best is not None else None
+
+
+def _policy(cost: Costs, peak: int, probes: Sequence[Probe], q: float, metrics: Sequence[str],
+            streams: int, kv: int = 0, limits: Mapping[str, float] | None = None,
+            ) -> tuple[float, ServiceFit] | None:  # fmt: skip
+    """The slot count and prefill policy that replay the probes best with these costs, and its score. ``kv``: the
+    server's KV pool in tokens (0: unknown), which admits and preempts as the server's does."""
+    best: tuple[float, ServiceFit] | None = None
+    # unlimited admission first: a slot count is taken only when replaying it is clearly better (a limit the
+    # probes never reached replays the same, and would cap the simulated capacity at a concurrency merely seen)
+    for slots in sorted({max(1, peak), UNLIMITED_SLOTS}, reverse=True):
+        for chunk in CHUNK_CHOICES:
+            engine = EngineModel(
+                slots=slots, step_ms=cost.step, step_ms_per_seq=cost.per_seq, prefill_ms_per_token=cost.prefill,
+                prefill_ms_per_token_ctx=cost.ctx, prefill_ms_per_token_step=cost.batch,
+                frontend_ms=cost.frontend, frontend_ms_per_token=cost.frontend_per_token,
+                chunked=chunk > 0, chunk_tokens=chunk or 512,
+                kv_capacity_tokens=kv,
+            )  # fmt: skip
+            rep, fit_score = replay_fit(engine, probes, q, metrics, limits)
+            if not rep:
+                continue
+            score = fit_score + (0.0 if slots == UNLIMITED_SLOTS else SLOTS_MARGIN * len(rep))
+            if best is None or score < best[0]:
+                best = (score, ServiceFit(engine, slots < UNLIMITED_SLOTS, streams, rep))
+    return best
+
+
+def _calibrated(
+    found: tuple[float, ServiceFit] | None,
+    probes: Sequence[Probe],
+    q: float,
+    metrics: Sequence[str],
+    limits: Mapping[str, float] | None = None,
+) -> tuple[float, ServiceFit] | None:
+    """The prefill cost is the least determined (it rides on a few long prompts per span, and a direct measure
+    holds only where prompts are not chunked) and the most visible in TTFT: it is calibrated by the replay, the
+    fitted value kept unless clearly worse."""
+    if found is None:
+        return None
+    score, fit = found
+    e = fit.engine
+    base, ctx, batch = e.prefill_ms_per_token, e.prefill_ms_per_token_ctx, e.prefill_ms_per_token_step
+    for factor in PREFILL_FACTORS:
+        engine = replace(e, prefill_ms_per_token=base * factor, prefill_ms_per_token_ctx=ctx * factor,
+                         prefill_ms_per_token_step=batch * factor)  # fmt: skip
+        rep, fit_score = replay_fit(engine, probes, q, metrics, limits)
+        tried = fit_score + SLOTS_MARGIN * len(rep)
+        if rep and tried < score:
+            score, fit = tried, ServiceFit(engine, fit.slots_reached, fit.streams, rep)
+    return score, fit
