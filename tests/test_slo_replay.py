@@ -7,6 +7,7 @@ that holds every request before the engine sees it (outside the fitted family)."
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +30,7 @@ from tailgate.slo.replay import (
     systematic_error,
     workload_of,
 )
-from tailgate.slo.servicefit import Probe, ReplayRow, fit_service, probes_of, replay, replay_rows
+from tailgate.slo.servicefit import Probe, ReplayRow, fit_service, probes_of, replay, replay_fit, replay_rows
 from tailgate.slo.stepfit import fit_costs, prefill_from_idle, streams_of
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
 
@@ -471,3 +472,15 @@ def test_a_systematic_error_stands_in_the_way_only_where_it_moves_a_verdict() ->
     assert not bias_moves_nothing(bias, reps, limits, up_to=7.0)  # type: ignore[arg-type]  # 285 / 0.9 > 300
     assert not bias_moves_nothing(("gap_p99", 0.05, 5), reps, limits, up_to=5.6)  # type: ignore[arg-type]
     assert not bias_moves_nothing(("total_p99", -0.1, 5), reps, limits, up_to=5.6)  # type: ignore[arg-type]
+
+
+def test_an_overloaded_probe_chooses_costs_by_its_tail_alone() -> None:
+    """The body of a probe far past its limit is a queue; its limited percentile still shows where admission waits."""
+    ps = probes([2.0, 9.0])
+    off = replace(ENGINE, prefill_ms_per_token=ENGINE.prefill_ms_per_token * 1.5)
+    rows, whole = replay_fit(off, ps, Q, ("ttft",))
+    _, loose = replay_fit(off, ps, Q, ("ttft",), {"ttft": 1e9})  # nothing overloaded: the same score
+    _, tight = replay_fit(off, ps, Q, ("ttft",), {"ttft": 1.0})  # everything overloaded: the p99 terms alone
+    assert loose == whole
+    assert tight == pytest.approx(sum(math.log(max(r.model, 1.0) / max(r.measured, 1.0)) ** 2 for r in rows), rel=0.02)
+    assert tight != whole

@@ -90,7 +90,8 @@ class ReplayRow:
 
 
 OVERLOADED = 1.5
-"""A probe measured past this many times a limit is overloaded: it checks the replay but does not choose the costs."""
+"""A probe measured past this many times a limit is overloaded: only its limited percentile, not the body of its
+distribution, weighs in the choice of costs."""
 SCORE_QUANTILES = (0.5, 0.9, 0.95)
 """Quantiles beside the limited one that choose among candidate costs: a p99 of worst gaps or TTFT near a capacity
 rests on a few rare events (two long prompts in one step), while the body of the distribution pins the costs of
@@ -114,10 +115,11 @@ def replay_fit(
 ) -> tuple[list[ReplayRow], float]:
     """:func:`replay_rows`, and how far the replay is from what was measured: the mean squared log ratio over
     :data:`SCORE_QUANTILES` and ``q``, summed over the rows (one simulation serves both). With ``limits``, a probe
-    measured past :data:`OVERLOADED` times a limit does not count in the score when another does: its tail is set
-    by the overload (a front end's queue as much as the engine's) far from the capacity the costs must answer."""
+    measured past :data:`OVERLOADED` times a limit counts by its limited percentile alone: the body of an overloaded
+    probe is a queue (a front end's as much as the engine's) far from the capacity the costs must answer, while its
+    tail still shows where admission waits."""
     rows = []
-    scores: list[tuple[float, str, float, float]] = []
+    scores: list[tuple[float, str, float, float, float]] = []
     levels = (*SCORE_QUANTILES, q)
     for p in probes:
         if sum(1 for a in p.attempts for s in a if s.measured) < 20:
@@ -134,15 +136,12 @@ def replay_fit(
             within = (low is not None or high is not None) and (low is None or r >= low) and (high is None or r <= high)
             close = abs(r - m) <= REPLAY_TOLERANCE * max(m, 1.0)
             rows.append(ReplayRow(p.rate, key, round(m, 1), round(r, 1), low, high, within or close))
-            term = statistics.fmean(
-                math.log(max(quantile(replayed, lv), 1.0) / max(quantile(measured, lv), 1.0)) ** 2 for lv in levels
-            )
-            scores.append((p.rate, metric, m, term))
+            terms = [math.log(max(quantile(replayed, v), 1.0) / max(quantile(measured, v), 1.0)) ** 2 for v in levels]
+            scores.append((p.rate, metric, m, statistics.fmean(terms), terms[-1]))
     overloaded = {
-        rate for rate, metric, m, _ in scores if limits and metric in limits and m > OVERLOADED * limits[metric]
+        rate for rate, metric, m, *_ in scores if limits and metric in limits and m > OVERLOADED * limits[metric]
     }
-    kept = [t for rate, _, _, t in scores if rate not in overloaded] or [t for *_, t in scores]
-    return rows, sum(kept)
+    return rows, sum(tail if rate in overloaded else whole for rate, _, _, whole, tail in scores)
 
 
 @dataclass
