@@ -403,10 +403,12 @@ def test_kill9_worker_mid_stage_ends_within_deadline(cluster: Cluster, tmp_path:
     assert set(keys) == read_sent(cluster.results)  # every announced send has exactly one record
     assert sum(r["error_class"] == WORKER_LOST for r in records) == s["lost_in_flight"]
     assert len(records) == s["sent"] == n - s["never_sent"]
-    # the server saw no request that was not sent (nothing never-sent went out), and every one that ended
-    # there; a send announced just before the kill may not have reached the wire, so it is lost in flight
+    # the server saw every request that ended there; a send announced just before the kill may not have reached
+    # the wire, so it is lost in flight. The announcement travels to the master on the worker's message queue,
+    # the request on its own socket: killed within a millisecond of a send, the request can reach the server and
+    # its announcement not leave the worker (counted never sent). One such send at most: the kill is one moment.
     received = len(cluster.server_log()["requests"])
-    assert s["sent"] - s["lost_in_flight"] <= received <= s["sent"], (received, s)
+    assert s["sent"] - s["lost_in_flight"] <= received <= s["sent"] + 1, (received, s)
 
 
 @needs_root
