@@ -16,7 +16,6 @@ from locust import User, task
 from locust.runners import WorkerRunner
 
 import logging
-import os
 import socket
 import struct
 import time
@@ -41,6 +40,7 @@ from tailgate.load.clock import mono_ns, wall
 from tailgate.load.payloads import DEFAULT_ENDPOINT, endpoints
 from tailgate.load.prompts import Prompt
 from tailgate.load.promptsources import DEFAULT_PROMPTS
+from tailgate.load.sendclock import SendClock
 from tailgate.load.stagegc import QuietCollector
 from tailgate.load.tally import summary_row
 from tailgate.load.workload import build_prompt
@@ -52,33 +52,6 @@ ORDER_MESSAGE = "tailgate_order"
 DONE_MESSAGE = "tailgate_done"
 READY_MESSAGE = "tailgate_ready"
 CANCEL_MESSAGE = "tailgate_cancel"
-
-SPIN_ENV = "TAILGATE_SPIN_US"
-
-
-def _spin_ns(default_ns: int = 1_500_000) -> int:
-    """The spin's length: ``TAILGATE_SPIN_US`` (microseconds) where set, for measuring what it costs."""
-    try:
-        return max(0, int(float(os.environ.get(SPIN_ENV, "")) * 1000))
-    except ValueError:
-        return default_ns
-
-
-SPIN_NS = _spin_ns()
-"""The dispatcher sleeps until this close to a send time, then spins on the event loop until it.
-
-gevent's timers overshoot by about a millisecond (the event loop polls with millisecond
-timeouts); spinning for the last stretch puts sends within microseconds of their schedule at
-the cost of at most this much busy time per arrival. The spin waits on ``gevent.idle()``, which
-lets the loop poll sockets between turns, so streams keep being read and timestamped meanwhile.
-``gevent.sleep(0)`` would not: it only queues a callback, and the loop runs callbacks back to back
-for up to the switch interval (5 ms) without polling, so every chunk that arrived during the spin
-was stamped late, by up to the whole spin.
-"""
-SPIN_PRIORITY = 2
-"""libev priority of the spin's idle watcher (the highest): it is served in every loop iteration,
-before socket events, instead of only in iterations with nothing else pending, so a send is late by at
-most one iteration's work and never waits behind records being written."""
 
 
 def _offsets_ms(times_ns: list[int], origin_ns: int) -> list[float]:
@@ -330,10 +303,8 @@ class OrderRunner:
         if gate is not None and ahead:
             journal.sent_many(stage, [item[0] for item in items])  # one write, before the batch's send time
         silent = self.master_silence
-        sleep = gevent.sleep
-        idle = gevent.idle
-        spin_priority = SPIN_PRIORITY
-        clock = time.perf_counter_ns
+        send_clock = SendClock()
+        wait_until = send_clock.wait_until
         spawn = self._group.spawn
         one = self._one
         quiet = QuietCollector()
@@ -343,11 +314,7 @@ class OrderRunner:
                 intended_ns = t0_ns + int(offset_s * 1e9)
                 if gate is None and ahead:
                     journal.sent(stage, trace_id)
-                delay = intended_ns - clock()
-                if delay > SPIN_NS:
-                    sleep((delay - SPIN_NS) / 1e9)
-                while clock() < intended_ns:
-                    idle(spin_priority)
+                wait_until(intended_ns)
                 if not self.cancelled and silent is not None and silent():
                     # a thawed freeze: the timers fire before the master watch can run, and every overdue
                     # arrival would go out at once to a master that has written this share off
@@ -375,6 +342,7 @@ class OrderRunner:
             self._group.join()
             self.drain()
         finally:
+            send_clock.close()
             quiet.end()
             if progress is not None:
                 progress.kill(block=False)

@@ -15,11 +15,10 @@ it (to compare the two), the heap falls back to one asyncio timer.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import heapq
-import os
 from typing import Protocol
+
+from tailgate.timerfd import TimerFd
 
 from .wire import monotonic_ns
 
@@ -32,69 +31,37 @@ class Due(Protocol):
     def fire(self) -> None: ...
 
 
-_CLOCK_MONOTONIC = 1
-_TFD_TIMER_ABSTIME = 1
-_PR_SET_TIMERSLACK = 29
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = (("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long))
-
-
-class _Itimerspec(ctypes.Structure):
-    _fields_ = (("it_interval", _Timespec), ("it_value", _Timespec))
-
-
 class WakeFd:
-    """A ``timerfd`` on ``CLOCK_MONOTONIC`` registered with the loop: :meth:`set` arms it at an absolute ns."""
+    """A :class:`~tailgate.timerfd.TimerFd` registered with an asyncio loop: :meth:`set` arms it at an
+    absolute ns, and ``callback`` runs when it fires."""
 
-    __slots__ = ("_ref", "_settime", "callback", "fd", "loop", "spec")
+    __slots__ = ("callback", "loop", "timer")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, callback: object) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        create = libc.timerfd_create
-        fd = create(_CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
-        if fd < 0:
-            raise OSError(ctypes.get_errno(), "timerfd_create")
-        libc.prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)  # refused or not, the timerfd is still exact to the slack
-        self.fd = fd
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback: object, timer: TimerFd) -> None:
         self.loop = loop
         self.callback = callback
-        self.spec = _Itimerspec()
-        self._ref = ctypes.byref(self.spec)
-        self._settime = libc.timerfd_settime
-        loop.add_reader(fd, self._ready)
+        self.timer = timer
+        loop.add_reader(timer.fd, self._ready)
 
     @classmethod
     def open(cls, loop: asyncio.AbstractEventLoop, callback: object) -> WakeFd | None:
         """A wake-up fd, or None where this system has none (the caller uses asyncio's timer)."""
-        if os.environ.get("TAILGATE_GROUNDTRUTH_TIMERFD", "1") == "0":
-            return None
-        try:
-            return cls(loop, callback)
-        except (OSError, AttributeError, NotImplementedError):
-            return None
+        timer = TimerFd.open(disabled_by="TAILGATE_GROUNDTRUTH_TIMERFD")
+        return None if timer is None else cls(loop, callback, timer)
 
     def set(self, when_ns: int) -> None:
-        value = self.spec.it_value
-        value.tv_sec, value.tv_nsec = divmod(max(1, when_ns), 1_000_000_000)
-        self._settime(self.fd, _TFD_TIMER_ABSTIME, self._ref, None)
+        self.timer.set(when_ns)
 
     def disarm(self) -> None:
-        value = self.spec.it_value
-        value.tv_sec = value.tv_nsec = 0
-        self._settime(self.fd, 0, self._ref, None)
+        self.timer.disarm()
 
     def _ready(self) -> None:
-        try:
-            os.read(self.fd, 8)
-        except (BlockingIOError, InterruptedError):
-            return  # re-armed since it fired: nothing is due
-        self.callback()  # type: ignore[operator]
+        if self.timer.consume():  # else re-armed since it fired: nothing is due
+            self.callback()  # type: ignore[operator]
 
     def close(self) -> None:
-        self.loop.remove_reader(self.fd)
-        os.close(self.fd)
+        self.loop.remove_reader(self.timer.fd)
+        self.timer.close()
 
 
 class Timers:
