@@ -49,6 +49,8 @@ def cell_figures(result: dict[str, Any]) -> dict[str, Any]:
         "ttft_p99": result["ttft_error_ms"]["p99"],
         "merged": result["client_coalesced_streams"],
         "us_per_chunk": cpu.get("load_us_per_chunk"),
+        "lag_p50": result["schedule_lag_ms"]["p50"],
+        "lag_p99": result["schedule_lag_ms"]["p99"],
         "others_busy_cores": cpu.get("others_busy_cores"),
         "drops": cap.get("drops"),
         "missed": cap.get("missed_streams"),
