@@ -44,7 +44,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tailgate import slo
 from tailgate.load.workload import make_trace
-from tailgate.slo.confirm import ConfirmationRecord, confirm_answer, length_within, reserve_seconds, settle_confirmed
+from tailgate.slo.confirm import (
+    ConfirmationRecord,
+    confirm_answer,
+    length_within,
+    reserve_rate,
+    reserve_seconds,
+    settle_confirmed,
+)
 from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.replay import (
     ModelAnswer,
@@ -180,12 +187,12 @@ class Search:
         a = self.args
         if not self.reserve:
             return a.time_budget
-        low, high = slo.bracket(self.pooled())
-        if low is None and high is None:  # nothing decided yet
+        if not self.by_rate:
             return a.time_budget
-        low = low if low is not None else rate / 2  # nothing passed: it may lie well under
+        low, high = slo.bracket(self.pooled())
         return a.time_budget - reserve_seconds(a.time_budget, duration=a.duration, n=a.min_n, warmup=a.warmup,
-                                               rate=low, overhead=slo.PROBE_OVERHEAD_S)  # fmt: skip
+                                               rate=reserve_rate(low, high, rate),
+                                               overhead=slo.PROBE_OVERHEAD_S)  # fmt: skip
 
     @property
     def confirms(self) -> bool:

@@ -25,6 +25,8 @@ from tailgate.slo.confirm import (
     judge,
     length_within,
     matches_at,
+    reserve_rate,
+    reserve_seconds,
     settle_confirmed,
     window_match,
 )
@@ -178,6 +180,28 @@ def test_confirmation_length_fits_what_the_budget_leaves() -> None:
     shorter = length_within(300.0, 2, 600, 25, 5.0, 15.0)
     assert shorter is not None and 1.0 <= shorter < LENGTH
     assert length_within(100.0, 2, 600, 25, 5.0, 15.0) is None
+
+
+def test_the_reserve_leaves_a_refitted_model_time_for_its_own_test() -> None:
+    """The reserve holds the first fit's two probes and a refit's two at the shortest length a probe may have:
+    after a contradiction the refit's test still runs, both its probes, in what the search left."""
+
+    def reserve(budget: float, rounds: int = 2) -> float:
+        return reserve_seconds(budget, duration=60.0, n=200, warmup=25, rate=4.0, overhead=15.0, rounds=rounds)
+
+    first_only, both = reserve(3000.0, rounds=1), reserve(3000.0)
+    assert length_within(first_only, 2, 240, 25, 4.0, 15.0) == LENGTH
+    assert both > first_only
+    left_for_refit = both - 2 * ((LENGTH * 240 + 25) / 4.0 + 15.0)
+    assert length_within(left_for_refit, 2, 240, 25, 4.0, 15.0) is not None
+    assert reserve(300.0) == 150.0  # never more than half
+    assert reserve(0.0) == 0.0
+
+
+def test_the_reserve_is_priced_where_the_confirmation_will_run() -> None:
+    assert reserve_rate(5.0, 8.0, 6.5) == 5.0  # a pass: the capacity lies above it
+    assert reserve_rate(None, 8.0, 4.0) == 2.0  # only a failure: it may lie well under
+    assert reserve_rate(None, None, 4.0) == 4.0  # nothing decided: the model answers alone, and needs its test
 
 
 def _config(verdicts: dict[str, str], best: float | None, status: str) -> ConfigSearch:

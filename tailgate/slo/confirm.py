@@ -56,14 +56,30 @@ def confirmation_rates(low: float, high: float, margin: float = MARGIN) -> tuple
 
 
 def reserve_seconds(time_budget: float, *, duration: float, n: int, warmup: int, rate: float,
-                    overhead: float) -> float:  # fmt: skip
-    """Seconds of the time budget the search keeps for its two confirmation probes, if they were at ``rate`` (the
-    lower end of the capacity as known so far: a probe's length is ``max(n, rate * duration)`` requests, so the
-    lowest rate costs the most); 0 without a budget, never more than half of it."""
+                    overhead: float, rounds: int = ROUNDS) -> float:  # fmt: skip
+    """Seconds of the time budget the search keeps for its confirmation probes, if they were at ``rate`` (a
+    probe's length is ``max(n, rate * duration)`` requests, so the lowest rate costs the most): two probes of
+    :data:`LENGTH` for the first fit, and two of one search probe's length for each refit after it (the
+    shortest :func:`length_within` allows), so that a contradicted model can still be tested; 0 without a
+    budget, never more than half of it."""
     if not time_budget:
         return 0.0
-    requests = LENGTH * max(n, rate * duration) + warmup
-    return min(time_budget / 2, 2 * (requests / rate + overhead) * 1.05)
+    per_request_s = 1.0 / rate
+    first = LENGTH * max(n, rate * duration) + warmup
+    later = max(n, rate * duration) + warmup
+    seconds = 2 * (first * per_request_s + overhead) + (rounds - 1) * 2 * (later * per_request_s + overhead)
+    return min(time_budget / 2, seconds * 1.05)
+
+
+def reserve_rate(low: float | None, high: float | None, next_rate: float) -> float:
+    """The rate the confirmation probes are budgeted at before the model is fitted: the highest rate shown to
+    pass (they run near the capacity, above it); with only a failure, half the next probe's rate (the capacity
+    may lie well under it); with nothing decided, the next probe's own rate. A search that decides nothing
+    answers by its model alone, so that is when the model's confirmation matters most: a CPU vLLM search that
+    extended one undecided rate five times left 39 s for the refit's test (issue #40)."""
+    if low is not None:
+        return low
+    return next_rate / 2 if high is not None else next_rate
 
 
 def length_within(remaining_s: float, probes_left: int, n: int, warmup: int, rate: float,

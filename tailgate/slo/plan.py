@@ -107,8 +107,8 @@ class SloPlan:
         return self.seed if extra <= 0 else self.seed + EXTEND_SEED_STEP * extra
 
     def search_budget(self, capacity_low: float) -> float:
-        """Seconds the search's own probes may spend: the budget less what two confirmation probes near
-        ``capacity_low`` (the lower end of the capacity as known so far) would need."""
+        """Seconds the search's own probes may spend: the budget less what the confirmation probes near
+        ``capacity_low`` (:func:`tailgate.slo.confirm.reserve_rate`) would need, a refit's included."""
         if not self.time_budget or not (self.confirm and self.model_replicates):
             return self.time_budget
         return self.time_budget - reserve_seconds(self.time_budget, duration=self.duration, n=self.n,

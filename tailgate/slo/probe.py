@@ -28,6 +28,7 @@ from tailgate.slo.confirm import (
     ConfirmationRecord,
     confirm_answer,
     length_within,
+    reserve_rate,
     settle_confirmed,
 )
 from tailgate.slo.model import RateModel, binding_model
@@ -283,13 +284,13 @@ class SloRunner:
 
     def _budget_for(self, config: ServerConfig, rate: float) -> float:
         """Seconds of probing the next attempt may end by: the whole budget, less the confirmation probes' time
-        while the search's own probes run, once a rate is decided and the streams can be fitted."""
+        while the search's own probes run, once there are streams a model can be fitted to."""
         if not self._reserve or not self.plan.time_budget:
             return self.plan.time_budget
+        if self._model_inputs(config) is None:
+            return self.plan.time_budget  # no streams a model could be fitted to: nothing to confirm
         lo, hi = bracket(self._pooled(config))
-        if (lo is None and hi is None) or self._model_inputs(config) is None:
-            return self.plan.time_budget  # nothing decided yet, or no streams a model could be fitted to
-        return self.plan.search_budget(lo if lo is not None else rate / 2)  # nothing passed: it may lie well under
+        return self.plan.search_budget(reserve_rate(lo, hi, rate))
 
     def _attempt_run(self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None) -> ProbeMark | None:
         """One attempt, tried a second time when its Locust run could not complete (None: neither did). A probe
