@@ -8,6 +8,7 @@
 #   ROUNDS (2), RATES (100,200), STAGE_S (20), STAMPS (kernel); everything lands in $OUT/sendclock.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT/sendclock"; OUT=$(cd "$OUT/sendclock" && pwd)
+source "$(dirname "$0")/../h200/layout.sh"
 ROUNDS=${ROUNDS:-2}; RATES=${RATES:-100,200}; STAGE_S=${STAGE_S:-20}; STAMPS=${STAMPS:-kernel}
 echo "cores $(nproc); $(uptime)"
 for round in $(seq "$ROUNDS"); do
