@@ -55,3 +55,16 @@ def test_the_truth_passes_only_where_its_events_allow() -> None:
     assert truth.bootstrap_verdict([_metric(0, 0.0, 0.06)], stopped=False) == "pass"  # no event seen: the bootstrap's
     assert truth.bootstrap_verdict([_metric(30, 0.012, 0.05, boot_high=260.0)], stopped=False) == "fail"
     assert truth.bootstrap_verdict([_metric(0, 0.0, 0.06)], stopped=True) == "fail"
+
+
+def _rate(rate: float, measured: int, verdict: str, stopped: bool = False) -> Any:
+    return truth.RateTruth("chunked", rate, measured, measured, 0, 600.0, verdict, [], "", truth=verdict,
+                           stopped=stopped)  # fmt: skip
+
+
+def test_a_run_whose_queue_ran_away_is_a_long_run_fail_however_few_it_measured() -> None:
+    rates = [_rate(8.0, 4000, "pass"), _rate(9.0, 983, "fail", stopped=True)]
+    assert truth.bracket(rates, 4000)["claim"] == "both sides measured"
+    assert truth.bracket(rates, 4000)["high"] == 9.0
+    short_fail = [_rate(8.0, 4000, "pass"), _rate(9.0, 983, "fail")]  # a short run that failed by its tail alone
+    assert truth.bracket(short_fail, 4000)["claim"] == "one side only: no claim"
