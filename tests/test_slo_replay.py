@@ -20,6 +20,7 @@ from tailgate.contracts import StageSummary
 from tailgate.load.workload import make_trace
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.replay import (
+    ModelAnswer,
     Replicates,
     Workload,
     _refuted,
@@ -274,10 +275,14 @@ def test_a_checked_model_may_end_the_search_only_past_five_probes_and_a_failure(
     assert held is None  # refuted by its own probes, so not even simulated
 
 
-def _simulated_search(tmp_path: Path, confirm_engine: EngineModel = ENGINE,
-                      time_budget: float = 0.0) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+def _simulated_search(tmp_path: Path, confirm_engine: EngineModel = ENGINE, time_budget: float = 0.0,
+                      held_ms: float = 0.0, slo_text: str = "ttft_p99<=800ms", resolution: float = 0.3,
+                      refuse_model: bool = False) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
     """``tailgate slo`` against the simulated engine, its Locust runs replaced by the engine's own streams;
-    ``confirm_engine`` serves the confirmation probes (another engine: a model fitted to the first is off)."""
+    ``confirm_engine`` serves the confirmation probes (another engine: a model fitted to the first is off);
+    ``held_ms``: a front end outside the model's family holds each request an exponential time of this mean.
+    ``refuse_model``: every fitted model is marked refused (as a replay that disagrees with its probes marks it).
+    The time budget is counted on a clock that each attempt advances by its arrivals and overhead."""
     from tailgate import slo
 
     class Controller:
@@ -293,16 +298,20 @@ def _simulated_search(tmp_path: Path, confirm_engine: EngineModel = ENGINE,
 
         def stop(self) -> None: ...
 
-    plan = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=800ms"), configs=[slo.parse_config("a: max-num-seqs=8")],
-                       start_rate=2, max_rate=64, min_rate=1, resolution=slo.Resolution(0.3, True), n=900,
+    plan = slo.SloPlan(limits=slo.parse_slo(slo_text), configs=[slo.parse_config("a: max-num-seqs=8")],
+                       start_rate=2, max_rate=64, min_rate=1, resolution=slo.Resolution(resolution, True), n=900,
                        warmup=25, max_probes=14, reruns=0, extend=0, model_replicates=4,
                        model_requests=4000, time_budget=time_budget)  # fmt: skip
     lines: list[str] = []
     runner = slo.SloRunner(plan, Controller(), tmp_path, log=lines.append)
+    now = [0.0]
+    runner.clock = lambda: now[0]
 
     def run_child(
         config: Any, rate: float, seed: int, out: Path, n: int | None = None, warmup: bool | None = None
     ) -> ProbeMark:
+        now[0] += ((n or plan.probe_n(rate)) + plan.warmup) / rate + slo.PROBE_OVERHEAD_S
+        lines.append(f"@{now[0]:.0f} s: ran {rate:g} req/s")
         out.mkdir(parents=True)
         (out / "n").write_text(str(n or plan.probe_n(rate)))
         mark = ProbeMark(rate, seed, stopped_early=None, waiting_max=0.0, seconds=1.0)
@@ -312,10 +321,20 @@ def _simulated_search(tmp_path: Path, confirm_engine: EngineModel = ENGINE,
     def attempt_data(out: Path, mark: ProbeMark) -> ProbeAttempt:
         n = int((out / "n").read_text())  # on disk, as a resumed search finds its attempts
         engine = confirm_engine if n > plan.probe_n(mark.rate) else ENGINE
-        return attempt(mark.rate, n, mark.seed + int(mark.rate * 1000), engine=engine)
+        return attempt(mark.rate, n, mark.seed + int(mark.rate * 1000), front_ms=held_ms, engine=engine,
+                       held_at_random=held_ms > 0)  # fmt: skip
 
     runner._run_child = run_child  # type: ignore[method-assign]
     runner._attempt_data = attempt_data  # type: ignore[method-assign]
+    if refuse_model:
+        fit = runner._fitted
+
+        def refused(outcome: Any, *, config: Any) -> ModelAnswer | None:
+            answer = fit(outcome, config=config)
+            lines.append("fitted and refused")
+            return None if answer is None else replace(answer, usable=False, bracket=None, why="refused")
+
+        runner._fitted = refused  # type: ignore[method-assign]
     runner.run()
     config = json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"][0]
     return config, lines
@@ -371,6 +390,19 @@ def test_a_resumed_search_reads_its_confirmation_probes_whatever_the_budget_left
     assert again["result"]["fitted"]["confirmation"] == first["result"]["fitted"]["confirmation"]
     assert again["result"]["fitted"]["bracket"] == first["result"]["fitted"]["bracket"]
     assert not any("no time for a probe" in line for line in lines)
+
+
+def test_the_time_kept_for_a_model_that_cannot_stand_goes_back_to_measuring(tmp_path: Path) -> None:
+    """A fitted model its own checks refuse is never confirmed, so the share of the budget the search kept for
+    its confirmation probes is spent on the search's own probes instead of left unspent (a CPU vLLM search whose
+    replay refused its fit stopped with 280 s of its 900 unused)."""
+    config, lines = _simulated_search(tmp_path, time_budget=3000.0, resolution=0.02, refuse_model=True)
+    released = next(i for i, line in enumerate(lines) if "the time kept for it goes on measuring" in line)
+    assert any(line == "fitted and refused" for line in lines[:released])
+    ran_after = [line for line in lines[released:] if line.startswith("@")]
+    assert ran_after, lines
+    assert float(ran_after[-1].split()[0][1:]) > 1500.0  # past the half of the budget the reserve may hold
+    assert not any(p["phase"] == "confirm" for p in config["probes"])
 
 
 def test_a_server_that_states_its_kv_pool_is_modelled_through_its_preemptions() -> None:

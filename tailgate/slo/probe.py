@@ -446,6 +446,16 @@ class SloRunner:
         fitted_json: dict[str, Any] | None
         try:
             fitted = self._fitted(outcome, config=config)
+            if outcome.status == "time_budget" and self._reserve and (fitted is None or not fitted.usable):
+                # the time kept for the model's test goes back to measuring: there is no model to test (a CPU
+                # vLLM search whose fit its own replay refused stopped with 280 s of its 900 unspent)
+                self._reserve = False
+                self.log(f"[slo] {config.name}: no usable model to confirm; the time kept for it goes on measuring")
+                ran = sum(1 for pr in cs.probes if pr.phase != "confirm")
+                more = self._search(config, settle=False, max_probes=max(0, p.max_probes - ran))
+                outcome = replace(more, steps=[*outcome.steps, *more.steps])
+                if len(more.steps):
+                    fitted = self._fitted(outcome, config=config)
             if fitted is not None and p.confirm and fitted.usable:
                 fitted, record = self._confirm(config, outcome, fitted)
                 outcome = self._remeasured(config, outcome)
