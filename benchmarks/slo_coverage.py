@@ -302,6 +302,13 @@ class Search:
         (when the model that ended the search early does not stand) the search again with the budget left."""
         out = self._search(settle=True, max_probes=self.args.max_probes)
         fitted = self.fitted(out)
+        if out.status == "time_budget" and self.reserve and (fitted is None or not fitted.usable):
+            self.reserve = False  # no model to confirm: the time kept for it goes on measuring
+            more = self._search(settle=False, max_probes=max(0, self.args.max_probes - len(out.steps)))
+            out = replace(more, steps=[*out.steps, *more.steps])
+            if more.steps:
+                self.settled = None
+                fitted = self.fitted(out)
         if fitted is None or not fitted.usable or not self.confirms:
             self.answer = fitted
             return out
