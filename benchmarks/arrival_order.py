@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tailgate.records import read_records
+from tailgate.records import RequestRecord, read_records
 
 RECEIVED = re.compile(r"Received request cmpl-tg-(?P<run>[0-9a-f]+)-(?P<stage>\d+)-(?P<trace>\d+)")
 
@@ -30,17 +30,17 @@ def server_order(log_text: str) -> dict[tuple[str, int], list[int]]:
     return out
 
 
-def check(log_text: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+def check(log_text: str, records: list[RequestRecord]) -> dict[str, Any]:
     order = server_order(log_text)
-    batches: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    batches: dict[tuple[str, int, int], list[RequestRecord]] = {}
     for r in records:
-        if r.get("arm") == "gated":
-            batches.setdefault((r["run_id"], r["stage"], r["batch"]), []).append(r)
+        if r.arm == "gated" and r.batch is not None:
+            batches.setdefault((r.run_id, r.stage, r.batch), []).append(r)
     rows = []
     for (run, stage, batch), recs in sorted(batches.items()):
-        ids = sorted(r["trace_id"] for r in recs)
+        ids = sorted(r.trace_id for r in recs)
         seen = [t for t in order.get((run, stage), []) if t in set(ids)]
-        written = [r.get("request_written_s") for r in sorted(recs, key=lambda r: r["trace_id"])]
+        written = [r.request_written_s for r in sorted(recs, key=lambda r: r.trace_id)]
         known = [w for w in written if w is not None]
         rows.append({
             "run_id": run, "stage": stage, "batch": batch, "size": len(ids),

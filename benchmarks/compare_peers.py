@@ -159,19 +159,19 @@ def run_tailgate(rate: float, n: int, tokens: int, server: ServerProcess, work: 
          *(["--processes", str(processes)] if processes > 1 else [])]
     )  # fmt: skip
     for r in run.records:
-        if r.get("error_class") or r.get("sent_mono_ns") is None:
+        if r.error_class or r.sent_mono_ns is None:
             tr.failed += 1
             continue
-        sent = int(r["sent_mono_ns"])
-        chunks = [sent + round(o * MS) for o in r.get("chunk_offsets_ms") or []]
-        rid = r.get("response_id") or ""
+        sent = r.sent_mono_ns
+        chunks = [sent + round(o * MS) for o in r.chunk_offsets_ms or []]
+        rid = r.response_id or ""
         tr.seen.append(
             Seen(
                 seq=int(rid[5:]) if rid.startswith("cmpl-") and rid[5:].isdigit() else None,
                 send_ns=sent,
                 first_ns=chunks[0] if chunks else None,
-                ttft_ms=r.get("ttft_ms"),
-                worst_gap_ms=r.get("worst_gap_ms"),
+                ttft_ms=r.ttft_ms,
+                worst_gap_ms=r.worst_gap_ms,
                 chunk_ns=chunks,
             )
         )

@@ -20,28 +20,28 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tailgate.records import read_records  # noqa: E402
+from tailgate.records import RequestRecord, read_records  # noqa: E402
 
 
-def timeline(records: list[dict[str, Any]], bin_s: float) -> list[dict[str, Any]]:
+def timeline(records: list[RequestRecord], bin_s: float) -> list[dict[str, Any]]:
     """Per bin of intended send time: arrivals, streams in flight at the bin's start, the largest schedule
     lag and read delay of the streams sent in it, and how many of them merged chunks in late reads."""
-    timed = [r for r in records if r.get("intended_s") and r.get("sent_s")]
+    timed = [r for r in records if r.intended_s and r.sent_s]
     if not timed:
         return []
-    t0 = min(r["intended_s"] for r in timed)
-    end = max((r.get("end_s") or r["sent_s"]) for r in timed)
+    t0 = min(r.intended_s for r in timed)
+    end = max((r.end_s or r.sent_s) for r in timed)
     bins: list[dict[str, Any]] = []
     k = 0
     while t0 + k * bin_s <= end:
         lo, hi = t0 + k * bin_s, t0 + (k + 1) * bin_s
-        sent = [r for r in timed if lo <= r["intended_s"] < hi]
-        flying = sum(1 for r in timed if r["sent_s"] <= lo < (r.get("end_s") or r["sent_s"]))
+        sent = [r for r in timed if lo <= r.intended_s < hi]
+        flying = sum(1 for r in timed if r.sent_s <= lo < (r.end_s or r.sent_s))
         bins.append({
             "t_s": round(k * bin_s, 3), "arrivals": len(sent), "in_flight": flying,
-            "lag_max_ms": max((r.get("schedule_lag_ms") or 0.0 for r in sent), default=None),
-            "read_delay_max_ms": max((r.get("max_read_delay_ms") or 0.0 for r in sent), default=None),
-            "merged": sum(1 for r in sent if r.get("client_coalesced")),
+            "lag_max_ms": max((r.schedule_lag_ms for r in sent), default=None),
+            "read_delay_max_ms": max((r.max_read_delay_ms or 0.0 for r in sent), default=None),
+            "merged": sum(1 for r in sent if r.client_coalesced),
         })  # fmt: skip
         k += 1
     return bins
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if not bins:
         sys.stderr.write(f"lag_timeline: error: no timed records in {folder}\n")
         return 2
-    t0 = min(r["intended_s"] for r in read_records(folder).records if r.get("intended_s"))
+    t0 = min(r.intended_s for r in read_records(folder).records if r.intended_s)
     print(f"t = 0 at {t0:.3f} (epoch s, the first intended send)")
     print(f"{'t s':>6} {'arrivals':>8} {'in flight':>9} {'lag max ms':>10} {'read delay max ms':>17} {'merged':>6}")
     for b in bins:

@@ -64,6 +64,8 @@ from tailgate.slo.replay import (
 )
 from tailgate.slo.search import lacks_only_data
 from tailgate.slo.servicefit import Probe, probes_of
+from tailgate.slo.state import ProbeEntry
+from tailgate.stats import measured_records
 from tailgate.verify.groundtruth import start_server_process
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, poisson_arrivals, simulate, true_capacity
 
@@ -117,22 +119,8 @@ def simulated_probe(
     n = max(min_n, math.ceil(rate * duration))
     arrivals = poisson_arrivals(rate, lengths_of(n + warmup, seed), seed + 1)
     outs = served(model)(arrivals)
-    recs = [
-        {
-            "trace_id": i,
-            "intended_s": o.arrival_ns / 1e9,
-            "first_chunk_s": o.arrival_ns / 1e9 + o.ttft_ms / 1e3,
-            "end_s": o.arrival_ns / 1e9 + o.total_ms / 1e3,
-            "ttft_from_intended_ms": o.ttft_ms,
-            "worst_gap_ms": o.worst_gap_ms,
-            "total_from_intended_ms": o.total_ms,
-            "prompt_tokens": a[1],
-            "completion_tokens": a[2],
-            "error_class": None,
-        }
-        for i, (o, a) in enumerate(zip(outs, arrivals, strict=True))
-    ]
-    measured = sorted(recs, key=lambda r: r["end_s"])[warmup:]  # the completion-order warm-up rule
+    recs = [o.record(i, a[1], a[2], rate=rate) for i, (o, a) in enumerate(zip(outs, arrivals, strict=True))]
+    measured = measured_records(recs, warmup)  # the completion-order warm-up rule
     return slo.ProbeAttempt(measured, sent=len(recs), errors=0, records=recs)
 
 
@@ -171,7 +159,7 @@ class Search:
         self.seconds = 0.0
         """Probing time the search would have taken on a real server: arrivals plus each attempt's overhead."""
         self.by_rate: dict[float, list[slo.ProbeAttempt]] = {}
-        self.latest: dict[float, dict[str, Any]] = {}
+        self.latest: dict[float, ProbeEntry] = {}
         self.tails = {lim.key: 1.0 - lim.p / 100.0 for lim in limits if lim.p is not None}
         self.settled: ModelAnswer | None = None
         self.settle_tried = 0
@@ -219,12 +207,12 @@ class Search:
                                               sequential=not a.fixed)  # fmt: skip
             if verdict != "not_enough_data":
                 break
-        self.latest[rate] = {"rate": rate, "verdict": verdict, "checks": [asdict(c) for c in checks]}
+        self.latest[rate] = ProbeEntry(len(self.latest), rate, "search", verdict=verdict, checks=list(checks))
         return verdict
 
     def pooled(self) -> dict[float, str]:
         if self.args.no_pool:
-            return {r: p["verdict"] for r, p in self.latest.items()}
+            return {r: p.verdict for r, p in self.latest.items()}
         return slo.pooled_verdicts(list(self.latest.values()), self.tails, self.args.confidence)
 
     def rate_model(self) -> RateModel | None:
@@ -239,7 +227,7 @@ class Search:
         a = self.args
         if not a.model_replicates:
             return None
-        checks = {r: p["checks"] for r, p in self.latest.items()}
+        checks = {r: p.checks for r, p in self.latest.items()}
         probes = probes_of(self.by_rate, checks)
         workload = workload_of(self.by_rate, trace_file=a.model_mix == "measured")
         if not probes or workload is None:
@@ -286,7 +274,7 @@ class Search:
                           pooled=self.pooled, guess=self.guess,
                           settled=self.settles if settle else None,
                           on_track=lambda: [r for r, p in self.latest.items()
-                                            if lacks_only_data(p["verdict"], p["checks"])])  # fmt: skip
+                                            if lacks_only_data(p.verdict, p.checks)])  # fmt: skip
 
     def remeasured(self, out: slo.SearchOutcome) -> slo.SearchOutcome:
         """The outcome with every probe's verdict so far, the confirmation probes' included."""
@@ -325,7 +313,7 @@ class Search:
             if length is None:
                 raise slo.SearchStopped(f"{remaining:.0f} s of the budget left")
             verdict = self.probe(rate, "confirm", length)
-            probes = probes_of({rate: self.by_rate[rate]}, {rate: self.latest[rate]["checks"]})
+            probes = probes_of({rate: self.by_rate[rate]}, {rate: self.latest[rate].checks})
             return verdict, probes[0] if probes else None
 
         def refit() -> ModelAnswer | None:

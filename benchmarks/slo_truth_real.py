@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slo_reread import probe_attempts
 
 from tailgate import slo
+from tailgate.records import RequestRecord
 from tailgate.slo.plan import SloPlan
 from tailgate.slo.probe import SloRunner
 from tailgate.slo.verdict import METRIC_FIELDS, steady_part
@@ -114,9 +115,7 @@ def poisson_bounds(k: int, level: float = 0.95) -> tuple[float, float]:
     return low, high
 
 
-def event_share(
-    records: Sequence[Mapping[str, Any]], metric: str, limit: float, n: int
-) -> tuple[int, int, float, float]:
+def event_share(records: Sequence[RequestRecord], metric: str, limit: float, n: int) -> tuple[int, int, float, float]:
     """(over, events, share low, share high): the requests over ``limit``, the events they came in, and the 95%
     bounds of the share over it when events are a Poisson count and each hits as many requests as the largest
     seen. With none seen the high bound is for events that hit as many requests as were in flight on average (what
@@ -124,8 +123,8 @@ def event_share(
     saw; the fitted model's windows speak to that (``odds``)."""
     fld = METRIC_FIELDS[metric]
     when = WHEN[metric]
-    moments = sorted(float(r[when]) for r in records if isinstance(r.get(fld), (int, float)) and r[fld] > limit
-                     and isinstance(r.get(when), (int, float)))  # fmt: skip
+    moments = sorted(at for r in records if (v := getattr(r, fld)) is not None and v > limit
+                     and (at := getattr(r, when)) is not None)  # fmt: skip
     sizes: list[int] = []
     last = None
     for t in moments:
@@ -133,8 +132,7 @@ def event_share(
             sizes.append(0)
         sizes[-1] += 1
         last = t
-    spans = [(float(r["intended_s"]), float(r["end_s"])) for r in records
-             if isinstance(r.get("intended_s"), (int, float)) and isinstance(r.get("end_s"), (int, float))]  # fmt: skip
+    spans = [(r.intended_s, r.end_s) for r in records if r.end_s is not None]
     in_flight = 1.0
     if spans:
         wall = max(e for _, e in spans) - min(t for t, _ in spans)
@@ -213,17 +211,15 @@ def read_truth(root: Path, block_s: float) -> list[RateTruth]:
                 if lim.p is None or ch is None:
                     continue
                 fld = METRIC_FIELDS[lim.metric]
-                rows = [(float(r["intended_s"]), float(r[fld])) for r in steady
-                        if isinstance(r.get(fld), (int, float)) and isinstance(r.get("intended_s"), (int, float))
-                        and not (lim.metric == "gap" and r.get("client_coalesced"))]  # fmt: skip
+                rows = [(r.intended_s, v) for r in steady if (v := getattr(r, fld)) is not None
+                        and not (lim.metric == "gap" and r.client_coalesced)]  # fmt: skip
                 lo, hi = block_bootstrap(rows, lim.p / 100.0, block_s)
                 point = _p99([v for _, v in rows], lim.p / 100.0) if rows else None
                 over, events, share_lo, share_hi = event_share(steady, lim.metric, lim.limit, len(rows))
                 metrics.append(MetricTruth(lim.key, lim.limit, _r(point), _r(lo), _r(hi), ch.verdict, ch.n,
                                            ch.n_effective, over, events, round(share_lo, 5),
                                            round(share_hi, 5)))  # fmt: skip
-            sends = [float(r["intended_s"]) for a in attempts for r in a.measured
-                     if isinstance(r.get("intended_s"), (int, float))]  # fmt: skip
+            sends = [r.intended_s for a in attempts for r in a.measured]
             stopped = any(a.stopped_early for a in attempts)
             out.append(RateTruth(
                 config=c["name"], rate=float(pr["rate"]), sent=sum(a.sent for a in attempts),

@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "wall_s": round(wall, 1),
         "sent_journal": sent,
         "records": records,
-        "lost_in_flight": loss["lost"],
+        "lost_in_flight": loss.lost,
         "errors": summary.get("errors"),
         "errors_by_class": summary.get("errors_by_class"),
         "n_ok": summary.get("n"),

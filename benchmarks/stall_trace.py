@@ -20,17 +20,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tailgate.records import read_records
+from tailgate.records import RequestRecord, read_records
 
 
-def stage_events(log_paths: list[str], records: list[dict[str, Any]]) -> dict[str, Any]:
+def stage_events(log_paths: list[str], records: list[RequestRecord]) -> dict[str, Any]:
     """The watch's events inside the stage, on its clock (s after the first send), and its merged streams."""
-    sent = [r["sent_mono_ns"] for r in records if r.get("sent_mono_ns")]
-    if not sent:
+    timed = [(r.sent_mono_ns, r) for r in records if r.sent_mono_ns]
+    if not timed:
         return {"error": "no records with sent_mono_ns"}
-    t0 = min(sent)
-    timed = [r for r in records if r.get("sent_mono_ns")]
-    end = max(r["sent_mono_ns"] + int(((r.get("end_s") or r["sent_s"]) - r["sent_s"]) * 1e9) for r in timed)
+    t0 = min(sent for sent, _ in timed)
+    end = max(sent + int(((r.end_s or r.sent_s) - r.sent_s) * 1e9) for sent, r in timed)
     events: list[dict[str, Any]] = []
     for path in log_paths:
         for line in Path(path).read_text(encoding="utf-8").splitlines():
@@ -38,7 +37,7 @@ def stage_events(log_paths: list[str], records: list[dict[str, Any]]) -> dict[st
             if t0 <= e["at_ns"] <= end and (e["kind"] == "turn" or e["generation"] > 0):
                 events.append({**e, "at_s": round((e["at_ns"] - t0) / 1e9, 4)})
     events.sort(key=lambda e: e["at_ns"])
-    merged = sorted(round((r["sent_mono_ns"] - t0) / 1e9, 3) for r in timed if r.get("client_coalesced"))
+    merged = sorted(round((sent - t0) / 1e9, 3) for sent, r in timed if r.client_coalesced)
     gcs = [e for e in events if e["kind"] == "gc"]
     return {
         "stage_s": round((end - t0) / 1e9, 3),

@@ -27,7 +27,7 @@ from tailgate.arms import OPEN_LOOP, cell_name, value_text
 from tailgate.contracts import C, ContractError, StageSummary
 from tailgate.jsonl import parse_lines
 from tailgate.load.promptsources import DEFAULT_PROMPTS
-from tailgate.records import RECORD_FIELDS, WORKLOAD_DEFAULTS, record_files
+from tailgate.records import RECORD_FIELDS, WORKLOAD_DEFAULTS, InFlightLoss, lost_in_flight, record_files
 from tailgate.resultfiles import RUN_META, SENT_GLOB, SERVER_METRICS, SUMMARY_GLOB
 from tailgate.runmeta import RunMeta, RunStatus
 from tailgate.serverconfigs import CONFIGS, DEFAULT
@@ -328,17 +328,13 @@ def _concat(parts: Iterable[pd.DataFrame]) -> pd.DataFrame:
     return df
 
 
-def _journal_lost(run: RunDir, frame: pd.DataFrame) -> dict[str, Any] | None:
+def _journal_lost(run: RunDir, frame: pd.DataFrame) -> InFlightLoss | None:
     """Sent-but-unrecorded requests from the load path's send journal (``sent-*.log``), if any.
 
     The journal is written before each request goes out, so it also counts requests whose
     record was never started, which no partial line reveals.
     """
     if not any(run.path.glob(SENT_GLOB)):
-        return None
-    try:
-        from tailgate.records import lost_in_flight
-    except ImportError:
         return None
     ok = frame["stage"].notna() & frame["trace_id"].notna()
     pairs = zip(frame.loc[ok, "stage"].astype("int64"), frame.loc[ok, "trace_id"].astype("int64"), strict=True)
@@ -406,7 +402,7 @@ def read_records_frame(run: RunDir, parsed: Sequence[tuple[pd.DataFrame, int]] |
     loss = _journal_lost(run, frame)
     if loss is None:
         return RecordsLoad(frame, bad, len(files), {key: bad})
-    return RecordsLoad(frame, bad, len(files), {key: bad}, int(loss["lost"]), dict(loss["lost_by_stage"]))
+    return RecordsLoad(frame, bad, len(files), {key: bad}, loss.lost, dict(loss.lost_by_stage))
 
 
 def load_records(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:

@@ -26,6 +26,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, Union
 
+from tailgate.records import RequestRecord
 from tailgate.stats import SEED_SUMMARY_KEYS
 
 C = TypeVar("C", bound="Contract")
@@ -484,5 +485,6 @@ class OrderDone(Contract):
     """Why this process gave up kernel stamps or the capture, if it did."""
     capture: CaptureStats | None = None
     error: str | None = None
-    records: list[dict[str, Any]] | None = None
-    """One process only: the order's records as the stage summary reads them (several stream them instead)."""
+    records: list[RequestRecord] | None = None
+    """One process only: the order's records as the stage summary reads them, in memory (several processes
+    stream them to the master instead, and this stays None)."""

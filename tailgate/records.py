@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -146,8 +146,35 @@ class RequestRecord:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> RequestRecord:
+        """A record read back (a file's line, a worker's message): the fields this schema knows, defaults for the
+        ones a record may leave out (:data:`OPTIONAL_ON_DISK`), keys of a newer schema ignored.
+
+        Raises :class:`RecordError` when a field every record carries is missing: such a line is not a record.
+        """
+        known = {name: row[name] for name in RECORD_FIELDS if name in row}
+        if len(known) < len(_REQUIRED) or not _REQUIRED.issubset(known):
+            missing = sorted(_REQUIRED.difference(known))
+            raise RecordError(f"not a request record: no {', '.join(missing)}")
+        return cls(**known)
+
+    def for_summary(self) -> RequestRecord:
+        """This record without its per-chunk lists: what the in-memory views keep (no summary reads the lists,
+        and they are most of a record's size)."""
+        if self.chunk_offsets_ms is None and self.chunk_read_delays_ms is None and self.chunk_read_offsets_ms is None:
+            return self
+        return replace(self, chunk_offsets_ms=None, chunk_read_delays_ms=None, chunk_read_offsets_ms=None)
+
+
+class RecordError(ValueError):
+    """A line or message that is not a request record."""
+
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+_REQUIRED: frozenset[str] = frozenset(
+    f.name for f in fields(RequestRecord) if f.default is MISSING and f.default_factory is MISSING
+)
 WORKLOAD_DEFAULTS: dict[str, Any] = {
     "prompt_source": DEFAULT_PROMPTS, "endpoint": DEFAULT_ENDPOINT, "arrivals": DEFAULT_ARRIVALS,
     "prompt_tokens_tokenized": None,
@@ -189,28 +216,28 @@ class RecordWriter:
 
 @dataclass(slots=True)
 class RecordScan:
-    records: list[dict[str, Any]]
+    records: list[RequestRecord]
     partial_lines: int
-    """Lines that did not parse: a generator killed mid-write leaves one at the end of a file."""
+    """Lines that did not parse as a record: a generator killed mid-write leaves one at the end of a file."""
     files: int
     superseded: int = 0
     """Records dropped as second copies of one request: a ``worker_lost`` record written by the master for a
     worker that later reported the request itself, or a worker's own copy of what the master also wrote."""
 
 
-def supersedes(new: dict[str, Any], old: dict[str, Any]) -> bool:
+def supersedes(new: RequestRecord, old: RequestRecord) -> bool:
     """A second record of one request replaces the first only when it is the worker's own and the first is the
     ``worker_lost`` the master wrote for it: the one rule of the files' reader and the live stage summary."""
-    return old.get("error_class") == "worker_lost" and new.get("error_class") != "worker_lost"
+    return old.error_class == "worker_lost" and new.error_class != "worker_lost"
 
 
-def _one_per_request(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+def _one_per_request(rows: list[RequestRecord]) -> tuple[list[RequestRecord], int]:
     """Keep one record per (run, stage, request), the worker's own over a ``worker_lost`` written for it."""
-    kept: dict[tuple[Any, Any, Any], int] = {}
-    out: list[dict[str, Any]] = []
+    kept: dict[tuple[str, int, int], int] = {}
+    out: list[RequestRecord] = []
     dropped = 0
     for row in rows:
-        key = (row.get("run_id"), row.get("stage"), row.get("trace_id"))
+        key = (row.run_id, row.stage, row.trace_id)
         at = kept.get(key)
         if at is None:
             kept[key] = len(out)
@@ -232,15 +259,15 @@ def iter_record_lines(path: Path) -> Iterator[dict[str, Any] | None]:
 
 def read_records(directory: str | Path) -> RecordScan:
     """Read every worker's records in a folder, skipping (and counting) unparsable lines."""
-    out: list[dict[str, Any]] = []
+    out: list[RequestRecord] = []
     bad = 0
     files = record_files(directory)
     for path in files:
         for obj in iter_record_lines(path):
-            if obj is None:
+            try:
+                out.append(RequestRecord.from_dict(obj if obj is not None else {}))
+            except (RecordError, TypeError):
                 bad += 1
-            else:
-                out.append(obj)
     out, superseded = _one_per_request(out)
     return RecordScan(out, bad, len(files), superseded)
 
@@ -309,23 +336,32 @@ def journal_entry(line: str | bytes) -> tuple[int, int, bool] | None:
     return (stage, trace_id, True) if tag == "dropped" else None
 
 
-def lost_in_flight(directory: str | Path, recorded: Iterable[tuple[int, int]] | None = None) -> dict[str, Any]:
-    """Requests the journal says were sent that have no readable record: lost with a killed generator.
+@dataclass(frozen=True, slots=True)
+class InFlightLoss:
+    """Requests the send journal says were sent that have no readable record: lost with a killed generator."""
+
+    sent: int
+    recorded: int
+    """Sent requests that have a record."""
+    lost: int
+    lost_by_stage: dict[int, int]
+    unreadable_lines: int | None
+    """Record lines that did not parse; only known when :func:`lost_in_flight` read the records itself."""
+
+
+def lost_in_flight(directory: str | Path, recorded: Iterable[tuple[int, int]] | None = None) -> InFlightLoss:
+    """What the send journal lists without a record.
 
     A load generator writes the journal line before a request goes out and the record when it
     ends, so the difference is exactly what was in flight when it died (a record cut mid-write
     counts as lost too). ``recorded`` takes ``(stage, trace_id)`` pairs a caller has already read,
     so a large run is not parsed twice; by default the folder's records are read here.
-
-    Returns ``sent``, ``recorded`` (sent requests that have a record), ``lost``, ``lost_by_stage``
-    (stage index -> count) and ``unreadable_lines`` (record lines that did not parse; only known when
-    this function read the records itself, else None).
     """
     sent = read_sent(directory)
     unreadable: int | None = None
     if recorded is None:
         scan = read_records(directory)
-        pairs = {(r.get("stage"), r.get("trace_id")) for r in scan.records}
+        pairs = {(r.stage, r.trace_id) for r in scan.records}
         unreadable = scan.partial_lines
     else:
         pairs = {(int(stage), int(trace_id)) for stage, trace_id in recorded}
@@ -333,10 +369,4 @@ def lost_in_flight(directory: str | Path, recorded: Iterable[tuple[int, int]] | 
     by_stage: dict[int, int] = {}
     for stage, _ in sorted(lost):
         by_stage[stage] = by_stage.get(stage, 0) + 1
-    return {
-        "sent": len(sent),
-        "recorded": len(sent) - len(lost),
-        "lost": len(lost),
-        "lost_by_stage": by_stage,
-        "unreadable_lines": unreadable,
-    }
+    return InFlightLoss(len(sent), len(sent) - len(lost), len(lost), by_stage, unreadable)

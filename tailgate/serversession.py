@@ -11,12 +11,13 @@ Not :mod:`tailgate.load.session`: that is one run inside the Locust process; thi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tailgate.cell import CellResult, CellSpec, run_cell
+from tailgate.records import RequestRecord
 from tailgate.resultfiles import RUN_META
 from tailgate.runmeta import RunMeta, RunStatus, utc_stamp
 from tailgate.runner import ChildRunner, prepare_server
@@ -38,7 +39,7 @@ Log = Callable[[str], None]
 class RoundRun:
     """What one warm-up round left: its records (the worst gap is read from them) and how long it took."""
 
-    records: Iterable[Mapping[str, Any]]
+    records: Iterable[RequestRecord]
     seconds: float | None
 
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from tailgate.records import RequestRecord
 
 STAGE_WARMUP_DIR = "stage-warmup"
 """Where the stage warm-up's runs go: a subfolder, so the report never reads them as cells."""
@@ -43,10 +46,9 @@ def stage_warmup_of(value: int | None, embedded: bool) -> int:
     return EMBEDDED_STAGE_WARMUP if embedded else GPU_STAGE_WARMUP
 
 
-def worst_gap_ms(records: Iterable[Mapping[str, Any]]) -> float:
+def worst_gap_ms(records: Iterable[RequestRecord]) -> float:
     """The worst inter-chunk gap of any stream in a round (0 when none streamed)."""
-    gaps = [float(r["worst_gap_ms"]) for r in records if isinstance(r.get("worst_gap_ms"), (int, float))]
-    return max(gaps, default=0.0)
+    return max((r.worst_gap_ms for r in records if r.worst_gap_ms is not None), default=0.0)
 
 
 def still_falling(before: float, now: float) -> bool:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from tailgate.records import RequestRecord
 
 SEED_SUMMARY_KEYS: tuple[str, ...] = (
     "arm", "n", "started", "rate_or_batch",
@@ -23,6 +26,12 @@ WARMUP_RULES = ("completion", "trace")
 
 COMPLETION_ORDER: tuple[str, str] = ("end_s", "trace_id")
 """How "the first requests to finish" is decided: by end time, ties broken by trace id."""
+
+
+def completion_key(record: RequestRecord) -> tuple[float, int]:
+    """:data:`COMPLETION_ORDER` as a sort key (a record that never ended sorts first)."""
+    return (record.end_s or 0.0, record.trace_id)
+
 
 ROUND_DIGITS = 1
 """Summaries carry milliseconds with one decimal, as the reference harness prints them."""
@@ -77,18 +86,18 @@ def percentile(values: Sequence[float], p: float) -> float | None:
     return xs[lo] + (xs[lo + 1] - xs[lo]) * (k - lo)
 
 
-def field_values(records: Sequence[Mapping[str, Any]], name: str) -> list[float]:
+def field_values(records: Sequence[RequestRecord], name: str) -> list[float]:
     """A record field's measured values: None (never reached) and non-finite values are left out, as the
     analysis's vectorised quantile leaves out NaN. Every tail in the suite is computed over this list."""
     out: list[float] = []
     for r in records:
-        v = r.get(name)
+        v = getattr(r, name)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             out.append(v)
     return out
 
 
-def tail(records: Sequence[Mapping[str, Any]], name: str, p: float) -> float | None:
+def tail(records: Sequence[RequestRecord], name: str, p: float) -> float | None:
     """One field's percentile over records, rounded as every summary rounds it (p=100: the maximum)."""
     return round_ms(percentile(field_values(records, name), p))
 
@@ -98,29 +107,26 @@ def round_ms(x: float | None) -> float | None:
     return None if x is None else round(x, ROUND_DIGITS)
 
 
-def measured_records(
-    records: Sequence[Mapping[str, Any]], warmup: int, rule: str = "completion"
-) -> list[Mapping[str, Any]]:
+def measured_records(records: Sequence[RequestRecord], warmup: int, rule: str = "completion") -> list[RequestRecord]:
     """The successful records that count, in completion order.
 
     ``completion`` is the reference harness's rule: drop the first ``warmup`` successful records
     in the order they finished. ``trace`` drops the first ``warmup`` trace items of the stage
     instead, which does not depend on which requests happened to finish first.
     """
-    end_key, tie_key = COMPLETION_ORDER
-    done = sorted(records, key=lambda r: (r.get(end_key) or 0.0, r[tie_key]))
-    good = [r for r in done if r.get("error_class") is None]
+    done = sorted(records, key=completion_key)
+    good = [r for r in done if r.error_class is None]
     if rule == "completion":
         return good[warmup:]
     if rule == "trace":
-        first_ids = sorted(r["trace_id"] for r in records)[:warmup]
+        first_ids = sorted(r.trace_id for r in records)[:warmup]
         skip = set(first_ids)
-        return [r for r in good if r["trace_id"] not in skip]
+        return [r for r in good if r.trace_id not in skip]
     raise ValueError(f"unknown warm-up rule {rule!r}")
 
 
 def summarize_stage(
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[RequestRecord],
     *,
     arm: str,
     rate_or_batch: float,
@@ -135,8 +141,8 @@ def summarize_stage(
     pct = {rule.key: tail(population[rule.over], rule.field, rule.p) for rule in PERCENTILE_RULES}
     errors_by_class: dict[str, int] = {}
     for r in records:
-        if r.get("error_class") is not None:
-            errors_by_class[r["error_class"]] = errors_by_class.get(r["error_class"], 0) + 1
+        if r.error_class is not None:
+            errors_by_class[r.error_class] = errors_by_class.get(r.error_class, 0) + 1
     summary: dict[str, Any] = {
         "arm": arm,
         "n": len(good),
@@ -146,7 +152,7 @@ def summarize_stage(
         "preemptions_delta": preemptions_delta,
         "errors": sum(errors_by_class.values()),
     }
-    sent = sorted(r["intended_s"] for r in records)
+    sent = sorted(r.intended_s for r in records)
     span = (sent[-1] - sent[0]) if len(sent) > 1 else 0.0
     summary.update(
         {
@@ -156,14 +162,14 @@ def summarize_stage(
             "errors_by_class": dict(sorted(errors_by_class.items())),
             **{k: v for k, v in pct.items() if k not in summary},
             "achieved_rate": round((len(sent) - 1) / span, 3) if span > 0 else None,
-            "completion_tokens": sum(r.get("completion_tokens") or 0 for r in good),
+            "completion_tokens": sum(r.completion_tokens or 0 for r in good),
         }
     )
     summary.update(client_quality(good))
     return summary
 
 
-def client_quality(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def client_quality(records: Sequence[RequestRecord]) -> dict[str, Any]:
     """How much of a stage's timing the client could have hidden, from the records' own flags.
 
     ``client_coalesced_streams`` counts streams where a late read merged chunks: their gaps describe the
@@ -172,11 +178,11 @@ def client_quality(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """
     delays = field_values(records, "max_read_delay_ms")
     return {
-        "client_coalesced_streams": sum(1 for r in records if r.get("client_coalesced")),
+        "client_coalesced_streams": sum(1 for r in records if r.client_coalesced),
         "read_delay_measured": len(delays),
         "max_read_delay_p99": round_ms(percentile(delays, 99)),
         "max_read_delay_max": round_ms(max(delays) if delays else None),
-        "max_events_per_read_max": max((int(r.get("max_events_per_read") or 0) for r in records), default=0),
+        "max_events_per_read_max": max((r.max_events_per_read for r in records), default=0),
     }
 
 

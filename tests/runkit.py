@@ -21,7 +21,7 @@ from typing import Any
 
 from conftest import LOCUST, ROOT
 
-from tailgate.records import lost_in_flight, read_records, read_sent
+from tailgate.records import RequestRecord, lost_in_flight, read_records, read_sent
 
 
 @dataclass
@@ -99,7 +99,7 @@ def assert_no_traceback(*texts: str) -> None:
         assert "tailgate run failed" not in text, text[-3000:]
 
 
-def check_nothing_lost(results: Path, planned: int) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+def check_nothing_lost(results: Path, planned: int) -> tuple[list[RequestRecord], dict[str, dict[str, Any]]]:
     """The accounting every completed fault run must satisfy; returns the records and summaries.
 
     records == requests journaled as sent == planned, each (stage, trace id) exactly once, no
@@ -108,30 +108,30 @@ def check_nothing_lost(results: Path, planned: int) -> tuple[list[dict[str, Any]
     scan = read_records(results)
     assert scan.partial_lines == 0
     records = scan.records
-    keys = [(r["stage"], r["trace_id"]) for r in records]
+    keys = [(r.stage, r.trace_id) for r in records]
     assert len(keys) == len(set(keys)), "a request has two records"
     sent = read_sent(results)
     assert set(keys) == sent, (
         f"sent but not recorded: {sorted(sent - set(keys))}; recorded, not sent: {sorted(set(keys) - sent)}"
     )
     assert len(records) == len(sent) == planned
-    assert lost_in_flight(results)["lost"] == 0
+    assert lost_in_flight(results).lost == 0
     by_label = summaries(results)
     assert by_label, "no stage summary was written"
     assert sum(s["planned"] for s in by_label.values()) == planned
     for label, s in by_label.items():
-        stage = [r for r in records if r["stage_label"] == label]
+        stage = [r for r in records if r.stage_label == label]
         assert s["dropped_arrivals"] == 0
         assert len(stage) == s["sent"] == s["planned"], label
-        failed = [r for r in stage if r["error_class"] is not None]
+        failed = [r for r in stage if r.error_class is not None]
         assert s["errors"] == len(failed), label
-        assert s["errors_by_class"] == dict(Counter(r["error_class"] for r in failed)), label
-        assert all(r["error"] for r in failed), "an error record without a message"
+        assert s["errors_by_class"] == dict(Counter(r.error_class for r in failed)), label
+        assert all(r.error for r in failed), "an error record without a message"
     return records, by_label
 
 
 def classes(records: Sequence[dict[str, Any]]) -> dict[str | None, int]:
-    return dict(Counter(r["error_class"] for r in records))
+    return dict(Counter(r.error_class for r in records))
 
 
 def _locust_children(parent: int) -> list[int]:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pandas as pd
 import pytest
+from recordkit import records_of
 
 from tailgate.load.client import StreamTiming, Target, build_payload, stream_completion
 from tailgate.postprocess.table import NOT_A_MEASUREMENT, summary_table, table_markdown
@@ -80,7 +81,7 @@ def test_stage_summary_counts_flagged_streams() -> None:
         {"client_coalesced": False, "max_read_delay_ms": 0.1, "max_events_per_read": 1},
         {"max_events_per_read": 1},  # a record from before these fields existed
     ]
-    q = client_quality(records)
+    q = client_quality(records_of(records))
     assert q["client_coalesced_streams"] == 1
     assert q["read_delay_measured"] == 2 and q["max_read_delay_max"] == 12.0
     assert q["max_events_per_read_max"] == 4

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import re
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recordkit import record, records_of
 
 from tailgate import arms, resultfiles
 from tailgate.contracts import CaptureStats, ContractError, Order, OrderConfig, OrderDone, OrderItem, StageSummary
@@ -25,6 +27,7 @@ from tailgate.jsonl import Follower, parse_lines
 from tailgate.load.plan import continuous_stage, gated_stage
 from tailgate.load.workload import make_trace
 from tailgate.optiontable import DEFAULTS, OptionError, check_counts, parse_rates
+from tailgate.records import RequestRecord
 from tailgate.runmeta import RunMeta, SloMeta, SuiteMeta
 from tailgate.stats import SEED_SUMMARY_KEYS, field_values, summarize_stage, tail
 
@@ -33,8 +36,8 @@ FIXTURES = ROOT / "tests" / "fixtures" / "results"
 PRODUCT_DIRS = ("tailgate", "postprocess", "shapes", "locustfiles")
 
 
-def _records(n: int) -> list[dict[str, Any]]:
-    return [
+def _records(n: int) -> list[RequestRecord]:
+    return records_of(
         {
             "trace_id": i, "intended_s": 100.0 + i * 0.2, "end_s": 101.0 + i * 0.2 + (i % 7) * 0.01,
             "schedule_lag_ms": 0.1 * (i % 5), "error_class": "http_500" if i % 11 == 0 else None,
@@ -43,7 +46,7 @@ def _records(n: int) -> list[dict[str, Any]]:
             "max_read_delay_ms": None if i % 2 else 0.3,
         }
         for i in range(n)
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
 def _summary() -> dict[str, Any]:
@@ -161,12 +164,16 @@ def test_an_order_built_by_the_master_travels_as_it_always_did_and_is_read_typed
 def test_a_done_reply_travels_as_an_object_and_is_read_back_typed() -> None:
     done = OrderDone(
         order_id="0:0:1", run_id="abc", stage=0, worker="w1", dropped=2, sent=40, ended=38, stamp="capture",
-        capture=CaptureStats(packets=900, drops=1, missed_streams=0), records=[{"trace_id": 3, "stage": 0}],
+        capture=CaptureStats(packets=900, drops=1, missed_streams=0),
     )  # fmt: skip
     wire = done.to_dict()
     assert wire["capture"] == {"packets": 900, "drops": 1, "missed_streams": 0}
     read = OrderDone.from_dict(json.loads(json.dumps(wire)))
     assert read == done and read.capture == CaptureStats(packets=900, drops=1, missed_streams=0)
+    # one process: the order's records ride along in memory, typed, never serialized
+    mine = record(trace_id=3)
+    local = OrderDone.from_dict(dataclasses.replace(done, records=[mine]).to_dict())
+    assert local.records is not None and local.records[0] is mine
     failed = OrderDone.from_dict({**wire, "order_id": None, "stage": None, "capture": None, "error": "E: x"})
     assert failed.capture is None and failed.error == "E: x"
 
@@ -442,7 +449,7 @@ def test_one_reader_counts_damaged_lines_and_follows_only_complete_ones(tmp_path
 
 
 def test_one_tail_computation_skips_what_was_never_measured() -> None:
-    rows = [{"ttft_ms": v} for v in (1.0, None, 3.0, float("nan"), 2.0)] + [{"ttft_ms": True}, {}]
+    rows = [record(ttft_ms=v) for v in (1.0, None, 3.0, float("nan"), 2.0)]
     assert field_values(rows, "ttft_ms") == [1.0, 3.0, 2.0]
     assert tail(rows, "ttft_ms", 50) == 2.0
     assert tail(rows, "ttft_ms", 100) == 3.0

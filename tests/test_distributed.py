@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, write_trace
 from netns import Hosts, NetnsUnavailable
+from recordkit import record
 
 from tailgate.contracts import Order, OrderConfig, OrderItem
 from tailgate.exitcodes import FAILED, INCOMPLETE
@@ -116,7 +117,7 @@ def test_lost_worker_share_is_exactly_accounted(tmp_path: Path) -> None:
     )  # fmt: skip
     for i in range(3):
         sink.on_sent("n1", {"folder": folder, "worker": "w1", "sent": [0, i, 1.7e9 + i]})
-    row = {"run_id": "r", "stage": 0, "trace_id": 0, "intended_s": 1.7e9, "error_class": None}
+    row = record(run_id="r", trace_id=0, intended_s=1.7e9, sent_s=1.7e9, end_s=1.7e9 + 1).to_dict()
     sink.on_records("n1", {"folder": folder, "worker": "w1", "records": [row]})
     assert sink.lose("n1", order, "gone") == (2, 2) and late == []
     sink.on_sent("n1", {"folder": folder, "worker": "w1", "sent": [0, 3, 1.7e9 + 3]})  # sent while cut off
@@ -125,7 +126,7 @@ def test_lost_worker_share_is_exactly_accounted(tmp_path: Path) -> None:
     sink.close()
     assert set(late) == {0}
     scan = read_records(tmp_path)
-    assert sorted((r["trace_id"], r["error_class"]) for r in scan.records) == [
+    assert sorted((r.trace_id, r.error_class) for r in scan.records) == [
         (0, None), (1, None), (2, WORKER_LOST), (3, None)]  # fmt: skip
     assert scan.superseded == 1
     assert read_sent(tmp_path) == {(0, 0), (0, 1), (0, 2), (0, 3)}
@@ -342,23 +343,23 @@ def test_shifted_clock_on_schedule_and_joiner_waits(cluster: Cluster, tmp_path: 
     assert joined == ["cont_r10", "cont_r10", "cont_r8"], joined
 
     records = read_records(cluster.results).records
-    by_stage = {label: [r for r in records if r["stage_label"] == label] for label in ("cont_r10", "cont_r8")}
+    by_stage = {label: [r for r in records if r.stage_label == label] for label in ("cont_r10", "cont_r8")}
     for label, rows in by_stage.items():
-        assert sorted(r["trace_id"] for r in rows) == list(range(n)), label
-        assert all(r["error_class"] is None for r in rows), [r for r in rows if r["error_class"]]
-        assert all(r["ttft_ms"] > 0 and r["total_ms"] >= r["ttft_ms"] for r in rows), label  # never negative
+        assert sorted(r.trace_id for r in rows) == list(range(n)), label
+        assert all(r.error_class is None for r in rows), [r for r in rows if r.error_class]
+        assert all(r.ttft_ms > 0 and r.total_ms >= r.ttft_ms for r in rows), label  # never negative
         s = summaries(cluster.results)[label]
         assert (s["planned"], s["sent"], s["recorded"], s["lost_in_flight"], s["never_sent"]) == (n, n, n, 0, 0)
         assert s["negative_latencies"] == 0 and s["ttft_p50"] > 0
-    assert len({r["worker"] for r in by_stage["cont_r10"]}) == 2  # the joiner waited for the next stage
-    assert len({r["worker"] for r in by_stage["cont_r8"]}) == 3
+    assert len({r.worker for r in by_stage["cont_r10"]}) == 2  # the joiner waited for the next stage
+    assert len({r.worker for r in by_stage["cont_r8"]}) == 3
 
     # records on the master's clock: intended times are the schedule exactly, whoever's clock sent them
     for label, r in (("cont_r10", rate), ("cont_r8", 8.0)):
-        rows = sorted(by_stage[label], key=lambda x: x["trace_id"])
-        got = [x["intended_s"] - rows[0]["intended_s"] for x in rows]
+        rows = sorted(by_stage[label], key=lambda x: x.trace_id)
+        got = [x.intended_s - rows[0].intended_s for x in rows]
         assert got == pytest.approx(poisson_offsets(n, r, 7), abs=2e-3), label
-        assert max(abs(x["sent_s"] - x["intended_s"]) for x in rows) < SCHEDULE_BOUND_MS / 1000
+        assert max(abs(x.sent_s - x.intended_s) for x in rows) < SCHEDULE_BOUND_MS / 1000
 
     control = cluster.server_control()
     assert control["last_authorization"].get("/v1/completions") == f"Bearer {KEY}"
@@ -398,10 +399,10 @@ def test_kill9_worker_mid_stage_ends_within_deadline(cluster: Cluster, tmp_path:
     assert s["lost_in_flight"] >= 1 and s["never_sent"] >= 1 and len(s["workers_lost"]) == 1, s
     assert s["load_processes"] == 1, s  # the one that ran the stage to its end, not the one lost in it
     records = read_records(cluster.results).records
-    keys = [(r["stage"], r["trace_id"]) for r in records]
+    keys = [(r.stage, r.trace_id) for r in records]
     assert len(keys) == len(set(keys)), "a request has two records"
     assert set(keys) == read_sent(cluster.results)  # every announced send has exactly one record
-    assert sum(r["error_class"] == WORKER_LOST for r in records) == s["lost_in_flight"]
+    assert sum(r.error_class == WORKER_LOST for r in records) == s["lost_in_flight"]
     assert len(records) == s["sent"] == n - s["never_sent"]
     # the server saw every request that ended there; a send announced just before the kill may not have reached
     # the wire, so it is lost in flight. The announcement travels to the master on the worker's message queue,
@@ -573,10 +574,10 @@ def test_partition_from_the_master_loses_nothing(cluster: Cluster, tmp_path: Pat
         assert s["planned"] == n == s["recorded"] + s["lost_in_flight"] + s["never_sent"], s
     assert first["lost_in_flight"] == 0 and first["never_sent"] >= 1, first  # everything it sent came back
     records = read_records(cluster.results).records
-    keys = [(r["stage"], r["trace_id"]) for r in records]
+    keys = [(r.stage, r.trace_id) for r in records]
     assert len(keys) == len(set(keys)) and set(keys) == read_sent(cluster.results)
     received = len(cluster.server_log()["requests"])  # the server agrees, but for a stream the stop cut off
-    cut = sum(r["error_class"] == "cancelled" for r in records)  # before its request was written
+    cut = sum(r.error_class == "cancelled" for r in records)  # before its request was written
     assert first["sent"] + second["sent"] - cut <= received <= first["sent"] + second["sent"], (received, cut)
 
 
@@ -614,14 +615,14 @@ def test_workers_stop_on_their_own_when_the_master_dies(cluster: Cluster, tmp_pa
     last_arrival_s = (max(row[1] for row in log["requests"]) - killed_ns) / 1e9
     assert last_arrival_s < 6.0, last_arrival_s  # nothing sent after they gave up on the master
     records = read_records(cluster.results).records
-    keys = {(r["stage"], r["trace_id"]) for r in records}
+    keys = {(r.stage, r.trace_id) for r in records}
     # one record for each request received; a stream cancelled by the stop before its request was written
     # has a record the server never saw, and nothing else may differ
-    cancelled = sum(r["error_class"] == "cancelled" for r in records)
+    cancelled = sum(r.error_class == "cancelled" for r in records)
     assert len(keys) == len(records) < n
     assert len(records) - cancelled <= len(log["requests"]) <= len(records), (len(log["requests"]), len(records))
     assert keys == read_sent(cluster.results)
-    assert any(r["error_class"] == "cancelled" for r in records)
+    assert any(r.error_class == "cancelled" for r in records)
     run = json.loads((cluster.results / "run.json").read_text())
     assert run["status"] == "running" and coordinator_gone(run)
 
@@ -805,7 +806,7 @@ def test_worker_frozen_in_the_settle_is_left_out_of_the_next_stage(cluster: Clus
     by_label = summaries(cluster.results)
     second = by_label["cont_r8"]
     assert (second["sent"], second["recorded"], second["never_sent"], second["ran_short"]) == (n, n, 0, False), second
-    assert len({r["worker"] for r in read_records(cluster.results).records if r["stage"] == 1}) == 1
+    assert len({r.worker for r in read_records(cluster.results).records if r.stage == 1}) == 1
     run = json.loads((cluster.results / "run.json").read_text())
     assert run["status"] == "completed" and len(run["workers_lost"]) == 1, run
     # the fresh round trip the stage starts with leaves it out; on a loaded machine the missed heartbeats
@@ -875,8 +876,8 @@ def test_worker_frozen_mid_stage_is_reconciled_when_it_thaws(cluster: Cluster, t
     assert first["lost_in_flight"] == 0 and first["ran_short"], first
     assert first["planned"] == first["recorded"] + first["never_sent"], first
     records = read_records(cluster.results).records
-    keys = [(r["stage"], r["trace_id"]) for r in records]
+    keys = [(r.stage, r.trace_id) for r in records]
     assert len(keys) == len(set(keys)) and set(keys) == read_sent(cluster.results)
     received = len(cluster.server_log()["requests"])  # the server agrees, but for a stream the stop cut off
-    cut = sum(r["error_class"] == "cancelled" for r in records)  # before its request was written
+    cut = sum(r.error_class == "cancelled" for r in records)  # before its request was written
     assert first["sent"] + second["sent"] - cut <= received <= first["sent"] + second["sent"], (received, cut)

@@ -93,15 +93,15 @@ def check_timing_of_successes(
     for seq, _idx, t_ns in chunk_log:
         writes.setdefault(seq, []).append(t_ns)
     for r in records:
-        if r["error_class"] is not None:
+        if r.error_class is not None:
             continue
-        assert r["chunks"] == r["completion_tokens"] == max_tokens and r["finish_reason"] == "length"
-        assert r["ttft_ms"] >= first_seen_ms
-        assert r["total_ms"] >= TTFT_MS + (max_tokens - 1) * GAP_MS
-        if not r["client_coalesced"]:  # a late read merges chunks the server sent apart: flagged, not timed
-            times = sorted(writes[int(r["response_id"].removeprefix("cmpl-"))])
+        assert r.chunks == r.completion_tokens == max_tokens and r.finish_reason == "length"
+        assert r.ttft_ms >= first_seen_ms
+        assert r.total_ms >= TTFT_MS + (max_tokens - 1) * GAP_MS
+        if not r.client_coalesced:  # a late read merges chunks the server sent apart: flagged, not timed
+            times = sorted(writes[int(r.response_id.removeprefix("cmpl-"))])
             written_ms = max((b - a) / 1e6 for a, b in itertools.pairwise(times))
-            assert r["worst_gap_ms"] >= min(GAP_MS, written_ms) * 0.5, (r["worst_gap_ms"], written_ms)
+            assert r.worst_gap_ms >= min(GAP_MS, written_ms) * 0.5, (r.worst_gap_ms, written_ms)
 
 
 # ---------------------------------------------------------------------------------- classified faults
@@ -139,11 +139,11 @@ def test_fault_becomes_a_classified_record_and_is_counted(
     summary = by_label["cont_r10"]
     assert summary["errors"] == N // 2 and summary["errors_by_class"] == {expected: N // 2}
     assert summary["n"] == N // 2  # percentiles only over the successes
-    failed = [r for r in records if r["error_class"] is not None]
+    failed = [r for r in records if r.error_class is not None]
     # a failed request keeps what it saw before failing
-    assert all(r["chunks"] == kept_chunks for r in failed), [r["chunks"] for r in failed]
+    assert all(r.chunks == kept_chunks for r in failed), [r.chunks for r in failed]
     if expected.startswith("http_"):
-        assert all(r["status"] == int(expected[5:]) and "injected" in r["error"] for r in failed)
+        assert all(r.status == int(expected[5:]) and "injected" in r.error for r in failed)
     check_timing_of_successes(records, 6, gt.chunk_log())
     assert gt.control({})["faults"][0]["hits"] == N // 2
 
@@ -158,8 +158,8 @@ def client_vs_server_gaps(records: list[dict], chunk_log: list[list[int]]) -> li
         writes.setdefault(seq, {})[idx] = t_ns
     diffs = []
     for r in records:
-        server = writes[int(r["response_id"].removeprefix("cmpl-"))]
-        client = r["chunk_offsets_ms"]
+        server = writes[int(r.response_id.removeprefix("cmpl-"))]
+        client = r.chunk_offsets_ms
         assert len(client) == len(server)
         for k in range(1, len(client)):
             server_gap = (server[k] - server[k - 1]) / 1e6
@@ -178,7 +178,7 @@ def test_keepalive_comments_are_not_tokens_and_do_not_shorten_gaps(gt: ServerPro
     diffs = client_vs_server_gaps(records, gt.chunk_log())
     assert statistics.median(diffs) < 5.0, sorted(diffs)[-5:]
     # had comments counted as chunks, every gap would be about half of the server's
-    assert statistics.median(r["worst_gap_ms"] for r in records) >= GAP_MS * 0.9
+    assert statistics.median(r.worst_gap_ms for r in records) >= GAP_MS * 0.9
     assert gt.control({})["faults"][0]["hits"] == N
 
 
@@ -199,7 +199,7 @@ def test_several_events_in_one_write_are_each_a_token_stamped_on_arrival(
     diffs = client_vs_server_gaps(records, gt.chunk_log())
     assert statistics.median(diffs) < 5.0, sorted(diffs)[-5:]
     # writes are 3 gaps apart, and the worst gap says so
-    assert statistics.median(r["worst_gap_ms"] for r in records) >= 3 * GAP_MS * 0.9
+    assert statistics.median(r.worst_gap_ms for r in records) >= 3 * GAP_MS * 0.9
 
 
 # ------------------------------------------------------------------------- the server goes away mid-run
@@ -243,15 +243,15 @@ def test_server_gone_mid_stage_in_flight_fail_then_connection_refused(
     assert code == (FAILED if stop_on_errors else DONE), locust.stderr[-3000:]
     stages = 1 if stop_on_errors else 2
     records, by_label = check_nothing_lost(out, n * stages)
-    first = [r for r in records if r["stage"] == 0]
-    in_flight = [r for r in first if r["sent_s"] < stopped_at and r["error_class"] not in (None, "connection_refused")]
+    first = [r for r in records if r.stage == 0]
+    in_flight = [r for r in first if r.sent_s < stopped_at and r.error_class not in (None, "connection_refused")]
     assert in_flight, classes(first)
-    assert {r["error_class"] for r in in_flight} <= {"stream_truncated", "connection_reset", "connection_closed"}
-    assert all(r["error_class"] == "connection_refused" for r in first if r["sent_s"] > stopped_at + 0.1)
-    assert any(r["error_class"] == "connection_refused" for r in first)
-    assert all(r["error_class"] is None for r in first if r["end_s"] < stopped_at - 0.05)
+    assert {r.error_class for r in in_flight} <= {"stream_truncated", "connection_reset", "connection_closed"}
+    assert all(r.error_class == "connection_refused" for r in first if r.sent_s > stopped_at + 0.1)
+    assert any(r.error_class == "connection_refused" for r in first)
+    assert all(r.error_class is None for r in first if r.end_s < stopped_at - 0.05)
     s0 = by_label["cont_r4"]
-    assert s0["errors"] == sum(1 for r in first if r["error_class"]) > 0
+    assert s0["errors"] == sum(1 for r in first if r.error_class) > 0
     # the counter could not be read after the stage: unknown, never a made-up zero
     assert s0["preemptions_after"] is None and s0["preemptions_delta"] is None
     meta = json.loads((out / "run.json").read_text())
@@ -261,7 +261,7 @@ def test_server_gone_mid_stage_in_flight_fail_then_connection_refused(
         assert "--stop-on-errors 1" in locust.stderr
     else:
         # the run goes on: the next stage is sent in full and every request is refused
-        second = [r for r in records if r["stage"] == 1]
+        second = [r for r in records if r.stage == 1]
         assert classes(second) == {"connection_refused": n}
         # its console line has no latency to print, and says so rather than printing None
         line = next(x for x in locust.stderr.splitlines() if "_cont_r8: " in x and f"errors={n}" in x)
@@ -313,15 +313,15 @@ def test_vllm_killed_mid_stage_in_flight_become_errors_and_the_run_stops(
     assert code == 1, locust.stderr[-3000:]
     records, by_label = check_nothing_lost(out, n)  # the second stage never started
     assert set(by_label) == {"cont_r4"}
-    in_flight = [r for r in records if r["sent_s"] < killed_at]
-    after = [r for r in records if r["sent_s"] > killed_at + 0.5]
+    in_flight = [r for r in records if r.sent_s < killed_at]
+    after = [r for r in records if r.sent_s > killed_at + 0.5]
     assert len(in_flight) >= 6 and after
     cut = {"stream_truncated", "connection_reset", "connection_closed"}
-    assert {r["error_class"] for r in in_flight} <= cut | {None}
-    assert any(r["error_class"] in cut for r in in_flight)
-    assert all(r["error_class"] == "connection_refused" for r in after)
+    assert {r.error_class for r in in_flight} <= cut | {None}
+    assert any(r.error_class in cut for r in in_flight)
+    assert all(r.error_class == "connection_refused" for r in after)
     summary = by_label["cont_r4"]
-    assert summary["errors"] == sum(1 for r in records if r["error_class"]) >= len(after) + 1
+    assert summary["errors"] == sum(1 for r in records if r.error_class) >= len(after) + 1
     assert summary["preemptions_before"] is not None and summary["preemptions_delta"] is None
     meta = json.loads((out / "run.json").read_text())
     assert meta["status"] == f"stopped after cont_r4: {summary['errors']} errors"

@@ -25,6 +25,7 @@ from tailgate.postprocess.runfolders import load_records, load_summaries
 from tailgate.records import (
     OPTIONAL_ON_DISK,
     RECORD_FIELDS,
+    InFlightLoss,
     RecordWriter,
     RequestRecord,
     SendJournal,
@@ -105,9 +106,9 @@ def test_killed_generator_leaves_valid_records_and_a_count_of_what_was_lost(
     journal = read_sent(out)
     assert len(journal) == count_lines(out, "sent-*.log")
     loss = lost_in_flight(out)
-    assert loss["sent"] == len(journal) and loss["recorded"] == len(scan.records)
-    assert loss["lost"] == len(journal) - len(scan.records) >= 3
-    assert loss["lost_by_stage"] == {kill_stage: loss["lost"]}
+    assert loss.sent == len(journal) and loss.recorded == len(scan.records)
+    assert loss.lost == len(journal) - len(scan.records) >= 3
+    assert loss.lost_by_stage == {kill_stage: loss.lost}
     assert json.loads((out / "run.json").read_text())["status"] == "running"  # never got to say more
 
     # the /metrics sampler the generator started does not outlive it
@@ -123,13 +124,13 @@ def test_killed_generator_leaves_valid_records_and_a_count_of_what_was_lost(
     summaries = load_summaries(out).set_index("stage")
     assert sorted(summaries.index) == list(range(kill_stage + 1))
     cut = summaries.loc[kill_stage]
-    assert cut["summary_source"] == "records" and cut["lost_in_flight"] == loss["lost"]
-    assert cut["sent"] == len([r for r in scan.records if r["stage"] == kill_stage])
+    assert cut["summary_source"] == "records" and cut["lost_in_flight"] == loss.lost
+    assert cut["sent"] == len([r for r in scan.records if r.stage == kill_stage])
     if kill_stage:
         assert summaries.loc[0, "summary_source"] == "summary" and summaries.loc[0, "sent"] == N
-    assert load_records(out).attrs["lost_in_flight_by_run"] == {".": loss["lost"]}
+    assert load_records(out).attrs["lost_in_flight_by_run"] == {".": loss.lost}
     notes = build_report(out).notes
-    assert any(f"{loss['lost']} request(s) sent but never recorded" in n for n in notes), notes
+    assert any(f"{loss.lost} request(s) sent but never recorded" in n for n in notes), notes
     assert any("status is 'running'" in n and "coordinator died" in n for n in notes), notes  # it was killed
 
 
@@ -158,12 +159,12 @@ def test_read_records_skips_and_counts_a_partial_last_line(tmp_path: Path) -> No
         f.write(record(3).to_json()[:57])
     journal.close()
     scan = read_records(tmp_path)
-    assert [r["trace_id"] for r in scan.records] == [0, 1, 2] and scan.partial_lines == 1
+    assert [r.trace_id for r in scan.records] == [0, 1, 2] and scan.partial_lines == 1
     loss = lost_in_flight(tmp_path)
-    assert loss == {"sent": 5, "recorded": 3, "lost": 2, "lost_by_stage": {0: 2}, "unreadable_lines": 1}
+    assert loss == InFlightLoss(sent=5, recorded=3, lost=2, lost_by_stage={0: 2}, unreadable_lines=1)
     # pairs a caller already read give the same answer without parsing the records again
     given = lost_in_flight(tmp_path, recorded=[(0, 0), (0, 1), (0, 2)])
-    assert given["lost"] == 2 and given["unreadable_lines"] is None
+    assert given.lost == 2 and given.unreadable_lines is None
     # the analysis reader agrees
     frame = load_records(tmp_path)
     assert len(frame) == 3 and frame.attrs["unreadable_lines"] == 1

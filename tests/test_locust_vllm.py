@@ -12,6 +12,7 @@ from conftest import load_records, load_summaries, run_locust, write_trace
 
 from tailgate.load.plan import poisson_offsets
 from tailgate.load.processes import master_port_args
+from tailgate.records import RequestRecord
 from tailgate.stats import summarize_stage
 
 pytestmark = pytest.mark.vllm
@@ -35,7 +36,8 @@ def check_sane(records: list[dict]) -> None:
 
 def check_summary_matches_records(summary: dict, records: list[dict]) -> None:
     again = summarize_stage(
-        records, arm=summary["arm"], rate_or_batch=summary["rate_or_batch"], started=summary["started"],
+        [RequestRecord.from_dict(r) for r in records],
+        arm=summary["arm"], rate_or_batch=summary["rate_or_batch"], started=summary["started"],
         warmup=summary["warmup"], warmup_rule=summary["warmup_rule"], preemptions_delta=summary["preemptions_delta"],
     )  # fmt: skip
     for key, value in again.items():

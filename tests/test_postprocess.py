@@ -264,8 +264,8 @@ def test_measured_mask_matches_the_core_rules() -> None:
         mask = measured_mask(records, 5, rule)
         for stage in (0, 1):
             sel = records.loc[mask & (records["run_dir"] == "chunked-cont") & (records["stage"] == stage)]
-            core = measured_records([r for r in scan if r["stage"] == stage], 5, rule)
-            assert sorted(sel["trace_id"]) == sorted(r["trace_id"] for r in core)
+            core = measured_records([r for r in scan if r.stage == stage], 5, rule)
+            assert sorted(sel["trace_id"]) == sorted(r.trace_id for r in core)
 
 
 def test_summaries_from_records_equal_the_summary_files() -> None:

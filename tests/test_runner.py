@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 from conftest import ROOT, write_trace
+from recordkit import record
 from runkit import RecordingController
 
 from tailgate import slo
@@ -152,7 +153,7 @@ def test_the_server_session_restarts_and_warms_up_once_per_start(tmp_path: Path)
 
     def one_round(k: int, out: Path, seed: int) -> RoundRun:
         rounds.append((k, out, seed))
-        return RoundRun([{"worst_gap_ms": gaps[k]}], 1.0)
+        return RoundRun([record(worst_gap_ms=gaps[k])], 1.0)
 
     def load() -> StageLoad:
         return StageLoad(7, one_round, warmed.append, arm="continuous", value=8.0, requests=5, at="8 req/s")

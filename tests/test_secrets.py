@@ -81,9 +81,9 @@ def test_key_echoed_by_the_server_is_not_recorded(gt: ServerProcess, tmp_path: P
     out, output = run_with_key(gt, tmp_path, "flag")
     records, by_label = check_nothing_lost(out, N)
     assert by_label["cont_r10"]["errors_by_class"] == {"http_500": 2, "server_error_event": 1, "http_429": 1}
-    failed = [r for r in records if r["error_class"]]
-    assert sum("Incorrect API key provided: <redacted>" in r["error"] for r in failed) == 3
-    assert any(r["error"].startswith("xxxx") and r["error"].endswith("<redacted>") for r in failed)
+    failed = [r for r in records if r.error_class]
+    assert sum("Incorrect API key provided: <redacted>" in r.error for r in failed) == 3
+    assert any(r.error.startswith("xxxx") and r.error.endswith("<redacted>") for r in failed)
     build_report(out)
     assert files_holding_the_key(out) == []
     assert not any(f.decode() in output for f in FRAGMENTS)

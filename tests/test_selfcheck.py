@@ -14,8 +14,10 @@ import random
 from pathlib import Path
 
 import pytest
+from recordkit import record
 from runkit import stall_locust_mid_stage
 
+from tailgate.records import RequestRecord
 from tailgate.verify.selfcheck import (
     EXIT_USAGE,
     SelfCheckConfig,
@@ -98,13 +100,13 @@ def _dump(streams: dict[int, list[int]], received: dict[int, int]) -> dict:
     }
 
 
-def _record(seq: int, sent_ns: int, offsets_ms: list[float], **extra: object) -> dict:
+def _record(seq: int, sent_ns: int, offsets_ms: list[float], **extra: object) -> RequestRecord:
     gaps = [b - a for a, b in itertools.pairwise(offsets_ms)]
-    return {
+    fields: dict[str, object] = {
         "trace_id": seq, "response_id": f"cmpl-{seq}", "sent_mono_ns": sent_ns, "chunk_offsets_ms": offsets_ms,
         "ttft_ms": offsets_ms[0], "worst_gap_ms": max(gaps) if gaps else 0.0, "schedule_lag_ms": 0.1,
-        "error_class": None, **extra,
     }  # fmt: skip
+    return record(**{**fields, **extra})
 
 
 def test_join_matches_every_chunk_and_derives_the_errors() -> None:
@@ -150,9 +152,7 @@ def test_join_reports_missing_chunks_failures_and_strangers() -> None:
 
 def test_join_refuses_records_without_the_monotonic_send() -> None:
     dump = _dump({0: [10]}, {0: 0})
-    record = _record(0, 0, [0.0])
-    record["sent_mono_ns"] = None
-    j = join_records([record], dump)
+    j = join_records([_record(0, 0, [0.0], sent_mono_ns=None)], dump)
     assert not j.exact and j.problems
 
 

@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from recordkit import record
 from runkit import RecordingController
 
 from tailgate import slo
 from tailgate.servers.sweep import CommandServer, ComposeWithFlags
-from tailgate.slo.state import ConfigSearch, SloState
+from tailgate.slo.state import ConfigSearch, ProbeEntry, SloState
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,8 +97,8 @@ def test_sweep_files(tmp_path: Path) -> None:
 
 def _attempt(values: list[float], errors: int = 0, stopped: str | None = None, rate: float = 10.0) -> slo.ProbeAttempt:
     """Requests sent at ``rate`` in order, each with the TTFT given (gap half of it, total ten times)."""
-    recs = [{"ttft_from_intended_ms": v, "worst_gap_ms": v / 2, "total_from_intended_ms": v * 10,
-             "intended_s": i / rate, "end_s": i / rate + v / 100} for i, v in enumerate(values)]  # fmt: skip
+    recs = [record(trace_id=i, ttft_from_intended_ms=v, worst_gap_ms=v / 2, total_from_intended_ms=v * 10,
+                   intended_s=i / rate, end_s=i / rate + v / 100) for i, v in enumerate(values)]  # fmt: skip
     return slo.ProbeAttempt(recs, sent=len(values) + errors, errors=errors, stopped_early=stopped)
 
 
@@ -218,12 +219,12 @@ def test_a_queue_excursion_far_under_the_limit_is_not_a_failure_to_keep_up() -> 
     vals = [20 + 0.8 * i for i in range(500)]
     excursion = _attempt(vals, rate=10)
     for r in excursion.measured:  # each stream ends half a second after its first token
-        r["end_s"] = r["intended_s"] + r["ttft_from_intended_ms"] / 1000 + 0.5
+        r.end_s = r.intended_s + r.ttft_from_intended_ms / 1000 + 0.5
     checks = slo.check_probe([excursion], limits)[1]
     assert checks[-1].key == "sustained" and checks[-1].verdict == "pass", checks[-1]
     lagging = _attempt(vals, rate=10)
     for r in lagging.measured[250:]:
-        r["end_s"] += 100.0  # completions fell behind: most requests of the window end after it
+        r.end_s += 100.0  # completions fell behind: most requests of the window end after it
     assert slo.check_probe([lagging], limits)[1][-1].verdict == "fail"
 
 
@@ -235,8 +236,8 @@ def test_requests_in_flight_show_a_server_falling_behind_without_its_gauge() -> 
     attempt = _attempt([30.0] * 600, rate=10)
     end = 0.0
     for r in attempt.measured:
-        end = max(end, r["intended_s"]) + 0.11
-        r["end_s"] = end
+        end = max(end, r.intended_s) + 0.11
+        r.end_s = end
     sustained = slo.check_probe([attempt], limits)[1][-1]
     assert sustained.verdict == "fail" and "requests in flight trends upward" in sustained.reason, sustained
     row = slo.sustain_check([attempt], 10, 500).attempts[0]
@@ -381,9 +382,9 @@ def test_pooling_across_rates_decides_what_one_rate_cannot() -> None:
     of 300 effective) cannot pass, but pooled with 6 req/s (no exceedance in 600) it passes, and so
     does every rate below; a pass never comes from a lower rate's data."""
 
-    def entry(rate: float, over: int, n: int, verdict: str) -> dict[str, Any]:
-        check = {"key": "ttft_p99", "verdict": verdict, "n": n, "n_effective": float(n), "over": over}
-        return {"rate": rate, "verdict": verdict, "checks": [check]}
+    def entry(rate: float, over: int, n: int, verdict: str) -> ProbeEntry:
+        check = slo.Check("ttft_p99", 500.0, None, None, None, n, verdict, n_effective=float(n), over=over)
+        return ProbeEntry(0, rate, "search", verdict=verdict, checks=[check])
 
     probes = [entry(5, 1, 300, "not_enough_data"), entry(6, 0, 600, "pass"), entry(8, 40, 400, "fail")]
     assert [b.rates for b in slo.isotonic_blocks([(5, 1, 300), (6, 0, 600), (8, 40, 400)])] == [[5, 6], [8]]
@@ -634,11 +635,11 @@ def _follows_the_search(probes: list[dict[str, Any]], **rules: Any) -> None:
         asked.append((rate, phase))
         return next(verdicts, "fail")
 
-    def so_far() -> list[dict[str, Any]]:
-        return probes[: len(asked)]
+    def so_far() -> list[ProbeEntry]:
+        return [ProbeEntry.from_dict(p) for p in probes[: len(asked)]]
 
     def pooled() -> dict[float, str]:
-        return slo.pooled_verdicts(list({p["rate"]: p for p in so_far()}.values()), tails, 0.95)
+        return slo.pooled_verdicts(list({p.rate: p for p in so_far()}.values()), tails, 0.95)
 
     def guess() -> float | None:
         return getattr(binding_model(so_far(), limits), "capacity", None)
@@ -788,13 +789,13 @@ def test_terminal_and_report_show_both_ends_width_and_why_undecided(tmp_path: Pa
                 "binding": None if verdict == "pass" else "ttft_p99",
                 "undecided_reason": "ttft_p99: effective n 139" if verdict == "not_enough_data" else None,
                 "p99": {"ttft": 370.3, "gap": 3.0, "total": 900.0},
-                "attempts": [{"dir": f"d{i}", "seconds": 120.0, "n_measured": 1875, "errors": 0,
+                "attempts": [{"dir": f"d{i}", "seed": 7, "seconds": 120.0, "n_measured": 1875, "errors": 0,
                               "stopped_early": None}]}  # fmt: skip
 
     probes = [probe(1, 4, "pass"), probe(2, 6, "not_enough_data"), probe(3, 8, "fail")]
     outcome = slo.SearchOutcome(4, 8, "time_budget", [], {4: "pass", 6: "not_enough_data", 8: "fail"})
     plan = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=500ms"), configs=[], resolution=slo.Resolution(0.1, True))
-    result = result_of(outcome, probes, plan)
+    result = result_of(outcome, [ProbeEntry.from_dict(p) for p in probes], plan)
     line = answer_line(result)
     assert "[4, 8] req/s (4 req/s wide, 100% of the lower end)" in line and "unresolved" not in line
     assert "not enough data at 6 req/s (effective n 139 of 1875)" in line

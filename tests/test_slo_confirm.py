@@ -8,7 +8,7 @@ rule is held to a known answer without a server; ``tests/test_slo_truth.py`` run
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import pytest
 
@@ -33,7 +33,8 @@ from tailgate.slo.confirm import (
 from tailgate.slo.replay import ModelAnswer
 from tailgate.slo.servicefit import Probe, ServiceFit, probes_of
 from tailgate.slo.spec import EXIT_NOT_MET, EXIT_OK, EXIT_UNDECIDED
-from tailgate.slo.state import ConfigSearch
+from tailgate.slo.state import ConfigSearch, ProbeEntry
+from tailgate.stats import measured_records
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
 
 TRUE = EngineModel(slots=4, step_ms=0.5, step_ms_per_seq=0.5, prefill_ms_per_token=0.005)
@@ -51,15 +52,11 @@ def window(rate: float, seed: int, n: int = 1200) -> tuple[str, Probe]:
     """A confirmation probe on the true engine: its verdict and its data as the model sees them."""
     lengths = [(t.prompt_tokens, t.max_tokens) for t in make_trace(n + 25, seed)]
     outs = simulate(TRUE, poisson_arrivals(rate, lengths, seed + 1))
-    recs = [{"trace_id": i, "intended_s": o.arrival_ns / 1e9, "first_chunk_s": o.arrival_ns / 1e9 + o.ttft_ms / 1e3,
-             "end_s": o.arrival_ns / 1e9 + o.total_ms / 1e3, "ttft_from_intended_ms": o.ttft_ms,
-             "worst_gap_ms": o.worst_gap_ms, "total_from_intended_ms": o.total_ms, "prompt_tokens": p,
-             "completion_tokens": mx, "error_class": None}
-            for i, (o, (p, mx)) in enumerate(zip(outs, lengths, strict=True))]  # fmt: skip
-    attempt = slo.ProbeAttempt(sorted(recs, key=lambda r: r["end_s"])[25:], sent=len(recs), errors=0, records=recs,
+    recs = [o.record(i, p, mx, rate=rate) for i, (o, (p, mx)) in enumerate(zip(outs, lengths, strict=True))]
+    attempt = slo.ProbeAttempt(measured_records(recs, 25), sent=len(recs), errors=0, records=recs,
                                workload=seed)  # fmt: skip
     verdict, checks = slo.check_probe([attempt], slo.parse_slo("ttft_p99<=1000ms"), rate=rate)
-    return verdict, probes_of({rate: [attempt]}, {rate: [asdict(c) for c in checks]})[0]
+    return verdict, probes_of({rate: [attempt]}, {rate: list(checks)})[0]
 
 
 @pytest.fixture(scope="module")
@@ -222,13 +219,15 @@ def test_exit_three_only_when_failing_was_shown_at_the_lowest_rate_reached() -> 
 
 def test_binding_limit_is_the_one_nearest_its_limit_below_the_capacity() -> None:
     """Past the capacity both tails fail and a queue inflates TTFT most; the gap was the first to cross."""
-    best = {"checks": [{"key": "ttft_p99", "verdict": "pass", "point": 180.0, "limit": 300.0},
-                       {"key": "gap_p99", "verdict": "not_enough_data", "point": 190.0, "limit": 200.0}]}  # fmt: skip
-    fail = {"binding": "ttft_p99",
-            "checks": [{"key": "ttft_p99", "verdict": "fail", "point": 2400.0, "limit": 300.0},
-                       {"key": "gap_p99", "verdict": "fail", "point": 260.0, "limit": 200.0}]}  # fmt: skip
+
+    def entry(rate: float, *checks: tuple[str, str, float, float], binding: str | None = None) -> ProbeEntry:
+        typed = [slo.Check(key, limit, point, None, None, 500, verdict) for key, verdict, point, limit in checks]
+        return ProbeEntry(0, rate, "search", checks=typed, binding=binding)
+
+    best = entry(8.0, ("ttft_p99", "pass", 180.0, 300.0), ("gap_p99", "not_enough_data", 190.0, 200.0))
+    fail = entry(10.0, ("ttft_p99", "fail", 2400.0, 300.0), ("gap_p99", "fail", 260.0, 200.0), binding="ttft_p99")
     assert binding_at_capacity(best, fail) == "gap_p99"
-    only = {"binding": "ttft_p99", "checks": [{"key": "gap_p99", "verdict": "fail", "point": 260.0, "limit": 200.0}]}
+    only = entry(10.0, ("gap_p99", "fail", 260.0, 200.0), binding="ttft_p99")
     assert binding_at_capacity(best, only) == "gap_p99"
     assert binding_at_capacity(None, fail) == "ttft_p99"
     assert binding_at_capacity(best, None) is None

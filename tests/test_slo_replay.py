@@ -33,6 +33,7 @@ from tailgate.slo.replay import (
 )
 from tailgate.slo.servicefit import Probe, ReplayRow, fit_service, probes_of, replay, replay_fit, replay_rows
 from tailgate.slo.stepfit import fit_costs, prefill_from_idle, streams_of
+from tailgate.stats import measured_records
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
 
 ENGINE = EngineModel(slots=8, step_ms=2.0, step_ms_per_seq=0.4, prefill_ms_per_token=0.004)
@@ -65,14 +66,12 @@ def attempt(
     recs = []
     for i, ((a, p, m), (d, _, _)) in enumerate(zip(arrivals, delayed, strict=True)):
         o = by_arrival[d]
-        t0, hold = a / 1e9, (d - a) / 1e6
+        hold = (d - a) / 1e6
         ttft = o.ttft_ms + hold
-        recs.append({"trace_id": i, "intended_s": t0, "first_chunk_s": t0 + ttft / 1e3,
-                     "end_s": t0 + (o.total_ms + hold) / 1e3, "ttft_from_intended_ms": ttft,
-                     "worst_gap_ms": o.worst_gap_ms, "total_from_intended_ms": o.total_ms + hold,
-                     "worst_gap_end_s": o.worst_gap_end_ns / 1e9 if o.worst_gap_end_ns else None,
-                     "prompt_tokens": p, "completion_tokens": m, "error_class": None})  # fmt: skip
-    measured = sorted(recs, key=lambda r: r["end_s"])[warmup:]
+        # a front end that holds the request before the engine sees it: the client's clock starts at its arrival
+        seen = replace(o, arrival_ns=a, ttft_ms=ttft, total_ms=o.total_ms + hold)
+        recs.append(seen.record(i, p, m))
+    measured = measured_records(recs, warmup)
     return ProbeAttempt(measured, sent=len(recs), errors=0, records=recs)
 
 
@@ -148,7 +147,7 @@ def test_the_workload_is_the_seeded_mix_only_when_every_request_came_from_it() -
     assert workload_of({4.0: [a], 6.0: [b]}, trace_file=False) == Workload(seeded=True)
     measured = workload_of({4.0: [a], 6.0: [b]}, trace_file=True)
     assert measured is not None and not measured.seeded and len(measured.items) == 325  # 300 + 25, once each
-    stopped = replace(a, records=[{**r, "max_tokens": r["completion_tokens"] + 1} for r in a.records])
+    stopped = replace(a, records=[replace(r, max_tokens=(r.completion_tokens or 0) + 1) for r in a.records])
     assert not workload_of({4.0: [stopped]}, trace_file=False).seeded  # type: ignore[union-attr]
     draws = [measured.draw(k, 500, 1) for k in range(2)]
     assert draws[0] != draws[1] and all(len(d) == 500 and set(d) <= set(measured.items) for d in draws)

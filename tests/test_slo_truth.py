@@ -19,6 +19,7 @@ import pytest
 
 from tailgate import slo
 from tailgate.load.workload import make_trace
+from tailgate.stats import measured_records
 from tailgate.verify.groundtruth import start_server_process
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate, true_quantiles
 
@@ -38,10 +39,9 @@ def true_ttft_p99() -> float:
 
 def _probe(n: int, seed: int) -> slo.ProbeAttempt:
     outs = simulate(MODEL, poisson_arrivals(RATE, _lengths(n + 25, seed), seed + 1))
-    recs = [{"intended_s": o.arrival_ns / 1e9, "end_s": o.arrival_ns / 1e9 + o.total_ms / 1e3,
-             "ttft_from_intended_ms": o.ttft_ms, "worst_gap_ms": o.worst_gap_ms,
-             "total_from_intended_ms": o.total_ms} for o in outs]  # fmt: skip
-    return slo.ProbeAttempt(sorted(recs, key=lambda r: r["end_s"])[25:], sent=len(recs), errors=0)
+    lengths = _lengths(n + 25, seed)
+    recs = [o.record(i, p, mx, rate=RATE) for i, (o, (p, mx)) in enumerate(zip(outs, lengths, strict=True))]
+    return slo.ProbeAttempt(measured_records(recs, 25), sent=len(recs), errors=0)
 
 
 def test_true_p99_just_over_the_limit_never_passes(true_ttft_p99: float) -> None:

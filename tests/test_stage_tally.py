@@ -15,21 +15,22 @@ from typing import Any, cast
 
 import pytest
 from conftest import ROOT, write_trace
+from recordkit import record
 from runkit import assert_no_traceback, check_nothing_lost, start_locust, summaries
 
 from tailgate.load.distributed import WORKER_LOST, master_port_args
 from tailgate.load.plan import Stage
 from tailgate.load.runfiles import stage_accounting
 from tailgate.load.stage_workload import workload_summary
-from tailgate.load.tally import CHUNK_LISTS, StageTally
-from tailgate.records import _one_per_request, read_records
+from tailgate.load.tally import StageTally
+from tailgate.records import RequestRecord, _one_per_request, read_records
 from tailgate.stats import summarize_stage
 
 SESSION = ROOT / "tailgate" / "load" / "session.py"
 
 
-def _row(stage: int, trace_id: int, error_class: str | None = None, **more: Any) -> dict[str, Any]:
-    return {"run_id": "r", "stage": stage, "trace_id": trace_id, "error_class": error_class, **more}
+def _row(stage: int, trace_id: int, error_class: str | None = None, **more: Any) -> RequestRecord:
+    return record(run_id="r", stage=stage, trace_id=trace_id, error_class=error_class, **more)
 
 
 def test_the_tally_keeps_one_record_per_request_as_the_files_reader_does() -> None:
@@ -39,22 +40,21 @@ def test_the_tally_keeps_one_record_per_request_as_the_files_reader_does() -> No
         _row(0, 3, None, total_ms=1.0), _row(0, 3, None, total_ms=2.0),  # a second copy: the first stays
         _row(1, 1, "timeout"),
     ]  # fmt: skip
-    from_files, _ = _one_per_request([dict(r) for r in rows])
+    from_files, _ = _one_per_request(rows)
     tally = StageTally()
-    tally.add_many(dict(r) for r in rows)
+    tally.add_many(rows)
     kept = tally.records(0) + tally.records(1)
-    assert sorted(kept, key=lambda r: (r["stage"], r["trace_id"])) == sorted(
-        from_files, key=lambda r: (r["stage"], r["trace_id"])
-    )
+    assert sorted(kept, key=lambda r: (r.stage, r.trace_id)) == sorted(from_files, key=lambda r: (r.stage, r.trace_id))
     assert tally.keys() == {(0, 1), (0, 2), (0, 3), (1, 1)}
     assert tally.records(2) == []
 
 
 def test_the_tally_leaves_out_the_per_chunk_lists() -> None:
     tally = StageTally()
-    tally.add(_row(0, 0, None, chunks=3, **{name: [1.0, 2.0, 3.0] for name in CHUNK_LISTS}))
+    lists = ("chunk_offsets_ms", "chunk_read_delays_ms", "chunk_read_offsets_ms")
+    tally.add(_row(0, 0, None, chunks=3, **{name: [1.0, 2.0, 3.0] for name in lists}))
     (row,) = tally.records(0)
-    assert row["chunks"] == 3 and not set(CHUNK_LISTS) & set(row)
+    assert row.chunks == 3 and all(getattr(row, name) is None for name in lists)
 
 
 def test_the_coordinator_never_reads_the_record_files() -> None:
@@ -78,7 +78,7 @@ RECORD_FIGURES = (
 
 def from_files(results: Path, summary: dict[str, Any]) -> dict[str, Any]:
     """Every summary figure derived from the records, recomputed from the files by the summary's own rules."""
-    records = [r for r in read_records(results).records if r["stage"] == summary["stage"]]
+    records = [r for r in read_records(results).records if r.stage == summary["stage"]]
     figures = summarize_stage(
         records, arm=summary["arm"], rate_or_batch=summary["rate_or_batch"], started=summary["started"],
         warmup=summary["warmup"], warmup_rule=summary["warmup_rule"],
@@ -91,12 +91,12 @@ def from_files(results: Path, summary: dict[str, Any]) -> dict[str, Any]:
     workload = SimpleNamespace(prompts=summary["prompts"], endpoint=summary["endpoint"], arrivals="poisson")
     checked = workload_summary(cast(Any, workload), stage, records, None, None)
     out.update({k: v for k, v in vars(checked).items() if k.startswith("prompt_tokens_")})
-    start, end = min(r["sent_s"] for r in records), max(r["end_s"] for r in records)
-    chunks = sum(int(r.get("chunks") or 0) for r in records)
+    start, end = min(r.sent_s for r in records), max(r.end_s or r.sent_s for r in records)
+    chunks = sum(r.chunks for r in records)
     out.update({
         "window_start_s": start, "window_end_s": end, "chunks_per_s": round(chunks / (end - start), 1),
-        "negative_latencies": sum(1 for r in records for k in ("ttft_ms", "total_ms", "worst_gap_ms")
-                                  if (r.get(k) or 0) < 0),
+        "negative_latencies": sum(1 for r in records for v in (r.ttft_ms, r.total_ms, r.worst_gap_ms)
+                                  if (v or 0) < 0),
     })  # fmt: skip
     return out
 
@@ -118,7 +118,7 @@ def test_stage_summaries_from_reports_equal_the_files(tmp_path: Path, processes:
         assert locust.wait(240) == 0, locust.stderr[-3000:]
     assert_no_traceback(locust.stdout, locust.stderr)
     records, _ = check_nothing_lost(results, 2 * n)
-    assert all(r.get("chunk_offsets_ms") for r in records if r["error_class"] is None)  # the files keep them
+    assert all(r.chunk_offsets_ms for r in records if r.error_class is None)  # the files keep them
     by_label = summaries(results)
     assert sorted(by_label) == ["cont_r16", "cont_r8"]
     for label, summary in by_label.items():

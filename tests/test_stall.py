@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from recordkit import record
 
 from tailgate.contracts import StageSummary
 from tailgate.hoststeal import cpu_counters, steal_share
@@ -204,9 +205,9 @@ def test_host_steal_is_read_from_the_kernels_counters(tmp_path: Path) -> None:
 
 def test_the_tab_counts_merged_streams_per_stage() -> None:
     recs = [
-        {"trace_id": i, "intended_s": float(i), "end_s": i + 1.0, "schedule_lag_ms": 0.1, "error_class": None,
-         "ttft_ms": 10.0, "worst_gap_ms": 5.0, "total_ms": 100.0, "chunks": 10, "completion_tokens": 10,
-         "ttft_from_intended_ms": 10.0, "total_from_intended_ms": 100.0, "client_coalesced": i in (3, 5)}
+        record(trace_id=i, intended_s=float(i), end_s=i + 1.0, schedule_lag_ms=0.1, ttft_ms=10.0, worst_gap_ms=5.0,
+               total_ms=100.0, chunks=10, completion_tokens=10, ttft_from_intended_ms=10.0,
+               total_from_intended_ms=100.0, client_coalesced=i in (3, 5))
         for i in range(40)
     ]  # fmt: skip
     fig = stage_figures(recs, 0, "completion")
@@ -215,7 +216,7 @@ def test_the_tab_counts_merged_streams_per_stage() -> None:
                         "preemptions": 0, **fig.to_json()}]}  # fmt: skip
     (row,) = table_rows(snap)
     assert row["behind"].startswith("2 ")
-    fig0 = stage_figures([{**r, "client_coalesced": False} for r in recs], 0, "completion")
+    fig0 = stage_figures([replace(r, client_coalesced=False) for r in recs], 0, "completion")
     (row0,) = table_rows({"stages": [{**snap["stages"][0], **fig0.to_json()}]})
     assert row0["behind"] == "0"
 

@@ -4,7 +4,9 @@ import random
 
 import numpy as np
 import pytest
+from recordkit import record
 
+from tailgate.records import RequestRecord
 from tailgate.stats import SEED_SUMMARY_KEYS, measured_records, percentile, summarize_stage
 
 
@@ -20,23 +22,23 @@ def test_percentile_of_nothing_is_none() -> None:
     assert percentile([], 50) is None
 
 
-def rec(trace_id: int, end: float, ttft: float = 10.0, error: str | None = None) -> dict:
-    return {
-        "trace_id": trace_id, "end_s": end, "intended_s": float(trace_id), "sent_s": float(trace_id),
-        "ttft_ms": None if error else ttft, "worst_gap_ms": None if error else ttft / 2,
-        "total_ms": None if error else ttft * 3, "ttft_from_intended_ms": None if error else ttft + 1,
-        "total_from_intended_ms": None if error else ttft * 3 + 1, "schedule_lag_ms": 0.2,
-        "chunks": 0 if error else 5, "completion_tokens": None if error else 5, "error_class": error,
-    }  # fmt: skip
+def rec(trace_id: int, end: float, ttft: float = 10.0, error: str | None = None) -> RequestRecord:
+    return record(
+        trace_id=trace_id, end_s=end, intended_s=float(trace_id), sent_s=float(trace_id),
+        ttft_ms=None if error else ttft, worst_gap_ms=None if error else ttft / 2,
+        total_ms=None if error else ttft * 3, ttft_from_intended_ms=None if error else ttft + 1,
+        total_from_intended_ms=None if error else ttft * 3 + 1, schedule_lag_ms=0.2,
+        chunks=0 if error else 5, completion_tokens=None if error else 5, error_class=error,
+    )  # fmt: skip
 
 
 def test_completion_rule_drops_first_successes_to_finish() -> None:
     # trace item 0 finishes last; the harness drops by completion order, not by id
     records = [rec(0, 100.0), rec(1, 1.0), rec(2, 2.0, error="http_500"), rec(3, 3.0), rec(4, 4.0)]
     kept = measured_records(records, 2, "completion")
-    assert [r["trace_id"] for r in kept] == [4, 0]
+    assert [r.trace_id for r in kept] == [4, 0]
     kept = measured_records(records, 2, "trace")
-    assert [r["trace_id"] for r in kept] == [3, 4]
+    assert [r.trace_id for r in kept] == [3, 4]
 
 
 def test_summary_has_seed_keys_first_and_counts_errors() -> None:

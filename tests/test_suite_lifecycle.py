@@ -233,7 +233,7 @@ def test_locust_alone_ends_cleanly_on_each_signal(gt: ServerProcess, tmp_path: P
     run = json.loads((out / "run.json").read_text())
     assert run["status"] in ("stopped", "interrupted") and run["ended"]
     loss = lost_in_flight(out)
-    assert loss["lost"] == 0 and loss["sent"] == loss["recorded"] > 0  # in-flight requests became records
+    assert loss.lost == 0 and loss.sent == loss.recorded > 0  # in-flight requests became records
     assert mentioning(str(out)) == []
 
 

@@ -12,6 +12,7 @@ import math
 import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from recordkit import records_of
 
 from tailgate.postprocess.summarize import summaries_from_records
 from tailgate.stats import PERCENTILE_RULES, WARMUP_RULES, summarize_stage
@@ -45,7 +46,9 @@ def stages(draw: st.DrawFn) -> list[dict]:
 @settings(max_examples=150, deadline=None)
 @given(records=stages(), warmup=st.integers(min_value=0, max_value=30), rule=st.sampled_from(WARMUP_RULES))
 def test_vectorised_summary_equals_the_load_path_summary(records: list[dict], warmup: int, rule: str) -> None:
-    core = summarize_stage(records, arm="continuous", rate_or_batch=4.0, started="t", warmup=warmup, warmup_rule=rule)
+    core = summarize_stage(
+        records_of(records), arm="continuous", rate_or_batch=4.0, started="t", warmup=warmup, warmup_rule=rule
+    )
     frame = pd.DataFrame(records)
     frame["error_class"] = frame["error_class"].astype(object)
     for column in ("ttft_ms", "worst_gap_ms", "total_ms", "ttft_from_intended_ms", "total_from_intended_ms",

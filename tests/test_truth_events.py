@@ -9,10 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recordkit import record
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import slo_truth_real as truth
+
+from tailgate.records import RequestRecord
 
 
 def test_poisson_bounds_are_garwoods() -> None:
@@ -21,18 +24,18 @@ def test_poisson_bounds_are_garwoods() -> None:
     assert truth.poisson_bounds(10) == pytest.approx((4.795, 18.390), abs=1e-3)
 
 
-def _run(stalls: list[float], hit: int, n: int = 4000, seconds: float = 400.0) -> list[dict[str, Any]]:
+def _run(stalls: list[float], hit: int, n: int = 4000, seconds: float = 400.0) -> list[RequestRecord]:
     """``n`` streams over ``seconds``; each stall at the given moments puts ``hit`` of them at 270 ms."""
     rng = random.Random(3)
     recs = []
     for i in range(n):
         t0 = seconds * i / n
-        recs.append({"intended_s": t0, "end_s": t0 + 1.0, "worst_gap_ms": 100 + 40 * rng.random(),
-                     "worst_gap_end_s": t0 + 0.5})  # fmt: skip
+        recs.append(record(trace_id=i, intended_s=t0, end_s=t0 + 1.0, worst_gap_ms=100 + 40 * rng.random(),
+                           worst_gap_end_s=t0 + 0.5))  # fmt: skip
     for at in stalls:
         for j in range(hit):
             r = recs[int(at / seconds * n) - j - 1]
-            r["worst_gap_ms"], r["worst_gap_end_s"] = 270.0 + j, at + 0.001 * rng.random()
+            r.worst_gap_ms, r.worst_gap_end_s = 270.0 + j, at + 0.001 * rng.random()
     return recs
 
 

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+from recordkit import record
 
 from tailgate.clientbound import MERGED, judge
 from tailgate.verify.groundtruth import DEFAULT_MODEL, start_server_process
@@ -77,8 +78,8 @@ def test_merged_columns_join_exactly() -> None:
 
     dump = merge_parts([part(0, 100 * ms), part(1, 130 * ms)], 2, [])
     records = [
-        {"trace_id": seq, "response_id": f"cmpl-{seq}", "sent_mono_ns": start - 21 * ms, "error_class": None,
-         "chunk_offsets_ms": [21.1, 31.1, 41.1], "ttft_ms": 21.1, "worst_gap_ms": 10.0, "schedule_lag_ms": 0.1}
+        record(trace_id=seq, response_id=f"cmpl-{seq}", sent_mono_ns=start - 21 * ms,
+               chunk_offsets_ms=[21.1, 31.1, 41.1], ttft_ms=21.1, worst_gap_ms=10.0, schedule_lag_ms=0.1)
         for seq, start in ((0, 100 * ms), (1, 130 * ms))
     ]  # fmt: skip
     j = join_records(records, dump)

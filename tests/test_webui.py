@@ -202,16 +202,16 @@ def check_run(folder: Path, *, status: str, host: str, options: dict[str, Any]) 
     scan = read_records(folder)
     assert scan.partial_lines == 0
     records = scan.records
-    keys = [(r["stage"], r["trace_id"]) for r in records]
+    keys = [(r.stage, r.trace_id) for r in records]
     assert len(keys) == len(set(keys)) and set(keys) == read_sent(folder), "sent and recorded differ"
-    assert lost_in_flight(folder)["lost"] == 0
-    assert {r["run_id"] for r in records} <= {meta["run_id"]}
+    assert lost_in_flight(folder).lost == 0
+    assert {r.run_id for r in records} <= {meta["run_id"]}
     by_label = summaries(folder)
     assert sorted(by_label) == sorted(meta["stages"])
     for label, s in by_label.items():
-        stage = [r for r in records if r["stage_label"] == label]
+        stage = [r for r in records if r.stage_label == label]
         assert s["run_id"] == meta["run_id"] and s["sent"] == len(stage)
-        assert s["errors_by_class"] == dict(Counter(r["error_class"] for r in stage if r["error_class"]))
+        assert s["errors_by_class"] == dict(Counter(r.error_class for r in stage if r.error_class))
         assert s["partial"] is (label in meta["partial_stages"])
     # nothing of the run is left running: its /metrics sampler mentions the folder on its command line
     assert not processes_mentioning(str(folder / "server-metrics.jsonl")), "the run's sampler outlived it"

@@ -12,19 +12,20 @@ import random
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from recordkit import record, records_of
 from werkzeug.datastructures import MultiDict
 
 from tailgate.contracts import StageSummary
 from tailgate.load.options import OptionError
+from tailgate.records import RequestRecord
 from tailgate.stats import summarize_stage
 from tailgate.webui import form_options
 from tailgate.webui.live import Tail, stage_figures, table_rows
 
 
-def records(n: int, seed: int = 3) -> list[dict[str, Any]]:
+def records(n: int, seed: int = 3) -> list[RequestRecord]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -37,7 +38,7 @@ def records(n: int, seed: int = 3) -> list[dict[str, Any]]:
             "total_ms": None if failed else rng.lognormvariate(7, 0.5), "chunks": 10, "completion_tokens": 10,
         })  # fmt: skip
         out[-1]["ttft_from_intended_ms"], out[-1]["total_from_intended_ms"] = out[-1]["ttft_ms"], out[-1]["total_ms"]
-    return out
+    return records_of(out)
 
 
 @pytest.mark.parametrize("rule", ["completion", "trace"])
@@ -50,7 +51,7 @@ def test_tab_figures_are_the_summary_figures(rule: str) -> None:
         assert (tails.p50, tails.p99) == (summary[f"{key}_p50"], summary[f"{key}_p99"])
     assert fig.errors_by_class == summary["errors_by_class"] and fig.errors == summary["errors"]
     assert fig.lag_p99 == summary["schedule_lag_p99"]
-    good = [r["total_ms"] for r in recs if r["error_class"] is None]
+    good = [r.total_ms for r in recs if r.error_class is None and r.total_ms is not None]
     assert fig.total.max is not None and fig.total.max <= round(max(good), 1)
 
 
@@ -133,7 +134,6 @@ def test_a_report_cut_short_by_quitting_says_so(tmp_path: Path) -> None:
 def test_the_tab_counts_sends_as_the_analysis_does(tmp_path: Path) -> None:
     """The journal's ``dropped`` lines take a send back in the tab as in the summaries (one reader for both),
     and a worker's own record replaces the ``worker_lost`` one."""
-    import json
     from types import SimpleNamespace
 
     from tailgate.load.plan import continuous_stage
@@ -143,11 +143,10 @@ def test_the_tab_counts_sends_as_the_analysis_does(tmp_path: Path) -> None:
 
     stage = continuous_stage(0, make_trace(6), 5.0, 7, 0)
     (tmp_path / "sent-w.log").write_text("0 0\n0 1\n0 2\n0 2 dropped\n0 3\n0 3 dropped\n0 4\n")
-    rows = [{"run_id": "r", "stage": 0, "trace_id": i, "end_s": 10.0 + i, "ttft_ms": 5.0, "worst_gap_ms": 2.0,
-             "error_class": None} for i in (0, 1)]  # fmt: skip
-    rows.append({"run_id": "r", "stage": 0, "trace_id": 4, "end_s": 12.0, "error_class": "worker_lost"})
-    rows.append({"run_id": "r", "stage": 0, "trace_id": 4, "end_s": 12.5, "ttft_ms": 6.0, "error_class": None})
-    (tmp_path / "records-w.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows = [record(run_id="r", trace_id=i, end_s=10.0 + i, ttft_ms=5.0, worst_gap_ms=2.0) for i in (0, 1)]
+    rows.append(record(run_id="r", trace_id=4, end_s=12.0, error_class="worker_lost"))
+    rows.append(record(run_id="r", trace_id=4, end_s=12.5, ttft_ms=6.0))
+    (tmp_path / "records-w.jsonl").write_text("".join(r.to_json() + "\n" for r in rows))
     settings = SimpleNamespace(warmup_rule="trace", arm="continuous", host="h", model="m", warmup=0)
     session = SimpleNamespace(
         folder=tmp_path, stages=[stage], settings=settings, current=stage, summaries={}, ended=False,

@@ -22,7 +22,7 @@ from tailgate.load.options import Settings
 from tailgate.load.plan import Stage
 from tailgate.load.sidecars import server_info
 from tailgate.load.workload import mix_of
-from tailgate.records import read_sent
+from tailgate.records import RequestRecord, read_sent
 from tailgate.runmeta import RunStatus, utc_stamp
 
 
@@ -51,12 +51,12 @@ class StageAccounting:
         return self.sent < self.planned or self.lost_in_flight > 0
 
 
-def stage_accounting(folder: Path, stage: Stage, records: list[dict[str, Any]]) -> StageAccounting:
+def stage_accounting(folder: Path, stage: Stage, records: Sequence[RequestRecord]) -> StageAccounting:
     """A worker's lost in-flight requests are records (``worker_lost``); the rest of what was lost in flight
     is journaled as sent without a record."""
     sent = {key for key in read_sent(folder) if key[0] == stage.index}
-    keys = {(r.get("stage"), r.get("trace_id")) for r in records}
-    lost = sum(1 for r in records if r.get("error_class") == WORKER_LOST)
+    keys = {(r.stage, r.trace_id) for r in records}
+    lost = sum(1 for r in records if r.error_class == WORKER_LOST)
     return StageAccounting(
         planned=stage.size, sent=len(sent), recorded=len(records) - lost,
         lost_in_flight=lost + len(sent - keys), never_sent=stage.size - len(sent),

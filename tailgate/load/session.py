@@ -53,7 +53,7 @@ from tailgate.load.sidecars import (
 from tailgate.load.stage_workload import order_item, stage_arrivals, workload_summary
 from tailgate.load.tally import StageTally
 from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
-from tailgate.records import lost_in_flight
+from tailgate.records import RequestRecord, lost_in_flight
 from tailgate.resultfiles import REPORT_LOG, RUN_META, report_html, summary_file
 from tailgate.runmeta import RunStatus, utc_stamp
 from tailgate.stats import summarize_stage
@@ -204,11 +204,11 @@ class RunSession(WorkerRoster):
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while time.monotonic() < deadline:
             loss = lost_in_flight(self.folder, recorded=self.tally.keys())
-            if loss["lost"] == 0:
+            if loss.lost == 0:
                 return
             gevent.sleep(0.1)
         log.warning("tailgate: %s: %d request(s) still without a record after %.0f s", self.run_id,
-                    lost_in_flight(self.folder, recorded=self.tally.keys())["lost"], DRAIN_TIMEOUT_S)  # fmt: skip
+                    lost_in_flight(self.folder, recorded=self.tally.keys()).lost, DRAIN_TIMEOUT_S)  # fmt: skip
 
     def _end(self, status: str) -> None:
         if self.ended:
@@ -408,7 +408,7 @@ class RunSession(WorkerRoster):
     def _summarize(
         self,
         stage: Stage,
-        records: list[dict[str, Any]],
+        records: list[RequestRecord],
         after: Snapshot | None,
         *,
         partial: bool,
@@ -431,15 +431,15 @@ class RunSession(WorkerRoster):
             records, arm=stage.arm, rate_or_batch=stage.rate_or_batch, started=utc_stamp(stage_start),
             warmup=stage.warmup, warmup_rule=s.warmup_rule, preemptions_delta=None if reset else delta,
         ), source=f"{stage.label} summary")  # fmt: skip
-        window_start = min([r["sent_s"] for r in records] or [stage_start])
-        window_end = max([r["end_s"] for r in records] or [time.time()])
+        window_start = min([r.sent_s for r in records] or [stage_start])
+        window_end = max([r.end_s for r in records if r.end_s is not None] or [time.time()])
         span = window_end - window_start
-        chunks = sum(int(r.get("chunks") or 0) for r in records)
+        chunks = sum(r.chunks for r in records)
         accounting = stage_accounting(self.folder, stage, records)
         workload = workload_summary(s, stage, records, before, after)
         if workload.prefix_cache_warning:
             log.warning("tailgate: %s: %s", stage.label, workload.prefix_cache_warning)
-        negative = sum(1 for r in records for k in ("ttft_ms", "total_ms", "worst_gap_ms") if (r.get(k) or 0) < 0)
+        negative = sum(1 for r in records for v in (r.ttft_ms, r.total_ms, r.worst_gap_ms) if (v or 0) < 0)
         if negative:  # stamps from two clocks that disagree; the load processes guard against it, this says so
             log.error("tailgate: %s: %d negative latency value(s) in the records: a clock disagreed with another "
                       "(see run.json chunk_stamp_notes); these percentiles are not to be trusted", stage.label,

@@ -6,8 +6,8 @@ prompt-token counts against the plan are facts about the workload, not about coo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tailgate.arms import arm
 from tailgate.contracts import OrderItem
@@ -15,6 +15,7 @@ from tailgate.load.metrics import Snapshot
 from tailgate.load.options import Settings
 from tailgate.load.plan import Arrival, Stage
 from tailgate.load.promptsources import prompt_source
+from tailgate.records import RequestRecord
 
 
 def order_item(a: Arrival) -> OrderItem:
@@ -77,7 +78,7 @@ def slow_gaps(before: Snapshot | None, after: Snapshot | None) -> SlowGaps:
 
 
 def workload_summary(
-    s: Settings, stage: Stage, records: list[dict[str, Any]], before: Snapshot | None, after: Snapshot | None
+    s: Settings, stage: Stage, records: Sequence[RequestRecord], before: Snapshot | None, after: Snapshot | None
 ) -> StageWorkload:
     """Counter deltas count only across two reads of a counter that did not go backwards (a restart resets it)."""
     q0, q1 = (None if x is None else x.prefix_cache_queries_total for x in (before, after))
@@ -86,8 +87,7 @@ def workload_summary(
     hits = h1 - h0 if h0 is not None and h1 is not None and h1 >= h0 else None
     caching = next((x.prefix_caching for x in (before, after) if x is not None and x.prefix_caching is not None), None)
     cached_filler = prompt_source(s.prompts).same_text and (caching or (hits or 0) > 0)
-    diffs = [int(r["prompt_tokens"]) - int(r["prompt_tokens_planned"]) for r in records
-             if r.get("prompt_tokens") is not None and r.get("prompt_tokens_planned") is not None]  # fmt: skip
+    diffs = [r.prompt_tokens - r.prompt_tokens_planned for r in records if r.prompt_tokens is not None]
     return StageWorkload(
         prompts=s.prompts, endpoint=s.endpoint, arrivals=stage_arrivals(s, stage),
         prefix_cache_queries_delta=queries, prefix_cache_hits_delta=hits,

@@ -8,48 +8,36 @@ that timestamps the streams. Records reach the tally by the one path they alread
 - several: each batch the master writes to the record files (``tailgate_records``) and each ``worker_lost``
   record it writes for a lost share.
 
-A row keeps every field a summary reads; the per-chunk lists (``--record-chunks``) are left out, since no
-summary figure reads them and they are most of a record's size. One row per request, by the rule the files'
-reader applies (:func:`tailgate.records.supersedes`), so the summary counts what the files hold.
+The tally keeps each record without its per-chunk lists (``--record-chunks``,
+:meth:`~tailgate.records.RequestRecord.for_summary`), since no summary figure reads them and they are most of a
+record's size. One record per request, by the rule the files' reader applies
+(:func:`tailgate.records.supersedes`), so the summary counts what the files hold.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
-from tailgate.records import supersedes
-
-CHUNK_LISTS = ("chunk_offsets_ms", "chunk_read_delays_ms", "chunk_read_offsets_ms")
-"""Record fields no stage summary reads: kept in the files, left out of the tally."""
-
-
-def summary_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A record as the tally keeps it: the same dict without its per-chunk lists (changed in place)."""
-    for name in CHUNK_LISTS:
-        row.pop(name, None)
-    return row
+from tailgate.records import RequestRecord, supersedes
 
 
 class StageTally:
-    """One row per (stage, request) of a run, from what the load processes reported."""
+    """One record per (stage, request) of a run, from what the load processes reported."""
 
     def __init__(self) -> None:
-        self._stages: dict[int, dict[int, dict[str, Any]]] = {}
+        self._stages: dict[int, dict[int, RequestRecord]] = {}
 
-    def add(self, row: dict[str, Any]) -> None:
-        """Take one record (its chunk lists are dropped from this dict, which the caller has written already)."""
-        rows = self._stages.setdefault(int(row["stage"]), {})
-        trace_id = int(row["trace_id"])
-        old = rows.get(trace_id)
-        if old is None or supersedes(row, old):
-            rows[trace_id] = summary_row(row)
+    def add(self, record: RequestRecord) -> None:
+        rows = self._stages.setdefault(record.stage, {})
+        old = rows.get(record.trace_id)
+        if old is None or supersedes(record, old):
+            rows[record.trace_id] = record.for_summary()
 
-    def add_many(self, rows: Iterable[dict[str, Any]]) -> None:
-        for row in rows:
-            self.add(row)
+    def add_many(self, records: Iterable[RequestRecord]) -> None:
+        for record in records:
+            self.add(record)
 
-    def records(self, stage: int) -> list[dict[str, Any]]:
+    def records(self, stage: int) -> list[RequestRecord]:
         """The stage's rows in trace order (no summary figure depends on the order)."""
         rows = self._stages.get(stage, {})
         return [rows[t] for t in sorted(rows)]

@@ -42,7 +42,6 @@ from tailgate.load.prompts import Prompt
 from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.sendclock import SendClock
 from tailgate.load.stagegc import QuietCollector
-from tailgate.load.tally import summary_row
 from tailgate.load.workload import build_prompt
 from tailgate.records import RecordWriter, RequestRecord, SendJournal, worker_name
 
@@ -155,7 +154,7 @@ class OrderRunner:
         self._finished: deque[tuple[Any, ...]] = deque()
         self._wake = Event()
         self._sink: gevent.Greenlet | None = None
-        self._rows: list[dict[str, Any]] | None = None
+        self._rows: list[RequestRecord] | None = None
         """One process: the running order's records as its stage summary needs them, reported with its DONE
         (several: the master has each record already, from the stream it writes to the files)."""
 
@@ -271,7 +270,7 @@ class OrderRunner:
         t0_ns = mono_ns(order.t0_wall)
         stage = order.stage
         streamed = isinstance(writer, distributed.WorkerStream)
-        finished: list[dict[str, Any]] | None = None if streamed else []
+        finished: list[RequestRecord] | None = None if streamed else []
         self._rows = finished
         dropped = 0
         items = order.items
@@ -363,7 +362,7 @@ class OrderRunner:
         timeouts: Timeouts,
         cfg: OrderConfig,
         writer: RecordWriter,
-        finished: list[dict[str, Any]] | None,
+        finished: list[RequestRecord] | None,
         gate: BatchGate | None,
         index: int,
     ) -> None:
@@ -412,7 +411,7 @@ class OrderRunner:
         record = self._record(order, plan, timing, in_flight, cfg)
         writer.write(record)
         if finished is not None:
-            finished.append(summary_row(record.to_dict()))
+            finished.append(record.for_summary())
         try:
             self._fire(record)
         except Exception:  # a listener's bug must not lose the records queued behind this one

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from tailgate.contracts import StageSummary
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.search import SearchOutcome
 from tailgate.slo.spec import Log
-from tailgate.slo.state import SloState
+from tailgate.slo.state import AttemptRow, ProbeEntry, SloState
 from tailgate.slo.verdict import KEEP_UP, Check
 from tailgate.tailbounds import NOT_ENOUGH, seq_above, seq_below
 
@@ -45,7 +44,7 @@ def figure_text(key: str, v: float | None) -> str:
 
 def check_text(c: Check | Mapping[str, Any]) -> str:
     """One check as a line reads it: the figure, its bounds where they exist, the limit and its direction."""
-    d = c if isinstance(c, Mapping) else asdict(c)
+    d = c if isinstance(c, Mapping) else c.to_json()
     key, verdict = str(d["key"]), str(d["verdict"]).replace("_", " ")
     if key == "sustained":
         if d.get("point") is None:  # stopped early, or too few timed requests: the reason says which
@@ -63,21 +62,20 @@ def verdict_line(verdict: str, checks: Sequence[Check]) -> str:
     return f"{verdict.upper()}: " + "; ".join(check_text(c) for c in checks)
 
 
-def undecided_reason(verdict: str, checks: Sequence[Check] | Sequence[Mapping[str, Any]]) -> str | None:
+def undecided_reason(verdict: str, checks: Sequence[Check]) -> str | None:
     """Why a probe ended without a verdict: every undecided check's reason (None when it decided)."""
     if verdict != NOT_ENOUGH:
         return None
-    rows = [c if isinstance(c, Mapping) else asdict(c) for c in checks]
-    return "; ".join(f"{c['key']}: {c.get('reason') or 'undecided'}" for c in rows if c["verdict"] == NOT_ENOUGH)
+    return "; ".join(f"{c.key}: {c.reason or 'undecided'}" for c in checks if c.verdict == NOT_ENOUGH)
 
 
-def data_to_decide(check: Mapping[str, Any], level: float) -> float | None:
+def data_to_decide(check: Check, level: float) -> float | None:
     """How many times the rate's data would decide this check if more came at the same share over the limit
     (None: not even 64 times; or not a percentile check). An estimate from the point share, labelled so."""
-    n, neff, over, limit_key = check.get("n"), check.get("n_effective"), check.get("over"), check.get("key", "")
-    if not isinstance(n, int) or not n or not isinstance(neff, (int, float)) or not isinstance(over, int):
+    n, neff, over, limit_key = check.n, check.n_effective, check.over, check.key
+    if not n or neff is None or over is None:
         return None
-    p = 100 - float(str(limit_key).rsplit("_p", 1)[-1]) if "_p" in str(limit_key) else None
+    p = 100 - float(limit_key.rsplit("_p", 1)[-1]) if "_p" in limit_key else None
     if p is None:
         return None
     tail, alpha = p / 100.0, 1.0 - level
@@ -90,21 +88,21 @@ def data_to_decide(check: Mapping[str, Any], level: float) -> float | None:
     return None
 
 
-def result_of(outcome: SearchOutcome, probes: Sequence[Mapping[str, Any]], plan: Any) -> dict[str, Any]:
+def result_of(outcome: SearchOutcome, probes: Sequence[ProbeEntry], plan: Any) -> dict[str, Any]:
     """The configuration's ``result`` in ``slo.json``: both ends, the width, every undecided rate with why."""
-    latest = {float(pr["rate"]): pr for pr in probes}
+    latest = {float(pr.rate): pr for pr in probes}
     best = latest.get(outcome.best) if outcome.best is not None else None
     fail = latest.get(outcome.first_fail) if outcome.first_fail is not None else None
     undecided = []
     for rate in sorted(r for r, v in outcome.verdicts.items() if v == NOT_ENOUGH):
         pr = latest[rate]
-        pct = [c for c in pr.get("checks", []) if c["verdict"] == NOT_ENOUGH and c.get("n_effective") is not None]
+        pct = [c for c in pr.checks if c.verdict == NOT_ENOUGH and c.n_effective is not None]
         factor = max((f for f in (data_to_decide(c, plan.confidence) for c in pct) if f), default=None)
-        seconds = sum(float(a.get("seconds") or 0) for a in _attempts_at(probes, rate))
+        seconds = sum(a.seconds or 0.0 for a in _attempts_at(probes, rate))
         undecided.append({
-            "rate": rate, "reason": pr.get("undecided_reason"),
-            "n_effective": min((c["n_effective"] for c in pct), default=None),
-            "n": max((c["n"] for c in pct), default=None),
+            "rate": rate, "reason": pr.undecided_reason,
+            "n_effective": min((c.n_effective for c in pct if c.n_effective is not None), default=None),
+            "n": max((c.n for c in pct), default=None),
             "more_data_factor": None if factor is None else round(factor, 2),
             "more_seconds_estimate": None if factor is None else round((factor - 1) * seconds),
         })  # fmt: skip
@@ -115,37 +113,33 @@ def result_of(outcome: SearchOutcome, probes: Sequence[Mapping[str, Any]], plan:
         "width_relative": None if width is None or not outcome.best else round(width / outcome.best, 4),
         "resolution": str(plan.resolution),
         "binding": binding_at_capacity(best, fail),
-        "at_best": {c["key"]: c for c in best["checks"]} if best else None,
-        "p99_at_best": best.get("p99") if best else None,
+        "at_best": {c.key: c.to_json() for c in best.checks} if best else None,
+        "p99_at_best": best.p99 if best else None,
         "verdicts": {f"{r:g}": v for r, v in sorted(outcome.verdicts.items())},
-        "pooled_decided": sorted(r for r, v in outcome.verdicts.items() if latest[r]["verdict"] != v),
+        "pooled_decided": sorted(r for r, v in outcome.verdicts.items() if latest[r].verdict != v),
         "not_enough_data_rates": [u["rate"] for u in undecided],
         "undecided": undecided,
         "probes": len(probes),
-        "attempts": sum(len(pr["attempts"]) for pr in probes),
+        "attempts": sum(len(pr.attempts) for pr in probes),
     }  # fmt: skip
 
 
-def binding_at_capacity(best: Mapping[str, Any] | None, fail: Mapping[str, Any] | None) -> str | None:
+def binding_at_capacity(best: ProbeEntry | None, fail: ProbeEntry | None) -> str | None:
     """The limit that binds at the capacity, from the probes on both sides of it: the one failing at the upper
     end when only one does; when several do (past the capacity every tail grows, and a queue inflates TTFT
     fastest), the one nearest its limit at the lower end, where the first to cross is still in sight."""
     if fail is None:
         return None
-    failing = [c for c in fail.get("checks", []) if c.get("verdict") == "fail" and c.get("key") != "sustained"]
+    failing = [c for c in fail.checks if c.verdict == "fail" and c.key != "sustained"]
     if len(failing) <= 1 or best is None:
-        return str(failing[0]["key"]) if len(failing) == 1 else fail.get("binding")
-    keys = {str(c["key"]) for c in failing}
-    ratios = {
-        str(c["key"]): float(c["point"]) / float(c["limit"])
-        for c in best.get("checks", [])
-        if str(c.get("key")) in keys and isinstance(c.get("point"), (int, float)) and c.get("limit")
-    }
-    return max(ratios, key=lambda k: ratios[k]) if ratios else fail.get("binding")
+        return failing[0].key if len(failing) == 1 else fail.binding
+    keys = {c.key for c in failing}
+    ratios = {c.key: c.point / c.limit for c in best.checks if c.key in keys and c.point is not None and c.limit}
+    return max(ratios, key=lambda k: ratios[k]) if ratios else fail.binding
 
 
-def _attempts_at(probes: Sequence[Mapping[str, Any]], rate: float) -> list[Mapping[str, Any]]:
-    return [a for pr in probes if float(pr["rate"]) == rate for a in pr.get("attempts", [])]
+def _attempts_at(probes: Sequence[ProbeEntry], rate: float) -> list[AttemptRow]:
+    return [a for pr in probes if float(pr.rate) == rate for a in pr.attempts]
 
 
 def bracket_text(result: Mapping[str, Any]) -> str:
@@ -273,22 +267,22 @@ def print_table(state: SloState, log: Log) -> None:
             f"({STATUS_WORDS.get(str(r.get('status')), r.get('status'))})")  # fmt: skip
 
 
-def attempt_row(folder: str, seed: int, mark: ProbeMark, data: ProbeAttempt) -> dict[str, Any]:
+def attempt_row(folder: str, seed: int, mark: ProbeMark, data: ProbeAttempt) -> AttemptRow:
     """One attempt as ``slo.json`` keeps it: what the report's mechanism and tables read."""
     s = data.summary or StageSummary()
     waits = data.waiting_series
-    return {
-        "dir": Path(folder).name, "seed": seed, "seconds": mark.seconds,
-        "stopped_early": mark.stopped_early, "waiting_max": mark.waiting_max,
-        "sent": data.sent, "cancelled": data.cancelled, "errors": data.errors,
-        "n_measured": len(data.measured), "achieved_rate": s.achieved_rate,
-        "ttft_p99_from_send": s.ttft_p99, "preemptions_delta": s.preemptions_delta,
-        "schedule_lag_p99": s.schedule_lag_p99,
-        "waiting_samples": len(waits),
-        "waiting_share": round(sum(1 for w in waits if w > 0) / len(waits), 3) if waits else None,
-        "client_coalesced": sum(1 for r in data.measured if r.get("client_coalesced")),
-        "queue_slope_per_s": queue_slope(waits, mark.seconds),
-    }  # fmt: skip
+    return AttemptRow(
+        dir=Path(folder).name, seed=seed, seconds=mark.seconds,
+        stopped_early=mark.stopped_early, waiting_max=mark.waiting_max,
+        sent=data.sent, cancelled=data.cancelled, errors=data.errors,
+        n_measured=len(data.measured), achieved_rate=s.achieved_rate,
+        ttft_p99_from_send=s.ttft_p99, preemptions_delta=s.preemptions_delta,
+        schedule_lag_p99=s.schedule_lag_p99,
+        waiting_samples=len(waits),
+        waiting_share=round(sum(1 for w in waits if w > 0) / len(waits), 3) if waits else None,
+        client_coalesced=sum(1 for r in data.measured if r.client_coalesced),
+        queue_slope_per_s=queue_slope(waits, mark.seconds),
+    )  # fmt: skip
 
 
 def queue_slope(waits: Sequence[float], seconds: Any) -> float | None:

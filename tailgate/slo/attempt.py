@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tailgate.contracts import StageSummary
+from tailgate.records import RequestRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ class ProbeAttempt:
 
     Attempts of one rate are pooled, so a later look at the rate sees every earlier attempt as it was read."""
 
-    measured: Sequence[Mapping[str, Any]]
+    measured: Sequence[RequestRecord]
     """The records past the warm-up (the completion-order rule), as the records file holds them."""
     sent: int
     errors: int
@@ -81,7 +82,7 @@ class ProbeAttempt:
     workload: int = 0
     """The seed of the attempt's trace: re-runs of one workload repeat its build-ups, so they are one cluster."""
     summary: StageSummary | None = None
-    records: Sequence[Mapping[str, Any]] = ()
+    records: Sequence[RequestRecord] = ()
     """Every record of the attempt, warm-up included: what the fitted step loop replays."""
     kv_capacity_tokens: int | None = None
     """The server's KV pool in tokens: the fitted step loop admits and preempts by it where it is known."""

@@ -433,12 +433,13 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
                  and all(p.verdict == "fail" and p.binding == "errors" for p in c.probes)]  # fmt: skip
         if not met and erred:
             c = erred[0]
-            first = c.probes[0].attempts[0] if c.probes[0].attempts else {}
-            cut = int(first.get("cancelled") or 0)
-            ended = int(first["sent"]) - cut if isinstance(first.get("sent"), int) else "?"
+            first = c.probes[0].attempts[0] if c.probes[0].attempts else None
+            cut = first.cancelled if first is not None else 0
+            ended = first.sent - cut if first is not None else "?"
             also = f", {cut} more cut off by its early stop" if cut else ""
             log(f"[slo] errors bind, not latency: '{c.name}' failed every probe on errors "
-                f"({first.get('errors', '?')} of {ended} requests that ended at the first probe{also}); "
+                f"({first.errors if first is not None else '?'} of {ended} requests that ended at the first probe"
+                f"{also}); "
                 "check the server and the request (model name, max tokens, authentication)")  # fmt: skip
             return EXIT_FAILED
         # a probe whose load process was lost measured only part of its plan: the rule's 4 outranks the answer

@@ -15,7 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tailgate.slo.state import ProbeEntry
 
 GRID = 200
 """Saturation rates tried between the bounds the probes set."""
@@ -128,21 +131,20 @@ def fit(points: Sequence[Point], limit: float) -> RateModel | None:
     return model
 
 
-def points_of(probes: Sequence[Mapping[str, Any]], key: str) -> list[Point]:
+def points_of(probes: Sequence[ProbeEntry], key: str) -> list[Point]:
     """The latest probe of each rate as model points for the limit ``key`` (its check's point and interval)."""
-    latest = {float(p["rate"]): p for p in probes}
+    latest = {float(p.rate): p for p in probes}
     out = []
     for rate, p in sorted(latest.items()):
-        checks = {c["key"]: c for c in p.get("checks", [])}
-        c = checks.get(key)
-        sustained = checks.get("sustained", {}).get("verdict") != "fail"
+        c = p.check(key)
+        sustain = p.check("sustained")
         if c is None:
             continue
-        out.append(Point(rate, c.get("point"), c.get("low"), c.get("high"), sustained))
+        out.append(Point(rate, c.point, c.low, c.high, sustain is None or sustain.verdict != "fail"))
     return out
 
 
-def binding_model(probes: Sequence[Mapping[str, Any]], limits: Mapping[str, float]) -> RateModel | None:
+def binding_model(probes: Sequence[ProbeEntry], limits: Mapping[str, float]) -> RateModel | None:
     """The model of the limit with the lowest modelled capacity: the one that binds, by the model."""
     models = []
     for key, lim in limits.items():

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tailgate.slo.state import ProbeEntry
+    from tailgate.slo.verdict import Check
 
 from tailgate.tailbounds import FAIL, NOT_ENOUGH, PASS, seq_above, seq_below
 
@@ -44,27 +48,28 @@ def isotonic_blocks(points: Sequence[tuple[float, float, float]]) -> list[Block]
     return blocks
 
 
-def _effective_counts(check: Mapping[str, Any]) -> tuple[float, float] | None:
-    n, n_eff, over = check.get("n"), check.get("n_effective"), check.get("over")
-    if not isinstance(n, int) or n <= 0 or not isinstance(n_eff, (int, float)) or not isinstance(over, int):
+def _effective_counts(check: Check | None) -> tuple[float, float] | None:
+    if check is None:
+        return None
+    n, n_eff, over = check.n, check.n_effective, check.over
+    if n <= 0 or n_eff is None or over is None:
         return None
     return over * n_eff / n, float(n_eff)
 
 
-def pooled_verdicts(probes: Sequence[Mapping[str, Any]], tails: Mapping[str, float], level: float) -> dict[float, str]:
-    """Every rate's verdict after pooling: ``probes`` are the latest entry per rate (``rate``, ``verdict``,
-    ``checks`` as :class:`tailgate.slo.verdict.Check` dicts), ``tails`` the allowed share over each
-    percentile limit by key (0.01 for a p99). A rate's own pass or fail stands; an undecided rate is
+def pooled_verdicts(probes: Sequence[ProbeEntry], tails: Mapping[str, float], level: float) -> dict[float, str]:
+    """Every rate's verdict after pooling: ``probes`` are the latest entry per rate, ``tails`` the allowed share
+    over each percentile limit by key (0.01 for a p99). A rate's own pass or fail stands; an undecided rate is
     decided when the pooled blocks decide every limit it left open (and fails when one fails)."""
-    own = {float(p["rate"]): str(p["verdict"]) for p in probes}
-    checks = {float(p["rate"]): {c["key"]: c for c in p.get("checks", [])} for p in probes}
+    own = {float(p.rate): p.verdict for p in probes}
+    checks = {float(p.rate): {c.key: c for c in p.checks} for p in probes}
     alpha = 1.0 - level
     pooled_pass: dict[float, set[str]] = {r: set() for r in own}
     pooled_fail: dict[float, set[str]] = {r: set() for r in own}
     for key, tail in tails.items():
         points = []
         for r, cs in checks.items():
-            counts = _effective_counts(cs.get(key, {}))
+            counts = _effective_counts(cs.get(key))
             if counts is not None:
                 points.append((r, *counts))
         for b in isotonic_blocks(points):
@@ -82,13 +87,13 @@ def pooled_verdicts(probes: Sequence[Mapping[str, Any]], tails: Mapping[str, flo
     for r, v in own.items():
         if v != NOT_ENOUGH:
             continue
-        open_checks = [c for c in checks[r].values() if c.get("verdict") == NOT_ENOUGH]
-        if any(c["key"] in pooled_fail[r] for c in open_checks):
+        open_checks = [c for c in checks[r].values() if c.verdict == NOT_ENOUGH]
+        if any(c.key in pooled_fail[r] for c in open_checks):
             out[r] = FAIL
         elif (
             open_checks
-            and all(c["key"] in pooled_pass[r] for c in open_checks)
-            and not any(c.get("verdict") == FAIL for c in checks[r].values())
+            and all(c.key in pooled_pass[r] for c in open_checks)
+            and not any(c.verdict == FAIL for c in checks[r].values())
         ):
             out[r] = PASS
     return out

@@ -10,7 +10,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -201,11 +201,11 @@ class SloRunner:
     def _attempt_data(self, out: Path, mark: ProbeMark) -> ProbeAttempt:
         """What a verdict needs from one attempt's folder."""
         scan = read_records(out)
-        recs = [r for r in scan.records if r.get("error_class") != "cancelled" or not mark.stopped_early]
+        recs = [r for r in scan.records if r.error_class != "cancelled" or not mark.stopped_early]
         summary = next(iter(read_summaries(out)), StageSummary())
         dropped = int(summary.dropped_arrivals or 0)
         # requests the early stop itself cancelled are not the server's errors
-        errors = sum(1 for r in recs if r.get("error_class") is not None) + dropped
+        errors = sum(1 for r in recs if r.error_class is not None) + dropped
         return ProbeAttempt(
             measured=measured_records(recs, self.plan.warmup), sent=len(scan.records) + dropped,
             errors=errors, stopped_early=mark.stopped_early, cancelled=len(scan.records) - len(recs),
@@ -273,7 +273,7 @@ class SloRunner:
                 self.log(f"[slo]   not enough data for a verdict: extending with a new sample of the workload "
                          f"(seed {p.attempt_seed(attempt + 1)}), pooled as blocks of their own")  # fmt: skip
         pooled = [r for a in attempts for r in a.measured]
-        entry.verdict, entry.checks, entry.pooled_attempts = verdict, [asdict(c) for c in checks], len(attempts)
+        entry.verdict, entry.checks, entry.pooled_attempts = verdict, list(checks), len(attempts)
         entry.binding, entry.p99 = binding_limit(checks), p99s(pooled)
         entry.undecided_reason = undecided_reason(verdict, checks)
         if not entry.attempts:
@@ -308,12 +308,12 @@ class SloRunner:
     def _pooled(self, config: ServerConfig) -> dict[float, str]:
         """Every rate's verdict with the evidence pooled across rates (the latest entry of each rate)."""
         latest = self._config_state(config).latest()
-        return pooled_verdicts([pr.to_dict() for pr in latest.values()], self.plan.tails, self.plan.look_confidence)
+        return pooled_verdicts(list(latest.values()), self.plan.tails, self.plan.look_confidence)
 
     def _model(self, config: ServerConfig) -> RateModel | None:
         """The model of the binding percentile against rate, fitted to this configuration's probes so far."""
         limits = {lim.key: lim.limit for lim in self.plan.limits if lim.p is not None}
-        return binding_model(self._config_state(config).probe_dicts(), limits)
+        return binding_model(self._config_state(config).probes, limits)
 
     def _model_inputs(self, config: ServerConfig) -> tuple[list[Probe], Workload, dict[str, float], float] | None:
         """What the fitted step loop is given: the probes, the workload, the limits and their quantile."""
@@ -470,7 +470,7 @@ class SloRunner:
             # a model estimate never costs the measured answer it sits beside
             why = f"the fitted model failed: {type(e).__name__}: {e}"
             fitted_json = {"label": "model estimate, not a measurement", "capacity": None, "why": why}
-        result = result_of(outcome, cs.probe_dicts(), p)
+        result = result_of(outcome, cs.probes, p)
         result["not_run"] = list(cs.extra.get("not_run", []))
         result["model"] = model.as_dict() if model is not None else None
         result["fitted"] = fitted_json

@@ -254,19 +254,14 @@ class Workload:
 def workload_of(attempts_by_rate: Mapping[float, Sequence[ProbeAttempt]], trace_file: bool) -> Workload | None:
     """The seeded mix when every measured request came from it and ran to its planned length (its population is
     known); else the distinct requests measured (a trace file, other prompts, streams that stopped early)."""
-    distinct: dict[tuple[Any, Any], tuple[int, int]] = {}
+    distinct: dict[tuple[int, int], tuple[int, int]] = {}
     seeded = not trace_file
     for attempts in attempts_by_rate.values():
         for a in attempts:
             for r in a.records:
-                if r.get("error_class") is not None:
-                    continue
                 for s in streams_of([r], set()):
-                    distinct[(a.workload, r.get("trace_id"))] = (s.prompt, s.tokens)
-                    planned = (r.get("prompt_tokens_planned"), r.get("max_tokens"))
-                    if r.get("prompt_source", DEFAULT_PROMPTS) != DEFAULT_PROMPTS or (
-                        planned[1] is not None and s.tokens != planned[1]
-                    ):
+                    distinct[(a.workload, r.trace_id)] = (s.prompt, s.tokens)
+                    if r.prompt_source != DEFAULT_PROMPTS or s.tokens != r.max_tokens:
                         seeded = False
     if not distinct:
         return None

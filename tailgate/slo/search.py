@@ -12,9 +12,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from tailgate.slo.spec import SloError
+
+if TYPE_CHECKING:
+    from tailgate.slo.verdict import Check
 
 
 @dataclass(frozen=True)
@@ -195,16 +198,17 @@ def next_probe(
     return ProbeNext(min(undecided, key=lambda r: abs(r - mid)), "extend")
 
 
-def lacks_only_data(verdict: str, checks: Sequence[Mapping[str, Any]]) -> bool:
+def lacks_only_data(verdict: str, checks: Sequence[Check]) -> bool:
     """An undecided rate whose every limited point is under its limit, whose server kept up and whose errors did
     not fail: only more data is missing for a pass (what ``on_track`` of :func:`next_probe` holds)."""
     if verdict in ("pass", "fail"):
         return False
-    by_key = {str(c.get("key")): c for c in checks}
+    by_key = {c.key: c for c in checks}
     tails = [c for k, c in by_key.items() if k not in ("errors", "sustained")]
-    under = all(isinstance(c.get("point"), (int, float)) and c["point"] <= c["limit"] for c in tails)
-    kept_up = by_key.get("sustained", {}).get("verdict") == "pass"
-    return bool(tails) and under and kept_up and by_key.get("errors", {}).get("verdict") != "fail"
+    under = all(c.point is not None and c.point <= c.limit for c in tails)
+    sustained, errors = by_key.get("sustained"), by_key.get("errors")
+    kept_up = sustained is not None and sustained.verdict == "pass"
+    return bool(tails) and under and kept_up and (errors is None or errors.verdict != "fail")
 
 
 def _aimed(points: list[float], guess: float, resolution: Resolution) -> float | None:

@@ -12,10 +12,10 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.stepfit import Costs, Stream, fit_costs, max_concurrency, streams_of
+from tailgate.slo.verdict import Check
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
 
 CHUNK_CHOICES = (0, 512, 2048, 8192)
@@ -37,7 +37,7 @@ class Probe:
 
     rate: float
     attempts: list[list[Stream]]
-    checks: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    checks: dict[str, Check] = field(default_factory=dict)
     preempted: bool = False
     kv_capacity_tokens: int | None = None
     """The server's KV pool in tokens as it stated it (None: not stated)."""
@@ -45,7 +45,7 @@ class Probe:
 
 def probes_of(
     attempts_by_rate: Mapping[float, Sequence[ProbeAttempt]],
-    checks_by_rate: Mapping[float, Sequence[Mapping[str, Any]]],
+    checks_by_rate: Mapping[float, Sequence[Check]],
 ) -> list[Probe]:
     """The model's view of a search: every rate's attempts (as :func:`tailgate.slo.check_probe` takes them, with
     ``records``, every record of the attempt) and its latest checks. An attempt the early stop cut short is left
@@ -56,9 +56,9 @@ def probes_of(
             continue
         full = [a for a in attempts if not a.stopped_early and a.records]
         preempted = any(a.summary is not None and (a.summary.preemptions_delta or 0) > 0 for a in attempts)
-        streams = [streams_of(a.records, {r.get("trace_id") for r in a.measured}) for a in full]
+        streams = [streams_of(a.records, {r.trace_id for r in a.measured}) for a in full]
         if streams:
-            checks = {str(c["key"]): c for c in checks_by_rate[rate]}
+            checks = {c.key: c for c in checks_by_rate[rate]}
             pools = [a.kv_capacity_tokens for a in attempts if a.kv_capacity_tokens]
             out.append(Probe(rate, streams, checks, preempted, min(pools) if pools else None))
     return out
@@ -131,8 +131,8 @@ def replay_fit(
             m = quantile(measured, q)
             r = quantile(replayed, q)
             key = f"{metric}_p{q * 100:g}"
-            chk = p.checks.get(key, {})
-            low, high = chk.get("low"), chk.get("high")
+            chk = p.checks.get(key)
+            low, high = (None, None) if chk is None else (chk.low, chk.high)
             within = (low is not None or high is not None) and (low is None or r >= low) and (high is None or r <= high)
             close = abs(r - m) <= REPLAY_TOLERANCE * max(m, 1.0)
             rows.append(ReplayRow(p.rate, key, round(m, 1), round(r, 1), low, high, within or close))

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from tailgate.runmeta import SloMeta
 from tailgate.slo.spec import ServerConfig
+from tailgate.slo.verdict import Check
 from tailgate.stagewarmup import StageWarmup
 from tailgate.tailbounds import NOT_ENOUGH
 
@@ -26,6 +27,40 @@ def _split(cls: type[T], data: dict[str, Any]) -> tuple[dict[str, Any], dict[str
     return {k: v for k, v in data.items() if k in names}, {k: v for k, v in data.items() if k not in names}
 
 
+@dataclass(frozen=True)
+class AttemptRow:
+    """One attempt as ``slo.json`` keeps it: what the report's mechanism and tables read
+    (:func:`tailgate.slo.answer.attempt_row`)."""
+
+    dir: str
+    seed: int
+    seconds: float | None = None
+    stopped_early: str | None = None
+    waiting_max: float | None = None
+    sent: int = 0
+    cancelled: int = 0
+    errors: int = 0
+    n_measured: int = 0
+    achieved_rate: float | None = None
+    ttft_p99_from_send: float | None = None
+    preemptions_delta: float | None = None
+    schedule_lag_p99: float | None = None
+    waiting_samples: int = 0
+    waiting_share: float | None = None
+    client_coalesced: int = 0
+    queue_slope_per_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AttemptRow:
+        known, extra = _split(cls, data)
+        return cls(**known, extra=extra)
+
+
 @dataclass
 class ProbeEntry:
     """One call of a probe at one rate: its attempts, and the verdict on all attempts at that rate so far."""
@@ -33,24 +68,31 @@ class ProbeEntry:
     index: int
     rate: float
     phase: str
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-    """One row per attempt run in this call (:func:`tailgate.slo.answer.attempt_row`)."""
+    attempts: list[AttemptRow] = field(default_factory=list)
+    """One row per attempt run in this call."""
     verdict: str = NOT_ENOUGH
-    checks: list[dict[str, Any]] = field(default_factory=list)
-    """Each limit's :class:`tailgate.slo.verdict.Check`, as the file keeps it."""
+    checks: list[Check] = field(default_factory=list)
+    """Each limit's check on the attempts at this rate so far."""
     pooled_attempts: int = 0
     binding: str | None = None
     p99: dict[str, float | None] = field(default_factory=dict)
     undecided_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def check(self, key: str) -> Check | None:
+        return next((c for c in self.checks if c.key == key), None)
+
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("extra", "attempts", "checks")}
+        out["attempts"] = [a.to_dict() for a in self.attempts]
+        out["checks"] = [c.to_json() for c in self.checks]
         return {**out, **self.extra}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProbeEntry:
         known, extra = _split(cls, data)
+        known["attempts"] = [AttemptRow.from_dict(a) for a in known.get("attempts") or []]
+        known["checks"] = [Check.from_json(c) for c in known.get("checks") or []]
         return cls(**known, extra=extra)
 
 
@@ -83,10 +125,6 @@ class ConfigSearch:
         """The last probe of each rate: it carries the verdict on every attempt at that rate."""
         return {float(p.rate): p for p in self.probes}
 
-    def probe_dicts(self) -> list[dict[str, Any]]:
-        """The probes as the file holds them: what the analysis shared with the report reads."""
-        return [p.to_dict() for p in self.probes]
-
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in fields(self):
@@ -94,7 +132,7 @@ class ConfigSearch:
             if f.name == "extra" or (f.name in self.OPTIONAL and value is None):
                 continue
             if f.name == "probes":
-                value = self.probe_dicts()
+                value = [p.to_dict() for p in self.probes]
             elif f.name == "stage_warmup":
                 value = value.to_json()
             out[f.name] = value
@@ -147,4 +185,4 @@ class SloState:
         return cls(**known, extra=extra)
 
 
-__all__ = ["ConfigSearch", "ProbeEntry", "SloState"]
+__all__ = ["AttemptRow", "ConfigSearch", "ProbeEntry", "SloState"]

@@ -19,9 +19,11 @@ among the costs that result (:func:`fit_costs`), since a real server is not alwa
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+from tailgate.records import RequestRecord
 
 IDLE_ROWS = 200
 """Requests that found no queue wanted for the direct prefill estimate, taken from the lowest rates first."""
@@ -80,28 +82,27 @@ class Stream:
         return {"ttft": self.ttft_ms, "gap": self.gap_ms, "total": self.total_ms}[metric]
 
 
-def streams_of(records: Sequence[Mapping[str, Any]], measured_ids: set[Any]) -> list[Stream]:
-    """The successful records of one attempt as streams; ``measured_ids`` are the trace ids past the warm-up."""
+def streams_of(records: Sequence[RequestRecord], measured_ids: set[int]) -> list[Stream]:
+    """The successful records of one attempt as streams; ``measured_ids`` are the trace ids past the warm-up.
+
+    A record says how long its prompt was by the server's count where it has one, else the tokenizer's, else
+    the plan's; and its length by the usage's completion tokens, else its chunks. A stream that never reached
+    its first token or its end is left out: it has no service to fit."""
     out = []
     for r in records:
-        if r.get("error_class") is not None:
+        ttft, end = r.ttft_from_intended_ms, r.end_s
+        if r.error_class is not None or ttft is None or end is None:
             continue
-        t0, end = r.get("intended_s"), r.get("end_s")
-        ttft = r.get("ttft_from_intended_ms")
-        if not all(isinstance(v, (int, float)) for v in (t0, end, ttft)):
-            continue
-        first = r.get("first_chunk_s")
-        first = float(first) if isinstance(first, (int, float)) else float(t0) + float(ttft) / 1000.0  # type: ignore[arg-type]
-        prompt = next((r[k] for k in ("prompt_tokens", "prompt_tokens_tokenized", "prompt_tokens_planned")
-                       if isinstance(r.get(k), int) and r[k] > 0), None)  # fmt: skip
-        tokens = next((r[k] for k in ("completion_tokens", "chunks") if isinstance(r.get(k), int) and r[k] > 0), None)
+        first = r.first_chunk_s if r.first_chunk_s is not None else r.intended_s + ttft / 1000.0
+        prompt = next((n for n in (r.prompt_tokens, r.prompt_tokens_tokenized, r.prompt_tokens_planned)
+                       if n is not None and n > 0), None)  # fmt: skip
+        tokens = next((n for n in (r.completion_tokens, r.chunks) if n is not None and n > 0), None)
         if prompt is None or tokens is None:
             continue
-        gap, total, gap_end = r.get("worst_gap_ms"), r.get("total_from_intended_ms"), r.get("worst_gap_end_s")
-        out.append(Stream(float(t0), first, float(end), int(prompt), int(tokens), float(ttft),  # type: ignore[arg-type]
-                          r.get("trace_id") in measured_ids, float(gap) if isinstance(gap, (int, float)) else 0.0,
-                          float(total) if isinstance(total, (int, float)) else (float(end) - float(t0)) * 1000.0,  # type: ignore[arg-type]
-                          float(gap_end) if isinstance(gap_end, (int, float)) else 0.0))  # fmt: skip
+        total = r.total_from_intended_ms
+        out.append(Stream(r.intended_s, first, end, prompt, tokens, ttft, r.trace_id in measured_ids,
+                          r.worst_gap_ms or 0.0, total if total is not None else (end - r.intended_s) * 1000.0,
+                          r.worst_gap_end_s or 0.0))  # fmt: skip
     return out
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from tailgate.records import RequestRecord
 from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.spec import METRIC_FIELDS, Limit
 from tailgate.stats import tail
@@ -51,6 +52,28 @@ class Check:
     """Requests left out of this check (client-coalesced streams for gap limits)."""
     over: int | None = None
     """Requests over the limit: with ``n`` and ``n_effective``, what pooling across rates adds up."""
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """Keys another version wrote into ``slo.json``: kept, so a resumed search writes them back unchanged."""
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Check:
+        names = _CHECK_FIELDS
+        known = {k: v for k, v in data.items() if k in names}
+        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+
+    @property
+    def over_by(self) -> float:
+        """How far the point lies over the limit, relative to it (inf: no point to tell)."""
+        if self.point is None:
+            return math.inf
+        return (self.point - self.limit) / self.limit if self.limit > 0 else self.point
+
+
+_CHECK_FIELDS = frozenset(f.name for f in fields(Check)) - {"extra"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,19 +149,14 @@ def mser5_cut(series: Sequence[float]) -> int:
     return best_d * 5
 
 
-def _time_ordered(measured: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    def intended(r: Mapping[str, Any]) -> float:
-        value = r.get("intended_s")
-        return float(value) if isinstance(value, (int, float)) else math.inf
-
-    return sorted(measured, key=intended)
+def _time_ordered(measured: Sequence[RequestRecord]) -> list[RequestRecord]:
+    return sorted(measured, key=lambda r: r.intended_s)
 
 
-def steady_part(attempt: ProbeAttempt) -> tuple[list[Mapping[str, Any]], int]:
+def steady_part(attempt: ProbeAttempt) -> tuple[list[RequestRecord], int]:
     """The attempt's measured records in intended-send order, less the MSER-5 start-up cut; and the cut."""
     recs = _time_ordered(attempt.measured)
-    ttft = [float(r.get("ttft_from_intended_ms") or 0.0) for r in recs]
-    cut = mser5_cut(ttft)
+    cut = mser5_cut([r.ttft_from_intended_ms or 0.0 for r in recs])
     return recs[cut:], cut
 
 
@@ -161,8 +179,8 @@ def sustain_check(attempts: Sequence[ProbeAttempt], rate: float | None, material
     rows: list[AttemptSustain] = []
     for a in attempts:
         recs = _time_ordered(a.measured)
-        sends = [float(r["intended_s"]) for r in recs if isinstance(r.get("intended_s"), (int, float))]
-        ends = [float(r["end_s"]) for r in recs if isinstance(r.get("end_s"), (int, float))]
+        sends = [r.intended_s for r in recs]
+        ends = [r.end_s for r in recs if r.end_s is not None]
         if len(sends) < 20:
             rows.append(AttemptSustain(len(recs), NOT_ENOUGH, "fewer than 20 timed requests"))
             continue
@@ -170,7 +188,7 @@ def sustain_check(attempts: Sequence[ProbeAttempt], rate: float | None, material
         arrived = len(sends)
         done = sum(1 for e in ends if e <= t1)
         keep = done / arrived
-        ttft = [float(r.get("ttft_from_intended_ms") or 0.0) for r in recs]
+        ttft = [r.ttft_from_intended_ms or 0.0 for r in recs]
         cut = mser5_cut(ttft)
         trend = upward_trend(ttft[cut:], alpha=TREND_ALPHA)
         # a rise short of material counts only with completions falling behind arrivals: both together are
@@ -235,7 +253,7 @@ def check_probe(
     checks: list[Check] = []
     sent = sum(a.sent - a.cancelled for a in attempts)
     errors = sum(a.errors for a in attempts)
-    steady: list[tuple[int, Mapping[str, Any]]] = []
+    steady: list[tuple[int, RequestRecord]] = []
     for i, a in enumerate(attempts):
         part, _ = steady_part(a)
         steady += [(i, r) for r in part]
@@ -257,10 +275,10 @@ def check_probe(
         groups: list[tuple[int, int]] = []
         excluded = 0
         for i, r in steady:
-            v = r.get(fld)
+            v = getattr(r, fld)
             if not isinstance(v, (int, float)) or not math.isfinite(v):
                 continue
-            if lim.metric == "gap" and r.get("client_coalesced"):
+            if lim.metric == "gap" and r.client_coalesced:
                 excluded += 1  # the client merged chunks: its gaps are not a measurement of the server
                 continue
             values.append(float(v))
@@ -293,19 +311,18 @@ def _round1(x: float | None) -> float | None:
 def _spans(attempts: Sequence[ProbeAttempt]) -> list[tuple[float, float]]:
     out = []
     for a in attempts:
-        ts = [float(r["intended_s"]) for r in a.measured if isinstance(r.get("intended_s"), (int, float))]
+        ts = [r.intended_s for r in a.measured]
         out.append((min(ts), max(ts)) if ts else (0.0, 0.0))
     return out
 
 
-def _block(r: Mapping[str, Any], span: tuple[float, float]) -> int:
-    t = r.get("intended_s")
-    if not isinstance(t, (int, float)) or span[1] <= span[0]:
+def _block(r: RequestRecord, span: tuple[float, float]) -> int:
+    if span[1] <= span[0]:
         return 0
-    return min(BLOCKS - 1, int((float(t) - span[0]) / (span[1] - span[0]) * BLOCKS))
+    return min(BLOCKS - 1, int((r.intended_s - span[0]) / (span[1] - span[0]) * BLOCKS))
 
 
-def p99s(measured: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+def p99s(measured: Sequence[RequestRecord]) -> dict[str, float | None]:
     """TTFT, worst-gap and total p99 from the intended send, whatever the SLO limits: the table shows all three."""
     out: dict[str, float | None] = {}
     for metric, fld in METRIC_FIELDS.items():
@@ -313,23 +330,14 @@ def p99s(measured: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     return out
 
 
-def binding_limit(checks: Sequence[Check] | Sequence[Mapping[str, Any]]) -> str | None:
+def binding_limit(checks: Sequence[Check]) -> str | None:
     """The limit that binds: the failing (else undecided) check furthest above its limit, relative to it.
 
     The steady-state row binds only when no limit does: a server that fell behind names the queue."""
-    rows = [c if isinstance(c, Mapping) else asdict(c) for c in checks]
     for verdict in (FAIL, NOT_ENOUGH):
-        cands = [c for c in rows if c["verdict"] == verdict and c["key"] != "sustained"] or [
-            c for c in rows if c["verdict"] == verdict
+        cands = [c for c in checks if c.verdict == verdict and c.key != "sustained"] or [
+            c for c in checks if c.verdict == verdict
         ]
         if cands:
-
-            def over(c: Mapping[str, Any]) -> float:
-                point: float | None = c["point"]
-                limit: float = c["limit"]
-                if point is None:
-                    return math.inf
-                return (point - limit) / limit if limit > 0 else point
-
-            return str(max(cands, key=over)["key"])
+            return max(cands, key=lambda c: c.over_by).key
     return None

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tailgate.records import RequestRecord
 from tailgate.stats import percentile
 
 _MS = 1e6
@@ -168,13 +169,13 @@ def _both_stamps(offsets: Sequence[float], delays: Sequence[float], stamp: str) 
     return {"recv": list(offsets), "kernel": [o - d for o, d in zip(offsets, delays, strict=True)]}
 
 
-def _all_stamps(rec: Mapping[str, Any], offsets: Sequence[float], stamp: str) -> dict[str, list[float]]:
+def _all_stamps(rec: RequestRecord, offsets: Sequence[float], stamp: str) -> dict[str, list[float]]:
     """Each chunk's offset under every stamp the record lets us rebuild: ``capture`` where it was used, and
     the in-process ``kernel`` and ``recv`` from the same reads."""
-    delays = rec.get("chunk_read_delays_ms") or []
-    if rec.get("chunk_stamp") != "capture":
-        return _both_stamps(offsets, delays, rec.get("chunk_stamp") or stamp) or {}
-    read = rec.get("chunk_read_offsets_ms")
+    delays = rec.chunk_read_delays_ms or []
+    if rec.chunk_stamp != "capture":
+        return _both_stamps(offsets, delays, rec.chunk_stamp or stamp) or {}
+    read = rec.chunk_read_offsets_ms
     if read is None or len(read) != len(offsets):
         return {"capture": list(offsets)}
     return {"capture": list(offsets), **(_both_stamps(read, delays, "kernel") or {})}
@@ -190,7 +191,7 @@ def beyond_write_window(client_gap_ms: float, returns: Sequence[int], begins: Se
     return client_gap_ms - low if client_gap_ms < low else 0.0
 
 
-def join_records(records: Sequence[Mapping[str, Any]], dump: Mapping[str, Any], stamp: str = "recv") -> Join:
+def join_records(records: Sequence[RequestRecord], dump: Mapping[str, Any], stamp: str = "recv") -> Join:
     """Match every record's chunks to the server's writes of the same sequence number and index.
 
     ``stamp`` names the chunk stamp the run used (``TAILGATE_CHUNK_STAMP``), so the other one can be
@@ -202,19 +203,18 @@ def join_records(records: Sequence[Mapping[str, Any]], dump: Mapping[str, Any], 
     claimed: set[int] = set()
     for rec in records:
         j.requests += 1
-        if rec.get("error_class"):
+        if rec.error_class:
             j.failed += 1
-            j.problems.append(f"trace {rec.get('trace_id')}: {rec.get('error_class')}: {rec.get('error')}")
+            j.problems.append(f"trace {rec.trace_id}: {rec.error_class}: {rec.error}")
             continue
-        if rec.get("schedule_lag_ms") is not None:
-            j.schedule_lag_ms.append(float(rec["schedule_lag_ms"]))
-        seq = _seq_of(rec.get("response_id"))
-        sent = rec.get("sent_mono_ns")
-        offsets = rec.get("chunk_offsets_ms")
+        j.schedule_lag_ms.append(rec.schedule_lag_ms)
+        seq = _seq_of(rec.response_id)
+        sent = rec.sent_mono_ns
+        offsets = rec.chunk_offsets_ms
         if seq is None or sent is None or offsets is None:
-            j.problems.append(f"trace {rec.get('trace_id')}: no response id, sent_mono_ns or chunk offsets")
+            j.problems.append(f"trace {rec.trace_id}: no response id, sent_mono_ns or chunk offsets")
             continue
-        j.sent_mono_ns.append(int(sent))
+        j.sent_mono_ns.append(sent)
         if seq in claimed:
             j.problems.append(f"cmpl-{seq} claimed by two records")
             continue
@@ -241,15 +241,15 @@ def join_records(records: Sequence[Mapping[str, Any]], dump: Mapping[str, Any], 
         ordered = [mine[i] for i in range(len(mine))] if len(mine) == max(mine) + 1 else sorted(mine.values())
         true_ttft = (ordered[0] - sent) / _MS
         j.true_ttft_ms.append(true_ttft)
-        if rec.get("ttft_ms") is not None:
-            j.ttft_error_ms.append(float(rec["ttft_ms"]) - true_ttft)
+        if rec.ttft_ms is not None:
+            j.ttft_error_ms.append(rec.ttft_ms - true_ttft)
         true_gap = max((b - a for a, b in itertools.pairwise(ordered)), default=0) / _MS
         j.true_worst_gap_ms.append(true_gap)
-        if rec.get("worst_gap_ms") is not None and len(ordered) > 1:
-            j.worst_gap_error_ms.append(float(rec["worst_gap_ms"]) - true_gap)
+        if rec.worst_gap_ms is not None and len(ordered) > 1:
+            j.worst_gap_error_ms.append(rec.worst_gap_ms - true_gap)
             if begins and len(mine) == max(mine) + 1:
                 starts = [begins[(seq, k)] for k in range(len(mine))]
-                j.worst_gap_beyond_write_ms.append(beyond_write_window(float(rec["worst_gap_ms"]), ordered, starts))
+                j.worst_gap_beyond_write_ms.append(beyond_write_window(rec.worst_gap_ms, ordered, starts))
         if seq in received:
             j.upload_ms.append((received[seq] - sent) / _MS)
         if len(ordered) == len(offsets):

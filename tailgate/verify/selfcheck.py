@@ -155,7 +155,7 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
         after = machine_facts()
         records = run.records
         j = join_records(records, dump, stamp)
-        used = Counter(str(r.get("chunk_stamp") or stamp) for r in records if not r.get("error_class"))
+        used = Counter(r.chunk_stamp or stamp for r in records if not r.error_class)
         capture = capture_figures(work / "results")
         meta_path = work / "results" / RUN_META
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
@@ -179,7 +179,7 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
         ttft_error = distribution(j.ttft_error_ms)
         lateness = distribution(j.write_lateness_ms)
         lag = distribution(j.schedule_lag_ms)
-        merged = sum(1 for r in records if r.get("client_coalesced"))
+        merged = sum(1 for r in records if r.client_coalesced)
         findings = judge(
             {WORST_GAP_P99: judged["p99"], WORST_GAP_MAX: judged["max"], TTFT_P99: ttft_error["p99"],
              CHUNK_P99: chunk["p99"], MERGED: merged},

@@ -19,7 +19,7 @@ from tailgate.clientbound import CHUNK_P99, DEFAULT_LIMITS, MERGED, TTFT_P99, WO
 from tailgate.load.hostcapacity import HostCapacity, host_capacity
 from tailgate.load.processes import auto_processes, truth_workers
 from tailgate.optiontable import AUTO
-from tailgate.records import read_records
+from tailgate.records import RequestRecord, read_records
 from tailgate.resultfiles import SUMMARY_GLOB
 from tailgate.runner import ChildRunner, LocustRun
 from tailgate.verify.cpu import CpuSampler
@@ -204,9 +204,9 @@ def accounting_problem(planned: int, records: int, accounting: Mapping[str, int]
     )
 
 
-def stage_window(records: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
-    sent = [r["sent_s"] for r in records if r.get("sent_s") is not None]
-    ends = [r["end_s"] for r in records if r.get("end_s") is not None]
+def stage_window(records: Sequence[RequestRecord]) -> tuple[float, float] | None:
+    sent = [r.sent_s for r in records]
+    ends = [r.end_s for r in records if r.end_s is not None]
     if not sent or not ends:
         return None
     return min(sent), max(ends)
@@ -216,7 +216,7 @@ def stage_window(records: Sequence[Mapping[str, Any]]) -> tuple[float, float] | 
 class LoadRun:
     """What one Locust run left behind, before any joining."""
 
-    records: list[dict[str, Any]]
+    records: list[RequestRecord]
     partial_lines: int
     exit_code: int
     wall_s: float

@@ -27,7 +27,7 @@ from typing import Any
 from tailgate.clientbound import behind_note
 from tailgate.contracts import StageSummary
 from tailgate.jsonl import Follower as Tail
-from tailgate.records import journal_entry
+from tailgate.records import RequestRecord, journal_entry, supersedes
 from tailgate.resultfiles import RECORDS_GLOB, SENT_GLOB, SERVER_METRICS
 from tailgate.stats import field_values, measured_records, percentile, round_ms, tail
 
@@ -35,18 +35,6 @@ MIN_REFRESH_S = 1.0
 """A snapshot younger than this is served again: the UI polls every 2 s, possibly from several tabs."""
 SERIES_POINTS = 600
 """Server samples kept for the chart (10 minutes at the default 1 s)."""
-KEEP = (
-    "stage",
-    "trace_id",
-    "end_s",
-    "error_class",
-    "ttft_ms",
-    "worst_gap_ms",
-    "total_ms",
-    "schedule_lag_ms",
-    "client_coalesced",
-    "run_id",
-)
 LATENCY_POINTS = 500
 """Newest requests drawn in the TTFT / worst-gap over time chart."""
 METRICS = (("ttft", "ttft_ms"), ("gap", "worst_gap_ms"), ("total", "total_ms"))
@@ -62,11 +50,11 @@ def pause() -> None:
 
 @dataclass
 class StageView:
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
     sent_keys: set[int] = field(default_factory=set)
     dropped_keys: set[int] = field(default_factory=set)
     """Journaled, then taken back (in-flight cap, or a stop between journal and send)."""
-    seen: dict[Any, int] = field(default_factory=dict)
+    seen: dict[tuple[str, int], int] = field(default_factory=dict)
     """(run, request) -> index in ``records``: one record per request, as the analysis reads them."""
     figures: StageFigures = field(default_factory=lambda: StageFigures())
     computed_at: int = -1
@@ -113,18 +101,18 @@ class StageFigures:
         }  # fmt: skip
 
 
-def stage_figures(records: Sequence[dict[str, Any]], warmup: int, rule: str) -> StageFigures:
+def stage_figures(records: Sequence[RequestRecord], warmup: int, rule: str) -> StageFigures:
     """Exact p50/p90/p99/max of TTFT, worst gap and total over the measured records, errors by class, lag p99."""
     good = measured_records(records, warmup, rule)
     ttft, gap, total = (Tails.of(field_values(good, key)) for _, key in METRICS)
     errors: dict[str, int] = {}
     for r in records:
-        if r.get("error_class") is not None:
-            errors[r["error_class"]] = errors.get(r["error_class"], 0) + 1
+        if r.error_class is not None:
+            errors[r.error_class] = errors.get(r.error_class, 0) + 1
     return StageFigures(
         measured=len(good), ttft=ttft, gap=gap, total=total, errors_by_class=dict(sorted(errors.items())),
         errors=sum(errors.values()), lag_p99=tail(records, "schedule_lag_ms", 99),
-        client_coalesced=sum(1 for r in good if r.get("client_coalesced")),
+        client_coalesced=sum(1 for r in good if r.client_coalesced),
     )  # fmt: skip
 
 
@@ -157,19 +145,19 @@ class LiveRun:
                 pause()
             try:
                 obj = json.loads(line)
-            except ValueError:
+                record = RequestRecord.from_dict(obj if isinstance(obj, dict) else {}).for_summary()
+            except (ValueError, TypeError):  # a cut line, or one that is not a record
                 self.unreadable += 1
                 continue
-            view = self.stages.get(obj.get("stage"))
+            view = self.stages.get(record.stage)
             if view is not None:
-                row = {k: obj.get(k) for k in KEEP}
-                key = (row["run_id"], row["trace_id"])
+                key = (record.run_id, record.trace_id)
                 at = view.seen.get(key)
                 if at is None:
                     view.seen[key] = len(view.records)
-                    view.records.append(row)
-                elif view.records[at].get("error_class") == "worker_lost" and row["error_class"] != "worker_lost":
-                    view.records[at] = row  # the rule of tailgate.records.read_records
+                    view.records.append(record)
+                elif supersedes(record, view.records[at]):
+                    view.records[at] = record  # the rule of tailgate.records.read_records
         for line in self._sent.new_lines():
             entry = journal_entry(line)
             view = None if entry is None else self.stages.get(entry[0])
@@ -192,13 +180,13 @@ class LiveRun:
 
     def _latency(self, started: float) -> dict[str, list[Any]]:
         """TTFT and worst gap of the newest requests against when each ended (s since the run started)."""
-        rows = [r for v in self.stages.values() for r in v.records[-LATENCY_POINTS:] if r.get("end_s")]
-        rows.sort(key=lambda r: r["end_s"])
-        rows = rows[-LATENCY_POINTS:]
+        ended = [(r.end_s, r) for v in self.stages.values() for r in v.records[-LATENCY_POINTS:] if r.end_s]
+        ended.sort(key=lambda pair: pair[0])
+        ended = ended[-LATENCY_POINTS:]
         return {
-            "t": [round(r["end_s"] - started, 2) for r in rows],
-            "ttft": [r.get("ttft_ms") for r in rows],
-            "gap": [r.get("worst_gap_ms") for r in rows],
+            "t": [round(end - started, 2) for end, _ in ended],
+            "ttft": [r.ttft_ms for _, r in ended],
+            "gap": [r.worst_gap_ms for _, r in ended],
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -236,7 +224,7 @@ class LiveRun:
                 "index": stage.index, "label": stage.label, "state": state, "planned": stage.size,
                 "sent": len(view.sent_keys), "recorded": len(view.records), "preemptions": preemptions,
                 "dropped": dropped, "never_sent": never,
-                "merged": sum(1 for r in view.records if r.get("client_coalesced")), **view.figures.to_json(),
+                "merged": sum(1 for r in view.records if r.client_coalesced), **view.figures.to_json(),
             })  # fmt: skip
         return {
             "run_id": s.run_id, "arm": settings.arm, "host": settings.host, "model": settings.model,

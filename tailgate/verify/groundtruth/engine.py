@@ -34,6 +34,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from tailgate.records import RequestRecord
+
 MS = 1_000_000
 
 
@@ -247,6 +249,21 @@ class Outcome:
     total_ms: float
     worst_gap_end_ns: int = 0
     """When the worst gap ended (0: the stream had one token)."""
+
+    def record(self, trace_id: int, prompt_tokens: int, tokens: int, *, rate: float = 0.0) -> RequestRecord:
+        """The record an exact open-loop client would have written for this request (sent on time, every token
+        one chunk): what a verdict and the step-loop fit read from a probe, for a probe run in virtual time."""
+        intended = self.arrival_ns / 1e9
+        return RequestRecord(
+            run_id="simulated", worker="simulated", trace_id=trace_id, stage=0, stage_label=f"{rate:g} req/s",
+            arm="continuous", rate_or_batch=rate, batch=None, prompt_tokens_planned=prompt_tokens, max_tokens=tokens,
+            ignore_eos=True, intended_s=intended, sent_s=intended, schedule_lag_ms=0.0, in_flight_at_send=0,
+            first_chunk_s=intended + self.ttft_ms / 1e3, end_s=intended + self.total_ms / 1e3,
+            ttft_ms=self.ttft_ms, ttft_from_intended_ms=self.ttft_ms, worst_gap_ms=self.worst_gap_ms,
+            worst_gap_end_s=self.worst_gap_end_ns / 1e9 if self.worst_gap_end_ns else None,
+            total_ms=self.total_ms, total_from_intended_ms=self.total_ms, chunks=tokens,
+            prompt_tokens=prompt_tokens, completion_tokens=tokens,
+        )  # fmt: skip
 
 
 def simulate(model: EngineModel, arrivals: Iterable[tuple[int, int, int]], *, fast: bool = True) -> list[Outcome]:
