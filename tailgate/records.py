@@ -17,7 +17,7 @@ import socket
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from tailgate import jsonl, resultfiles
 from tailgate.load.arrivals import DEFAULT_ARRIVALS
@@ -188,6 +188,28 @@ OPTIONAL_ON_DISK: frozenset[str] = frozenset(
 
 def worker_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class RecordSink(Protocol):
+    """Where a load process puts a finished request's record: its own file (:class:`RecordWriter`), or in a
+    distributed run the stream to the master, the single writer of the files."""
+
+    def write(self, record: RequestRecord) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SendSink(Protocol):
+    """Where a load process notes each send before it goes out: its own journal (:class:`SendJournal`), or the
+    master's, through the same stream."""
+
+    def sent(self, stage: int, trace_id: int) -> None: ...
+
+    def sent_many(self, stage: int, trace_ids: Iterable[int]) -> None: ...
+
+    def dropped(self, stage: int, trace_id: int) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class RecordWriter:

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -26,6 +27,7 @@ from tailgate.records import (
     OPTIONAL_ON_DISK,
     RECORD_FIELDS,
     InFlightLoss,
+    RecordError,
     RecordWriter,
     RequestRecord,
     SendJournal,
@@ -169,6 +171,24 @@ def test_read_records_skips_and_counts_a_partial_last_line(tmp_path: Path) -> No
     frame = load_records(tmp_path)
     assert len(frame) == 3 and frame.attrs["unreadable_lines"] == 1
     assert frame.attrs["lost_in_flight_by_run"] == {".": 2}
+
+
+def test_a_record_is_read_back_typed_and_a_line_that_is_not_one_is_counted(tmp_path: Path) -> None:
+    """What a file holds comes back as a RequestRecord: optional fields filled, a newer schema's keys ignored; a
+    JSON object without the fields every record carries is not a record, whatever else it holds."""
+    full = record(0)
+    newer = {**full.to_dict(), "trace_id": 1, "a_later_field": [1, 2]}
+    without = {k: v for k, v in record(2).to_dict().items() if k != "intended_s"}
+    lines = [full.to_json(), json.dumps(newer), json.dumps(without), json.dumps({"a": 1}), json.dumps([1, 2])]
+    (tmp_path / "records-w-1.jsonl").write_text("".join(line + "\n" for line in lines))
+    scan = read_records(tmp_path)
+    assert [r.trace_id for r in scan.records] == [0, 1] and scan.partial_lines == 3
+    assert scan.records[0] == full and scan.records[1].prompt_source == full.prompt_source
+    with pytest.raises(RecordError, match="intended_s"):
+        RequestRecord.from_dict(without)
+    assert full.for_summary() is full  # nothing to drop: not copied
+    listed = replace(full, chunk_offsets_ms=[1.0], chunk_read_delays_ms=[0.1])
+    assert listed.for_summary().chunk_offsets_ms is None and listed.chunk_offsets_ms == [1.0]
 
 
 def test_a_cut_journal_line_is_not_read_as_another_request(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import socket
 import struct
 import time
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 from tailgate import arms
 from tailgate.contracts import Order, OrderConfig, OrderDone
@@ -43,7 +43,7 @@ from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.sendclock import SendClock
 from tailgate.load.stagegc import QuietCollector
 from tailgate.load.workload import build_prompt
-from tailgate.records import RecordWriter, RequestRecord, SendJournal, worker_name
+from tailgate.records import RecordSink, RecordWriter, RequestRecord, SendJournal, SendSink, worker_name
 
 log = logging.getLogger("tailgate")
 
@@ -124,6 +124,25 @@ def request_id(run_id: str, stage: int, trace_id: int) -> str:
     return f"tg-{run_id}-{stage}-{trace_id}"
 
 
+Plan = tuple[int, int, int, int, int | None, int | None]
+"""One request of an order as the dispatcher holds it: trace id, prompt tokens, max tokens, intended send (ns on
+the monotonic clock), gated batch, and the tokenizer's count of a built prompt."""
+
+
+class Finished(NamedTuple):
+    """A request whose stream ended, waiting for the sink to build, write and report its record."""
+
+    order: Order
+    plan: Plan
+    timing: StreamTiming
+    in_flight: int
+    """Streams open when it was sent."""
+    cfg: OrderConfig
+    writer: RecordSink
+    finished: list[RequestRecord] | None
+    """One process: the order's records for its DONE (None: several processes, the master has them)."""
+
+
 class OrderRunner:
     """Executes orders in this process and writes one record per request as it ends."""
 
@@ -148,10 +167,10 @@ class OrderRunner:
         """An order is being run (sent or in flight)."""
         self.master_silence: Any = None
         """In a worker: seconds since the master was last heard if over ``MASTER_SILENCE_S``, else 0."""
-        self._writers: dict[str, tuple[Any, Any]] = {}
+        self._writers: dict[str, tuple[RecordSink, SendSink]] = {}
         self._group = Group()
         self._loop: gevent.Greenlet | None = None
-        self._finished: deque[tuple[Any, ...]] = deque()
+        self._finished: deque[Finished] = deque()
         self._wake = Event()
         self._sink: gevent.Greenlet | None = None
         self._rows: list[RequestRecord] | None = None
@@ -199,7 +218,7 @@ class OrderRunner:
             worker=self.worker, error=error, sent=self.sent, ended=self.ended, records=self._rows,
         )  # fmt: skip
 
-    def _writer(self, results_dir: str) -> tuple[Any, Any]:
+    def _writer(self, results_dir: str) -> tuple[RecordSink, SendSink]:
         """A record file and send journal here, or, in a Locust worker, the stream to the master (the
         single writer of a distributed run)."""
         if results_dir not in self._writers:
@@ -356,12 +375,12 @@ class OrderRunner:
     def _one(
         self,
         order: Order,
-        plan: tuple[int, int, int, int, int | None, int | None],
+        plan: Plan,
         request: bytes,
         target: Target,
         timeouts: Timeouts,
         cfg: OrderConfig,
-        writer: RecordWriter,
+        writer: RecordSink,
         finished: list[RequestRecord] | None,
         gate: BatchGate | None,
         index: int,
@@ -388,7 +407,7 @@ class OrderRunner:
             self.ended += 1
             # the record is built, written and reported by the sink, away from the path that stamps chunks;
             # a kill here still queues it, and close() writes whatever is queued
-            self._finished.append((order, plan, timing, in_flight, cfg, writer, finished))
+            self._finished.append(Finished(order, plan, timing, in_flight, cfg, writer, finished))
             self._wake.set()
             if self._sink is None or self._sink.dead:
                 self._sink = gevent.spawn(self._sink_loop)
@@ -438,7 +457,7 @@ class OrderRunner:
     def _record(
         self,
         order: Order,
-        plan: tuple[int, int, int, int, int | None, int | None],
+        plan: Plan,
         t: StreamTiming,
         in_flight: int,
         cfg: OrderConfig,
