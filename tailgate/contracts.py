@@ -34,6 +34,20 @@ C = TypeVar("C", bound="Contract")
 _NOTHING = object()
 
 
+def known_and_extra(cls: type[Any], data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A JSON object split into the keys the dataclass ``cls`` declares (its ``extra`` aside) and the rest: a
+    reader of another version's file keeps what it does not know, to write it back unchanged."""
+    names = {f.name for f in fields(cls)} - {"extra"}
+    return {k: v for k, v in data.items() if k in names}, {k: v for k, v in data.items() if k not in names}
+
+
+def with_extra(obj: Any) -> dict[str, Any]:
+    """A dataclass that keeps unknown keys in ``extra`` as its JSON object: its fields in order, then the keys it
+    kept."""
+    out = {f.name: getattr(obj, f.name) for f in fields(obj) if f.name != "extra"}
+    return {**out, **obj.extra}
+
+
 class ContractError(ValueError):
     """A contract that does not hold; ``str()`` is one line naming the file (when known) and the key."""
 

@@ -10,21 +10,14 @@ earlier version wrote and this one does not declare are kept in ``extra`` and wr
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any
 
+from tailgate.contracts import known_and_extra, with_extra
 from tailgate.runmeta import SloMeta
 from tailgate.slo.spec import ServerConfig
 from tailgate.slo.verdict import Check
 from tailgate.stagewarmup import StageWarmup
 from tailgate.tailbounds import NOT_ENOUGH
-
-T = TypeVar("T")
-
-
-def _split(cls: type[T], data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The keys ``cls`` declares, and the rest."""
-    names = {f.name for f in fields(cls)} - {"extra"}  # type: ignore[arg-type]
-    return {k: v for k, v in data.items() if k in names}, {k: v for k, v in data.items() if k not in names}
 
 
 @dataclass(frozen=True)
@@ -52,12 +45,11 @@ class AttemptRow:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
-        return {**out, **self.extra}
+        return with_extra(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AttemptRow:
-        known, extra = _split(cls, data)
+        known, extra = known_and_extra(cls, data)
         return cls(**known, extra=extra)
 
 
@@ -83,14 +75,14 @@ class ProbeEntry:
         return next((c for c in self.checks if c.key == key), None)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("extra", "attempts", "checks")}
-        out["attempts"] = [a.to_dict() for a in self.attempts]
+        out = with_extra(self)
+        out["attempts"] = [a.to_dict() for a in self.attempts]  # the keys keep their places
         out["checks"] = [c.to_json() for c in self.checks]
-        return {**out, **self.extra}
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProbeEntry:
-        known, extra = _split(cls, data)
+        known, extra = known_and_extra(cls, data)
         known["attempts"] = [AttemptRow.from_dict(a) for a in known.get("attempts") or []]
         known["checks"] = [Check.from_json(c) for c in known.get("checks") or []]
         return cls(**known, extra=extra)
@@ -140,7 +132,7 @@ class ConfigSearch:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ConfigSearch:
-        known, extra = _split(cls, data)
+        known, extra = known_and_extra(cls, data)
         known["probes"] = [ProbeEntry.from_dict(p) for p in known.get("probes") or []]
         if isinstance(known.get("stage_warmup"), dict):
             known["stage_warmup"] = StageWarmup.from_json(known["stage_warmup"])
@@ -180,7 +172,7 @@ class SloState:
     @classmethod
     def from_meta(cls, meta: SloMeta) -> SloState:
         data = meta.to_dict()
-        known, extra = _split(cls, data)
+        known, extra = known_and_extra(cls, data)
         known["configs"] = [ConfigSearch.from_dict(c) for c in known.get("configs") or [] if isinstance(c, dict)]
         return cls(**known, extra=extra)
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tailgate.contracts import known_and_extra, with_extra
 from tailgate.records import RequestRecord
 from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.spec import METRIC_FIELDS, Limit
@@ -56,14 +57,12 @@ class Check:
     """Keys another version wrote into ``slo.json``: kept, so a resumed search writes them back unchanged."""
 
     def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
-        return {**out, **self.extra}
+        return with_extra(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Check:
-        names = _CHECK_FIELDS
-        known = {k: v for k, v in data.items() if k in names}
-        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+        known, extra = known_and_extra(cls, data)
+        return cls(**known, extra=extra)
 
     @property
     def over_by(self) -> float:
@@ -71,9 +70,6 @@ class Check:
         if self.point is None:
             return math.inf
         return (self.point - self.limit) / self.limit if self.limit > 0 else self.point
-
-
-_CHECK_FIELDS = frozenset(f.name for f in fields(Check)) - {"extra"}
 
 
 @dataclass(frozen=True, slots=True)
