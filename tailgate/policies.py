@@ -1,11 +1,12 @@
-"""Which cell runs next: the suite's orders of cells, apart from how a cell runs (:mod:`tailgate.cell`).
+"""Which cell runs next, apart from how a cell runs (:mod:`tailgate.cell`): the one loop of every command.
 
 A command that measures is a loop of two questions: which cell next, and what did it show. The second is
-answered once for every command (``run_cell``); the first is a policy. The suite has two: the chunked ramp,
-which doubles its rate until the tail knees (a decision on each cell's summary), and the fixed list of the
-remaining cells. The SLO search is a third, over rates (:func:`tailgate.slo.search.next_probe`). Keeping a
-policy apart from the runner means a new order of cells (say, a ramp that halves back on a knee) is one
-class here, tested on summaries alone, without a server or a Locust child.
+answered once for every command (``run_cell``); the first is a policy, and :func:`drive` is the loop. The
+suite has two policies: the chunked ramp, which doubles its rate until the tail knees (a decision on each
+cell's summary), and the fixed list of the remaining cells. The SLO search is a third, over rates, deciding on
+each probe's verdict (:class:`tailgate.slo.search.RateSearch`). Keeping a policy apart from the runner means a
+new order of cells (say, a ramp that halves back on a knee) is one class, tested on results alone, without
+a server or a Locust child.
 
 Standard library only beyond the project's own contracts.
 """
@@ -18,18 +19,34 @@ from typing import Generic, Protocol, TypeVar
 from tailgate.contracts import StageSummary
 
 CellT = TypeVar("CellT")
+ResultT = TypeVar("ResultT")
+ResultT_contra = TypeVar("ResultT_contra", contravariant=True)
 
 
-class CellPolicy(Protocol[CellT]):
-    """Hands out cells one at a time and hears each one's summary before choosing the next."""
+class CellPolicy(Protocol[CellT, ResultT_contra]):
+    """Hands out cells one at a time and hears each one's result before choosing the next (the suite's: a
+    stage summary; the SLO search's: a probe's verdict)."""
 
     def next_cell(self) -> CellT | None:
         """The cell to run now; None: this policy has no more."""
         ...
 
-    def record(self, cell: CellT, summary: StageSummary) -> None:
+    def record(self, cell: CellT, result: ResultT_contra) -> None:
         """What ``cell`` measured (a cell run now or one found done on disk)."""
         ...
+
+
+def drive(policy: CellPolicy[CellT, ResultT], measure: Callable[[CellT], ResultT]) -> list[CellT]:
+    """Run ``policy``'s cells through ``measure`` until it has no more; the cells run, in order.
+
+    An exception from ``measure`` ends the loop with the policy as it stood (the cell it was running not
+    recorded): a command that stops mid-way keeps what its policy heard so far."""
+    ran: list[CellT] = []
+    while (cell := policy.next_cell()) is not None:
+        result = measure(cell)
+        ran.append(cell)
+        policy.record(cell, result)
+    return ran
 
 
 class FixedCells(Generic[CellT]):
@@ -41,7 +58,7 @@ class FixedCells(Generic[CellT]):
     def next_cell(self) -> CellT | None:
         return self._pending.pop(0) if self._pending else None
 
-    def record(self, cell: CellT, summary: StageSummary) -> None:
+    def record(self, cell: CellT, result: object) -> None:
         pass
 
 
@@ -102,4 +119,4 @@ class KneeRamp(Generic[CellT]):
             self.knee = why
 
 
-__all__ = ["CellPolicy", "FixedCells", "KneeRamp", "kneed"]
+__all__ = ["CellPolicy", "FixedCells", "KneeRamp", "drive", "kneed"]

@@ -11,10 +11,11 @@ Not :mod:`tailgate.load.session`: that is one run inside the Locust process; thi
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from tailgate.cell import CellResult, CellSpec, run_cell
 from tailgate.records import RequestRecord
@@ -55,8 +56,6 @@ class StageLoad:
     """The plan's seed; round ``k`` runs with ``seed + STAGE_WARMUP_SEED + k``."""
     run: Callable[[int, Path, int], RoundRun]
     """Runs round ``k`` into its folder with its seed."""
-    record: Callable[[StageWarmup], None]
-    """Keeps the finished warm-up in the command's own file."""
     arm: str | None = None
     value: float | None = None
     requests: int | None = None
@@ -108,12 +107,14 @@ class ServerSession:
         declared: Sequence[str] | None,
         record: Callable[[dict[str, Any]], None],
         warmup: Callable[[], StageLoad | None],
+        record_warmup: Callable[[StageWarmup], None],
     ) -> bool:
         """Have the server run ``config``: restart it unless it already does, record what is true of it, and
         warm the fresh engine up; whether it was (re)started.
 
         ``record`` is called before the warm-up, so a command stopped during the warm-up has its server on file;
-        ``warmup`` is only asked when the server started (None: no warm-up)."""
+        ``warmup`` is only asked when the server started (None: no warm-up); ``record_warmup`` keeps the
+        finished warm-up in the command's own file."""
         if self.config == config:
             return False
         entry = prepare_server(self.controller, config, flags, declared=declared, log=self.log, tag=self.tag)
@@ -121,10 +122,10 @@ class ServerSession:
         record(entry)
         load = warmup()
         if load is not None:
-            self._warm_up(config, load)
+            record_warmup(self._warm_up(config, load))
         return True
 
-    def _warm_up(self, config: str, load: StageLoad) -> None:
+    def _warm_up(self, config: str, load: StageLoad) -> StageWarmup:
         """Rounds at the heaviest load the command will put on the server until a round's worst gap is no
         longer well below the round before's: a fresh engine's first-time pauses (kernel compilation, graph
         capture, allocator growth at a new batch size) then fall here, not in the first measured run's tail.
@@ -139,9 +140,9 @@ class ServerSession:
             )  # fmt: skip
 
         warm = warm_up(one_round)
-        load.record(warm)
         tally = f" ({len(warm.rounds)} x {load.requests} requests at {load.at})" if load.at is not None else ""
         self.log(f"{self.tag}{config}: {warmup_line(warm)}{tally}")
+        return warm
 
     def run(
         self,
@@ -176,6 +177,74 @@ class ServerSession:
             mark_run_ended(self._in_progress / RUN_META, why)
 
 
+ConfigT = TypeVar("ConfigT")
+
+
+class ConfigRunner(ABC, Generic[ConfigT]):
+    """A command that measures cells against one server per configuration: what ``suite`` and ``slo`` share.
+
+    The server session (restart per configuration, warm-up, the one Locust child, interrupt) and the exit
+    codes of the runs it made are here; a command adds its configurations' flags, the file it keeps (where a
+    started server and its warm-up are recorded), its warm-up load and the policy that picks its cells."""
+
+    tag = ""
+    """What the command's console lines start with (``[suite] ``)."""
+
+    def __init__(
+        self,
+        controller: ServerController,
+        root: Path,
+        child: ChildRunner,
+        *,
+        prometheus_url: str | None,
+        log: Log,
+        extra_metadata: dict[str, Any] | None,
+        tell_kills: bool = False,
+    ) -> None:
+        self.controller = controller
+        self.root = root
+        self.prometheus_url = prometheus_url
+        self.log = log
+        self.extra_metadata = dict(extra_metadata or {})
+        """Facts about the host and the server kind that the command's file carries."""
+        self.server = ServerSession(controller, root, child, log=log, tag=self.tag, tell_kills=tell_kills)
+        self.exit_codes: list[int] = []
+        """Each run's Locust exit code this invocation made: the command's own exit code combines them."""
+
+    @abstractmethod
+    def config_name(self, config: ConfigT) -> str: ...
+
+    @abstractmethod
+    def server_flags(self, config: ConfigT) -> tuple[list[str], list[str] | None]:
+        """The server's flags for ``config``, and the flags it is declared to run with (None: not declared)."""
+
+    @abstractmethod
+    def record_server(self, config: ConfigT, entry: dict[str, Any]) -> None:
+        """Keep what is true of a (re)started server in the command's file."""
+
+    @abstractmethod
+    def record_warmup(self, config: ConfigT, warm: StageWarmup) -> None:
+        """Keep a finished warm-up in the command's file."""
+
+    @abstractmethod
+    def stage_load(self, config: ConfigT) -> StageLoad | None:
+        """The warm-up load of a (re)started server (None: no warm-up)."""
+
+    def serve(self, config: ConfigT) -> bool:
+        """The configuration's server up and warmed, restarted only when the command moves to another one;
+        whether it was (re)started."""
+        flags, declared = self.server_flags(config)
+        return self.server.ensure(
+            self.config_name(config), flags, declared=declared, record=lambda entry: self.record_server(config, entry),
+            warmup=lambda: self.stage_load(config), record_warmup=lambda warm: self.record_warmup(config, warm),
+        )  # fmt: skip
+
+    def interrupt(self, why: str = "interrupted") -> None:
+        """Stop the Locust child and every process it started (in-flight requests are written as cancelled); a
+        run kept as a result says in its run.json how it ended."""
+        self.server.interrupt(why)
+
+
 def mark_run_ended(path: Path, why: str, status: RunStatus = RunStatus.INTERRUPTED) -> None:
     """Rewrite a run.json left at ``running`` (its Locust was stopped before it could) to ``status``."""
     meta = RunMeta.read_or_none(path)
@@ -190,4 +259,4 @@ def end_run_meta(meta: RunMeta, path: Path, why: str, status: RunStatus) -> None
     meta.with_(status=status.text(), ended=meta.ended or utc_stamp(), ended_by=why).write(path)
 
 
-__all__ = ["RoundRun", "ServerSession", "StageLoad", "end_run_meta", "mark_run_ended"]
+__all__ = ["ConfigRunner", "RoundRun", "ServerSession", "StageLoad", "end_run_meta", "mark_run_ended"]

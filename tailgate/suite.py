@@ -31,14 +31,14 @@ from tailgate.load.processes import auto_processes
 from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.rxstamp import chunk_stamp_mode
 from tailgate.optiontable import DEFAULTS
-from tailgate.policies import CellPolicy, FixedCells, KneeRamp
+from tailgate.policies import FixedCells, KneeRamp, drive
 from tailgate.records import read_records
 from tailgate.resultfiles import RUN_META, SUITE_META, summary_file
 from tailgate.runmeta import RunMeta, RunStatus, SuiteMeta, utc_stamp
 from tailgate.runner import ChildRunner, LocustRun
 from tailgate.serverconfigs import CONFIGS, DEFAULT, NOCHUNK, PREEMPT, engine_default
 from tailgate.servers.base import redact_argv
-from tailgate.serversession import RoundRun, ServerSession, StageLoad, end_run_meta
+from tailgate.serversession import ConfigRunner, RoundRun, StageLoad, end_run_meta
 from tailgate.stagewarmup import StageWarmup
 
 Log = Callable[[str], None]
@@ -169,8 +169,10 @@ def load_summary(root: Path, cell: Cell) -> StageSummary | None:
     return StageSummary.read_or_none(root / cell.name / summary_file(cell.stage_label))
 
 
-class Suite:
+class Suite(ConfigRunner[str]):
     """Runs the plan against one server, restarting it between configurations."""
+
+    tag = "[suite] "
 
     def __init__(
         self,
@@ -183,20 +185,13 @@ class Suite:
         extra_metadata: dict[str, Any] | None = None,
         child_env: dict[str, str] | None = None,
     ) -> None:
+        # the API key reaches the Locust child through its environment only
+        super().__init__(controller, root, ChildRunner(log, env=child_env), prometheus_url=prometheus_url, log=log,
+                         extra_metadata=extra_metadata, tell_kills=True)  # fmt: skip
         self.plan = plan
-        self.controller = controller
-        self.root = root
-        self.prometheus_url = prometheus_url
-        self.log = log
-        self.extra_metadata = extra_metadata or {}
-        self.server = ServerSession(controller, root, ChildRunner(log, env=child_env), log=log, tag="[suite] ",
-                                    tell_kills=True)  # fmt: skip
-        """The server and its one Locust child at a time, with the API key in the child's environment only."""
-        self.cell_codes: list[int] = []
-        """Each cell's Locust exit code this invocation ran: the suite's own exit code combines them."""
         self.knee: str | None = None
 
-    # -- metadata ---------------------------------------------------------------------------
+    # -- suite.json ---------------------------------------------------------------------------
     def _meta_path(self) -> Path:
         return self.root / SUITE_META
 
@@ -205,28 +200,26 @@ class Suite:
         meta = SuiteMeta.read_or_none(path) or SuiteMeta.from_dict({"created": utc_stamp(), "servers": {}})
         meta.with_(**updates).write(path)
 
-    def _record_server(self, config: str, entry: dict[str, Any]) -> None:
+    def record_server(self, config: str, entry: dict[str, Any]) -> None:
         meta = SuiteMeta.read_or_none(self._meta_path())
         servers = dict(meta.servers) if meta is not None else {}
         servers[config] = entry
         self._write_meta(servers=servers)
 
-    def _record_warmup(self, config: str, warm: StageWarmup) -> None:
+    def record_warmup(self, config: str, warm: StageWarmup) -> None:
         meta = SuiteMeta.read_or_none(self._meta_path())
         warmups = dict((meta.stage_warmup if meta is not None else None) or {})
         warmups[config] = warm.to_json()
         self._write_meta(stage_warmup=warmups)
 
-    # -- running ----------------------------------------------------------------------------
-    def _serve(self, config: str) -> None:
-        """The configuration's server up and warmed, restarted only when the suite moves to another one."""
-        p = self.plan
-        self.server.ensure(
-            config, p.server_flags.get(config, []), declared=p.declared_flags.get(config),
-            record=lambda entry: self._record_server(config, entry), warmup=lambda: self._stage_load(config),
-        )  # fmt: skip
+    # -- the server -------------------------------------------------------------------------
+    def config_name(self, config: str) -> str:
+        return config
 
-    def _stage_load(self, config: str) -> StageLoad | None:
+    def server_flags(self, config: str) -> tuple[list[str], list[str] | None]:
+        return self.plan.server_flags.get(config, []), self.plan.declared_flags.get(config)
+
+    def stage_load(self, config: str) -> StageLoad | None:
         """The warm-up of a (re)started server: rounds at the heaviest load the run will put on it (its top rate,
         gated only: its batch), each a cell run of its own; the rounds go to ``suite.json``."""
         p = self.plan
@@ -244,10 +237,10 @@ class Suite:
             return RoundRun(read_records(out).records, round(done.seconds, 1))
 
         return StageLoad(
-            p.seed, one_round, lambda warm: self._record_warmup(config, warm),
-            arm=top.arm, value=top.value, requests=p.stage_warmup, at=f"{top.value:g} {unit}",
-        )  # fmt: skip
+            p.seed, one_round, arm=top.arm, value=top.value, requests=p.stage_warmup, at=f"{top.value:g} {unit}"
+        )
 
+    # -- running ----------------------------------------------------------------------------
     def locust_run(self, cell: Cell, out: Path) -> LocustRun:
         p = self.plan
         stage = tuple(arms.arm(cell.arm).value_args(cell.value))
@@ -261,7 +254,7 @@ class Suite:
     def measure(self, cell: Cell, index: int, total: int) -> StageSummary:
         """Run one pending cell on its configuration's server; its summary, or :class:`SuiteError`."""
         out = self.root / cell.name
-        self._serve(cell.config)
+        self.serve(cell.config)
         processes = cell_processes(cell, self.plan.processes, self.plan.locust_args)
         how = " (auto)" if self.plan.processes == 0 else ""
         self.log(f"[suite] cell {index}/{total}: {cell.name}, {processes} load process(es){how}")
@@ -279,7 +272,7 @@ class Suite:
             if done.meta is not None:
                 end_run_meta(done.meta, out / RUN_META, done.ending.describe(), RunStatus.FAILED)
             raise SuiteError(done.failure())
-        self.cell_codes.append(done.ending.code)
+        self.exit_codes.append(done.ending.code)
         merged = summary.client_coalesced_streams or 0
         behind = f"; CLIENT BEHIND: {merged} merged stream(s), gaps show the client" if merged_breached(merged) else ""
         self.log(f"[suite] {cell.name} done in {done.seconds:.0f} s{behind}")
@@ -309,32 +302,29 @@ class Suite:
             status="running", exit_code=None, ended=None, end_detail=None,
         )  # fmt: skip
         ramp, rest = self.policies()
-        order: tuple[CellPolicy[Cell], ...] = (ramp, rest)
         planned = len(p.fixed_cells())
         done_cells: list[Cell] = []
-        for policy in order:
-            while (cell := policy.next_cell()) is not None:
-                index, total = len(done_cells) + 1, planned + ramp.added
-                if cell_done(self.root, cell):
-                    self.log(f"[suite] cell {index}/{total}: {cell.name} already done, skipped")
-                    summary = load_summary(self.root, cell)
-                    assert summary is not None
-                else:
-                    summary = self.measure(cell, index, total)
-                done_cells.append(cell)
-                policy.record(cell, summary)
-            if policy is ramp and ramp.knee is not None:
-                self.knee = ramp.knee
-                self.log(f"[suite] the tail knees: {ramp.knee}; ramp stops")
+
+        def measured(cell: Cell) -> StageSummary:
+            index, total = len(done_cells) + 1, planned + ramp.added
+            summary = load_summary(self.root, cell) if cell_done(self.root, cell) else None
+            if summary is not None:
+                self.log(f"[suite] cell {index}/{total}: {cell.name} already done, skipped")
+            else:
+                summary = self.measure(cell, index, total)
+            done_cells.append(cell)
+            return summary
+
+        drive(ramp, measured)
+        if ramp.knee is not None:
+            self.knee = ramp.knee
+            self.log(f"[suite] the tail knees: {ramp.knee}; ramp stops")
+        drive(rest, measured)
         meta = SuiteMeta.read_or_none(self._meta_path())
         earlier = list(meta.cells or []) if meta is not None else []
         names = [*earlier, *(c.name for c in done_cells if c.name not in earlier)]
         self._write_meta(cells=names, knee=self.knee)
         return done_cells
-
-    def interrupt(self, why: str = "interrupted") -> None:
-        """Stop the Locust child and all its processes; the cell it ran says in its run.json how it ended."""
-        self.server.interrupt(why)
 
     def finish(self, status: str, exit_code: int, detail: str | None = None) -> None:
         """Record in suite.json how the suite ended (completed, interrupted, failed) and its exit code."""

@@ -352,13 +352,11 @@ def run_suite(args: argparse.Namespace, prog: str) -> int:
     assert kind is not None  # validated above
     if kind.checks_setup:
         from tailgate.servers import ComposeSetupError
-        from tailgate.servers.base import ChecksSetup
+        from tailgate.servers.spec import check_setup
 
         # the engine, the images and the server's port, before the suite stops or starts anything
         try:
-            controller = make_controller(suite_server(args, root), log=_printer())
-            if isinstance(controller, ChecksSetup):
-                controller.preflight(configs)
+            check_setup(make_controller(suite_server(args, root), log=_printer()), configs)
         except ComposeSetupError as e:
             try:
                 root.rmdir()  # refused before anything ran: no empty results folder left behind
@@ -418,7 +416,7 @@ def _run_suite(args: argparse.Namespace, plan: Any, root: Path, api_key: str | N
             child_env={API_KEY_ENV: api_key} if api_key else None,
         )  # fmt: skip
         runner.run()
-        status, code = "completed", combine(runner.cell_codes)
+        status, code = "completed", combine(runner.exit_codes)
         if not args.no_report:
             from tailgate.postprocess.report import build_report
 

@@ -123,13 +123,13 @@ def test_a_manual_server_never_records_flags_as_applied(gt: ServerProcess, tmp_p
     )
     runner = slo.SloRunner(plan, _manual(gt), tmp_path / "slo", log=lambda _line: None)
     runner.root.mkdir()
-    runner._serve(plan.configs[0])
+    runner.serve(plan.configs[0])
     server = json.loads((tmp_path / "slo" / slo.SLO_FILE).read_text())["configs"][0]["server"]
     assert server["flags_applied"] is False and server["requested_flags"] == flags
     # suite: the same
     suite = Suite(SuitePlan(server_flags={"chunked": flags}), _manual(gt), tmp_path / "suite", log=lambda _l: None)
     suite.root.mkdir()
-    suite._serve("chunked")
+    suite.serve("chunked")
     server = json.loads((tmp_path / "suite" / "suite.json").read_text())["servers"]["chunked"]
     assert server["flags_applied"] is False and server["requested_flags"] == flags
     # a server nobody restarts keeps the declared flags apart; one restarted here applies them
@@ -156,10 +156,12 @@ def test_the_server_session_restarts_and_warms_up_once_per_start(tmp_path: Path)
         return RoundRun([record(worst_gap_ms=gaps[k])], 1.0)
 
     def load() -> StageLoad:
-        return StageLoad(7, one_round, warmed.append, arm="continuous", value=8.0, requests=5, at="8 req/s")
+        return StageLoad(7, one_round, arm="continuous", value=8.0, requests=5, at="8 req/s")
 
     def ensure(config: str) -> bool:
-        return session.ensure(config, ["--f", config], declared=None, record=entries.append, warmup=load)
+        return session.ensure(
+            config, ["--f", config], declared=None, record=entries.append, warmup=load, record_warmup=warmed.append
+        )
 
     assert ensure("a") and not ensure("a") and ensure("b")
     assert ctl.restarted == [["--f", "a"], ["--f", "b"]] and [e["flags"] for e in entries] == ctl.restarted

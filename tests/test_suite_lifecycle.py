@@ -306,3 +306,22 @@ def test_the_stage_warmup_runs_before_the_first_cell_and_is_no_cell(gt: ServerPr
     assert last_round <= first_cell
     assert suite["cells"] == ["chunked_cont_r8"]
     assert [p.name for p in find_run_dirs(results)] == ["chunked_cont_r8"]
+
+
+def test_both_commands_check_a_compose_setup_before_starting_anything(tmp_path: Path) -> None:
+    """The suite and the search share one setup check: a Docker engine that is down is one line and exit 2
+    from either, with no results folder left behind."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    docker = bin_dir / "docker"
+    docker.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
+    docker.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    base = [sys.executable, "-m", "tailgate.cli"]
+    for command, extra in (("suite", []), ("slo", ["--slo", "ttft_p99<=1s"])):
+        results = tmp_path / command
+        cmd = [*base, command, "--server", "compose", *extra, "--results", str(results)]
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, (command, done.stderr)
+        assert done.stderr.count("\n") == 1 and "Docker engine is not running" in done.stderr, done.stderr
+        assert not results.exists()

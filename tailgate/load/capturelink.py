@@ -21,7 +21,8 @@ from typing import Any
 
 from tailgate.contracts import CaptureStats, OrderDone
 from tailgate.load.capture import chunk_times
-from tailgate.load.client import StreamTiming, Target
+from tailgate.load.target import Target
+from tailgate.load.timing import StreamTiming
 from tailgate.stats import worst_gap
 
 log = logging.getLogger(__name__)

@@ -360,8 +360,8 @@ class ComposeByConfig:
         self.current.stop()
 
     def preflight(self, configs: Sequence[str]) -> None:
-        """Check every configuration the suite will use; the port only for the first, started first."""
-        for i, config in enumerate(configs):
+        """Check every configuration the command will use; the port only for the first, started first."""
+        for i, config in enumerate(c for c in configs if c in self.servers):
             self.servers[config].preflight(check_port=i == 0)
 
     def describe(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ Standard library only, like every controller: this runs before, and outside of, 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,3 +201,13 @@ def make_controller(spec: ServerSpec, log: Log) -> ServerController:
     if problems:
         raise ValueError(problems[0])
     return spec.server_kind.build(spec, log)
+
+
+def check_setup(controller: ServerController, configs: Sequence[str]) -> None:
+    """What the controller needs for these configurations (engine, images, port), checked before a command
+    stops or starts anything: both commands call this, so neither can start a server the other refuses.
+    Raises the controller's setup error (:class:`~tailgate.servers.compose.ComposeSetupError`), one line."""
+    from .base import ChecksSetup
+
+    if isinstance(controller, ChecksSetup):
+        controller.preflight(configs)

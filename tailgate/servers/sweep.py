@@ -133,6 +133,10 @@ class ComposeWithFlags:
     def use_config(self, config: str) -> None:
         self.config = config
 
+    def preflight(self, configs: Sequence[str]) -> None:
+        """Every configuration runs the same service with other flags: its engine, image and port, once."""
+        self.current.preflight(check_port=True)
+
     def base_command(self) -> list[str]:
         """The service's ``command`` as compose resolves it from the base files."""
         if self._base_command is None:

@@ -22,7 +22,14 @@ from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate
 from tailgate.resultfiles import writable_folder_problem
 from tailgate.runner import signal_guard
 from tailgate.serverconfigs import EMBEDDED_BASE_FLAGS
-from tailgate.servers.spec import SERVER_KINDS, add_server_arguments, make_controller, server_kind_of, server_spec
+from tailgate.servers.spec import (
+    SERVER_KINDS,
+    add_server_arguments,
+    check_setup,
+    make_controller,
+    server_kind_of,
+    server_spec,
+)
 from tailgate.slo.answer import print_table
 from tailgate.slo.plan import RECORDED_RESAMPLES, SloPlan
 from tailgate.slo.probe import SloRunError, SloRunner
@@ -400,6 +407,11 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
                 sys.stderr.write(f"tailgate slo: error: --host: {unreachable}\n")
                 return EXIT_USAGE
         controller = make_controller(spec, log)
+        try:  # the engine, the images and the server's port, before the search starts anything
+            check_setup(controller, [c.name for c in plan.configs])
+        except servers.ComposeSetupError as e:
+            sys.stderr.write(f"tailgate slo: error: {e}\n")
+            return EXIT_USAGE
         from tailgate.suite import host_facts
 
         runner = SloRunner(
@@ -443,7 +455,7 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
                 "check the server and the request (model name, max tokens, authentication)")  # fmt: skip
             return EXIT_FAILED
         # a probe whose load process was lost measured only part of its plan: the rule's 4 outranks the answer
-        return combine([answer_code(configs), *runner.probe_codes])
+        return combine([answer_code(configs), *runner.exit_codes])
     except (KeyboardInterrupt, Stopped) as e:
         stop = e if isinstance(e, Stopped) else Stopped(signal.SIGINT)
         guard.disarm()

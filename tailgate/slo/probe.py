@@ -21,7 +21,7 @@ from tailgate.load.plan import rate_label
 from tailgate.records import read_records
 from tailgate.runmeta import SloMeta, utc_stamp
 from tailgate.runner import ChildRunner, LocustRun
-from tailgate.serversession import RoundRun, ServerSession, StageLoad
+from tailgate.serversession import ConfigRunner, RoundRun, StageLoad
 from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.confirm import (
@@ -50,8 +50,10 @@ def probe_dir_name(config: str, rate: float, attempt: int) -> str:
     return f"{config}_slo_r{rate_label(rate)}_a{attempt}"
 
 
-class SloRunner:
+class SloRunner(ConfigRunner[ServerConfig]):
     """Runs the search for every configuration, restarting the server between them."""
+
+    tag = "[slo] "
 
     def __init__(
         self,
@@ -63,16 +65,9 @@ class SloRunner:
         log: Log = print,
         extra_metadata: dict[str, Any] | None = None,
     ) -> None:
+        super().__init__(controller, root, ChildRunner(log, tag="[slo]   "), prometheus_url=prometheus_url, log=log,
+                         extra_metadata=extra_metadata)  # fmt: skip
         self.plan = plan
-        self.controller = controller
-        self.root = root
-        self.prometheus_url = prometheus_url
-        self.log = log
-        self.extra = extra_metadata or {}
-        self.server = ServerSession(controller, root, ChildRunner(log, tag="[slo]   "), log=log, tag="[slo] ")
-        """The server and its one Locust child at a time."""
-        self.probe_codes: list[int] = []
-        """Each probe's Locust exit code this invocation ran: the command's exit code combines them."""
         self.state = SloState()
         self._loaded = False
         """Whether :meth:`run` has read (or begun) this folder's ``slo.json``: nothing to close before."""
@@ -100,27 +95,31 @@ class SloRunner:
     def _config_state(self, config: ServerConfig) -> ConfigSearch:
         return self.state.config(config)
 
-    # -- server ------------------------------------------------------------------------------------
-    def _serve(self, config: ServerConfig) -> None:
-        """The configuration's server up and warmed; the time budget is for probes, not for starts and warm-ups."""
-        flags = [*self.plan.base_flags, *config.flags]
-        t0 = self.clock()
-        started = self.server.ensure(
-            config.name, flags, declared=flags,
-            record=lambda entry: self._record_server(config, entry), warmup=lambda: self._stage_load(config),
-        )  # fmt: skip
-        if started:
-            self._config_t0 += self.clock() - t0
-
-    def _record_server(self, config: ServerConfig, entry: dict[str, Any]) -> None:
+    def record_server(self, config: ServerConfig, entry: dict[str, Any]) -> None:
         self._config_state(config).server = entry
         self._save()
 
-    def _record_warmup(self, config: ServerConfig, warm: StageWarmup) -> None:
+    def record_warmup(self, config: ServerConfig, warm: StageWarmup) -> None:
         self._config_state(config).stage_warmup = warm
         self._save()
 
-    def _stage_load(self, config: ServerConfig) -> StageLoad | None:
+    # -- server ------------------------------------------------------------------------------------
+    def config_name(self, config: ServerConfig) -> str:
+        return config.name
+
+    def server_flags(self, config: ServerConfig) -> tuple[list[str], list[str] | None]:
+        flags = [*self.plan.base_flags, *config.flags]
+        return flags, flags
+
+    def serve(self, config: ServerConfig) -> bool:
+        """The configuration's server up and warmed; the time budget is for probes, not for starts and warm-ups."""
+        t0 = self.clock()
+        started = super().serve(config)
+        if started:
+            self._config_t0 += self.clock() - t0
+        return started
+
+    def stage_load(self, config: ServerConfig) -> StageLoad | None:
         """The warm-up of a (re)started server: rounds at the highest rate the search may use, each a probe run of
         its own (the queue and the errors may stop it early); a resumed search reads a round already on disk."""
         p = self.plan
@@ -137,7 +136,7 @@ class SloRunner:
                 mark = self._run_child(config, p.max_rate, seed, out, n=p.stage_warmup)
             return RoundRun(self._attempt_data(out, mark).measured, mark.seconds)
 
-        return StageLoad(p.seed, one_round, lambda warm: self._record_warmup(config, warm), rate=p.max_rate)
+        return StageLoad(p.seed, one_round, rate=p.max_rate)
 
     # -- one Locust run ----------------------------------------------------------------------------
     def _cell(self, config: ServerConfig, rate: float, seed: int, out: Path, n: int | None = None,
@@ -189,7 +188,7 @@ class SloRunner:
         if stopped is None and not done.complete:
             raise SloRunError(done.failure())
         if stopped is None:  # a probe the search stopped itself was interrupted on purpose
-            self.probe_codes.append(done.ending.code)
+            self.exit_codes.append(done.ending.code)
         mark = ProbeMark(rate, seed, exit_code=code, seconds=round(done.seconds, 1), stopped_early=stopped,
                          waiting_max=watch.waiting_max, queue_stop=queue_stop,
                          waiting_series=tuple(watch.waiting_series), errors_at_stop=watch.errors,
@@ -245,7 +244,7 @@ class SloRunner:
                         self.log(f"[slo]   no time left in the budget for more: {rate:g} req/s stays undecided")
                         break
                     raise SearchStopped(why)
-                self._serve(config)
+                self.serve(config)
                 self.log(f"[slo] {config.name}: probe {index} ({phase}) {rate:g} req/s attempt {attempt} "
                          f"(~{est:.0f} s of arrivals)")  # fmt: skip
                 ran = self._attempt_run(config, rate, seed, out, n)
@@ -485,7 +484,7 @@ class SloRunner:
         # configurations searched by earlier invocations (one per device call) stay in the file
         self.state = SloState.from_meta(found) if found is not None else SloState(created=utc_stamp())
         self.state.started, self.state.plan = utc_stamp(), self.plan.describe()
-        self.state.extra.update(self.extra)
+        self.state.extra.update(self.extra_metadata)
         self._loaded = True
         self._save()
         done = [self.run_config(config) for config in self.plan.configs]
@@ -503,10 +502,6 @@ class SloRunner:
                 c.status, c.error = status, reason
         self.state.ended = utc_stamp()
         self._save()
-
-    def interrupt(self) -> None:
-        """Stop the Locust child and every process it started (in-flight requests are written as cancelled)."""
-        self.server.interrupt()
 
 
 class SloRunError(RuntimeError):

@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from tailgate.policies import drive
 from tailgate.slo.spec import SloError
 
 if TYPE_CHECKING:
@@ -224,6 +225,78 @@ def _aimed(points: list[float], guess: float, resolution: Resolution) -> float |
     return None
 
 
+class RateSearch:
+    """The capacity search as a cell policy (:class:`tailgate.policies.CellPolicy`): its cells are the rates to
+    probe (:class:`ProbeNext`), its results their verdicts, each next rate :func:`next_probe`'s decision.
+
+    ``pooled()``, when given, returns every rate's verdict after pooling across rates under the monotone order,
+    which may decide rates their own data did not. ``guess()``, when given, returns a model's capacity from the
+    probes so far, used only to place probes (:func:`next_probe`), as is ``on_track()``. ``settled()``, when
+    given, is asked after each probe whether a model checked against the probes has met the resolution: the
+    search then ends early."""
+
+    def __init__(
+        self,
+        *,
+        start: float,
+        max_rate: float,
+        min_rate: float,
+        resolution: Resolution,
+        max_probes: int,
+        pooled: Callable[[], Mapping[float, str]] | None = None,
+        guess: Callable[[], float | None] | None = None,
+        settled: Callable[[], bool] | None = None,
+        on_track: Callable[[], Collection[float]] | None = None,
+    ) -> None:
+        self.start, self.max_rate, self.min_rate = start, max_rate, min_rate
+        self.resolution = resolution
+        self.max_probes = max_probes
+        self._pooled, self._guess, self._settled, self._on_track = pooled, guess, settled, on_track
+        self.steps: list[SearchStep] = []
+        self._own: dict[float, str] = {}
+        self.status: SearchStatus = "probe_limit"
+        """How the search ended so far: the probe limit unless a decision or a stop says otherwise."""
+        self._ended = False
+
+    def verdicts(self) -> dict[float, str]:
+        return dict(self._pooled()) if self._pooled is not None else dict(self._own)
+
+    def next_cell(self) -> ProbeNext | None:
+        if self._ended:
+            return None
+        decision = next_probe(
+            self.verdicts(), start=self.start, max_rate=self.max_rate, min_rate=self.min_rate,
+            resolution=self.resolution, guess=self._guess() if self._guess is not None else None,
+            on_track=self._on_track() if self._on_track is not None else (),
+        )  # fmt: skip
+        if isinstance(decision, SearchEnds):
+            self.end(decision.status)
+            return None
+        if len(self.steps) >= self.max_probes:
+            self._ended = True
+            return None
+        return decision
+
+    def record(self, cell: ProbeNext, result: str) -> None:
+        self.steps.append(SearchStep(cell.rate, cell.phase, result))
+        self._own[cell.rate] = result
+        if self._settled is not None and self._settled():
+            self.end("settled")
+
+    def end(self, status: SearchStatus) -> None:
+        """No more probes: the search ends with ``status``."""
+        self.status, self._ended = status, True
+
+    def outcome(self) -> SearchOutcome:
+        """The bracket and verdicts as they stand; "bracketed" only where the bracket meets the resolution."""
+        verdicts = self.verdicts()
+        lo, hi = bracket(verdicts)
+        status = self.status
+        if status == "bracketed" and (lo is None or hi is None or not self.resolution.narrow(lo, hi)):
+            status = "probe_limit"
+        return SearchOutcome(lo, hi, status, list(self.steps), verdicts)
+
+
 def search(
     probe: Callable[[float, str], str],
     *,
@@ -240,44 +313,16 @@ def search(
     """Probe until the bracket meets the resolution, the cap or floor is reached, or the probes run out.
 
     ``probe(rate, phase)`` returns ``pass``, ``fail`` or ``not_enough_data`` for the rate's data so far
-    (a rate probed again pools its attempts); it may raise :class:`SearchStopped`. ``pooled()``, when
-    given, returns every rate's verdict after pooling across rates under the monotone order, which may
-    decide rates their own data did not. ``guess()``, when given, returns a model's capacity from the probes
-    so far, used only to place probes (:func:`next_probe`), as is ``on_track()``. ``settled()``, when given, is
-    asked after each probe whether a model checked against the probes has met the resolution: the search then
-    ends early.
-    Only ``pass`` counts as meeting the SLO; the reported upper end is the lowest rate that *failed*, so the
-    bracket holds the capacity whenever the verdicts do.
+    (a rate probed again pools its attempts); it may raise :class:`SearchStopped`. The other arguments are
+    :class:`RateSearch`'s. Only ``pass`` counts as meeting the SLO; the reported upper end is the lowest rate
+    that *failed*, so the bracket holds the capacity whenever the verdicts do.
     """
-    steps: list[SearchStep] = []
-    own: dict[float, str] = {}
-
-    def current() -> dict[float, str]:
-        return dict(pooled()) if pooled is not None else dict(own)
-
-    status: SearchStatus = "probe_limit"
-    while True:
-        g = guess() if guess is not None else None
-        nxt = next_probe(current(), start=start, max_rate=max_rate, min_rate=min_rate, resolution=resolution, guess=g,
-                         on_track=on_track() if on_track is not None else ())  # fmt: skip
-        if isinstance(nxt, SearchEnds):
-            status = nxt.status
-            break
-        if len(steps) >= max_probes:
-            break
-        rate, phase = nxt.rate, nxt.phase
-        try:
-            verdict = probe(rate, phase)
-        except SearchStopped as e:
-            status = e.status
-            break
-        steps.append(SearchStep(rate, phase, verdict))
-        own[rate] = verdict
-        if settled is not None and settled():
-            status = "settled"
-            break
-    verdicts = current()
-    lo, hi = bracket(verdicts)
-    if status == "bracketed" and (lo is None or hi is None or not resolution.narrow(lo, hi)):
-        status = "probe_limit"
-    return SearchOutcome(lo, hi, status, steps, verdicts)
+    policy = RateSearch(
+        start=start, max_rate=max_rate, min_rate=min_rate, resolution=resolution, max_probes=max_probes,
+        pooled=pooled, guess=guess, settled=settled, on_track=on_track,
+    )  # fmt: skip
+    try:
+        drive(policy, lambda cell: probe(cell.rate, cell.phase))
+    except SearchStopped as e:
+        policy.end(e.status)
+    return policy.outcome()
