@@ -9,7 +9,7 @@ stage was cut short, or arrivals were dropped above ``--max-in-flight``) only sh
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,7 +17,7 @@ import pandas as pd
 
 from tailgate.arms import is_open_loop
 from tailgate.postprocess.runfolders import RunDir
-from tailgate.records import read_sent
+from tailgate.records import WORKER_LOST, account_stage, read_sent
 
 COLUMNS: tuple[str, ...] = ("planned", "sent", "recorded", "lost_in_flight", "never_sent")
 HEADERS: dict[str, str] = {
@@ -44,33 +44,44 @@ def _planned(row: pd.Series, run: RunDir | None) -> float:
 def account(summaries: pd.DataFrame, records: pd.DataFrame, runs: Sequence[RunDir]) -> pd.DataFrame:
     """One row per summary row (same index): the five counts, NaN where a source is missing.
 
-    ``sent`` comes from the send journal (written before each request goes out); a run without a
-    journal counts its records as sent, so ``lost_in_flight`` is then unknown (NaN), not zero.
+    Counted by the load path's own rule (:func:`tailgate.records.account_stage`), from the send journal and the
+    records on disk: ``sent`` from the journal (written before each request goes out); a run without a journal
+    counts its records as sent, so ``lost_in_flight`` is then unknown (NaN), not zero.
     """
     by_name = {r.name: r for r in runs}
-    recorded: Counter[tuple[str, int]] = Counter()
-    if len(records) and {"run_dir", "stage"} <= set(records.columns):
-        for (run, stage), count in records.groupby(["run_dir", "stage"], observed=True).size().items():
-            recorded[(str(run), int(stage))] = int(count)
-    journals: dict[str, Counter[int]] = {}
+    recorded: dict[tuple[str, int], list[int]] = defaultdict(list)
+    worker_lost: Counter[tuple[str, int]] = Counter()
+    if len(records) and {"run_dir", "stage", "trace_id"} <= set(records.columns):
+        ok = records["stage"].notna() & records["trace_id"].notna()
+        lost_class = records["error_class"] == WORKER_LOST if "error_class" in records.columns else False
+        rows = zip(records.loc[ok, "run_dir"].astype(str), records.loc[ok, "stage"].astype("int64"),
+                   records.loc[ok, "trace_id"].astype("int64"), pd.Series(lost_class, index=records.index)[ok],
+                   strict=True)  # fmt: skip
+        for run, stage, trace, lost in rows:
+            recorded[(run, int(stage))].append(int(trace))
+            worker_lost[(run, int(stage))] += bool(lost)
+    journals: dict[str, dict[int, list[int]]] = {}
     for run in runs:
         journal = read_sent(run.path)
         if journal:
-            journals[run.name] = Counter(stage for stage, _ in journal)
+            journals[run.name] = defaultdict(list)
+            for stage, trace in journal:
+                journals[run.name][stage].append(trace)
     out = []
     for _, row in summaries.iterrows():
         run_name = str(row.get("run_dir"))
         stage_value = pd.to_numeric(pd.Series([row.get("stage")]), errors="coerce").iloc[0]
-        stage = int(stage_value) if np.isfinite(stage_value) else None
-        got = recorded.get((run_name, stage), 0) if stage is not None else np.nan
-        if stage is not None and run_name in journals:
-            sent: float = journals[run_name].get(stage, 0)
-            lost: float = max(0, sent - got)
-        else:
-            sent, lost = got, np.nan
+        if not np.isfinite(stage_value):
+            out.append(dict.fromkeys(COLUMNS, np.nan))
+            continue
+        key = (run_name, int(stage_value))
         planned = _planned(row, by_name.get(run_name))
-        never = planned - sent if np.isfinite(planned) and np.isfinite(sent) else np.nan
-        out.append({"planned": planned, "sent": sent, "recorded": got, "lost_in_flight": lost, "never_sent": never})
+        journal = journals.get(run_name)
+        counts = account_stage(
+            int(planned) if np.isfinite(planned) else None, journal.get(key[1], []) if journal is not None else None,
+            recorded.get(key, []), worker_lost=worker_lost.get(key, 0),
+        )  # fmt: skip
+        out.append({c: np.nan if getattr(counts, c) is None else float(getattr(counts, c)) for c in COLUMNS})
     return pd.DataFrame(out, index=summaries.index, columns=list(COLUMNS))
 
 

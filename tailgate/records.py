@@ -392,3 +392,46 @@ def lost_in_flight(directory: str | Path, recorded: Iterable[tuple[int, int]] | 
     for stage, _ in sorted(lost):
         by_stage[stage] = by_stage.get(stage, 0) + 1
     return InFlightLoss(len(sent), len(sent) - len(lost), len(lost), by_stage, unreadable)
+
+
+WORKER_LOST = "worker_lost"
+"""The error class of the record the master writes for a request in flight on a load process that was lost."""
+
+
+@dataclass(frozen=True, slots=True)
+class StageAccounting:
+    """Where every planned arrival of a stage went: ``planned = recorded + lost_in_flight + never_sent``.
+
+    The one rule, whoever counts: the load process when it closes a stage (the summary carries the counts),
+    the report over a results folder, the coordinator waiting for the last records. None: the source that
+    would say is missing (a run without a send journal cannot tell lost from never sent)."""
+
+    planned: int | None
+    sent: int | None
+    """From the send journal (written before each send; by the master for workers), so a stopped or broken
+    stage says how much of its plan never went out, not only what was recorded."""
+    recorded: int
+    lost_in_flight: int | None
+    """Sent without a record, and the records written for requests in flight on a lost load process."""
+    never_sent: int | None
+
+    @property
+    def ran_short(self) -> bool:
+        """Part of the stage never went out or never came back."""
+        return bool(self.never_sent) or bool(self.lost_in_flight)
+
+
+def account_stage(
+    planned: int | None, sent: Iterable[int] | None, recorded: Iterable[int], worker_lost: int = 0
+) -> StageAccounting:
+    """One stage's accounting from its plan size, the trace ids its journal lists as sent (None: no journal),
+    the trace ids that have a record, and how many of those records are ``worker_lost``."""
+    have = set(recorded)
+    if sent is None:
+        out_count: int | None = len(have)
+        lost: int | None = None
+    else:
+        journal = set(sent)
+        out_count, lost = len(journal), worker_lost + len(journal - have)
+    never = planned - out_count if planned is not None and out_count is not None else None
+    return StageAccounting(planned, out_count, len(have) - worker_lost, lost, never)

@@ -27,7 +27,6 @@ from tailgate.exitcodes import FAILED, INCOMPLETE
 from tailgate.load.distributed import (
     CHUNKS_PER_PROCESS,
     DEADLINE_MARGIN_S,
-    WORKER_LOST,
     ClockSync,
     MasterSink,
     auto_processes,
@@ -39,7 +38,7 @@ from tailgate.load.distributed import (
     to_master_clock,
 )
 from tailgate.load.plan import poisson_offsets
-from tailgate.records import read_records, read_sent
+from tailgate.records import WORKER_LOST, read_records, read_sent
 
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 SHIFT_S = 7

@@ -18,12 +18,12 @@ from conftest import ROOT, write_trace
 from recordkit import record
 from runkit import assert_no_traceback, check_nothing_lost, start_locust, summaries
 
-from tailgate.load.distributed import WORKER_LOST, master_port_args
+from tailgate.load.distributed import master_port_args
 from tailgate.load.plan import Stage
 from tailgate.load.runfiles import stage_accounting
 from tailgate.load.stage_workload import workload_summary
 from tailgate.load.tally import StageTally
-from tailgate.records import RequestRecord, _one_per_request, read_records
+from tailgate.records import WORKER_LOST, RequestRecord, _one_per_request, read_records
 from tailgate.stats import summarize_stage
 
 SESSION = ROOT / "tailgate" / "load" / "session.py"
@@ -126,3 +126,33 @@ def test_stage_summaries_from_reports_equal_the_files(tmp_path: Path, processes:
         expected = from_files(results, summary)
         got = {k: summary[k] for k in expected}
         assert got == expected, label
+
+
+def test_the_report_counts_a_stage_as_its_summary_did(tmp_path: Path) -> None:
+    """One accounting: a stage with a lost load process's records, a request sent but never recorded and part
+    of its plan never sent is counted the same by the load path (the summary) and by the report."""
+    import pandas as pd
+
+    from tailgate.postprocess.accounting import COLUMNS, account
+    from tailgate.postprocess.runfolders import RunDir
+    from tailgate.records import SendJournal, account_stage
+
+    journal = SendJournal(tmp_path, "w1")
+    for trace in range(6):  # planned 8: 6 sent, 2 never sent
+        journal.sent(0, trace)
+    journal.close()
+    records = [_row(0, 0), _row(0, 1, "timeout"), _row(0, 2, WORKER_LOST), _row(0, 3, WORKER_LOST), _row(0, 4)]
+    stage = cast(Stage, SimpleNamespace(index=0, size=8))
+    summary = stage_accounting(tmp_path, stage, records)  # trace 5: sent, no record
+    assert (summary.planned, summary.sent, summary.recorded, summary.lost_in_flight, summary.never_sent) == (
+        8, 6, 3, 3, 2,
+    )  # fmt: skip
+    assert summary.ran_short
+    frame = pd.DataFrame([{"run_dir": ".", "stage": r.stage, "trace_id": r.trace_id, "error_class": r.error_class}
+                          for r in records])  # fmt: skip
+    summaries = pd.DataFrame([{"run_dir": ".", "stage": 0, "planned": 8, "arm": "continuous"}])
+    reported = account(summaries, frame, [RunDir(tmp_path, ".", {})]).iloc[0]
+    assert [reported[c] for c in COLUMNS] == [8, 6, 3, 3, 2]
+    # without a journal: the records count as sent, and what was lost cannot be told from never sent
+    blind = account_stage(8, None, [0, 1, 4])
+    assert (blind.sent, blind.lost_in_flight, blind.never_sent) == (3, None, 5)

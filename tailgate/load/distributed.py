@@ -48,7 +48,7 @@ from tailgate.contracts import Order
 from tailgate.load.clock import wall
 from tailgate.load.processes import CHUNKS_PER_PROCESS, auto_processes, free_port, master_port_args
 from tailgate.load.tally import StageTally
-from tailgate.records import RecordError, RequestRecord, worker_name
+from tailgate.records import WORKER_LOST, RecordError, RequestRecord, worker_name
 from tailgate.resultfiles import records_file, sent_file
 
 __all__ = ["CHUNKS_PER_PROCESS", "auto_processes", "free_port", "master_port_args"]
@@ -78,7 +78,6 @@ SYNC_REPLY_TIMEOUT_S = 2.0
 DEADLINE_MARGIN_S = 10.0
 """A group's deadline is its last arrival + the request timeout + connect timeout + this margin."""
 LOSS_POLICIES = ("continue", "stop")
-WORKER_LOST = "worker_lost"
 API_KEY_ENV = "TAILGATE_API_KEY"
 
 _own_key: str | None = None

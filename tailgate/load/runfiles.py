@@ -12,17 +12,15 @@ import json
 import os
 import platform
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tailgate
-from tailgate.load.distributed import WORKER_LOST
 from tailgate.load.options import Settings
 from tailgate.load.plan import Stage
 from tailgate.load.sidecars import server_info
 from tailgate.load.workload import mix_of
-from tailgate.records import RequestRecord, read_sent
+from tailgate.records import WORKER_LOST, RequestRecord, StageAccounting, account_stage, read_sent
 from tailgate.runmeta import RunStatus, utc_stamp
 
 
@@ -33,33 +31,12 @@ def write_json(path: Path, obj: Any) -> None:
     tmp.replace(path)
 
 
-@dataclass(frozen=True)
-class StageAccounting:
-    """Where every planned arrival of a stage went: ``planned = recorded + lost_in_flight + never_sent``."""
-
-    planned: int
-    sent: int
-    """From the send journal (written before each send; by the master for workers), so a stopped or broken
-    stage says how much of its plan never went out, not only what was recorded."""
-    recorded: int
-    lost_in_flight: int
-    never_sent: int
-
-    @property
-    def ran_short(self) -> bool:
-        """Part of the stage never went out or never came back."""
-        return self.sent < self.planned or self.lost_in_flight > 0
-
-
 def stage_accounting(folder: Path, stage: Stage, records: Sequence[RequestRecord]) -> StageAccounting:
-    """A worker's lost in-flight requests are records (``worker_lost``); the rest of what was lost in flight
-    is journaled as sent without a record."""
-    sent = {key for key in read_sent(folder) if key[0] == stage.index}
-    keys = {(r.stage, r.trace_id) for r in records}
-    lost = sum(1 for r in records if r.error_class == WORKER_LOST)
-    return StageAccounting(
-        planned=stage.size, sent=len(sent), recorded=len(records) - lost,
-        lost_in_flight=lost + len(sent - keys), never_sent=stage.size - len(sent),
+    """A stage's accounting (:func:`tailgate.records.account_stage`) from its journal and its records."""
+    return account_stage(
+        stage.size, [trace for index, trace in read_sent(folder) if index == stage.index],
+        [r.trace_id for r in records if r.stage == stage.index],
+        worker_lost=sum(1 for r in records if r.error_class == WORKER_LOST),
     )  # fmt: skip
 
 

@@ -34,7 +34,7 @@ from tailgate.contracts import ContractError, Order, OrderConfig, OrderDone, Sta
 from tailgate.hoststeal import cpu_counters, steal_share
 from tailgate.load.capturelink import stamp_summary
 from tailgate.load.console import summary_line
-from tailgate.load.distributed import DEADLINE_MARGIN_S, WORKER_LOST, ClockSync, MasterSink
+from tailgate.load.distributed import DEADLINE_MARGIN_S, ClockSync, MasterSink
 from tailgate.load.metrics import Snapshot, scrape
 from tailgate.load.options import Settings
 from tailgate.load.peers import PeerGate
@@ -53,7 +53,7 @@ from tailgate.load.sidecars import (
 from tailgate.load.stage_workload import order_item, stage_arrivals, workload_summary
 from tailgate.load.tally import StageTally
 from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
-from tailgate.records import RequestRecord, lost_in_flight
+from tailgate.records import WORKER_LOST, RequestRecord, lost_in_flight
 from tailgate.resultfiles import REPORT_LOG, RUN_META, report_html, summary_file
 from tailgate.runmeta import RunStatus, utc_stamp
 from tailgate.stats import summarize_stage
