@@ -48,6 +48,7 @@ def step_command(args: argparse.Namespace, rate: float, stamp: str, out: Path) -
         "--tokens", str(args.tokens), "--gap-ms", f"{args.gap_ms:g}", "--ttft-ms", f"{args.ttft_ms:g}",
         "--processes", args.processes, "--truth-workers", args.truth_workers, "--chunk-stamp", stamp,
         "--hosts", str(args.hosts), "--json", str(out), *(["--truth-realtime"] if args.truth_realtime else []),
+        "--cpu-split", args.cpu_split,
     ]  # fmt: skip
 
 
@@ -67,6 +68,7 @@ def row(rate: float, stamp: str, hosts: int, r: dict[str, Any] | None, wall_s: f
     return {
         "rate": rate, "stamp": stamp, "hosts": hosts, "wall_s": round(wall_s, 1), "error": error,
         "load_processes": processes, "truth_workers": _get(r, "truth_server", "workers"),
+        "cpu_split": _get(r, "cpu_split"),
         "chunks_per_s": chunks_per_s,
         "chunks_per_s_per_process": chunks_per_s / processes if chunks_per_s and processes else None,
         "us_per_chunk": _get(r, "cpu", "load_us_per_chunk"),
@@ -125,18 +127,21 @@ def markdown(rows: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any]]) ->
         "Each row: one `tailgate selfcheck` (100-chunk streams unless the command says otherwise), `--processes` and "
         "`--truth-workers` as the command says (auto: sized by this host's calibration). Errors in ms (client "
         "minus the reference's writes); lateness: the reference's write minus its target; CPU: the load "
-        "processes (capture processes included) per chunk; verdict: the self-check's, in short (the whole "
+        "processes (capture processes included) per chunk; CPUs: how many the reference and the load ran on "
+        "(`--cpu-split`; shared: both on every CPU); verdict: the self-check's, in short (the whole "
         "sentence is in the JSON).",
         "",
-        "| req/s | stamp | hosts | load proc | truth workers | chunks/s | chunks/s per proc | us CPU/chunk "
-        "| worst-gap err p99 | max | TTFT err p99 | merged | lag p99 | truth late p50 / p99 / max | planned / recorded "
-        "| verdict |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
+        "| req/s | stamp | hosts | load proc | truth workers | CPUs ref / load | chunks/s | chunks/s per proc "
+        "| us CPU/chunk | worst-gap err p99 | max | TTFT err p99 | merged | lag p99 | truth late p50 / p99 / max "
+        "| planned / recorded | verdict |",
+        "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for r in rows:
         acc = r.get("accounting") or {}
         verdict = short_verdict(r).replace("|", "/")
-        counts = f"{r['load_processes'] or '–'} | {r['truth_workers'] or '–'}"
+        split = r.get("cpu_split")
+        cpus = f"{len(split['reference'])} / {len(split['load'])}" if split else "shared"
+        counts = f"{r['load_processes'] or '–'} | {r['truth_workers'] or '–'} | {cpus}"
         out.append(
             f"| {r['rate']:g} | {r['stamp']} | {r['hosts']} | {counts} "
             f"| {_f(r['chunks_per_s'], 0)} | {_f(r['chunks_per_s_per_process'], 0)} | {_f(r['us_per_chunk'], 1)} "
@@ -229,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--truth-workers", default="auto")
     p.add_argument("--truth-realtime", action="store_true", help="the reference's workers at SCHED_FIFO")
     p.add_argument("--hosts", type=int, default=1, help="load hosts (2: network namespaces, root)")
+    p.add_argument("--cpu-split", choices=("auto", "off"), default="auto",
+                   help="the reference and the load on CPUs of their own (auto) or sharing them (off)")  # fmt: skip
     p.add_argument("--step-timeout-s", type=float, default=STEP_TIMEOUT_S)
     p.add_argument("--out", required=True)
     p.add_argument("--merge", nargs="+", help="scale-host.json files to merge into one table in --out")

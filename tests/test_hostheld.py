@@ -55,3 +55,37 @@ def test_sleeper_lines_are_read_and_junk_skipped() -> None:
     assert parse_lines("1796217864.6000 7.250\nnot a line\n1796217865.1 5.5\n") == [
         (1796217864.6, 7.25), (1796217865.1, 5.5),
     ]  # fmt: skip
+
+
+# -- the reference and the load on CPUs of their own ---------------------------------------------------------
+
+
+def test_the_cpus_are_split_like_the_two_sides_processes() -> None:
+    from tailgate.verify.cpusplit import CpuSplit, cpu_ranges, split_cpus
+
+    assert split_cpus(range(16), 8, 8) == CpuSplit(tuple(range(8)), tuple(range(8, 16)))
+    assert split_cpus([3, 1, 2, 0, 5], 1, 3) == CpuSplit((0,), (1, 2, 3, 5))
+    assert split_cpus(range(16), 1, 40) == CpuSplit((0,), tuple(range(1, 16)))  # each side keeps one CPU
+    assert split_cpus(range(16), 40, 1) == CpuSplit(tuple(range(15)), (15,))
+    assert split_cpus(range(3), 1, 1) is None and split_cpus(range(8), 0, 4) is None
+    assert cpu_ranges([0, 1, 2, 3, 7, 9, 10]) == "0-3,7,9-10" and cpu_ranges([5]) == "5"
+
+
+def test_children_started_inside_keep_the_cpus_and_this_process_gets_its_own_back() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tailgate.verify.cpusplit import children_on
+
+    mine = os.sched_getaffinity(0)
+    one = min(mine)
+    with children_on([one]):
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import os, time; print(sorted(os.sched_getaffinity(0))); time.sleep(0.5)"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    assert os.sched_getaffinity(0) == mine
+    assert os.sched_getaffinity(child.pid) == {one}
+    out, _ = child.communicate(timeout=30)
+    assert out.strip() == f"[{one}]"

@@ -13,7 +13,7 @@
 #   `bash benchmarks/device/iproute.sh install .gpu/iproute && export PATH=/tmp/iproute/bin:$PATH` first
 #   RATES (250,500,1000,2000,4000), STAMPS (kernel,capture), STAGE_S (30), HOSTS (1), TRUTH_REALTIME (1),
 #   STEP_TIMEOUT_S (300; a step past it is stopped, then killed 90 s later), TAG (h<HOSTS>-<STAMPS>-<RATES>),
-#   PY (python3).
+#   CPU_SPLIT (auto: the reference and the load on CPUs of their own; off: sharing them), PY (python3).
 #
 # The ramp in calls of at most 9 minutes (each step: 30 s of arrivals, ~10 s of start, then the reference's log
 # merged and joined, ~1 s per 250,000 chunks):
@@ -26,7 +26,7 @@ OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/../h200/layout.sh"
 RATES=${RATES:-250,500,1000,2000,4000}; STAMPS=${STAMPS:-kernel,capture}; STAGE_S=${STAGE_S:-30}; HOSTS=${HOSTS:-1}
-TRUTH_REALTIME=${TRUTH_REALTIME:-1}; STEP_TIMEOUT_S=${STEP_TIMEOUT_S:-300}; PY=${PY:-python3}
+TRUTH_REALTIME=${TRUTH_REALTIME:-1}; STEP_TIMEOUT_S=${STEP_TIMEOUT_S:-300}; PY=${PY:-python3}; CPU_SPLIT=${CPU_SPLIT:-auto}
 TAG=${TAG:-h$HOSTS-${STAMPS//,/+}-${RATES//,/+}}
 export TAILGATE_HOME=${TAILGATE_HOME:-$OUT/home}
 echo "cores $(nproc); $(uptime); tag $TAG"
@@ -36,6 +36,6 @@ print("calibration:", host_capacity().line(), flush=True)
 PY
 realtime=(); [ "$TRUTH_REALTIME" = 1 ] && realtime=(--truth-realtime)
 "$PY" benchmarks/scale_host.py --rates "$RATES" --stamps "$STAMPS" --stage-s "$STAGE_S" --hosts "$HOSTS" \
-  --step-timeout-s "$STEP_TIMEOUT_S" ${realtime[@]+"${realtime[@]}"} --out "$OUT/$TAG"
+  --step-timeout-s "$STEP_TIMEOUT_S" --cpu-split "$CPU_SPLIT" ${realtime[@]+"${realtime[@]}"} --out "$OUT/$TAG"
 cp "$TAILGATE_HOME/calibration.json" "$OUT/$TAG/" 2>/dev/null
 echo "$(uptime)"

@@ -63,6 +63,7 @@ from tailgate.optiontable import AUTO, parse_processes
 from tailgate.resultfiles import RUN_META
 from tailgate.runner import signal_guard
 from tailgate.verify.cpu import SAMPLE_INTERVAL_S, CpuSampler, machine_facts
+from tailgate.verify.cpusplit import SPLIT_MODES, children_on, cpu_ranges, split_cpus, usable_cpus
 from tailgate.verify.hostheld import HostHeldWatch
 from tailgate.verify.join import (
     Join,
@@ -128,6 +129,9 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
     watch = HostHeldWatch()
     run: LoadRun | None = None
     hosts = None
+    split = split_cpus(usable_cpus(), sizing.truth_workers, sizing.processes) if cfg.cpu_split == "auto" else None
+    if split is not None:
+        log(f"[selfcheck] reference server on CPUs {cpu_ranges(split.reference)}, load on {cpu_ranges(split.load)}")
     try:
         before = machine_facts()
         server_args: dict[str, Any] = {
@@ -138,14 +142,16 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
         if cfg.hosts > 1:
             hosts = load_hosts(cfg.hosts)
             server_args.update(host=hosts.master_ip, wrap=hosts.wrap(hosts.master))
-        server = start_server_process(**server_args)
+        with children_on(split.reference if split is not None else None):
+            server = start_server_process(**server_args)
         try:
             if cfg.host_watch:
                 watch.start()
-            if hosts is not None:
-                run = run_load_hosts(cfg, server, work, hosts, sizing.processes, log)
-            else:
-                run = run_load(cfg, server, work, log, sizing.processes)
+            with children_on(split.load if split is not None else None):
+                if hosts is not None:
+                    run = run_load_hosts(cfg, server, work, hosts, sizing.processes, log)
+                else:
+                    run = run_load(cfg, server, work, log, sizing.processes)
             log(f"[selfcheck] stopping the reference server ({sizing.truth_workers} worker(s)) and reading its log")
             server.stop()
             dump = server.dump()
@@ -195,6 +201,7 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
             "config": asdict(cfg),
             "machine": {"before": before, "after": after},
             "load_processes": sizing.processes,
+            "cpu_split": split.to_json() if split is not None else None,
             "truth_server": {
                 "workers": sizing.truth_workers,
                 "auto": cfg.truth_workers == AUTO,
@@ -307,6 +314,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "behind, to see the lateness bound refuse it")  # fmt: skip
     add_option(p, "chunk_stamp")
     p.add_argument("--keep", default=None, help="keep trace, records, logs and chunk log in this folder")
+    p.add_argument("--cpu-split", choices=SPLIT_MODES, default=d.cpu_split,
+                   help="auto (the default): the reference server and the load on CPUs of their own where the host "
+                        "has 4 or more; off: both share every CPU")  # fmt: skip
     p.add_argument("--no-host-watch", action="store_true",
                    help="no sleeper per CPU (they tell CPUs the host held back from a late client)")  # fmt: skip
     p.add_argument("--json", default=None, help="also write every figure to this JSON file")
@@ -320,7 +330,7 @@ def config_from_args(args: argparse.Namespace) -> SelfCheckConfig:
         merged_max=args.max_merged, chunk_stamp=args.chunk_stamp, host_watch=not args.no_host_watch,
         truth_workers=parse_processes(args.truth_workers, "--truth-workers"), truth_realtime=args.truth_realtime,
         hosts=args.hosts, server_late_p99_ms=args.max_server_late_p99_ms, lag_p99_ms=args.max_lag_p99_ms,
-        server_write_delay_us=args.server_write_delay_us,
+        server_write_delay_us=args.server_write_delay_us, cpu_split=args.cpu_split,
     )  # fmt: skip
 
 

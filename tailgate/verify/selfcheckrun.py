@@ -23,6 +23,7 @@ from tailgate.records import RequestRecord, read_records
 from tailgate.resultfiles import SUMMARY_GLOB
 from tailgate.runner import ChildRunner, LocustRun
 from tailgate.verify.cpu import CpuSampler
+from tailgate.verify.cpusplit import SPLIT_MODES
 from tailgate.verify.lateness import CLIENT_LAG_P99_MS
 from tailgate.verify.multihost import run_on_hosts
 from tailgate.verify.netns import Hosts
@@ -69,6 +70,9 @@ class SelfCheckConfig:
     """Keep the trace, records, Locust log and chunk log here instead of a temporary folder."""
     host_watch: bool = True
     """Run a sleeper per CPU during the stage (:mod:`tailgate.verify.hostheld`) to tell held CPUs apart."""
+    cpu_split: str = "auto"
+    """``auto``: the reference and the load on CPUs of their own where the host has enough
+    (:mod:`tailgate.verify.cpusplit`); ``off``: both sides share every CPU."""
     extra_locust_args: tuple[str, ...] = ()
 
     def limits(self) -> dict[str, float]:
@@ -100,6 +104,8 @@ class SelfCheckConfig:
             raise ValueError(f"--processes: {self.processes} cannot cover --hosts {self.hosts}: one per host at least")
         if self.n < 2:
             raise ValueError("--n: at least 2 requests, so there is an inter-arrival gap to test")
+        if self.cpu_split not in SPLIT_MODES:
+            raise ValueError(f"--cpu-split: one of {', '.join(SPLIT_MODES)}, got {self.cpu_split!r}")
 
 
 def chunks_per_s(cfg: SelfCheckConfig) -> float:

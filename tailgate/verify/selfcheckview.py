@@ -7,6 +7,7 @@ from typing import Any
 
 from tailgate.clientbound import merged_breached
 from tailgate.hoststeal import NOTABLE_SHARE
+from tailgate.verify.cpusplit import cpu_ranges
 from tailgate.verify.hostheld import held_line
 from tailgate.verify.lateness import SERVER_LATE
 
@@ -41,6 +42,11 @@ def render(result: Mapping[str, Any]) -> str:
             f"{cpu.get('host_steal_share', 0.0):.0%} of the CPU time stolen by the host"
             if cpu
             else ""
+        ),
+        *(
+            [f"cpus: reference server on {cpu_ranges(split['reference'])}, load on {cpu_ranges(split['load'])}"]
+            if (split := result.get("cpu_split"))
+            else []
         ),
         f"join: {jn['matched_requests']}/{jn['requests']} requests, {jn['matched_chunks']}/{jn['client_chunks']} "
         f"client chunks matched to {jn['server_chunks']} server writes, {jn['failed']} failed, "
