@@ -1,6 +1,7 @@
 """A golden run: what a user sees of a fixed-seed run must not move when the code under it is rearranged.
 
-Two small real Locust runs (both arms, the seeded mixed-length trace) against the ground-truth server.
+Two small real Locust runs (both arms, the seeded mixed-length trace) against the ground-truth server, and a
+small ``tailgate suite`` with its report (``suite.json``, its cells, the report's table and diagnosis).
 What does not depend on timing — trace ids, stage labels, each record's fields and planned lengths, the
 arrival schedule's offsets, the summaries' counts, the run manifest's keys — is compared with
 ``tests/fixtures/golden/golden.json``. Latency figures are the machine's (the test command's second pass
@@ -39,6 +40,12 @@ SUMMARY_FIELDS = (
     "prompt_tokens_exact", "load_processes", "chunk_stamp", "errors_by_class",
 )  # fmt: skip
 """Stage-summary figures that are counts or settings."""
+TABLE_FIELDS = (
+    "cell", "config", "arm", "rate_or_batch", "n", "errors", "prompts", "planned", "sent", "recorded",
+    "lost_in_flight", "never_sent", "warmup", "warmup_rule", "endpoint", "arrivals", "partial", "chunk_stamp",
+    "stage_label", "summary_source", "preemptions_source",
+)  # fmt: skip
+"""The report table's columns that are counts, names or settings (the CSV keeps them all)."""
 OFFSET_SLACK_S = 1e-5
 """Intended send offsets are drawn from the seed; the slack is float rounding of wall-clock seconds."""
 
@@ -81,6 +88,42 @@ def _run_both_arms(tmp_path: Path) -> dict[str, Any]:
     return {"continuous": _project(tmp_path / "cont"), "gated": _project(tmp_path / "gated")}
 
 
+def _run_suite(tmp_path: Path) -> dict[str, Any]:
+    """``tailgate suite`` over both arms with its report, against the same kind of server."""
+    import csv
+    import subprocess
+    import sys
+
+    results = tmp_path / "suite"
+    with start_server_process(ttft_ms=5, gap_ms=1) as server:
+        cmd = [
+            sys.executable, "-m", "tailgate.cli", "suite", "--server", "url", "--host", server.base_url,
+            "--configs", "chunked", "--rates", "20", "--batch-size", "4", "--nochunk-rates", "none",
+            "--preempt-rate", "none", "--n", "6", "--warmup", "0", "--stage-warmup", "0", "--seed", "7",
+            "--results", str(results), "--locust-arg=--settle=0", "--locust-arg=--sample-metrics=0",
+        ]  # fmt: skip
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    meta = json.loads((results / "suite.json").read_text())
+    with open(results / "report" / "table.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    diagnosis = json.loads((results / "report" / "diagnosis.json").read_text())
+    summaries = {cell: load_summaries(results / cell) for cell in meta["cells"]}
+    return {
+        "suite_keys": sorted(meta),
+        "cells": meta["cells"],
+        "status": [meta["status"], meta["exit_code"]],
+        "summaries": {
+            cell: {name: {k: s.get(k) for k in SUMMARY_FIELDS} for name, s in sorted(found.items())}
+            for cell, found in summaries.items()
+        },
+        "table_keys": sorted(rows[0]) if rows else [],
+        "table": [{k: row.get(k) for k in TABLE_FIELDS} for row in rows],
+        "table_md_head": (results / "report" / "table.md").read_text().splitlines()[0],
+        "diagnosis_keys": sorted(diagnosis),
+    }
+
+
 def _compare(got: Any, want: Any, where: str, problems: list[str]) -> None:
     if isinstance(want, dict) and isinstance(got, dict):
         for key in sorted(set(want) | set(got)):
@@ -103,7 +146,7 @@ def _compare(got: Any, want: Any, where: str, problems: list[str]) -> None:
 
 
 def test_a_fixed_seed_run_shows_users_what_it_showed_before(tmp_path: Path) -> None:
-    got = _run_both_arms(tmp_path)
+    got = _run_both_arms(tmp_path) | {"suite": _run_suite(tmp_path)}
     if os.environ.get(UPDATE_ENV):
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
         GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")

@@ -136,9 +136,9 @@ def _on_init(environment: Any, **_: Any) -> None:
             fail("this locustfile has no tailgate shape (use locustfiles/continuous.py or locustfiles/gated.py)")
         shape = environment.shape_class
         runner.register_message(READY_MESSAGE, shape.on_ready)
-        runner.register_message(DONE_MESSAGE, shape.on_done)
-        runner.register_message(PROGRESS_MESSAGE, shape.on_progress)
-        if isinstance(runner, MasterRunner):
+        if isinstance(runner, MasterRunner):  # one process: its orders and their DONE do not go as messages
+            runner.register_message(DONE_MESSAGE, shape.on_done)
+            runner.register_message(PROGRESS_MESSAGE, shape.on_progress)
             runner.register_message(distributed.SENT_MESSAGE, shape.on_sent)
             runner.register_message(distributed.RECORDS_MESSAGE, shape.on_records)
             runner.register_message(distributed.PONG_MESSAGE, shape.on_pong)
@@ -159,7 +159,6 @@ def _on_init(environment: Any, **_: Any) -> None:
         elif opts is not None and opts.headless:
             prepare(environment)
     if isinstance(runner, (WorkerRunner, LocalRunner)):
-        runner.register_message(ORDER_MESSAGE, _on_order)
         stallwatch.install_from_env()
         reserve_descriptors()  # before any stage: a socket() mid-stage must never grow the table
         opts = environment.parsed_options
@@ -167,6 +166,7 @@ def _on_init(environment: Any, **_: Any) -> None:
             _go_realtime()
     if isinstance(runner, WorkerRunner):
         _cache_default_args()
+        runner.register_message(ORDER_MESSAGE, _on_order)
         runner.register_message(CANCEL_MESSAGE, _on_cancel)
         runner.register_message(distributed.PING_MESSAGE, distributed.on_ping)
         runner.register_message(distributed.CHALLENGE_MESSAGE, distributed.on_challenge)

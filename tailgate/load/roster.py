@@ -20,6 +20,7 @@ from typing import Any
 
 from tailgate.load import distributed
 from tailgate.load.distributed import ClockSync
+from tailgate.load.links import LoadLinks
 from tailgate.load.options import Settings
 from tailgate.load.peers import PeerGate
 from tailgate.load.plan import Stage
@@ -90,7 +91,7 @@ class WorkerRoster:
     workers: dict[str, LoadProcess]
     lost: dict[str, str]
     refused: dict[str, str]
-    _local: bool
+    links: LoadLinks
     _nodes_expected: Callable[[], int]
     _ready: dict[str, str]
     _ready_event: Event
@@ -103,7 +104,7 @@ class WorkerRoster:
 
     def _refusals(self) -> None:
         """Peers that answered the challenge without the key in force: named once, listed, given nothing."""
-        if self.gate is None or self._local or not self.settings.api_key:
+        if self.gate is None or not self.settings.api_key:
             return
         for node, why in self.gate.refusals().items():
             if node not in self.refused and node not in self._ready:
@@ -127,7 +128,7 @@ class WorkerRoster:
     def on_ready(self, node_id: str, worker: str) -> None:
         """A worker's user started. It only gets Locust's spawn once it proved the key; a peer that says ready
         without having proved it (a forged message) is not counted."""
-        if not (self._local or not self.settings.api_key or (self.gate is not None and self.gate.admitted(node_id))):
+        if not self.links.admitted(node_id, self.settings):
             log.error("tailgate: %s said it is ready without showing the key: ignored", worker)
             return
         self._ready[node_id] = worker
@@ -140,15 +141,10 @@ class WorkerRoster:
             self.written_off(node)
 
     def _lost_reason(self, node: str) -> str | None:
-        """Why a worker can no longer take part (Locust's heartbeat marked it missing, or it left)."""
-        if self._local or node in self.lost:
-            return self.lost.get(node)
-        client = self.runner.clients.get(node)
-        if client is None:
-            return "disconnected from the master"
-        if client.state == "missing":
-            return "stopped sending heartbeats (missing)"
-        return None
+        """Why a load process can no longer take part (written off, or its links say it is gone)."""
+        if node in self.lost:
+            return self.lost[node]
+        return self.links.lost_reason(node)
 
     def _stage_nodes(self, stage: Stage) -> list[str]:
         """The processes that take this stage: every ready one not lost; one that joined since the
@@ -166,7 +162,7 @@ class WorkerRoster:
         nodes = sorted(n for n in self._ready if n not in self.lost)
         if not nodes:
             raise WorkersLost("no load process left")
-        if self._local:
+        if not self.links.measures_clocks:
             return nodes
         for node in nodes:
             # a fresh round trip from every process this stage is split over, just before it: one lost in the

@@ -35,6 +35,7 @@ from tailgate.hoststeal import cpu_counters, steal_share
 from tailgate.load.capturelink import stamp_summary
 from tailgate.load.console import summary_line
 from tailgate.load.distributed import DEADLINE_MARGIN_S, ClockSync, MasterSink
+from tailgate.load.links import LoadLinks, OneProcess, WorkerProcesses
 from tailgate.load.metrics import Snapshot, scrape
 from tailgate.load.options import Settings
 from tailgate.load.peers import PeerGate
@@ -52,7 +53,6 @@ from tailgate.load.sidecars import (
 )
 from tailgate.load.stage_workload import order_item, stage_arrivals, workload_summary
 from tailgate.load.tally import StageTally
-from tailgate.load.worker import CANCEL_MESSAGE, ORDER_MESSAGE, order_runner
 from tailgate.records import WORKER_LOST, RequestRecord, lost_in_flight
 from tailgate.resultfiles import REPORT_LOG, RUN_META, report_html, summary_file
 from tailgate.runmeta import RunStatus, utc_stamp
@@ -96,7 +96,8 @@ class RunSession(WorkerRoster):
         self.folder = settings.results_dir
         self.stages = settings.stages()
         self._nodes_expected = nodes_expected
-        self._local = local
+        self.links: LoadLinks = OneProcess(runner, self._order_done) if local else WorkerProcesses(runner, gate)
+        """How the coordinator reaches the processes that send: its own order runner, or Locust workers."""
         self.status = RunStatus.RUNNING.text()
         self.stop_reason: str | None = None
         self.failed: str | None = None
@@ -177,11 +178,10 @@ class RunSession(WorkerRoster):
         if self._coordinator is not None:
             self._coordinator.kill(block=True, timeout=10)
         self._cancel_load()
-        if not self._local:
-            for node, order in sorted(self._orders.items()):
-                lost_why = None if node in self._done or node in self.lost else self._lost_reason(node)
-                if lost_why:  # its in-flight requests will never be recorded by it: close them now
-                    self._lose(node, order, lost_why)
+        for node, order in sorted(self._orders.items()):
+            lost_why = None if node in self._done or node in self.lost else self._lost_reason(node)
+            if lost_why:  # its in-flight requests will never be recorded by it: close them now
+                self._lose(node, order, lost_why)
         self._wait_recorded()
         stage = self.current
         if stage is not None and stage.index not in self.summaries:
@@ -192,12 +192,8 @@ class RunSession(WorkerRoster):
         self._end(RunStatus.STOPPED.text())
 
     def _cancel_load(self) -> None:
-        """Stop dispatching and cancel what is in flight, in every load process."""
-        if self._local:
-            order_runner(self.runner.environment).cancel()
-        else:  # to the processes of this run only: a peer that never showed the key hears nothing of it
-            for node in sorted(self._ready):
-                self.runner.send_message(CANCEL_MESSAGE, {"run_id": self.run_id}, client_id=node)
+        """Stop dispatching and cancel what is in flight, in every load process of this run."""
+        self.links.cancel(self._ready, self.run_id)
 
     def _wait_recorded(self) -> None:
         """Every request journaled as sent has its record: a worker process cancels on its own time."""
@@ -266,12 +262,16 @@ class RunSession(WorkerRoster):
         self._end(status)
 
     def on_done(self, node_id: str, data: object) -> None:
+        """A worker's DONE message, checked against its contract."""
         try:
             done = OrderDone.from_dict(data, source=f"load process {self._ready.get(node_id, node_id)}")
         except ContractError as e:  # said once; the order is then waited for as if no DONE had come
             self.worker_errors.append(str(e))
             log.error("tailgate: %s", e)
             return
+        self._order_done(node_id, done)
+
+    def _order_done(self, node_id: str, done: OrderDone) -> None:
         if done.run_id not in (None, self.run_id):
             return  # a cancelled order of an earlier run
         if done.records:  # one process: the order's records come with its DONE (several: streamed)
@@ -301,16 +301,8 @@ class RunSession(WorkerRoster):
         self._counts[node_id] = (int(data["sent"]), int(data["ended"]))
 
     def _sent_ended(self) -> tuple[int, int]:
-        """Requests sent and ended so far by every load process, from their in-memory counters.
-
-        One process: read straight from its runner. Several: the sum of what each last reported (they
-        report every few seconds). Never the record files: re-reading them grew with the run and held
-        the loop that timestamps the streams.
-        """
-        if not self._local:
-            return sum(c[0] for c in self._counts.values()), sum(c[1] for c in self._counts.values())
-        local = order_runner(self.runner.environment)
-        return local.sent, local.ended
+        """Requests sent and ended so far by every load process, from their in-memory counters."""
+        return self.links.sent_ended(self._counts)
 
     def _run_stage(self, stage: Stage, nodes: list[str]) -> StageSummary:
         s = self.settings
@@ -339,7 +331,7 @@ class RunSession(WorkerRoster):
                     items=[order_item(a) for a in mine], config=config, arrivals=stage_arrivals(s, stage),
                 )  # fmt: skip
                 orders[node] = order
-                self.runner.send_message(ORDER_MESSAGE, order.to_dict(), client_id=None if node == "local" else node)
+                self.links.send_order(node, order)
             last = max((a.offset_s for a in group), default=0.0)
             deadline = t0 + last + s.timeouts.request_s + s.timeouts.connect_s + DEADLINE_MARGIN_S
             lost_here += self._wait_group(stage, orders, deadline, baseline)
@@ -372,8 +364,8 @@ class RunSession(WorkerRoster):
             if not pending:
                 return lost
             if time.time() > deadline:
-                if self._local:
-                    order_runner(self.runner.environment).cancel()
+                if not self.links.can_lose:  # the one process stops with the run
+                    self.links.cancel(pending, self.run_id)
                     self._wait_recorded()
                     raise StageDeadline(f"{stage.label} passed its deadline; streams in flight were cancelled")
                 for node in sorted(pending):
@@ -400,7 +392,7 @@ class RunSession(WorkerRoster):
                    "the run stops after this stage (--on-worker-loss stop)"))  # fmt: skip
         log.error("tailgate: %s", line)
         try:  # alive but late: it must not keep sending what was already accounted for
-            self.runner.send_message(CANCEL_MESSAGE, {"run_id": self.run_id}, client_id=node)
+            self.links.cancel([node], self.run_id)
         except Exception:
             pass
         return line
@@ -472,7 +464,7 @@ class RunSession(WorkerRoster):
             prompt_tokens_diff_mean=workload.prompt_tokens_diff_mean,
             workers_lost=list(lost or []), negative_latencies=negative,
             chunks_per_s=round(chunks / span, 1) if span > 0 else None,
-            load_processes=1 if self._local else self._ran(stage.index),
+            load_processes=self._ran(stage.index),
             chunk_stamp=stamps.chunk_stamp, capture_drops=stamps.capture_drops,
             capture_missed_streams=stamps.capture_missed_streams,
             # what the report suggests when this stage fell behind its schedule
@@ -528,8 +520,7 @@ class RunSession(WorkerRoster):
         s = self.settings
         return OrderConfig(
             host=s.host, model=s.model, ignore_eos=s.ignore_eos,
-            # orders cross the network to workers: the key goes once at connect (CONNECT_MESSAGE) instead
-            api_key=s.api_key if self._local else None,
+            api_key=self.links.key_in_orders(s),
             prompt_word=s.prompt_word, record_chunks=s.record_chunks, results_dir=str(self.folder),
             prompts=s.prompts, endpoint=s.endpoint,
             connect_timeout=s.timeouts.connect_s, request_timeout=s.timeouts.request_s,

@@ -20,6 +20,7 @@ import socket
 import struct
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from tailgate import arms
@@ -177,35 +178,40 @@ class OrderRunner:
         """One process: the running order's records as its stage summary needs them, reported with its DONE
         (several: the master has each record already, from the stream it writes to the files)."""
 
-    def submit(self, order: dict[str, Any]) -> None:
-        """Queue an order for this process's own order loop.
+    def submit(self, order: Order | dict[str, Any], reply: Callable[[OrderDone], None] | None = None) -> None:
+        """Queue an order for this process's own order loop; its DONE goes to ``reply`` (a run in this one
+        process: typed, in memory) or, without one, to the master as a message.
 
         The loop is not a Locust user's task: Locust stops and starts users when workers join or leave
         (rebalancing), and a stage in flight must not be cancelled by that."""
         if self.orphaned:  # the master is back and counts on this process again
             self.orphaned = False
             self.cancelled = False
-        self.orders.put(order)
+        self.orders.put((order, reply))
         if self._loop is None or self._loop.dead:
             self._loop = gevent.spawn(self._order_loop)
 
     def _order_loop(self) -> None:
         send = self.environment.runner.send_message
         while True:
-            order = self.orders.get()
+            order, reply = self.orders.get()
             self._rows = None
             try:
                 self.busy = True
                 result = self.run(order)
             except Exception as e:  # the master must hear of it, or it waits for this order until its deadline
-                log.exception("tailgate: order %s failed in %s", order.get("order_id"), self.worker)
+                message = order.to_dict() if isinstance(order, Order) else order
+                log.exception("tailgate: order %s failed in %s", message.get("order_id"), self.worker)
                 self.cancel()
                 self.cancelled = False
-                result = self._failed(order, f"{type(e).__name__}: {e}")
+                result = self._failed(message, f"{type(e).__name__}: {e}")
             finally:
                 self.busy = False
             self.flush()
-            send(DONE_MESSAGE, result.to_dict())
+            if reply is not None:
+                reply(result)
+            else:
+                send(DONE_MESSAGE, result.to_dict())
 
     def _failed(self, message: dict[str, Any], error: str) -> OrderDone:
         """The DONE of an order that failed, named by what its message held (it may have failed its contract);
@@ -270,9 +276,10 @@ class OrderRunner:
             if isinstance(writer, distributed.WorkerStream):
                 writer.flush()
 
-    def run(self, message: dict[str, Any]) -> OrderDone:
-        """Dispatch one order open-loop, wait for all its requests, return its DONE reply."""
-        order = Order.from_dict(message)
+    def run(self, message: Order | dict[str, Any]) -> OrderDone:
+        """Dispatch one order open-loop, wait for all its requests, return its DONE reply (a message from the
+        master is checked against the order's contract first)."""
+        order = message if isinstance(message, Order) else Order.from_dict(message)
         cfg = order.config
         target = Target.parse(cfg.host)
         timeouts = Timeouts(cfg.connect_timeout, cfg.request_timeout, cfg.stall_timeout)
