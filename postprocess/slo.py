@@ -39,6 +39,7 @@ from tailgate.resultfiles import SLO_ANALYSIS
 from tailgate.resultfiles import SLO_META as SLO_FILE
 from tailgate.runmeta import SloMeta
 from tailgate.slo.answer import bracket_text, check_text
+from tailgate.slo.result import SearchResult
 
 LAG_WARN_MS = 10.0
 """Schedule lag p99 above which the report already says the generator lacked CPU (``report.LAG_WARN_MS``)."""
@@ -269,7 +270,7 @@ def slo_rows(state: Mapping[str, Any], records: pd.DataFrame | None = None) -> l
             "undecided_detail": r.get("undecided") or [],
             "model": r.get("model") or {},
             "fitted": r.get("fitted") or {},
-            "bracket_text": bracket_text(r) if r else "search not finished",
+            "bracket_text": bracket_text(SearchResult.from_json(r)) if r else "search not finished",
         })  # fmt: skip
     return rows
 

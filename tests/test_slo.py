@@ -776,6 +776,7 @@ def test_mechanism_needs_evidence_that_differs_from_the_passing_rate() -> None:
 def test_terminal_and_report_show_both_ends_width_and_why_undecided(tmp_path: Path) -> None:
     from tailgate.postprocess.slo import slo_section
     from tailgate.slo.answer import answer_line, check_text, result_of
+    from tailgate.slo.result import SearchResult
 
     def check(key: str, verdict: str, point: float, n_eff: float | None = 139.0) -> dict[str, Any]:
         return {"key": key, "limit": 500.0 if key != "sustained" else 0.9, "point": point,
@@ -811,10 +812,11 @@ def test_terminal_and_report_show_both_ends_width_and_why_undecided(tmp_path: Pa
                                                               "limit": 500.0}], "start_rate": 2, "max_rate": 64,
                       "resolution": "10%", "n": 400, "warmup": 25, "confidence": 0.95},
              "configs": [{"name": "a", "flags": [], "server": {}, "probes": probes, "result": result}]}  # fmt: skip
-    result["model"] = {"key": "ttft_p99", "mu": 9.0, "base": 40.0, "scale": 30.0, "capacity": 8.2,
+    result.model = {"key": "ttft_p99", "mu": 9.0, "base": 40.0, "scale": 30.0, "capacity": 8.2,
                        "consistent": 3, "checked": 3, "label": "model estimate, not a measurement"}  # fmt: skip
     assert "model estimate (not a measurement): capacity ~8.2 req/s" in answer_line(result)
-    (tmp_path / "slo.json").write_text(json.dumps(state))
+    (tmp_path / "slo.json").write_text(json.dumps(state, default=lambda r: r.to_json()))
+    assert SearchResult.from_json(json.loads((tmp_path / "slo.json").read_text())["configs"][0]["result"]) == result
     section = slo_section(tmp_path, pd.DataFrame(), tmp_path / "report")
     assert section is not None
     html = str(section.html)
@@ -853,11 +855,11 @@ def test_terminal_and_report_show_both_ends_width_and_why_undecided(tmp_path: Pa
         ],
         "curve": [{"rate": r, "ttft": [v, v * 0.9, v * 1.1]} for r, v in ((4, 360), (6, 450), (8, 700))],
     }
-    result["fitted"] = fitted
+    result.fitted = fitted
     line = answer_line(result)
     assert "fitted step loop (model estimate, not a measurement): capacity 6.6 req/s" in line
     assert "bracket narrowed by the model: [6.3, 6.9] req/s (10% wide)" in line
-    (tmp_path / "slo.json").write_text(json.dumps(state))
+    (tmp_path / "slo.json").write_text(json.dumps(state, default=lambda r: r.to_json()))
     section = slo_section(tmp_path, pd.DataFrame(), tmp_path / "report")
     assert section is not None
     html = str(section.html)
@@ -865,7 +867,7 @@ def test_terminal_and_report_show_both_ends_width_and_why_undecided(tmp_path: Pa
     assert "[6.3, 6.9] (10%)" in section.table_md.read_text()
     svg = (tmp_path / "report" / "slo_p99.svg").read_text()
     assert "a (fitted step loop, model)" in svg
-    result["fitted"] = {**fitted, "usable": False, "bracket": None, "why": "its replay of 8 req/s gives more"}
+    result.fitted = {**fitted, "usable": False, "bracket": None, "why": "its replay of 8 req/s gives more"}
     assert "the model narrows nothing: its replay of 8 req/s gives more" in answer_line(result)
 
 

@@ -31,6 +31,7 @@ from tailgate.slo.confirm import (
     window_match,
 )
 from tailgate.slo.replay import ModelAnswer
+from tailgate.slo.result import SearchResult
 from tailgate.slo.servicefit import Probe, ServiceFit, probes_of
 from tailgate.slo.spec import EXIT_NOT_MET, EXIT_OK, EXIT_UNDECIDED
 from tailgate.slo.state import ConfigSearch, ProbeEntry
@@ -203,7 +204,7 @@ def test_the_reserve_is_priced_where_the_confirmation_will_run() -> None:
 
 def _config(verdicts: dict[str, str], best: float | None, status: str) -> ConfigSearch:
     c = ConfigSearch("chunked")
-    c.result = {"best_rate": best, "verdicts": verdicts, "status": status}
+    c.result = SearchResult.from_json({"best_rate": best, "verdicts": verdicts, "status": status})
     return c
 
 

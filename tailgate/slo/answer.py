@@ -13,6 +13,7 @@ from typing import Any
 
 from tailgate.contracts import StageSummary
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark
+from tailgate.slo.result import SearchResult, Undecided
 from tailgate.slo.search import SearchOutcome
 from tailgate.slo.spec import Log
 from tailgate.slo.state import AttemptRow, ProbeEntry, SloState
@@ -88,7 +89,7 @@ def data_to_decide(check: Check, level: float) -> float | None:
     return None
 
 
-def result_of(outcome: SearchOutcome, probes: Sequence[ProbeEntry], plan: Any) -> dict[str, Any]:
+def result_of(outcome: SearchOutcome, probes: Sequence[ProbeEntry], plan: Any) -> SearchResult:
     """The configuration's ``result`` in ``slo.json``: both ends, the width, every undecided rate with why."""
     latest = {float(pr.rate): pr for pr in probes}
     best = latest.get(outcome.best) if outcome.best is not None else None
@@ -99,29 +100,24 @@ def result_of(outcome: SearchOutcome, probes: Sequence[ProbeEntry], plan: Any) -
         pct = [c for c in pr.checks if c.verdict == NOT_ENOUGH and c.n_effective is not None]
         factor = max((f for f in (data_to_decide(c, plan.confidence) for c in pct) if f), default=None)
         seconds = sum(a.seconds or 0.0 for a in _attempts_at(probes, rate))
-        undecided.append({
-            "rate": rate, "reason": pr.undecided_reason,
-            "n_effective": min((c.n_effective for c in pct if c.n_effective is not None), default=None),
-            "n": max((c.n for c in pct), default=None),
-            "more_data_factor": None if factor is None else round(factor, 2),
-            "more_seconds_estimate": None if factor is None else round((factor - 1) * seconds),
-        })  # fmt: skip
+        undecided.append(Undecided(
+            rate, pr.undecided_reason,
+            n_effective=min((c.n_effective for c in pct if c.n_effective is not None), default=None),
+            n=max((c.n for c in pct), default=None),
+            more_data_factor=None if factor is None else round(factor, 2),
+            more_seconds_estimate=None if factor is None else round((factor - 1) * seconds),
+        ))  # fmt: skip
     width = outcome.width
-    return {
-        "best_rate": outcome.best, "first_fail_rate": outcome.first_fail, "status": outcome.status,
-        "width": None if width is None else round(width, 3),
-        "width_relative": None if width is None or not outcome.best else round(width / outcome.best, 4),
-        "resolution": str(plan.resolution),
-        "binding": binding_at_capacity(best, fail),
-        "at_best": {c.key: c.to_json() for c in best.checks} if best else None,
-        "p99_at_best": best.p99 if best else None,
-        "verdicts": {f"{r:g}": v for r, v in sorted(outcome.verdicts.items())},
-        "pooled_decided": sorted(r for r, v in outcome.verdicts.items() if latest[r].verdict != v),
-        "not_enough_data_rates": [u["rate"] for u in undecided],
-        "undecided": undecided,
-        "probes": len(probes),
-        "attempts": sum(len(pr.attempts) for pr in probes),
-    }  # fmt: skip
+    return SearchResult(
+        best_rate=outcome.best, first_fail_rate=outcome.first_fail, status=outcome.status,
+        width=None if width is None else round(width, 3),
+        width_relative=None if width is None or not outcome.best else round(width / outcome.best, 4),
+        resolution=str(plan.resolution), binding=binding_at_capacity(best, fail),
+        at_best={c.key: c for c in best.checks} if best else None, p99_at_best=best.p99 if best else None,
+        verdicts=dict(sorted(outcome.verdicts.items())),
+        pooled_decided=sorted(r for r, v in outcome.verdicts.items() if latest[r].verdict != v),
+        undecided=undecided, probes=len(probes), attempts=sum(len(pr.attempts) for pr in probes),
+    )  # fmt: skip
 
 
 def binding_at_capacity(best: ProbeEntry | None, fail: ProbeEntry | None) -> str | None:
@@ -142,44 +138,46 @@ def _attempts_at(probes: Sequence[ProbeEntry], rate: float) -> list[AttemptRow]:
     return [a for pr in probes if float(pr.rate) == rate for a in pr.attempts]
 
 
-def bracket_text(result: Mapping[str, Any]) -> str:
+def bracket_text(result: SearchResult | None) -> str:
     """[lower, upper] req/s with its width, or which end is open."""
-    lo, hi, status = result.get("best_rate"), result.get("first_fail_rate"), result.get("status")
+    if result is None:
+        return "[none passed, open: nothing above it failed] req/s"
+    lo, hi, status = result.best_rate, result.first_fail_rate, result.status
     low = "none passed" if lo is None else f"{lo:g}"
     if hi is None:
         high = "open: nothing above it failed" if status != "max_rate" else "above the highest rate allowed"
         return f"[{low}, {high}] req/s"
     if lo is None:
         return f"[0, {hi:g}] req/s (nothing passed)"
-    rel = result.get("width_relative")
+    rel = result.width_relative
     wide = f"{hi - lo:g} req/s wide" + (f", {rel:.0%} of the lower end" if isinstance(rel, (int, float)) else "")
     return f"[{lo:g}, {hi:g}] req/s ({wide})"
 
 
-def answer_line(result: Mapping[str, Any]) -> str:
+def answer_line(result: SearchResult) -> str:
     """The answer of one configuration in one line: both ends, the width, the status, the undecided rates."""
-    status = str(result.get("status"))
+    status = result.status
     words = STATUS_WORDS.get(status, status.replace("_", " "))
-    text = f"capacity {bracket_text(result)}; {words} ({result.get('resolution')} asked)"
-    if result.get("binding"):
-        text += f"; binding limit at the upper end: {result['binding']}"
-    model = result.get("model")
+    text = f"capacity {bracket_text(result)}; {words} ({result.resolution} asked)"
+    if result.binding:
+        text += f"; binding limit at the upper end: {result.binding}"
+    model = result.model
     if model and model.get("capacity") is not None:
         text += (f"\n[slo]     model estimate (not a measurement): capacity ~{model['capacity']:.3g} req/s, saturation "
                  f"~{model['mu']:.3g} req/s; its p99 lies inside {model['consistent']} of {model['checked']} measured "
                  "probes' intervals")  # fmt: skip
-    text += fitted_text(result.get("fitted"))
+    text += fitted_text(result.fitted)
     text += "".join(f"\n[slo]     {line}" for line in rate_picture(result))
-    for u in result.get("undecided") or []:
-        neff = u.get("n_effective")
-        eff = f"effective n {neff:g} of {u.get('n')}" if isinstance(neff, (int, float)) else "no effective n"
-        more = (f"; about {u['more_data_factor']:g}x its data (~{u['more_seconds_estimate']:g} s more, an estimate "
-                "at the measured share) would decide it" if u.get("more_data_factor") else
+    for u in result.undecided:
+        neff = u.n_effective
+        eff = f"effective n {neff:g} of {u.n}" if isinstance(neff, (int, float)) else "no effective n"
+        more = (f"; about {u.more_data_factor:g}x its data (~{u.more_seconds_estimate or 0:g} s more, an estimate "
+                "at the measured share) would decide it" if u.more_data_factor else
                 f"; not even {MORE_DATA_CAP}x its data at the measured share would decide it: the capacity is "
                 "about here")  # fmt: skip
-        text += f"\n[slo]     not enough data at {u['rate']:g} req/s ({eff}): {u.get('reason')}{more}"
-    for miss in result.get("not_run") or []:
-        text += (f"\n[slo]     a probe at {miss.get('rate'):g} req/s could not run (tried twice): {miss.get('why')}; "
+        text += f"\n[slo]     not enough data at {u.rate:g} req/s ({eff}): {u.reason}{more}"
+    for miss in result.not_run:
+        text += (f"\n[slo]     a probe at {miss.rate:g} req/s could not run (tried twice): {miss.why}; "
                  "the search went on without it")  # fmt: skip
     return text
 
@@ -189,11 +187,11 @@ VERDICT_MARKS = {"pass": "o", "fail": "x"}
 """A probe's mark on the rate picture ('?' for a rate that had not enough data)."""
 
 
-def rate_picture(result: Mapping[str, Any], width: int = PICTURE_WIDTH) -> list[str]:
+def rate_picture(result: SearchResult, width: int = PICTURE_WIDTH) -> list[str]:
     """The answer as a picture on a log rate axis: each rate's verdict, the confirmation probes, the model's
     interval and capacity; a few lines a terminal shows as they are ([] when fewer than two rates were probed)."""
-    verdicts = {float(r): v for r, v in (result.get("verdicts") or {}).items()}
-    fitted = result.get("fitted") or {}
+    verdicts = result.verdicts
+    fitted = result.fitted or {}
     confirm = {float(c["rate"]) for c in (fitted.get("confirmation") or {}).get("probes", [])}
     interval = fitted.get("interval") or [None, None]
     cap = fitted.get("capacity")
@@ -260,11 +258,12 @@ def print_table(state: SloState, log: Log) -> None:
     the lower end (the same figures as the report's table)."""
     log(f"[slo] SLO {(state.plan or {}).get('slo')}: highest Poisson rate meeting it, per configuration")
     for c in state.configs:
-        r = c.result or {}
-        p99 = r.get("p99_at_best") or {}
+        r = c.result
+        p99 = (r.p99_at_best if r is not None else None) or {}
         shown = " ".join(f"{k} p99 {v:.1f} ms" for k, v in p99.items() if isinstance(v, (int, float)))
-        log(f"[slo]   {c.name:<28} {bracket_text(r)}  {shown}  binding: {r.get('binding') or '-'}  "
-            f"({STATUS_WORDS.get(str(r.get('status')), r.get('status'))})")  # fmt: skip
+        status = r.status if r is not None else None
+        log(f"[slo]   {c.name:<28} {bracket_text(r)}  {shown}  binding: {(r.binding if r else None) or '-'}  "
+            f"({STATUS_WORDS.get(str(status), status)})")  # fmt: skip
 
 
 def attempt_row(folder: str, seed: int, mark: ProbeMark, data: ProbeAttempt) -> AttemptRow:

@@ -356,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def answer_code(configs: Sequence[ConfigSearch]) -> int:
     """The search's answer as an exit code: 0 when some configuration met the SLO, 3 only when every one was
     shown to fail at the lowest rate the search could reach, 5 when the probes could not decide either way."""
-    if any((c.result or {}).get("best_rate") is not None for c in configs):
+    if any(c.result is not None and c.result.met for c in configs):
         return EXIT_OK
     if configs and all(shown_to_fail(c) for c in configs):
         return EXIT_NOT_MET
@@ -365,12 +365,11 @@ def answer_code(configs: Sequence[ConfigSearch]) -> int:
 
 def shown_to_fail(config: ConfigSearch) -> bool:
     """Nothing passed and the lowest rate the search reached failed (a decided verdict, not a lack of data)."""
-    result = config.result or {}
-    verdicts = result.get("verdicts") or {}
-    if result.get("best_rate") is not None or not verdicts:
+    result = config.result
+    if result is None or result.met or not result.verdicts:
         return False
-    lowest = min(verdicts, key=float)
-    return verdicts[lowest] == "fail" and result.get("status") in ("below_min", "probe_limit", "time_budget")
+    lowest = result.verdicts[min(result.verdicts)]
+    return lowest == "fail" and result.status in ("below_min", "probe_limit", "time_budget")
 
 
 def _printer() -> Log:
@@ -440,8 +439,8 @@ def _run(args: argparse.Namespace, plan: SloPlan, root: Path, log: Log, guard: S
             log(f"[slo] report: {getattr(paths, 'html', paths)}")
         log(f"[slo] finished in {time.monotonic() - started:.0f} s")
         configs = runner.state.configs
-        met = any((c.result or {}).get("best_rate") is not None for c in configs)
-        erred = [c for c in configs if (c.result or {}).get("best_rate") is None and c.probes
+        met = any(c.result is not None and c.result.met for c in configs)
+        erred = [c for c in configs if not (c.result is not None and c.result.met) and c.probes
                  and all(p.verdict == "fail" and p.binding == "errors" for p in c.probes)]  # fmt: skip
         if not met and erred:
             c = erred[0]

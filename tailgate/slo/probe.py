@@ -35,6 +35,7 @@ from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.plan import PROBE_OVERHEAD_S, SloPlan
 from tailgate.slo.pooled import pooled_verdicts
 from tailgate.slo.replay import ModelAnswer, Workload, model_answer, settling_answer, workload_of
+from tailgate.slo.result import NotRun
 from tailgate.slo.search import SearchOutcome, SearchStopped, bracket, lacks_only_data, search
 from tailgate.slo.servicefit import Probe, probes_of
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Log, ServerConfig
@@ -470,9 +471,9 @@ class SloRunner(ConfigRunner[ServerConfig]):
             why = f"the fitted model failed: {type(e).__name__}: {e}"
             fitted_json = {"label": "model estimate, not a measurement", "capacity": None, "why": why}
         result = result_of(outcome, cs.probes, p)
-        result["not_run"] = list(cs.extra.get("not_run", []))
-        result["model"] = model.as_dict() if model is not None else None
-        result["fitted"] = fitted_json
+        result.not_run = [NotRun.from_json(n) for n in cs.extra.get("not_run", [])]
+        result.model = model.as_dict() if model is not None else None
+        result.fitted = fitted_json
         cs.result, cs.status = result, "done"
         self._save()
         self.log(f"[slo] {config.name}: {answer_line(result)}")

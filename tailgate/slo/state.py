@@ -14,6 +14,7 @@ from typing import Any
 
 from tailgate.contracts import known_and_extra, with_extra
 from tailgate.runmeta import SloMeta
+from tailgate.slo.result import SearchResult
 from tailgate.slo.spec import ServerConfig
 from tailgate.slo.verdict import Check
 from tailgate.stagewarmup import StageWarmup
@@ -100,7 +101,7 @@ class ConfigSearch:
     probes: list[ProbeEntry] = field(default_factory=list)
     server: dict[str, Any] | None = None
     stage_warmup: StageWarmup | None = None
-    result: dict[str, Any] | None = None
+    result: SearchResult | None = None
     """Both ends of the bracket, its width, the undecided rates and the models (``result_of`` in answer.py)."""
     error: str | None = None
     """Why a search that did not finish ended (with status interrupted or failed)."""
@@ -125,7 +126,7 @@ class ConfigSearch:
                 continue
             if f.name == "probes":
                 value = [p.to_dict() for p in self.probes]
-            elif f.name == "stage_warmup":
+            elif f.name in ("stage_warmup", "result"):
                 value = value.to_json()
             out[f.name] = value
         return {**out, **self.extra}
@@ -136,6 +137,8 @@ class ConfigSearch:
         known["probes"] = [ProbeEntry.from_dict(p) for p in known.get("probes") or []]
         if isinstance(known.get("stage_warmup"), dict):
             known["stage_warmup"] = StageWarmup.from_json(known["stage_warmup"])
+        if isinstance(known.get("result"), dict):
+            known["result"] = SearchResult.from_json(known["result"])
         return cls(**known, extra=extra)
 
 
