@@ -25,25 +25,18 @@ from matplotlib.figure import Figure
 
 from tailgate.contracts import ContractError
 from tailgate.postprocess import charts
-from tailgate.postprocess.diagnosis import (
-    FLAT_GAP_RATIO,
-    GAP_GROWTH,
-    OVERLOAD_TTFT_GROWTH,
-    TTFT_FLAT_GROWTH,
-)
 from tailgate.postprocess.html import render
 from tailgate.postprocess.runfolders import ResultsError
 from tailgate.postprocess.slofitted import fitted_cell, fitted_curves
-from tailgate.postprocess.timeline import prefill_attribution
+from tailgate.postprocess.slomechanism import METRICS, mechanism, probe_at
+from tailgate.postprocess.slomechanism import num as _num
+from tailgate.postprocess.slomechanism import rate_text as _rate
 from tailgate.resultfiles import SLO_ANALYSIS
 from tailgate.resultfiles import SLO_META as SLO_FILE
 from tailgate.runmeta import SloMeta
 from tailgate.slo.answer import bracket_text, check_text
 from tailgate.slo.result import SearchResult
 
-LAG_WARN_MS = 10.0
-"""Schedule lag p99 above which the report already says the generator lacked CPU (``report.LAG_WARN_MS``)."""
-METRICS = ("ttft", "gap", "total")
 METRIC_NAMES = {"ttft": "TTFT", "gap": "worst gap", "total": "total"}
 STATUS_TEXT = {
     "bracketed": "bracketed to the resolution",
@@ -79,164 +72,9 @@ def load_slo(results_dir: str | Path) -> dict[str, Any] | None:
     return doc if isinstance(doc.get("configs"), list) else None
 
 
-def _num(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if np.isfinite(v) else None
-
-
 def _ms(x: Any) -> str:
     v = _num(x)
     return "–" if v is None else f"{v:,.1f}"
-
-
-def _rate(x: Any) -> str:
-    v = _num(x)
-    return "–" if v is None else f"{v:g}"
-
-
-# ------------------------------------------------------------------------------------------ mechanism
-
-
-def _probe(config: Mapping[str, Any], rate: Any) -> Mapping[str, Any] | None:
-    if rate is None:
-        return None
-    found = [p for p in config.get("probes", []) if _num(p.get("rate")) == _num(rate)]
-    return found[-1] if found else None
-
-
-PREEMPT_EXCESS = 2.0
-"""Preemptions per request at the failing rate must exceed this multiple of those at the passing rate for
-preemption to be named: a counter that rose alike where the SLO held and where it broke explains neither."""
-
-
-def _per_request_preemptions(probe: Mapping[str, Any]) -> float | None:
-    attempts = probe.get("attempts", [])
-    counts = [_num(a.get("preemptions_delta")) for a in attempts]
-    n = sum(_num(a.get("n_measured")) or 0 for a in attempts)
-    if not attempts or any(c is None for c in counts) or n <= 0:
-        return None
-    return sum(c or 0 for c in counts) / n
-
-
-QUEUED_SHARE = 0.2
-"""A queue counts as evidence of admission queueing when it is non-empty in at least this share of the
-samples of every attempt: one sample with one request waiting is a moment, not a mechanism."""
-
-
-def _growth(a: Any, b: Any) -> float | None:
-    a, b = _num(a), _num(b)
-    return round(b / a, 2) if a and b is not None and a > 0 else None
-
-
-def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> dict[str, Any]:
-    """Which mechanism sets this configuration's limit, judged at the probe where the SLO broke.
-
-    The evidence is the diagnosis's: the counter of preemptions, the waiting queue and TTFT outgrowing
-    the gaps from the lowest probe (admission), and worst gaps inside others' long prefills well above
-    chance (prefill insertion). The binding limit decides between admission and prefill when both show.
-    """
-    result = config.get("result") or {}
-    at = _probe(config, result.get("first_fail_rate"))
-    if at is None:
-        probes = config.get("probes", [])
-        if any(p.get("verdict") == "pass" for p in probes):
-            text = "the SLO held at every rate decided; no limit was reached"
-        else:  # nothing passed and nothing failed: the data said nothing about a limit
-            text = "no rate was decided (not enough data at this n): no limit, and no mechanism, can be named"
-        return {"mechanism": "none", "text": text, "evidence": {}}
-    probes = sorted(config.get("probes", []), key=lambda p: p["rate"])
-    base = probes[0] if probes and probes[0] is not at else None
-    passing = _probe(config, result.get("best_rate"))
-    attempts = at.get("attempts", [])
-    per_attempt = [_num(a.get("preemptions_delta")) or 0 for a in attempts]
-    preempted = sum(per_attempt)
-    # evidence that differs between the passing and the failing rate: a counter that rose as much where the
-    # SLO held does not explain where it broke
-    at_pass = _per_request_preemptions(passing) if passing is not None else None
-    at_fail = _per_request_preemptions(at)
-    preempts_more = at_pass is None or (at_fail or 0) > PREEMPT_EXCESS * (at_pass or 0)
-    preempts_all = bool(attempts) and all(x > 0 for x in per_attempt) and preempts_more
-    waiting = max((_num(a.get("waiting_max")) or 0 for a in attempts), default=0)
-    shares = [_num(a.get("waiting_share")) for a in attempts]
-    stopped = next((a.get("stopped_early") for a in attempts if a.get("stopped_early")), None)
-    queue_stop = bool(stopped and "waiting" in stopped)
-    pass_shares = [_num(a.get("waiting_share")) for a in (passing or {}).get("attempts", [])]
-    pass_share = max((x for x in pass_shares if x is not None), default=0.0)
-    queued_all = bool(attempts) and all(s is not None and s >= max(QUEUED_SHARE, pass_share + QUEUED_SHARE / 2)
-                                        for s in shares)  # fmt: skip
-    sustain = next((c for c in at.get("checks", []) if c.get("key") == "sustained"), None)
-    not_sustained = bool(sustain and sustain.get("verdict") == "fail")
-    ev: dict[str, Any] = {"probe_rate": at["rate"], "binding": at.get("binding"), "preemptions": preempted,
-                          "preemptions_by_attempt": per_attempt, "waiting_max": waiting,
-                          "waiting_share_by_attempt": shares, "stopped_early": stopped,
-                          "sustained": (sustain or {}).get("reason")}  # fmt: skip
-    if base is not None:
-        ev["from_rate"] = base["rate"]
-        for m in METRICS:
-            ev[f"{m}_p99_growth"] = _growth(base.get("p99", {}).get(m), at.get("p99", {}).get(m))
-    att = None
-    if len(records) and "run_dir" in records.columns and attempts:
-        stage = records.loc[records["run_dir"].astype(str) == str(attempts[0]["dir"])]
-        if len(stage):
-            att = prefill_attribution(stage)
-    ev["prefill_attribution"] = att
-    prefill = bool(att and att.get("share") is not None
-                   and att["share"] >= 0.5 and att["share"] >= 3 * (att.get("share_by_chance") or 0.0))  # fmt: skip
-    tg, gg = ev.get("ttft_p99_growth"), ev.get("gap_p99_growth")
-    admission = (
-        queued_all
-        or queue_stop
-        or not_sustained
-        or (tg is not None and tg >= OVERLOAD_TTFT_GROWTH and (gg or 0) < FLAT_GAP_RATIO * TTFT_FLAT_GROWTH)
-    )
-    gaps_grew = gg is not None and gg >= GAP_GROWTH and (tg or 0) < OVERLOAD_TTFT_GROWTH
-    binding = str(at.get("binding") or "")
-    parts = []
-    if preempted > 0:
-        then = ""
-        if passing is not None and at_pass is not None:
-            then = (f" ({at_pass * 1000:.1f} per 1000 requests at the passing {_rate(passing['rate'])} req/s, "
-                    f"{(at_fail or 0) * 1000:.1f} here)")  # fmt: skip
-        parts.append(f"vllm:num_preemptions_total rose by {' / '.join(f'{x:g}' for x in per_attempt)} "
-                     f"in the {len(attempts)} attempt(s){then}")  # fmt: skip
-    if waiting > 0:
-        shown = " / ".join("?" if s is None else f"{s:.0%}" for s in shares)
-        then = f"; {pass_share:.0%} at the passing {_rate(passing['rate'])} req/s" if passing is not None else ""
-        parts.append(f"the waiting queue reached {waiting:g} (non-empty in {shown} of the samples per attempt{then})")
-    if not_sustained:
-        parts.append(f"not sustained: {sustain.get('reason')}")  # type: ignore[union-attr]
-    if stopped:
-        parts.append(f"the probe was stopped early ({stopped})")
-    lag = max((_num(a.get("schedule_lag_p99")) or 0 for a in attempts), default=0)
-    ev["schedule_lag_p99"] = lag
-    if lag > LAG_WARN_MS:
-        parts.append(f"caution: the load generator fell behind (schedule lag p99 {lag:.0f} ms), so part of "
-                     "the TTFT from the intended send is the client's")  # fmt: skip
-    if tg is not None and gg is not None:
-        parts.append(f"from {_rate(ev['from_rate'])} to {_rate(at['rate'])} req/s TTFT p99 grew ×{tg:g} and "
-                     f"worst-gap p99 ×{gg:g}")  # fmt: skip
-    if att and att.get("share") is not None:
-        parts.append(f"{att['worst_gap_inside_big_prefill']} of {att['streams_live_during_big_prefill']} streams "
-                     f"had their worst gap inside another request's ≥{att['big_prompt_min_tokens']}-token prefill "
-                     f"({att['share']:.0%}; chance {att.get('share_by_chance') or 0:.0%})")  # fmt: skip
-    if preempts_all:
-        name = "preemption"
-    elif binding.startswith("gap"):
-        fallback = "admission queueing" if admission else "unattributed"
-        name = "prefill insertion" if (prefill or gaps_grew) else fallback
-    elif binding.startswith(("ttft", "total", "errors", "sustained")):
-        name = "admission queueing" if admission else ("prefill insertion" if prefill else "unattributed")
-    else:
-        name = "unattributed"
-    how = "was exceeded" if at.get("verdict") == "fail" else "could not be shown to hold"
-    text = f"at {_rate(at['rate'])} req/s the {binding or 'SLO'} limit {how}: " + ("; ".join(parts) or "no evidence")
-    return {"mechanism": name, "text": text, "evidence": ev}
-
-
-# ---------------------------------------------------------------------------------------------- table
 
 
 def slo_rows(state: Mapping[str, Any], records: pd.DataFrame | None = None) -> list[dict[str, Any]]:
@@ -245,7 +83,7 @@ def slo_rows(state: Mapping[str, Any], records: pd.DataFrame | None = None) -> l
     rows = []
     for c in state.get("configs", []):
         r = c.get("result") or {}
-        best = _probe(c, r.get("best_rate"))
+        best = probe_at(c, r.get("best_rate"))
         server = c.get("server") or {}
         command = server.get("command")
         mech = mechanism(c, frame) if r else {"mechanism": "–", "text": "search not finished", "evidence": {}}
@@ -271,6 +109,7 @@ def slo_rows(state: Mapping[str, Any], records: pd.DataFrame | None = None) -> l
             "model": r.get("model") or {},
             "fitted": r.get("fitted") or {},
             "bracket_text": bracket_text(SearchResult.from_json(r)) if r else "search not finished",
+            "busy_attempts": r.get("busy_attempts") or 0, "others_busy_cores_max": r.get("others_busy_cores_max"),
         })  # fmt: skip
     return rows
 
@@ -349,6 +188,19 @@ def _bracket_text(row: Mapping[str, Any]) -> str:
 
 
 def recommendation(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
+    """Which configuration to run, and what limits it, in one paragraph; or why the data cannot say; and whether
+    the machine was busy beside a server on it while it was measured."""
+    busy = [r for r in rows if r.get("busy_attempts")]
+    if not busy:
+        return _ranking(rows, slo)
+    most = max(r.get("others_busy_cores_max") or 0.0 for r in busy)
+    return (f"{_ranking(rows, slo)} The machine was busy during {sum(r['busy_attempts'] for r in busy)} attempt(s) "
+            f"of {', '.join(r['config'] for r in busy)}: other processes took up to {most:.1f} core(s) beside a "
+            "server on it, which has only what they leave it, so those capacities may read low; search again on "
+            "a quiet machine.")  # fmt: skip
+
+
+def _ranking(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
     """Which configuration to run, and what limits it, in one paragraph; or why the data cannot say.
 
     A configuration is named only when its capacity bracket lies wholly above every other's: brackets

@@ -150,6 +150,7 @@ class ServerSession:
         *,
         on_line: Callable[[str], None] | None = None,
         watch: Callable[[], str | None] | None = None,
+        on_start: Callable[[int], None] | None = None,
         kept: bool = False,
     ) -> CellResult:
         """Run one cell against the server through the session's child, the one an interrupt stops.
@@ -157,7 +158,7 @@ class ServerSession:
         ``kept``: an interrupt during this run rewrites its ``run.json`` to say how it ended: a suite cell is
         kept as a result, where a warm-up round is removed and a probe attempt set aside when run again."""
         self._in_progress = spec.folder if kept else None
-        done = run_cell(spec, self.child, on_line=on_line, watch=watch)
+        done = run_cell(spec, self.child, on_line=on_line, watch=watch, on_start=on_start)
         self._in_progress = None
         return done
 

@@ -913,3 +913,54 @@ def test_stage_warmup_loads_the_highest_rate_until_no_first_time_pause(tmp_path:
     again, _ = _fake_runner(tmp_path, capacity=12, edge=0.0, stage_warmup=50, max_probes=2)
     again.run()
     assert json.loads((tmp_path / slo.SLO_FILE).read_text())["configs"][0]["stage_warmup"] == warm
+
+
+def test_an_attempt_measures_how_busy_the_machine_was_beside_its_server() -> None:
+    """The CPU other processes take while an attempt runs against a server on this machine: a busy loop beside
+    a sleeping "server" and "Locust child" shows as about a core; a server elsewhere is not measured."""
+    import subprocess
+    import sys
+    import time
+
+    from tailgate.slo.attempt import ProbeMark
+    from tailgate.slo.busy import BUSY_OTHER_CORES, MachineWatch, busy_line
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+    server, child = subprocess.Popen(sleeper), subprocess.Popen(sleeper)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        watch = MachineWatch(server.pid)
+        watch.on_start(child.pid)
+        time.sleep(2.0)
+        others = watch.stop()
+    finally:
+        for p in (server, child, busy):
+            p.kill()
+            p.wait()
+    assert others is not None and others >= BUSY_OTHER_CORES, others
+    assert busy_line(others) is not None and busy_line(0.05) is None and busy_line(None) is None
+    elsewhere = MachineWatch(None)
+    elsewhere.on_start(child.pid)
+    assert elsewhere.stop() is None
+    mark = ProbeMark(4.0, 7, others_busy_cores=others)
+    assert ProbeMark.from_json(mark.to_json()) == mark
+    assert ProbeMark.from_json({"rate": 4, "seed": 7}).others_busy_cores is None  # a mark written before
+
+
+def test_the_answer_says_when_the_machine_was_busy() -> None:
+    from tailgate.slo.answer import answer_line
+    from tailgate.slo.result import SearchResult
+
+    quiet = SearchResult(4.0, 8.0, "bracketed", resolution="10%")
+    busy = SearchResult(4.0, 8.0, "bracketed", resolution="10%", busy_attempts=2, others_busy_cores_max=1.4)
+    assert "busy" not in answer_line(quiet)
+    assert "the machine was busy during 2 attempt(s): other processes took up to 1.4 core(s)" in answer_line(busy)
+    assert SearchResult.from_json(busy.to_json()) == busy
+    from tailgate.postprocess.slo import recommendation
+
+    row = {"config": "chunked", "flags": "(defaults)", "best_rate": 4.0, "first_fail_rate": 8.0,
+           "status": "bracketed", "binding": "ttft_p99", "mechanism": "admission queueing",
+           "mechanism_text": "queue", "uncertain": []}  # fmt: skip
+    assert "busy" not in recommendation([row], "TTFT p99 <= 1 s")
+    said = recommendation([{**row, "busy_attempts": 2, "others_busy_cores_max": 1.4}], "TTFT p99 <= 1 s")
+    assert "The machine was busy during 2 attempt(s) of chunked: other processes took up to 1.4 core(s)" in said

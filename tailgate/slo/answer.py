@@ -13,6 +13,7 @@ from typing import Any
 
 from tailgate.contracts import StageSummary
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark
+from tailgate.slo.busy import busy_line
 from tailgate.slo.result import SearchResult, Undecided
 from tailgate.slo.search import SearchOutcome
 from tailgate.slo.spec import Log
@@ -108,6 +109,7 @@ def result_of(outcome: SearchOutcome, probes: Sequence[ProbeEntry], plan: Any) -
             more_seconds_estimate=None if factor is None else round((factor - 1) * seconds),
         ))  # fmt: skip
     width = outcome.width
+    others = [a.others_busy_cores for pr in probes for a in pr.attempts if a.others_busy_cores is not None]
     return SearchResult(
         best_rate=outcome.best, first_fail_rate=outcome.first_fail, status=outcome.status,
         width=None if width is None else round(width, 3),
@@ -117,6 +119,7 @@ def result_of(outcome: SearchOutcome, probes: Sequence[ProbeEntry], plan: Any) -
         verdicts=dict(sorted(outcome.verdicts.items())),
         pooled_decided=sorted(r for r, v in outcome.verdicts.items() if latest[r].verdict != v),
         undecided=undecided, probes=len(probes), attempts=sum(len(pr.attempts) for pr in probes),
+        busy_attempts=sum(1 for c in others if busy_line(c)), others_busy_cores_max=max(others, default=None),
     )  # fmt: skip
 
 
@@ -176,6 +179,11 @@ def answer_line(result: SearchResult) -> str:
                 f"; not even {MORE_DATA_CAP}x its data at the measured share would decide it: the capacity is "
                 "about here")  # fmt: skip
         text += f"\n[slo]     not enough data at {u.rate:g} req/s ({eff}): {u.reason}{more}"
+    if result.busy_attempts:
+        text += (f"\n[slo]     the machine was busy during {result.busy_attempts} attempt(s): other processes "
+                 f"took up to {result.others_busy_cores_max or 0:.1f} core(s) beside the server and the load; a "
+                 "server on this machine has only what they leave it, so this answer may be low: search again on "
+                 "a quiet machine")  # fmt: skip
     for miss in result.not_run:
         text += (f"\n[slo]     a probe at {miss.rate:g} req/s could not run (tried twice): {miss.why}; "
                  "the search went on without it")  # fmt: skip
@@ -280,7 +288,7 @@ def attempt_row(folder: str, seed: int, mark: ProbeMark, data: ProbeAttempt) -> 
         waiting_samples=len(waits),
         waiting_share=round(sum(1 for w in waits if w > 0) / len(waits), 3) if waits else None,
         client_coalesced=sum(1 for r in data.measured if r.client_coalesced),
-        queue_slope_per_s=queue_slope(waits, mark.seconds),
+        queue_slope_per_s=queue_slope(waits, mark.seconds), others_busy_cores=mark.others_busy_cores,
     )  # fmt: skip
 
 

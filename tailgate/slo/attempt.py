@@ -37,13 +37,16 @@ class ProbeMark:
     errors_at_stop: int | None = None
     kv_capacity_tokens: int | None = None
     """The server's KV pool in tokens while the attempt ran (None: the server did not state it)."""
+    others_busy_cores: float | None = None
+    """CPU the machine's other processes took while the attempt ran, in cores (beside the server's process
+    tree and the Locust child's); None: not measured (the server is not a process of this machine)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "rate": self.rate, "seed": self.seed, "exit_code": self.exit_code, "seconds": self.seconds,
             "stopped_early": self.stopped_early, "waiting_max": self.waiting_max, "queue_stop": self.queue_stop,
             "waiting_series": list(self.waiting_series), "errors_at_stop": self.errors_at_stop,
-            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "kv_capacity_tokens": self.kv_capacity_tokens, "others_busy_cores": self.others_busy_cores,
         }  # fmt: skip
 
     @classmethod
@@ -54,7 +57,7 @@ class ProbeMark:
             seconds=data.get("seconds"), stopped_early=data.get("stopped_early"),
             waiting_max=data.get("waiting_max"), queue_stop=data.get("queue_stop"),
             waiting_series=tuple(data.get("waiting_series") or ()), errors_at_stop=data.get("errors_at_stop"),
-            kv_capacity_tokens=data.get("kv_capacity_tokens"),
+            kv_capacity_tokens=data.get("kv_capacity_tokens"), others_busy_cores=data.get("others_busy_cores"),
         )  # fmt: skip
 
     def write(self, path: Path) -> None:

@@ -24,6 +24,7 @@ from tailgate.runner import ChildRunner, LocustRun
 from tailgate.serversession import ConfigRunner, RoundRun, StageLoad
 from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark
+from tailgate.slo.busy import MachineWatch, busy_line
 from tailgate.slo.confirm import (
     ConfirmationRecord,
     confirm_answer,
@@ -181,7 +182,15 @@ class SloRunner(ConfigRunner[ServerConfig]):
                 return f"{watch.errors} errors: over the SLO's error budget of {budget} for the probe"
             return None
 
-        done = self.server.run(self._cell(config, rate, seed, out, n, warmup), watch=decided)
+        machine = MachineWatch(getattr(self.controller, "pid", None))
+        try:
+            done = self.server.run(self._cell(config, rate, seed, out, n, warmup), watch=decided,
+                                   on_start=machine.on_start)  # fmt: skip
+        finally:
+            others = machine.stop()
+        busy = busy_line(others)
+        if busy:
+            self.log(f"[slo]   {busy}")
         code, stopped = done.child.exit_code, done.stopped_early
         if stopped:
             self.log(f"[slo]   stopped the probe early: {stopped}")
@@ -193,7 +202,7 @@ class SloRunner(ConfigRunner[ServerConfig]):
         mark = ProbeMark(rate, seed, exit_code=code, seconds=round(done.seconds, 1), stopped_early=stopped,
                          waiting_max=watch.waiting_max, queue_stop=queue_stop,
                          waiting_series=tuple(watch.waiting_series), errors_at_stop=watch.errors,
-                         kv_capacity_tokens=watch.kv_capacity_tokens)  # fmt: skip
+                         kv_capacity_tokens=watch.kv_capacity_tokens, others_busy_cores=others)  # fmt: skip
         out.mkdir(parents=True, exist_ok=True)  # a run set aside or never started leaves no folder to mark
         mark.write(out / PROBE_MARK)
         return mark

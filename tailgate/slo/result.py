@@ -82,6 +82,10 @@ class SearchResult:
     not_run: list[NotRun] = field(default_factory=list)
     model: dict[str, Any] | None = None
     fitted: dict[str, Any] | None = None
+    busy_attempts: int = 0
+    """Attempts during which the machine's other processes took CPU from a server on it (:mod:`.busy`)."""
+    others_busy_cores_max: float | None = None
+    """The most CPU, in cores, the machine's other processes took during any attempt (None: not measured)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -105,6 +109,7 @@ class SearchResult:
             "pooled_decided": list(self.pooled_decided), "not_enough_data_rates": self.not_enough_data_rates,
             "undecided": [u.to_json() for u in self.undecided], "probes": self.probes, "attempts": self.attempts,
             "not_run": [n.to_json() for n in self.not_run], "model": self.model, "fitted": self.fitted,
+            "busy_attempts": self.busy_attempts, "others_busy_cores_max": self.others_busy_cores_max,
         }  # fmt: skip
         return {**out, **self.extra}
 

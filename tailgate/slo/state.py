@@ -43,6 +43,8 @@ class AttemptRow:
     waiting_share: float | None = None
     client_coalesced: int = 0
     queue_slope_per_s: float | None = None
+    others_busy_cores: float | None = None
+    """CPU other processes of the machine took during the attempt (None: not measured)."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
