@@ -62,10 +62,10 @@ def account(summaries: pd.DataFrame, records: pd.DataFrame, runs: Sequence[RunDi
             worker_lost[(run, int(stage))] += bool(lost)
     journals: dict[str, dict[int, list[int]]] = {}
     for run in runs:
-        journal = read_sent(run.path)
-        if journal:
+        sent = read_sent(run.path)
+        if sent:
             journals[run.name] = defaultdict(list)
-            for stage, trace in journal:
+            for stage, trace in sent:
                 journals[run.name][stage].append(trace)
     out = []
     for _, row in summaries.iterrows():
