@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from tailgate.jsontypes import JsonObject
+
 WORST_GAP_P99 = "worst_gap_error_p99_ms"
 WORST_GAP_MAX = "worst_gap_error_max_ms"
 TTFT_P99 = "ttft_error_p99_ms"
@@ -61,7 +63,7 @@ class Finding:
     def breached(self) -> bool:
         return self.value is not None and self.value > self.bound.limit
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> JsonObject:
         b = self.bound
         return {"key": b.key, "label": b.label, "value": self.value, "limit": b.limit, "unit": b.unit,
                 "breached": self.breached, "text": self.text()}  # fmt: skip

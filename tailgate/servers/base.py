@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+
+from tailgate.jsontypes import JsonObject
 
 HOST = "127.0.0.1"
 
@@ -81,7 +83,7 @@ class ServerController(Protocol):
         """Block until ``/health`` answers 200; return the seconds waited."""
         ...
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """JSON-ready facts about the server for the run's metadata."""
         ...
 

@@ -12,8 +12,9 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import cast
 
+from tailgate.jsontypes import JsonMapping, JsonObject, JsonValue, as_object
 from tailgate.serverconfigs import CHUNKED_OFF_FLAG, DEFAULT
 
 from .base import ServerError, redact_argv
@@ -195,7 +196,7 @@ class ComposeServer:
         logs = self.runner([*self._base(extra_files), "logs", "--tail", "40", service], None)
         raise ServerError(f"{self.base_url} not healthy after {timeout:.0f} s; service log:\n{logs.stdout}")
 
-    def effective_service(self) -> dict[str, Any] | None:
+    def effective_service(self) -> JsonMapping | None:
         """The active service as compose resolves it (files merged, variables filled in) from
         ``docker compose config``, with the same environment ``up`` got; None if compose cannot say."""
         service, extra_files, rest = self._variant(self._extra_args)
@@ -217,18 +218,18 @@ class ComposeServer:
         image = found.get("image") if found else None
         return str(image) if image else None
 
-    def image_digest(self, image: str) -> dict[str, Any]:
+    def image_digest(self, image: str) -> JsonObject:
         """Image id and repo digests from ``docker image inspect``: the tag alone does not pin a build."""
         done = self.runner([self.docker, "image", "inspect", image], None)
         if done.returncode != 0:
             return {}
         try:
-            info = json.loads(done.stdout)[0]
+            info = as_object(json.loads(done.stdout)[0])
         except (ValueError, IndexError, KeyError, TypeError):
             return {}
-        return {"image_id": info.get("Id"), "repo_digests": info.get("RepoDigests") or []}
+        return {"image_id": _decoded(info.get("Id")), "repo_digests": _decoded(info.get("RepoDigests") or [])}
 
-    def running_container(self) -> dict[str, Any] | None:
+    def running_container(self) -> JsonMapping | None:
         """``docker inspect`` of the service's running container; None when none runs or docker cannot say.
 
         The files say what compose was asked to run; the container says what runs. A stale container
@@ -248,10 +249,10 @@ class ComposeServer:
             return None
         return info if isinstance(info, dict) else None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """Service, files, the last ``up`` command, the running container's command, image and digest."""
         service, extra_files, rest = self._variant(self._extra_args)
-        facts: dict[str, Any] = {
+        facts: JsonObject = {
             "kind": "compose",
             "base_url": self.base_url,
             "service": service,
@@ -264,18 +265,19 @@ class ComposeServer:
         with contextlib.suppress(OSError):
             container = self.running_container()
             if container:
-                config = container.get("Config") or {}
+                config = _section(container, "Config")
                 facts["effective_command"] = redact_argv(
                     [str(container.get("Path") or ""), *_as_list(container.get("Args"))]
                     if container.get("Path")
                     else [*_as_list(config.get("Entrypoint")), *_as_list(config.get("Cmd"))]
                 )
                 facts["effective_command_from"] = "docker inspect"
-                facts["container"] = {"id": container.get("Id"), "name": str(container.get("Name", "")).lstrip("/"),
-                                      "started": (container.get("State") or {}).get("StartedAt")}  # fmt: skip
+                facts["container"] = {"id": _decoded(container.get("Id")),
+                                      "name": str(container.get("Name", "")).lstrip("/"),
+                                      "started": _decoded(_section(container, "State").get("StartedAt"))}  # fmt: skip
                 image = config.get("Image")
                 facts["image"] = str(image) if image else None
-                facts["image_id"] = container.get("Image")
+                facts["image_id"] = _decoded(container.get("Image"))
                 if image:
                     facts["repo_digests"] = self.image_digest(str(image)).get("repo_digests", [])
                 found = None
@@ -314,13 +316,24 @@ def port_taken(host: str, port: int) -> bool:
     return False
 
 
-def _as_list(value: Any) -> list[str]:
+def _as_list(value: object) -> list[str]:
     """Compose writes ``command``/``entrypoint`` as a list, a string or null."""
     if value is None:
         return []
     if isinstance(value, str):
         return shlex.split(value)
-    return [str(v) for v in value]
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
+def _decoded(value: object) -> JsonValue:
+    """A value Docker's JSON output held, recorded as it came: ``json.loads`` made it, so it is JSON."""
+    return cast(JsonValue, value)
+
+
+def _section(doc: JsonMapping, key: str) -> JsonMapping:
+    """A nested object of Docker's output; empty when absent or null."""
+    value = doc.get(key)
+    return value if isinstance(value, Mapping) else {}
 
 
 class ComposeByConfig:
@@ -364,5 +377,5 @@ class ComposeByConfig:
         for i, config in enumerate(c for c in configs if c in self.servers):
             self.servers[config].preflight(check_port=i == 0)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return self.current.describe()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+
+from tailgate.jsontypes import JsonObject
 
 from .base import ServerError
 from .net import http_json, is_healthy
@@ -40,7 +41,7 @@ class FixedServer:
     def stop(self) -> None:
         pass
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         version = http_json(self.base_url + "/version")
         return {"kind": "external", "base_url": self.base_url,
                 "vllm_version": version.get("version") if isinstance(version, dict) else None}  # fmt: skip

@@ -12,10 +12,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import psutil
 
+from tailgate.jsontypes import JsonObject
 from tailgate.lifecycle import deferred
 
 from .base import HOST, ServerError
@@ -184,7 +184,7 @@ class LocalVllmServer:
         env.update(self.env_overrides)
         return env
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """Command, vLLM-relevant environment, and the version the server reports when it is up."""
         env = self.environment()
         keys = set(SERVER_ENV) | set(SERVER_ENV_DEFAULTS) | set(self.env_overrides)

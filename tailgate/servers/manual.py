@@ -9,8 +9,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from typing import Any
 
+from tailgate.jsontypes import JsonObject
 from tailgate.serverconfigs import CHUNKED_OFF_FLAG
 
 from .base import Log, ServerError
@@ -133,7 +133,7 @@ class ManualServer:
             time.sleep(self.poll)
         raise ServerError(f"{self.base_url} not healthy after {timeout:.0f} s")
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """The flags that were asked for and the version the server reports: all the suite can know."""
         version = http_json(self.base_url + "/version", timeout=2.0)
         return {

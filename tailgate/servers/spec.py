@@ -14,7 +14,6 @@ import argparse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tailgate.optiondecl import PLACEMENTS, add_option
 
@@ -91,13 +90,13 @@ class ServerSpec:
 
 def _local(spec: ServerSpec, log: Log) -> ServerController:
     from .install import ensure_tiny_model, ensure_vllm_venv
-    from .local import LocalVllmServer
+    from .local import AUTO_CPUS, LocalVllmServer
 
     log(f"{spec.tag} preparing the CPU vLLM (installed once into ~/.cache/tailgate)")
     python = ensure_vllm_venv(log=log)
     model = ensure_tiny_model(python=python)
-    placement: dict[str, Any] = {} if spec.placement == "isolated" else {"cpus": None, "autogroup_nice": False}
-    return LocalVllmServer(python, model, log_path=spec.results / "server.log", **placement)
+    cpus = AUTO_CPUS if spec.placement == "isolated" else None  # shared: the server may use every core
+    return LocalVllmServer(python, model, log_path=spec.results / "server.log", cpus=cpus)
 
 
 def _compose(spec: ServerSpec, log: Log) -> ServerController:

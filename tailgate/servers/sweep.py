@@ -19,7 +19,8 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+from tailgate.jsontypes import JsonObject
 
 from .base import ServerError
 from .compose import ComposeServer, Runner, run_command
@@ -87,7 +88,7 @@ class CommandServer:
             time.sleep(1)
         return round(time.monotonic() - t0, 2)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         version = http_json(self.base_url + "/version", timeout=2.0)
         return {
             "kind": "command", "base_url": self.base_url, "command": self.last_command, "extra_args": self.flags,
@@ -177,7 +178,7 @@ class ComposeWithFlags:
     def wait_healthy(self, timeout: float = 900.0) -> float:
         return self.current.wait_healthy(timeout)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         facts = self.current.describe()
         if self.override is not None:
             facts["override_file"] = str(self.override)

@@ -17,7 +17,10 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # a name for the checker only: at run time this script imports nothing of the package
+    from tailgate.jsontypes import JsonObject
 
 VOCAB_SIZE = 1024
 MAX_POSITIONS = 16384
@@ -38,7 +41,7 @@ def vocabulary(size: int = VOCAB_SIZE) -> dict[str, int]:
     return vocab
 
 
-def model_config(max_positions: int = MAX_POSITIONS) -> dict[str, Any]:
+def model_config(max_positions: int = MAX_POSITIONS) -> JsonObject:
     """A 2-layer Llama small enough that a 2-core CPU still runs a scheduler-bound engine."""
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -73,7 +76,7 @@ CHAT_TEMPLATE = (
 words plus ``2 × messages + 1`` tokens, the same rule the ground-truth server counts by."""
 
 
-def tokenizer_config(max_positions: int = MAX_POSITIONS) -> dict[str, Any]:
+def tokenizer_config(max_positions: int = MAX_POSITIONS) -> JsonObject:
     """Settings for ``transformers``: no BOS/EOS added, so a prompt's token count is its word count."""
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",

@@ -31,8 +31,8 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
 
+from tailgate.jsontypes import JsonObject  # noqa: E402
 from tailgate.load.client import StreamTiming, Target, build_payload, build_request, stream_completion  # noqa: E402
 from tailgate.load.stagegc import QuietCollector  # noqa: E402
 from tailgate.verify.groundtruth import DEFAULT_MODEL, start_server_process  # noqa: E402
@@ -93,7 +93,7 @@ def timed_streams(
     return used, sum(t.chunks for t in timings)
 
 
-def measure() -> dict[str, Any]:
+def measure() -> JsonObject:
     t0 = time.monotonic()
     with start_server_process(ttft_ms=GAP_MS, gap_ms=GAP_MS) as server:
         timed_streams(server.base_url, WARMUP_STREAMS)  # imports and first use, not counted

@@ -8,7 +8,8 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+
+from tailgate.jsontypes import JsonObject
 
 SAMPLE_INTERVAL_S = 0.2
 """How often the CPU of the load processes is read; processes that exit keep their last reading."""
@@ -31,7 +32,7 @@ def _proc_stat() -> tuple[float, float, float]:
     return total - times.idle - getattr(times, "iowait", 0.0) - steal, total, steal
 
 
-def machine_facts() -> dict[str, Any]:
+def machine_facts() -> JsonObject:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     return {"cores": os.cpu_count(), "loadavg_1m": load[0], "loadavg_5m": load[1], "loadavg_15m": load[2]}
 

@@ -21,7 +21,8 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+
+from tailgate.jsontypes import JsonMapping, JsonObject, json_float, json_int
 
 HELD_MS = 5.0
 """An oversleep this long can alone put a read past the self-check's bound on the largest worst-gap
@@ -63,7 +64,7 @@ class HostHeldWatch:
             )
         return self
 
-    def stop(self, window: tuple[float, float] | None) -> dict[str, Any] | None:
+    def stop(self, window: tuple[float, float] | None) -> JsonObject | None:
         """End the sleepers; their oversleeps inside ``window`` (wall-clock seconds), or None when none ran."""
         if not self.procs:
             return None
@@ -93,7 +94,7 @@ def parse_lines(out: str) -> list[tuple[float, float]]:
 
 def held_summary(
     late: dict[int, list[tuple[float, float]]], window: tuple[float, float] | None, report_ms: float
-) -> dict[str, Any]:
+) -> JsonObject:
     """How often and how long the CPUs were held during the stage (the whole watch when no window)."""
     inside = {
         cpu: [(t, ms) for t, ms in events if window is None or window[0] <= t <= window[1]]
@@ -109,14 +110,20 @@ def held_summary(
     }
 
 
-def held_line(held: dict[str, Any] | None, client_late: bool) -> str | None:
-    """The self-check's line when CPUs were held during a stage in which the client read late."""
-    if not held or not held["oversleeps"] or not client_late:
+def held_line(held: JsonMapping | None, client_late: bool) -> str | None:
+    """The self-check's line when CPUs were held during a stage in which the client read late; ``held`` is
+    :func:`held_summary`'s document (the self-check's ``host_held``)."""
+    if not held or not client_late:
         return None
+    oversleeps = json_int(held, "oversleeps", where="host_held")
+    if not oversleeps:
+        return None
+    cpus_held, cpus = json_int(held, "cpus_held", where="host_held"), json_int(held, "cpus", where="host_held")
+    over_ms, worst_ms = json_float(held, "over_ms", where="host_held"), json_float(held, "worst_ms", where="host_held")
     return (
-        f"HOST HELD CPUS: sleepers pinned to {held['cpus_held']} of {held['cpus']} CPUs overslept "
-        f"{held['oversleeps']} time(s) by more than {held['over_ms']:g} ms during the stage, up to "
-        f"{held['worst_ms']:g} ms, with no steal counted: late reads at those moments are the host's; "
+        f"HOST HELD CPUS: sleepers pinned to {cpus_held} of {cpus} CPUs overslept "
+        f"{oversleeps} time(s) by more than {over_ms:g} ms during the stage, up to "
+        f"{worst_ms:g} ms, with no steal counted: late reads at those moments are the host's; "
         "packet-capture stamps (--chunk-stamp capture) do not depend on them"
     )
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tailgate.records import RequestRecord
 from tailgate.stats import percentile
+
+if TYPE_CHECKING:  # the name only: the server's package is not loaded to join its log
+    from tailgate.verify.groundtruth.settings import ChunkLogDump
 
 _MS = 1e6
 
@@ -138,13 +141,13 @@ class Join:
         )
 
 
-def _seq_of(response_id: Any) -> int | None:
+def _seq_of(response_id: object) -> int | None:
     if isinstance(response_id, str) and response_id.startswith("cmpl-") and response_id[5:].isdigit():
         return int(response_id[5:])
     return None
 
 
-def server_writes(dump: Mapping[str, Any]) -> dict[int, dict[int, int]]:
+def server_writes(dump: ChunkLogDump) -> dict[int, dict[int, int]]:
     """seq -> {chunk index -> write-returned ns} from a ground-truth chunk-log document."""
     out: dict[int, dict[int, int]] = {}
     for seq, idx, t_ns in dump["chunks"]:
@@ -152,7 +155,7 @@ def server_writes(dump: Mapping[str, Any]) -> dict[int, dict[int, int]]:
     return out
 
 
-def server_write_begins(dump: Mapping[str, Any]) -> dict[tuple[int, int], int]:
+def server_write_begins(dump: ChunkLogDump) -> dict[tuple[int, int], int]:
     """(seq, chunk index) -> the instant the write call began (empty for logs without it)."""
     begins = dump.get("chunk_write_begin") or []
     if len(begins) != len(dump["chunks"]):
@@ -191,7 +194,7 @@ def beyond_write_window(client_gap_ms: float, returns: Sequence[int], begins: Se
     return client_gap_ms - low if client_gap_ms < low else 0.0
 
 
-def join_records(records: Sequence[RequestRecord], dump: Mapping[str, Any], stamp: str = "recv") -> Join:
+def join_records(records: Sequence[RequestRecord], dump: ChunkLogDump, stamp: str = "recv") -> Join:
     """Match every record's chunks to the server's writes of the same sequence number and index.
 
     ``stamp`` names the chunk stamp the run used (``TAILGATE_CHUNK_STAMP``), so the other one can be
@@ -250,8 +253,9 @@ def join_records(records: Sequence[RequestRecord], dump: Mapping[str, Any], stam
             if begins and len(mine) == max(mine) + 1:
                 starts = [begins[(seq, k)] for k in range(len(mine))]
                 j.worst_gap_beyond_write_ms.append(beyond_write_window(rec.worst_gap_ms, ordered, starts))
-        if seq in received:
-            j.upload_ms.append((received[seq] - sent) / _MS)
+        received_ns = received.get(seq)
+        if received_ns is not None:
+            j.upload_ms.append((received_ns - sent) / _MS)
         if len(ordered) == len(offsets):
             for mode, offs in _all_stamps(rec, offsets, stamp).items():
                 got = j.by_stamp[mode]

@@ -38,6 +38,7 @@ same way. ``--hosts 2`` runs the load processes on two hosts made of network nam
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
@@ -46,7 +47,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from tailgate.clientbound import (
     CHUNK_P99,
@@ -57,6 +57,7 @@ from tailgate.clientbound import (
     judge,
 )
 from tailgate.exitcodes import DONE, FAILED, USAGE, child_ending
+from tailgate.jsontypes import JsonObject
 from tailgate.lifecycle import ArgumentParser, Stopped
 from tailgate.optiondecl import add_option
 from tailgate.optiontable import AUTO, parse_processes
@@ -111,7 +112,7 @@ KS_ALPHA = 0.01
 """Significance level of the inter-arrival test: one fixed seed should not fail it by bad luck."""
 
 
-def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: None) -> JsonObject:
     """Run one self-check and return every figure as a JSON-ready document (no raw samples)."""
     from tailgate.load.client import chunk_stamp_mode
     from tailgate.verify.groundtruth import start_server_process
@@ -134,16 +135,15 @@ def run_selfcheck(cfg: SelfCheckConfig, log: Callable[[str], None] = lambda _: N
         log(f"[selfcheck] reference server on CPUs {cpu_ranges(split.reference)}, load on {cpu_ranges(split.load)}")
     try:
         before = machine_facts()
-        server_args: dict[str, Any] = {
-            "ttft_ms": cfg.ttft_ms, "gap_ms": cfg.gap_ms, "chunk_log": work / "chunklog.json",
-            "workers": sizing.truth_workers, "realtime": cfg.truth_realtime,
-            "write_delay_us": cfg.server_write_delay_us,
-        }  # fmt: skip
+        start_server = functools.partial(
+            start_server_process, ttft_ms=cfg.ttft_ms, gap_ms=cfg.gap_ms, chunk_log=work / "chunklog.json",
+            workers=sizing.truth_workers, realtime=cfg.truth_realtime, write_delay_us=cfg.server_write_delay_us,
+        )  # fmt: skip
         if cfg.hosts > 1:
             hosts = load_hosts(cfg.hosts)
-            server_args.update(host=hosts.master_ip, wrap=hosts.wrap(hosts.master))
+            start_server = functools.partial(start_server, host=hosts.master_ip, wrap=hosts.wrap(hosts.master))
         with children_on(split.reference if split is not None else None):
-            server = start_server_process(**server_args)
+            server = start_server()
         try:
             if cfg.host_watch:
                 watch.start()

@@ -16,6 +16,7 @@ from typing import Any
 
 from tailgate.cell import CellSpec, run_cell
 from tailgate.clientbound import CHUNK_P99, DEFAULT_LIMITS, MERGED, TTFT_P99, WORST_GAP_MAX, WORST_GAP_P99
+from tailgate.jsontypes import JsonObject, as_object, json_opt_int
 from tailgate.load.hostcapacity import HostCapacity, host_capacity
 from tailgate.load.processes import auto_processes, truth_workers
 from tailgate.optiontable import AUTO
@@ -170,14 +171,15 @@ def locust_command(cfg: SelfCheckConfig, host: str, trace: Path, results: Path, 
     return locust_run(cfg, host, trace, results, model).command()
 
 
-def capture_figures(results: Path) -> dict[str, Any] | None:
+def capture_figures(results: Path) -> JsonObject | None:
     """The capture's drops and missed streams from the run's stage summaries (None: no capture ran)."""
     drops = missed = None
     for path in sorted(results.glob(SUMMARY_GLOB)):
-        s = json.loads(path.read_text(encoding="utf-8"))
-        if s.get("capture_drops") is not None:
-            drops = (drops or 0) + int(s["capture_drops"])
-            missed = (missed or 0) + int(s.get("capture_missed_streams") or 0)
+        s = as_object(json.loads(path.read_text(encoding="utf-8")), where=str(path))
+        dropped = json_opt_int(s, "capture_drops", where=str(path))
+        if dropped is not None:
+            drops = (drops or 0) + dropped
+            missed = (missed or 0) + (json_opt_int(s, "capture_missed_streams", where=str(path)) or 0)
     return None if drops is None else {"drops": drops, "missed_streams": missed}
 
 
@@ -188,9 +190,9 @@ def accounting_figures(results: Path) -> dict[str, int]:
     """Where every planned request went, from the run's stage summaries (the master's, in a run over hosts)."""
     out = dict.fromkeys(ACCOUNTING_KEYS, 0)
     for path in sorted(results.glob(SUMMARY_GLOB)):
-        s = json.loads(path.read_text(encoding="utf-8"))
+        s = as_object(json.loads(path.read_text(encoding="utf-8")), where=str(path))
         for key in ACCOUNTING_KEYS:
-            out[key] += int(s.get(key) or 0)
+            out[key] += json_opt_int(s, key, where=str(path)) or 0
     return out
 
 

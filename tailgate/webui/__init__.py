@@ -33,6 +33,7 @@ from typing import Any
 from flask import Blueprint, Flask, Response, abort, jsonify, request, send_file
 from flask.typing import ResponseReturnValue
 
+from tailgate.jsontypes import JsonObject
 from tailgate.load.preflight import settings_for, usage_line
 from tailgate.load.webaccess import AllowList
 from tailgate.optiontable import OptionError
@@ -117,7 +118,7 @@ def install(environment: Any) -> None:
     def newest() -> Any:
         return shape.session or shape.latest
 
-    def live_snapshot() -> dict[str, Any] | None:
+    def live_snapshot() -> JsonObject | None:
         run = newest()
         return None if run is None else views.snapshot(run)
 

@@ -19,7 +19,7 @@ from gevent.lock import Semaphore
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,19 @@ from typing import Any
 from tailgate.clientbound import behind_note
 from tailgate.contracts import StageSummary
 from tailgate.jsonl import Follower as Tail
+from tailgate.jsontypes import (
+    JsonMapping,
+    JsonObject,
+    as_object,
+    json_float,
+    json_int,
+    json_object,
+    json_objects,
+    json_opt_float,
+    json_opt_int,
+    json_opt_object,
+    json_str,
+)
 from tailgate.records import RequestRecord, journal_entry, supersedes
 from tailgate.resultfiles import RECORDS_GLOB, SENT_GLOB, SERVER_METRICS
 from tailgate.stats import field_values, measured_records, percentile, round_ms, tail
@@ -93,7 +106,7 @@ class StageFigures:
     lag_p99: float | None = None
     client_coalesced: int = 0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "measured": self.measured, "ttft": self.ttft.to_json(), "gap": self.gap.to_json(),
             "total": self.total.to_json(), "errors_by_class": dict(self.errors_by_class), "errors": self.errors,
@@ -126,6 +139,24 @@ def stage_dropped(summary: StageSummary | None, journaled: int, reported: int, s
     return reported if stopping else max(journaled, reported)
 
 
+@dataclass(frozen=True, slots=True)
+class ServerPoint:
+    """One line of ``server-metrics.jsonl``: the figures the tab's chart draws (None: the server did not say)."""
+
+    t: float
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None
+    preemptions_total: float | None
+
+    @classmethod
+    def of(cls, line: str | bytes) -> ServerPoint:
+        """Raises ``ValueError`` for a cut line or one of another shape."""
+        p = as_object(json.loads(line), where=SERVER_METRICS)
+        return cls(json_float(p, "t"), json_opt_float(p, "running"), json_opt_float(p, "waiting"),
+                   json_opt_float(p, "kv_usage"), json_opt_float(p, "preemptions_total"))  # fmt: skip
+
+
 class LiveRun:
     """What one run's folder says right now, with the session's own state (stages, status, report)."""
 
@@ -136,7 +167,7 @@ class LiveRun:
         self._sent = Tail(folder, SENT_GLOB)
         self._metrics = Tail(folder, SERVER_METRICS)
         self.stages: dict[int, StageView] = {s.index: StageView() for s in session.stages}
-        self.series: list[dict[str, Any]] = []
+        self.series: list[ServerPoint] = []
         self.unreadable = 0
 
     def _read(self) -> None:
@@ -173,12 +204,12 @@ class LiveRun:
             if i % SLICE_LINES == 0:
                 pause()
             try:
-                self.series.append(json.loads(line))
+                self.series.append(ServerPoint.of(line))
             except ValueError:
                 continue
         del self.series[:-SERIES_POINTS]
 
-    def _latency(self, started: float) -> dict[str, list[Any]]:
+    def _latency(self, started: float) -> dict[str, list[float | None]]:
         """TTFT and worst gap of the newest requests against when each ended (s since the run started)."""
         ended = [(r.end_s, r) for v in self.stages.values() for r in v.records[-LATENCY_POINTS:] if r.end_s]
         ended.sort(key=lambda pair: pair[0])
@@ -189,15 +220,15 @@ class LiveRun:
             "gap": [r.worst_gap_ms for _, r in ended],
         }
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> JsonObject:
         self._read()
         s = self.session
         settings = s.settings
         current = s.current.index if s.current is not None else None
         latest_preempt = next(
-            (p["preemptions_total"] for p in reversed(self.series) if p.get("preemptions_total") is not None), None
+            (p.preemptions_total for p in reversed(self.series) if p.preemptions_total is not None), None
         )
-        stages = []
+        stages: list[JsonObject] = []
         for stage in s.stages:
             view = self.stages[stage.index]
             if view.computed_at != len(view.records):
@@ -236,17 +267,18 @@ class LiveRun:
             "report": {"state": s.report_state(), "error": s.report_error()},
             "stages": stages, "unreadable_lines": self.unreadable, "latency": self._latency(s.started),
             "series": {
-                "t": [round(p["t"] - s.started, 2) for p in self.series],
-                **{k: [p.get(k) for p in self.series] for k in ("running", "waiting", "kv_usage", "preemptions_total")},
+                "t": [round(p.t - s.started, 2) for p in self.series], "running": [p.running for p in self.series],
+                "waiting": [p.waiting for p in self.series], "kv_usage": [p.kv_usage for p in self.series],
+                "preemptions_total": [p.preemptions_total for p in self.series],
             },
         }  # fmt: skip
 
 
-def _ms(fig: Mapping[str, float | None] | None) -> str:
+def _ms(fig: JsonMapping | None) -> str:
     """A latency's four figures as the snapshot holds them, as Locust's table prints them."""
     if not fig or fig.get("p50") is None:
         return "–"
-    return " / ".join(f"{fig[k]:.1f}" for k in ("p50", "p90", "p99", "max"))
+    return " / ".join(f"{json_float(fig, k):.1f}" for k in ("p50", "p90", "p99", "max"))
 
 
 TABLE_KEY = "tail-latency"
@@ -265,22 +297,24 @@ TABLE_STRUCTURE: list[dict[str, str]] = [
 ]
 
 
-def table_rows(snapshot: dict[str, Any] | None) -> list[dict[str, str]]:
+def table_rows(snapshot: JsonMapping | None) -> list[dict[str, str]]:
     """The stage rows of Locust's extended table (strings: its table prints cells as they are)."""
     if not snapshot:
         return []
     rows = []
-    for st in snapshot["stages"]:
-        errors = ", ".join(f"{k} {v}" for k, v in st.get("errors_by_class", {}).items()) or "0"
-        lag = st.get("lag_p99")
-        pre = st.get("preemptions")
-        merged = st.get("client_coalesced")
+    for st in json_objects(snapshot, "stages", where="snapshot"):
+        errors = ", ".join(f"{k} {v}" for k, v in json_object(st, "errors_by_class", {}).items()) or "0"
+        lag = json_opt_float(st, "lag_p99")
+        pre = json_opt_float(st, "preemptions")
+        merged = json_opt_float(st, "client_coalesced")
+        never = json_opt_int(st, "never_sent")
         behind = "–" if merged is None else (behind_note(merged) or f"{merged:g}")
+        counts = f"{json_int(st, 'planned')} / {json_int(st, 'sent')} / {json_int(st, 'recorded')}"
         rows.append({
-            "stage": st["label"], "state": st["state"], "counts": f"{st['planned']} / {st['sent']} / {st['recorded']}",
-            "unsent": f"{st.get('dropped', 0)} / {'–' if st.get('never_sent') is None else st['never_sent']} / "
-                      f"{st.get('merged', 0)}",
-            "ttft": _ms(st.get("ttft")), "gap": _ms(st.get("gap")), "total": _ms(st.get("total")), "errors": errors,
+            "stage": json_str(st, "label"), "state": json_str(st, "state"), "counts": counts,
+            "unsent": f"{json_int(st, 'dropped', 0)} / {'–' if never is None else never} / {json_int(st, 'merged', 0)}",
+            "ttft": _ms(json_opt_object(st, "ttft")), "gap": _ms(json_opt_object(st, "gap")),
+            "total": _ms(json_opt_object(st, "total")), "errors": errors,
             "lag": "–" if lag is None else f"{lag:.1f}", "preempt": "–" if pre is None else f"{pre:g}",
             "behind": behind,
         })  # fmt: skip
@@ -292,16 +326,16 @@ class LiveViews:
 
     def __init__(self) -> None:
         self._views: dict[str, LiveRun] = {}
-        self._cache: dict[str, tuple[float, tuple[Any, ...], dict[str, Any]]] = {}
+        self._cache: dict[str, tuple[float, tuple[object, ...], JsonObject]] = {}
         self.last_cost_ms: float | None = None
         self._lock = Semaphore()
         """Two polls (Locust's and the panel's) may overlap now that a refresh yields; one reads the files."""
 
-    def snapshot(self, session: Any) -> dict[str, Any]:
+    def snapshot(self, session: Any) -> JsonObject:
         with self._lock:
             return self._snapshot(session)
 
-    def _snapshot(self, session: Any) -> dict[str, Any]:
+    def _snapshot(self, session: Any) -> JsonObject:
         key = (session.status, session.ended, session.stopping, session.current.index if session.current else None,
                len(session.summaries), session.report_state())  # fmt: skip
         now = time.monotonic()

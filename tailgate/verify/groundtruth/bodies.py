@@ -9,7 +9,8 @@ Pure functions of the bytes, kept apart from the server's connections and timers
 from __future__ import annotations
 
 import json
-from typing import Any
+
+from tailgate.jsontypes import JsonMapping, JsonObject
 
 from .settings import Settings
 from .wire import DEFAULT_MAX_TOKENS, HttpError
@@ -18,7 +19,7 @@ PREFIX_BLOCK_TOKENS = 16
 """Tokens per prefix-cache block (vLLM's GPU default block size)."""
 
 
-def chat_tokens(messages: Any) -> list[str]:
+def chat_tokens(messages: object) -> list[str]:
     """The ground truth's chat template: a role marker before each message's words, one marker to end it, and
     the assistant's generation prompt: ``2 × messages + 1`` tokens beside the words."""
     if not isinstance(messages, list) or not messages:
@@ -31,7 +32,7 @@ def chat_tokens(messages: Any) -> list[str]:
     return [*out, "<|assistant|>"]
 
 
-def _prompt_words(req: dict[str, Any], chat: bool) -> list[str]:
+def _prompt_words(req: JsonMapping, chat: bool) -> list[str]:
     """The prompt as the ground truth's tokenizer splits it: one token per whitespace-separated word."""
     if chat:
         return chat_tokens(req.get("messages"))
@@ -52,7 +53,7 @@ def token_id(word: str) -> int:
     return 100_000 + int.from_bytes(word.encode()[:6].ljust(6, b"\0"), "big") % 900_000
 
 
-def _json_object(body: bytes) -> dict[str, Any]:
+def _json_object(body: bytes) -> JsonMapping:
     try:
         req = json.loads(body)
     except ValueError:
@@ -62,7 +63,7 @@ def _json_object(body: bytes) -> dict[str, Any]:
     return req
 
 
-def tokenize(body: bytes, s: Settings) -> dict[str, Any]:
+def tokenize(body: bytes, s: Settings) -> JsonObject:
     """vLLM's ``/tokenize``: ``messages`` through the chat template, or ``prompt``."""
     req = _json_object(body)
     words = _prompt_words(req, chat="messages" in req)
@@ -70,7 +71,7 @@ def tokenize(body: bytes, s: Settings) -> dict[str, Any]:
     return {"count": len(tokens), "max_model_len": MODEL_MAX_LEN, "tokens": tokens, "token_strs": None}
 
 
-def detokenize(body: bytes) -> dict[str, Any]:
+def detokenize(body: bytes) -> JsonObject:
     req = _json_object(body)
     tokens = req.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
@@ -98,10 +99,11 @@ def parse_completion(body: bytes, s: Settings, *, chat: bool = False) -> tuple[i
     if not isinstance(stream, bool):
         raise HttpError(400, "stream must be a boolean")
     options = req.get("stream_options")
+    include_usage = False
     if options is not None:
         if not stream:
             raise HttpError(400, "Stream options can only be defined when `stream=True`.")
         if not isinstance(options, dict):
             raise HttpError(400, "stream_options must be an object")
-    include_usage = bool(options and options.get("include_usage"))
+        include_usage = bool(options.get("include_usage"))
     return prompt_tokens, max_tokens, stream, include_usage, words

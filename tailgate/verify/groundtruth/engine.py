@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from tailgate.jsontypes import JsonObject
 from tailgate.records import RequestRecord
 
 MS = 1_000_000
@@ -73,7 +74,7 @@ class EngineModel:
         return arrival_ns + round((self.frontend_ms + self.frontend_ms_per_token * prompt_tokens) * MS)
 
     @classmethod
-    def from_dict(cls, doc: Any) -> EngineModel:
+    def from_dict(cls, doc: object) -> EngineModel:
         """Validate a control/CLI document; unknown keys and bad values raise :class:`EngineModelError`."""
         if not isinstance(doc, dict):
             raise EngineModelError("engine must be an object of engine settings (or null to turn it off)")
@@ -106,7 +107,7 @@ class EngineModel:
             raise EngineModelError(f"engine chunked must be true or false, got {model.chunked!r}")
         return model
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return asdict(self)
 
 

@@ -4,9 +4,10 @@ rather than as a puzzling stream later.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict, cast
+
+from tailgate.jsontypes import JsonMapping, JsonObject, JsonValue
 
 from .wire import FAULT_KINDS, MATCH_KEYS
 
@@ -17,11 +18,46 @@ class ControlError(ValueError):
     """A control document that cannot be applied; nothing of it was applied."""
 
 
+class FaultMatch(TypedDict, total=False):
+    """Which requests a fault takes, as :func:`compile_fault` checked it (a plain dict: it is shown back as given)."""
+
+    seq: int | list[int]
+    every: int
+    offset: int
+    prompt_tokens: int
+    all: bool
+
+
+class FaultParams(TypedDict, total=False):
+    """A fault's settings beside ``kind``, ``match`` and ``times``, as :func:`_validate_fault_params` checked them."""
+
+    message: str
+    delay_ms: float | None
+    retry_after: float | str
+    type: str
+    rst: JsonValue
+    """Taken for its truth, as ``same_http_chunk``."""
+    after_chunks: int
+    at_chunk: int
+    stall_ms: float | None
+    """None (or at least ``FOREVER_MS``): the stream never resumes."""
+    code: int
+    interval_ms: float | None
+    comment: str
+    events_per_write: int
+    same_http_chunk: JsonValue
+
+
+def _as_json(doc: FaultMatch | FaultParams) -> JsonObject:
+    """Both hold only the JSON values the control document gave (checked when it was read)."""
+    return cast(JsonObject, doc)
+
+
 @dataclass(slots=True)
 class Fault:
     kind: str
-    match: dict[str, Any]
-    params: dict[str, Any]
+    match: FaultMatch
+    params: FaultParams
     times: int | None
     hits: int = 0
 
@@ -37,14 +73,14 @@ class Fault:
             return False
         return not ("prompt_tokens" in m and prompt_tokens < m["prompt_tokens"])
 
-    def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"match": self.match, "kind": self.kind, **self.params, "hits": self.hits}
+    def describe(self) -> JsonObject:
+        out: JsonObject = {"match": _as_json(self.match), "kind": self.kind, **_as_json(self.params), "hits": self.hits}
         if self.times is not None:
             out["times"] = self.times
         return out
 
 
-def number_field(doc: Mapping[str, Any], key: str, default: float | None, minimum: float = 0.0) -> float | None:
+def number_field(doc: JsonMapping, key: str, default: float | None, minimum: float = 0.0) -> float | None:
     value = doc.get(key, default)
     if value is None:
         return None
@@ -53,14 +89,14 @@ def number_field(doc: Mapping[str, Any], key: str, default: float | None, minimu
     return float(value)
 
 
-def integer_field(doc: Mapping[str, Any], key: str, default: int, minimum: int = 0) -> int:
+def integer_field(doc: JsonMapping, key: str, default: int, minimum: int = 0) -> int:
     value = doc.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ControlError(f"{key} must be an integer >= {minimum}, got {value!r}")
     return value
 
 
-def compile_fault(doc: Any) -> Fault:
+def compile_fault(doc: object) -> Fault:
     if not isinstance(doc, dict):
         raise ControlError(f"a fault must be an object, got {doc!r}")
     kind = doc.get("kind")
@@ -87,10 +123,10 @@ def compile_fault(doc: Any) -> Fault:
     if times is not None:
         times = integer_field(doc, "times", 0, minimum=1)
     _validate_fault_params(kind, params)
-    return Fault(kind, dict(match), params, times)
+    return Fault(kind, cast(FaultMatch, dict(match)), cast(FaultParams, params), times)
 
 
-def _validate_fault_params(kind: str, p: dict[str, Any]) -> None:
+def _validate_fault_params(kind: str, p: JsonMapping) -> None:
     allowed: dict[str, set[str]] = {
         "http_429": {"message", "delay_ms", "retry_after", "type"},
         "http_500": {"message", "delay_ms", "type"},
@@ -117,13 +153,14 @@ def _validate_fault_params(kind: str, p: dict[str, Any]) -> None:
     for key in ("message", "type", "comment"):
         if key in p and not isinstance(p[key], str):
             raise ControlError(f"{key} must be a string")
-    if "comment" in p and ("\n" in p["comment"] or "\r" in p["comment"]):
+    comment = p.get("comment")
+    if isinstance(comment, str) and ("\n" in comment or "\r" in comment):
         raise ControlError("comment must be one line")
     if "retry_after" in p and not isinstance(p["retry_after"], int | float | str):
         raise ControlError("retry_after must be a number or a string")
 
 
-def compile_pause(doc: Any) -> tuple[int, int] | None:
+def compile_pause(doc: object) -> tuple[int, int] | None:
     """``{"at_seq": S, "ms": P}``: a server-wide pause of every stream, the way an engine step that stalls pauses
     them all at once; it starts when request S arrives. Returns ``(S, P in ns)``; None clears it."""
     if doc is None:
@@ -135,7 +172,7 @@ def compile_pause(doc: Any) -> tuple[int, int] | None:
     return integer_field(doc, "at_seq", 0), round(ms * 1_000_000)
 
 
-def compile_script(doc: Any) -> dict[int, list[int]]:
+def compile_script(doc: object) -> dict[int, list[int]]:
     """Per-request schedules ``{"schedules": {"seq": [ttft_ms, gap1_ms, ...]}}`` as cumulative ns offsets."""
     if not isinstance(doc, dict) or not set(doc) <= {"schedules"}:
         raise ControlError('a script must be {"schedules": {"<seq>": [ttft_ms, gap_ms, ...]}}')

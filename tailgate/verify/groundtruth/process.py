@@ -13,8 +13,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
+from tailgate.jsontypes import JsonMapping, JsonValue, as_object, json_object, json_str
+
+from .settings import ChunkLogDump, read_chunk_log
 from .wire import DEFAULT_GAP_MS, DEFAULT_MODEL, DEFAULT_TTFT_MS, json_bytes
 from .workers import STOP_TIMEOUT_S
 
@@ -60,7 +62,7 @@ class ServerProcess:
         return self.proc.pid
 
     def request(
-        self, method: str, path: str, body: Any = None, timeout: float = 30.0
+        self, method: str, path: str, body: JsonValue = None, timeout: float = 30.0
     ) -> tuple[int, dict[str, str], bytes]:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
@@ -72,28 +74,25 @@ class ServerProcess:
         finally:
             conn.close()
 
-    def control(self, changes: Mapping[str, Any]) -> dict[str, Any]:
-        """Apply a control document; raises ``ValueError`` with the server's message if refused."""
+    def control(self, changes: Mapping[str, JsonValue]) -> JsonMapping:
+        """Apply a control document; raises ``ValueError`` with the server's message if refused. Returns the
+        settings that result (``GET /_control``'s document)."""
         status, _, data = self.request("POST", "/_control", dict(changes))
-        doc = json.loads(data)
+        doc = as_object(json.loads(data), where="POST /_control")
         if status != 200:
-            raise ValueError(doc.get("error", {}).get("message", data.decode("utf-8", "replace")))
-        answer: dict[str, Any] = doc
-        return answer
+            raise ValueError(json_str(json_object(doc, "error", {}), "message", data.decode("utf-8", "replace")))
+        return doc
 
     def metrics(self) -> str:
         return self.request("GET", "/metrics")[2].decode("utf-8")
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> ChunkLogDump:
         """The full log: live from the server, or from the file it wrote when it stopped. A server of several
         workers is stopped first: their logs are merged only then."""
-        full_log: dict[str, Any]
         if self.proc.poll() is None and self.workers == 1:
-            full_log = json.loads(self.request("GET", "/_chunklog")[2])
-            return full_log
+            return read_chunk_log(self.request("GET", "/_chunklog")[2], where="GET /_chunklog")
         self.stop()
-        full_log = json.loads(self.chunk_log_path.read_bytes())
-        return full_log
+        return read_chunk_log(self.chunk_log_path.read_bytes(), where=str(self.chunk_log_path))
 
     def pids(self) -> list[int]:
         """The server's process and its workers (for CPU accounting)."""
@@ -106,8 +105,7 @@ class ServerProcess:
 
     def chunk_log(self) -> list[list[int]]:
         """``[seq, chunk index, write time ns]`` for every content chunk written, in write order."""
-        chunks: list[list[int]] = self.dump()["chunks"]
-        return chunks
+        return self.dump()["chunks"]
 
     def stop(self, timeout: float | None = None) -> int:
         """SIGTERM (the server writes its chunk log and exits), SIGKILL if it does not within ``timeout``
@@ -149,8 +147,8 @@ def start_server_process(
     model: str = DEFAULT_MODEL,
     accept_any_model: bool = False,
     prefix_caching: bool = False,
-    script: Mapping[str, Any] | str | Path | None = None,
-    engine: Mapping[str, Any] | None = None,
+    script: Mapping[str, JsonValue] | str | Path | None = None,
+    engine: Mapping[str, JsonValue] | None = None,
     chunk_log: str | Path | None = None,
     startup_timeout_s: float = 20.0,
     python: str = sys.executable,

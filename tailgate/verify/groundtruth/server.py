@@ -8,7 +8,8 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from tailgate.jsontypes import JsonObject
 
 from .bodies import MODEL_MAX_LEN, PREFIX_BLOCK_TOKENS, detokenize, parse_completion, tokenize
 from .connection import Connection
@@ -130,7 +131,7 @@ class GroundTruthServer:
 
     # -- control
 
-    def apply_control(self, doc: Any) -> dict[str, Any]:
+    def apply_control(self, doc: object) -> JsonObject:
         """Validate the whole document, then apply it: a bad key changes nothing.
 
         Keys: ``ttft_ms``, ``gap_ms``, ``model``, ``accept_any_model``, ``preemptions_total``,
@@ -192,7 +193,7 @@ class GroundTruthServer:
             self.next_seq = self.worker
         return self.describe()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {
             **self.settings.describe(),
             "next_seq": self.next_seq,
@@ -509,7 +510,7 @@ class GroundTruthServer:
             body = error_body(status, message, p.get("type"))
             conn.send(full_response(status, body, "application/json", conn.keep_alive, extra))
 
-        delay_ns = round(float(p.get("delay_ms", 0.0)) * 1_000_000)
+        delay_ns = round(float(p.get("delay_ms") or 0.0) * 1_000_000)
         if delay_ns <= 0:
             fire()
         else:
@@ -533,8 +534,7 @@ def _add_to_plan(plan: Plan, fault: Fault, gap_ms: float) -> None:
     elif kind == "stall":
         stall_ms = p.get("stall_ms", 1000.0)
         at = int(p.get("at_chunk", 1))
-        forever = stall_ms is None or stall_ms >= FOREVER_MS
-        plan.stalls[at] = None if forever else round(float(stall_ms) * 1_000_000)
+        plan.stalls[at] = None if stall_ms is None or stall_ms >= FOREVER_MS else round(float(stall_ms) * 1_000_000)
     elif kind == "error_event":
         at = int(p.get("at_chunk", 1))
         plan.error_at = at if plan.error_at is None else min(plan.error_at, at)

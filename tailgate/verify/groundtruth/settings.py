@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from array import array
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict, cast
+
+from tailgate.jsontypes import JsonMapping, JsonObject, as_object, json_int, json_list, json_str
 
 from .engine import EngineModel
 from .faults import Fault
@@ -41,7 +44,7 @@ class Settings:
     much, which falls behind its schedule once chunks per second times the delay pass one second per
     second. Only for testing what notices a late reference (the self-check's lateness bound)."""
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {
             "ttft_ms": self.ttft_ms,
             "gap_ms": self.gap_ms,
@@ -60,6 +63,65 @@ class Settings:
 
 
 # ------------------------------------------------------------------------------------------- logging
+
+
+class ChunkLogColumns(TypedDict):
+    """One worker's log as flat lists (:meth:`ChunkLog.columns`), left for the parent to merge."""
+
+    pid: int
+    seq: list[int]
+    idx: list[int]
+    t_ns: list[int]
+    begin_ns: list[int]
+    target_ns: list[int]
+    requests: list[list[int]]
+    """``[seq, body received ns, first write ns or -1]``."""
+    backpressured: int
+
+
+class ChunkLogDump(TypedDict):
+    """The chunk log as one document (:meth:`ChunkLog.dump`, or the workers' logs merged): what the self-check's
+    join reads. The worker keys are in a merged log only; the other optional ones are absent from older logs."""
+
+    clock: str
+    pid: int
+    workers: NotRequired[int]
+    worker_pids: NotRequired[list[int]]
+    worker_chunks: NotRequired[list[int]]
+    workers_lost: NotRequired[list[JsonObject]]
+    """``{"worker", "pid", "exit"}`` of each worker that ended before the server was stopped."""
+    chunks: list[list[int]]
+    """``[seq, chunk index, write-returned ns]`` in write order."""
+    chunk_targets: NotRequired[list[int]]
+    chunk_write_begin: NotRequired[list[int]]
+    requests: NotRequired[list[list[int | None]]]
+    """``[seq, body received ns, first write ns or None]``."""
+    backpressured_writes: NotRequired[int]
+
+
+def _checked_top(doc: JsonMapping, ints: tuple[str, ...], lists: tuple[str, ...], where: str) -> None:
+    for key in ints:
+        json_int(doc, key, where=where)
+    for key in lists:
+        json_list(doc, key, where=where)
+
+
+def read_columns(data: bytes, where: str) -> ChunkLogColumns:
+    """A worker's columns as written; the keys and their kinds are checked, the rows (millions of integers this
+    server wrote) are taken as written."""
+    doc = as_object(json.loads(data), where=where)
+    _checked_top(doc, ("pid", "backpressured"), ("seq", "idx", "t_ns", "begin_ns", "target_ns", "requests"), where)
+    return cast(ChunkLogColumns, doc)
+
+
+def read_chunk_log(data: bytes, where: str) -> ChunkLogDump:
+    """A chunk-log document as written, checked as :func:`read_columns` checks a worker's."""
+    doc = as_object(json.loads(data), where=where)
+    json_str(doc, "clock", where=where)
+    _checked_top(doc, ("pid",), ("chunks",), where)
+    for key in ("chunk_targets", "chunk_write_begin", "requests", "workers_lost"):
+        json_list(doc, key, (), where=where)
+    return cast(ChunkLogDump, doc)
 
 
 class ChunkLog:
@@ -92,7 +154,7 @@ class ChunkLog:
     def __len__(self) -> int:
         return len(self.seq)
 
-    def columns(self) -> dict[str, Any]:
+    def columns(self) -> ChunkLogColumns:
         """The log as flat lists (a worker's part of a merged log: cheap to write and read back)."""
         return {
             "pid": os.getpid(),
@@ -105,7 +167,7 @@ class ChunkLog:
             "backpressured": self.backpressured,
         }
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> ChunkLogDump:
         return {
             "clock": "CLOCK_MONOTONIC (time.monotonic_ns)",
             "pid": os.getpid(),

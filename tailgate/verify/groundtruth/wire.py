@@ -198,7 +198,9 @@ def full_response(
     return response_head(status, headers, keep_alive) + body
 
 
-def json_bytes(obj: Any) -> bytes:
+def json_bytes(obj: object) -> bytes:
+    """Compact JSON of a ``JsonObject`` or of a ``TypedDict`` of JSON values (the chunk log's, which ``JsonValue``
+    cannot name)."""
     return json.dumps(obj, separators=(",", ":")).encode("utf-8")
 
 

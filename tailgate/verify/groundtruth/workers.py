@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import select
 import signal
@@ -38,6 +37,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tailgate.jsontypes import JsonObject
+
+from .settings import ChunkLogColumns, ChunkLogDump, read_columns
 from .wire import json_bytes
 
 START_TIMEOUT_S = 30.0
@@ -55,7 +57,7 @@ def part_path(chunk_log: Path, worker: int) -> Path:
     return chunk_log.with_name(f"{chunk_log.name}.worker{worker}")
 
 
-def merge_parts(parts: Sequence[dict[str, Any]], workers: int, lost: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def merge_parts(parts: Sequence[ChunkLogColumns], workers: int, lost: Sequence[JsonObject]) -> ChunkLogDump:
     """One chunk-log document (:meth:`~.settings.ChunkLog.dump`'s shape) from the workers' columns."""
     chunks: list[list[int]] = []
     targets: list[int] = []
@@ -83,7 +85,7 @@ def merge_parts(parts: Sequence[dict[str, Any]], workers: int, lost: Sequence[di
     }
 
 
-def write_json(path: Path, doc: dict[str, Any]) -> None:
+def write_json(path: Path, doc: ChunkLogColumns | ChunkLogDump) -> None:
     """Atomically: a reader sees the whole file or none of it."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(json_bytes(doc))
@@ -101,7 +103,7 @@ def _reserve(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _end(pids: dict[int, int], timeout_s: float, lost: list[dict[str, Any]], stopping: bool) -> None:
+def _end(pids: dict[int, int], timeout_s: float, lost: list[JsonObject], stopping: bool) -> None:
     """SIGTERM every worker still running, wait for each (SIGKILL after ``timeout_s``), note any that failed."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -153,7 +155,7 @@ def serve_workers(args: argparse.Namespace, serve_one: ServeOne) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    lost: list[dict[str, Any]] = []
+    lost: list[JsonObject] = []
     ready = 0
     deadline = time.monotonic() + START_TIMEOUT_S
     while ready < workers and time.monotonic() < deadline and not stop["now"]:
@@ -190,7 +192,7 @@ def serve_workers(args: argparse.Namespace, serve_one: ServeOne) -> int:
         for worker in range(workers):
             path = part_path(log, worker)
             if path.exists():
-                parts.append(json.loads(path.read_bytes()))
+                parts.append(read_columns(path.read_bytes(), where=str(path)))
                 path.unlink()
         write_json(log, merge_parts(parts, workers, lost))
     return 0
