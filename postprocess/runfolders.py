@@ -26,6 +26,7 @@ from pandas.api.types import union_categoricals
 from tailgate.arms import OPEN_LOOP, cell_name, value_text
 from tailgate.contracts import C, ContractError, StageSummary
 from tailgate.jsonl import parse_lines
+from tailgate.jsontypes import JsonMapping
 from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.records import RECORD_FIELDS, WORKLOAD_DEFAULTS, InFlightLoss, lost_in_flight, record_files
 from tailgate.resultfiles import RUN_META, SENT_GLOB, SERVER_METRICS, SUMMARY_GLOB
@@ -248,7 +249,7 @@ PARALLEL_BYTES = 64 << 20
 MAX_WORKERS = 8
 
 
-def _parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
+def _parse_lines(data: bytes) -> tuple[list[JsonMapping], int]:
     """Every record line of ``data``, and the count of lines that are not a JSON object (the load path's
     reader, with orjson for files of millions of lines)."""
     return parse_lines(data, orjson.loads)

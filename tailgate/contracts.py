@@ -26,6 +26,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, Union
 
+from tailgate.jsontypes import JsonObject, JsonValue
 from tailgate.records import RequestRecord
 from tailgate.stats import SEED_SUMMARY_KEYS
 
@@ -34,14 +35,17 @@ C = TypeVar("C", bound="Contract")
 _NOTHING = object()
 
 
-def known_and_extra(cls: type[Any], data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def known_and_extra(cls: type[Any], data: Mapping[str, Any]) -> tuple[dict[str, Any], JsonObject]:
     """A JSON object split into the keys the dataclass ``cls`` declares (its ``extra`` aside) and the rest: a
-    reader of another version's file keeps what it does not know, to write it back unchanged."""
+    reader of another version's file keeps what it does not know, to write it back unchanged.
+
+    The declared half is the keyword arguments of ``cls`` itself, one type per field, which the caller's
+    constructor call checks; the rest is JSON as read."""
     names = {f.name for f in fields(cls)} - {"extra"}
     return {k: v for k, v in data.items() if k in names}, {k: v for k, v in data.items() if k not in names}
 
 
-def with_extra(obj: Any) -> dict[str, Any]:
+def with_extra(obj: Any) -> JsonObject:
     """A dataclass that keeps unknown keys in ``extra`` as its JSON object: its fields in order, then the keys it
     kept."""
     out = {f.name: getattr(obj, f.name) for f in fields(obj) if f.name != "extra"}
@@ -83,6 +87,8 @@ def _matches(value: Any, tp: Any) -> bool:
         return isinstance(value, (list, tuple))
     if origin is dict or tp is dict:
         return isinstance(value, dict)
+    if origin is Mapping:  # JsonMapping: an object whose values its reader checks
+        return isinstance(value, Mapping)
     return isinstance(value, tp)
 
 
@@ -109,17 +115,18 @@ class Contract:
     """Declared keys a contract built in code writes only when they hold a value: a note that exists only when
     it applies (a warning, a reconciliation), which a reader tells apart by its presence."""
 
-    extra: dict[str, Any] = field(default_factory=dict, kw_only=True, compare=False)
+    extra: JsonObject = field(default_factory=dict, kw_only=True, compare=False)
     """Keys this version does not declare, in the order they were read; written back unchanged."""
     key_order: tuple[str, ...] = field(default=(), kw_only=True, compare=False, repr=False)
     """The keys as read, in order; empty for a contract built in code (then: declared order, then extra)."""
 
     @classmethod
-    def declared(cls) -> dict[str, Any]:
+    def declared(cls) -> dict[str, object]:
         """Field name -> resolved annotation, without the bookkeeping fields."""
         cache = cls.__dict__.get("_declared")
         if cache is None:
-            hints = typing.get_type_hints(cls)
+            # JsonObject's values name JsonValue by string (the alias is recursive): resolved here for every module
+            hints = typing.get_type_hints(cls, localns={"JsonValue": JsonValue})
             cache = {f.name: hints[f.name] for f in fields(cls) if f.name not in ("extra", "key_order")}
             cls._declared = cache  # type: ignore[attr-defined]
         return cache
@@ -134,8 +141,8 @@ class Contract:
         missing = [k for k in cls.REQUIRED if k not in data]
         if missing:
             raise ContractError(f"{where}{cls.KIND} lacks {', '.join(repr(k) for k in missing)}")
-        known: dict[str, Any] = {}
-        extra: dict[str, Any] = {}
+        known: dict[str, object] = {}
+        extra: JsonObject = {}
         for key, value in data.items():
             tp = declared.get(key)
             if tp is None:
@@ -153,11 +160,11 @@ class Contract:
             known[key] = value
         return cls(**known, extra=extra, key_order=tuple(data))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The JSON object to write: as read (same keys, same order), or declared order for a new one."""
         declared = self.declared()
         defaults = {f.name: _default_of(f) for f in fields(self)}
-        out: dict[str, Any] = {}
+        out: JsonObject = {}
         if self.key_order:
             for key in self.key_order:
                 if key in declared:
@@ -188,6 +195,9 @@ class Contract:
         known = {}
         for key, value in changes.items():
             if key in declared:
+                nested = _contract_in(declared[key])
+                if nested is not None and isinstance(value, Mapping):  # an object for a nested contract: read it
+                    value = nested.from_dict(value, source=f"{self.KIND} {key}")
                 if not _matches(value, declared[key]):
                     raise ContractError(
                         f"{self.KIND} key {key!r} should be {_type_name(declared[key])}, got {_show(value)}"
@@ -348,7 +358,7 @@ class Order(Contract):
             raise ContractError(f"{where}order item {i} should be {expected}, got {_show(raw)}")
         return replace(order, items=items)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         out = super().to_dict()
         out["items"] = [list(item) if item.prompt is not None else list(item[:5]) for item in self.items]
         return out
@@ -454,7 +464,7 @@ class StageSummary(Contract):
     reconciled: bool | None = None
     """Present only on a summary written again after a load process written off reported more."""
 
-    def seed_row(self) -> dict[str, Any]:
+    def seed_row(self) -> dict[str, str | int | float | None]:
         """The seed's twelve keys only, in its order: what a comparison with the reference harness reads."""
         return {k: getattr(self, k) for k in SEED_SUMMARY_KEYS}
 

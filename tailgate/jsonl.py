@@ -12,13 +12,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-Loads = Callable[[bytes | str], Any]
+from tailgate.jsontypes import JsonMapping
+
+Loads = Callable[[bytes | str], object]
+"""``json.loads`` or ``orjson.loads``: what a line decodes to is checked before it is handed on."""
 
 
-def parse_object(raw: bytes | str, loads: Loads = json.loads) -> dict[str, Any] | None:
-    """One line as a JSON object, or None when it is not one (cut, garbage, or not an object)."""
+def parse_object(raw: bytes | str, loads: Loads = json.loads) -> JsonMapping | None:
+    """One line as a JSON object, or None when it is not one (cut, garbage, or not an object).
+
+    Only its being an object is checked: its values are the caller's to read (``tailgate.jsontypes``), as
+    a file of millions of records is turned into a frame without a look at each value."""
     try:
         obj = loads(raw)
     except (ValueError, RecursionError):  # orjson's and json's decode errors are ValueErrors
@@ -26,7 +31,7 @@ def parse_object(raw: bytes | str, loads: Loads = json.loads) -> dict[str, Any] 
     return obj if isinstance(obj, dict) else None
 
 
-def parse_lines(data: bytes, loads: Loads = json.loads) -> tuple[list[dict[str, Any]], int]:
+def parse_lines(data: bytes, loads: Loads = json.loads) -> tuple[list[JsonMapping], int]:
     """Every JSON object in ``data``, and the count of non-blank lines that are not one.
 
     A clean block (the usual case) is parsed in one call as a JSON array of its lines; only a damaged
@@ -41,7 +46,7 @@ def parse_lines(data: bytes, loads: Loads = json.loads) -> tuple[list[dict[str, 
         rows = None
     if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
         return rows, 0
-    good: list[dict[str, Any]] = []
+    good: list[JsonMapping] = []
     bad = 0
     for raw in data.splitlines():
         if not raw.strip():
@@ -54,7 +59,7 @@ def parse_lines(data: bytes, loads: Loads = json.loads) -> tuple[list[dict[str, 
     return good, bad
 
 
-def iter_objects(path: str | Path, loads: Loads = json.loads) -> Iterator[dict[str, Any] | None]:
+def iter_objects(path: str | Path, loads: Loads = json.loads) -> Iterator[JsonMapping | None]:
     """Each non-blank line of a file as an object, None for a line that is not one (so callers count them)."""
     with open(path, "rb") as f:
         for raw in f:
@@ -90,9 +95,9 @@ class Follower:
                 self._offsets[path] = start + cut
         return lines
 
-    def new_objects(self) -> tuple[list[dict[str, Any]], int]:
+    def new_objects(self) -> tuple[list[JsonMapping], int]:
         """The new complete lines as objects, and how many of them did not parse."""
-        good: list[dict[str, Any]] = []
+        good: list[JsonMapping] = []
         bad = 0
         for line in self.new_lines():
             if not line.strip():

@@ -60,7 +60,8 @@ class OptionSpec:
         return self.flags[-1]
 
     def kwargs(self, overrides: Mapping[str, Any], *, locust: bool) -> dict[str, Any]:
-        """``add_argument``'s keywords, with the command's overrides applied."""
+        """``add_argument``'s keywords, with the command's overrides applied: argparse's (and configargparse's)
+        own keyword arguments, passed through as they are, each of its own type."""
         unknown = set(overrides) - OVERRIDABLE
         if unknown:
             raise TypeError(f"{self.flag}: {', '.join(sorted(unknown))} cannot differ between commands")

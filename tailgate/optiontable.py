@@ -10,39 +10,52 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 
 class OptionError(ValueError):
     """A bad option value; ``str()`` is the one line shown to the user."""
 
 
-@dataclass(frozen=True)
-class OptionDefault:
-    name: str
-    """The option's dest (``--batch-size`` is ``batch_size``)."""
-    default: Any
-    help: str
+class OptionDefaults(TypedDict):
+    """The shared options' defaults, by dest (``--batch-size`` is ``batch_size``)."""
+
+    n: int
+    """Measured requests per stage."""
+    warmup: int
+    """Warm-up requests per stage."""
+    seed: int
+    """Trace seed; arrival gaps use seed+1."""
+    rates: tuple[float, ...]
+    """Continuous arm: arrival rates in req/s, one stage each."""
+    batch_size: int
+    """Gated arm: requests per batch (B)."""
+    nochunk_rates: tuple[float, ...]
+    """Chunked-prefill-off arm rates."""
+    preempt_rate: float
+    """Rate of the small-KV-pool cell."""
+    warmup_rule: str
+    """Which requests the warm-up drops."""
+    settle: float
+    """Idle seconds between stages, so 1 s scrapes bracket each stage cleanly."""
+    request_timeout: float
+    """Seconds a whole request may take."""
+    connect_timeout: float
+    """Seconds to open a connection."""
+    stall_timeout: float
+    """Seconds of silence tolerated mid-stream; 0 = the request timeout."""
+    max_in_flight: int
+    """Continuous arm: drop (and count) arrivals above this many in flight."""
+    sample_metrics: float
+    """Seconds between direct /metrics samples kept for the report; 0 = off."""
 
 
-OPTIONS: tuple[OptionDefault, ...] = (
-    OptionDefault("n", 500, "measured requests per stage"),
-    OptionDefault("warmup", 25, "warm-up requests per stage"),
-    OptionDefault("seed", 7, "trace seed; arrival gaps use seed+1"),
-    OptionDefault("rates", (1.0, 5.0, 10.0, 20.0), "continuous arm: arrival rates in req/s, one stage each"),
-    OptionDefault("batch_size", 16, "gated arm: requests per batch (B)"),
-    OptionDefault("nochunk_rates", (5.0, 10.0), "chunked-prefill-off arm rates"),
-    OptionDefault("preempt_rate", 10.0, "rate of the small-KV-pool cell"),
-    OptionDefault("warmup_rule", "completion", "which requests the warm-up drops"),
-    OptionDefault("settle", 2.0, "idle seconds between stages, so 1 s scrapes bracket each stage cleanly"),
-    OptionDefault("request_timeout", 600.0, "seconds a whole request may take"),
-    OptionDefault("connect_timeout", 10.0, "seconds to open a connection"),
-    OptionDefault("stall_timeout", 0.0, "seconds of silence tolerated mid-stream; 0 = the request timeout"),
-    OptionDefault("max_in_flight", 0, "continuous arm: drop (and count) arrivals above this many in flight"),
-    OptionDefault("sample_metrics", 1.0, "seconds between direct /metrics samples kept for the report; 0 = off"),
-)
-DEFAULTS: dict[str, Any] = {o.name: o.default for o in OPTIONS}
+DEFAULTS: OptionDefaults = {
+    "n": 500, "warmup": 25, "seed": 7, "rates": (1.0, 5.0, 10.0, 20.0), "batch_size": 16,
+    "nochunk_rates": (5.0, 10.0), "preempt_rate": 10.0, "warmup_rule": "completion", "settle": 2.0,
+    "request_timeout": 600.0, "connect_timeout": 10.0, "stall_timeout": 0.0, "max_in_flight": 0,
+    "sample_metrics": 1.0,
+}  # fmt: skip
 
 STAMP_SOURCES: tuple[str, ...] = ("capture", "kernel", "recv")
 """What gives a chunk its time (``--chunk-stamp``): ``capture``, the arrival of the TCP segment that carried

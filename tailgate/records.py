@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from tailgate import jsonl, resultfiles
+from tailgate.jsontypes import JsonMapping, JsonObject
 from tailgate.load.arrivals import DEFAULT_ARRIVALS
 from tailgate.load.payloads import DEFAULT_ENDPOINT
 from tailgate.load.promptsources import DEFAULT_PROMPTS
@@ -124,10 +125,10 @@ class RequestRecord:
     def ok(self) -> bool:
         return self.error_class is None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """A shallow dict: ``asdict``'s deep copy of the chunk list cost more than the request's parsing,
         inside the event loop that times the other streams."""
-        d = {name: getattr(self, name) for name in RECORD_FIELDS}
+        d: JsonObject = {name: getattr(self, name) for name in RECORD_FIELDS}
         # the workload fields at their defaults are left out: a seed run's records stay byte for byte what
         # schema 2 wrote, and readers fill the defaults in (``WORKLOAD_DEFAULTS``)
         for name, default in WORKLOAD_DEFAULTS.items():
@@ -175,7 +176,7 @@ RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
 _REQUIRED: frozenset[str] = frozenset(
     f.name for f in fields(RequestRecord) if f.default is MISSING and f.default_factory is MISSING
 )
-WORKLOAD_DEFAULTS: dict[str, Any] = {
+WORKLOAD_DEFAULTS: dict[str, str | None] = {
     "prompt_source": DEFAULT_PROMPTS, "endpoint": DEFAULT_ENDPOINT, "arrivals": DEFAULT_ARRIVALS,
     "prompt_tokens_tokenized": None,
 }  # fmt: skip
@@ -274,7 +275,7 @@ def _one_per_request(rows: list[RequestRecord]) -> tuple[list[RequestRecord], in
 record_files = resultfiles.record_files
 
 
-def iter_record_lines(path: Path) -> Iterator[dict[str, Any] | None]:
+def iter_record_lines(path: Path) -> Iterator[JsonMapping | None]:
     """Each record line, None for one that does not parse (counted by the callers)."""
     return jsonl.iter_objects(path)
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from tailgate.contracts import Contract
+from tailgate.jsontypes import JsonMapping
 
 
 class RunStatus(Enum):
@@ -62,6 +63,67 @@ def utc_stamp(t: float | None = None) -> str:
 
 
 @dataclass(frozen=True)
+class RunTrace(Contract):
+    """``run.json``'s ``trace``: the seeded trace the run drew its requests from, and its mix of sizes."""
+
+    KIND: ClassVar[str] = "run trace"
+
+    seed: int | None = None
+    warmup: int | None = None
+    n: int | None = None
+    source: str | None = None
+    mix: dict[str, int] | None = None
+    """Requests per size class (``prompt/max``), the warm-up left out."""
+    mix_with_warmup: dict[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class RunVersions(Contract):
+    """``run.json``'s ``versions``: what generated the load."""
+
+    KIND: ClassVar[str] = "run versions"
+
+    tailgate: str | None = None
+    locust: str | None = None
+    python: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerInfo(Contract):
+    """``run.json``'s ``server``: what the server said of itself as the run started (None: it did not say)."""
+
+    KIND: ClassVar[str] = "server info"
+
+    version: str | None = None
+    models: list[str | None] | None = None
+
+
+@dataclass(frozen=True)
+class GpuFacts(Contract):
+    """The machine's GPUs as ``nvidia-smi`` names them: ``name``, ``driver`` and ``memory``, all text."""
+
+    KIND: ClassVar[str] = "gpu facts"
+
+    gpus: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class HostFacts(Contract):
+    """``environment`` of ``suite.json`` and ``slo.json``: the machine and the versions that ran the command."""
+
+    KIND: ClassVar[str] = "environment"
+
+    host: str | None = None
+    python: str | None = None
+    locust: str | None = None
+    tailgate: str | None = None
+    cpus: int | None = None
+    gpu: GpuFacts | None = None
+    argv: list[str] | None = None
+    """The command line, secrets redacted."""
+
+
+@dataclass(frozen=True)
 class RunMeta(Contract):
     """``run.json``: one run's identity, options, trace, server and how it ended (``status``)."""
 
@@ -78,17 +140,21 @@ class RunMeta(Contract):
     ended: str | None = None
     status: str | None = None
     stop_reason: str | None = None
-    trace: dict[str, Any] | None = None
+    trace: RunTrace | None = None
     stages_planned: list[str] | None = None
     ignore_eos: bool | None = None
-    options: dict[str, Any] | None = None
+    options: JsonMapping | None = None
+    """Every option as the run used it, by name: the option table decides the keys, readers take the few they
+    need through the ``json_*`` readers."""
     load_processes: int | None = None
-    versions: dict[str, Any] | None = None
+    versions: RunVersions | None = None
     load_host: str | None = None
     pid: int | None = None
-    server: dict[str, Any] | None = None
-    stages: list[Any] | None = None
-    workers: dict[str, Any] | None = None
+    server: ServerInfo | None = None
+    stages: list[str] | None = None
+    """The stages that ended, by label."""
+    workers: dict[str, JsonMapping] | None = None
+    """Every load process that took a stage, by node id (``tailgate.load.roster``)."""
 
     @property
     def state(self) -> RunStatus | None:
@@ -106,18 +172,21 @@ class SuiteMeta(Contract):
     KIND: ClassVar[str] = "suite metadata"
 
     created: str | None = None
-    servers: dict[str, Any] = field(default_factory=dict)
+    servers: dict[str, JsonMapping] = field(default_factory=dict)
+    """Per server configuration, what was true of it after its latest start: its flags and whatever its
+    controller describes (keys of each server kind's own)."""
     started: str | None = None
     ended: str | None = None
-    plan: dict[str, Any] | None = None
+    plan: JsonMapping | None = None
+    """The suite's plan as it ran (``tailgate.suite.SuitePlan``'s fields)."""
     prometheus_url: str | None = None
-    environment: dict[str, Any] | None = None
+    environment: HostFacts | None = None
     server_kind: str | None = None
     embedded: bool | None = None
     host: str | None = None
-    cells: list[Any] | None = None
+    cells: list[str] | None = None
     knee: str | None = None
-    stage_warmup: dict[str, Any] | None = None
+    stage_warmup: dict[str, JsonMapping] | None = None
     """Per server configuration: the stage warm-up's rounds of its latest start and whether it settled."""
 
 
@@ -130,8 +199,10 @@ class SloMeta(Contract):
     created: str | None = None
     started: str | None = None
     ended: str | None = None
-    plan: dict[str, Any] | None = None
-    environment: dict[str, Any] | None = None
+    plan: JsonMapping | None = None
+    """The search's plan as it ran (``tailgate.slo``'s own description)."""
+    environment: HostFacts | None = None
     server_kind: str | None = None
     embedded: bool | None = None
-    configs: list[Any] = field(default_factory=list)
+    configs: list[JsonMapping] = field(default_factory=list)
+    """Every configuration searched, as :class:`tailgate.slo.state.ConfigSearch` reads it."""

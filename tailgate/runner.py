@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import tailgate.locustfiles as locustfiles
+from tailgate.jsontypes import JsonObject
 from tailgate.lifecycle import SignalGuard, deferred, signals_raise, stop_process_tree
 from tailgate.load.processes import master_port_args
 from tailgate.optiondecl import to_flags
@@ -259,7 +260,7 @@ def prepare_server(
     declared: Sequence[str] | None = None,
     log: Log = print,
     tag: str = "",
-) -> dict[str, Any]:
+) -> JsonObject:
     """Bring the server to ``config`` as the controller's capabilities allow; return what is true to record.
 
     ``flags_applied`` is True only when this process restarted the server with ``flags``. A server
@@ -268,7 +269,7 @@ def prepare_server(
     which ``describe()`` reports.
     """
     flags = list(flags)
-    entry: dict[str, Any] = {"flags": None, "flags_applied": False}
+    entry: JsonObject = {"flags": None, "flags_applied": False}
     controller.use_config(config)
     t0 = time.monotonic()
     if not controller.restarts:

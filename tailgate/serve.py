@@ -53,6 +53,7 @@ def run_serve(args: argparse.Namespace, prog: str) -> int:
     """Start, print the URL, wait for a signal (or the server's own end), stop. Exit 128 + the signal, 1 when
     the server failed or ended by itself, 2 for bad input."""
     from tailgate import servers
+    from tailgate.servers.local import AUTO_CPUS
 
     problem = port_problem(args.port)
     if problem:
@@ -73,8 +74,8 @@ def run_serve(args: argparse.Namespace, prog: str) -> int:
             log("[serve] preparing the CPU vLLM and the tiny model (installed once into ~/.cache/tailgate)")
             python = servers.ensure_vllm_venv(log=log)
             model = servers.ensure_tiny_model(python=python)
-            placement: dict[str, Any] = {} if args.placement == "isolated" else {"cpus": None}
-            server = servers.LocalVllmServer(python, model, port=args.port or None, extra_args=flags, **placement)
+            cpus = AUTO_CPUS if args.placement == "isolated" else None  # shared: no cores set apart
+            server = servers.LocalVllmServer(python, model, port=args.port or None, extra_args=flags, cpus=cpus)
             log(f"[serve] starting vLLM on {server.base_url} (about a minute on 2 cores); log: {server.log_path}")
             server.start()
             took = server.wait_healthy()

@@ -15,9 +15,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from tailgate.cell import CellResult, CellSpec, run_cell
+from tailgate.jsontypes import JsonObject
 from tailgate.records import RequestRecord
 from tailgate.resultfiles import RUN_META
 from tailgate.runmeta import RunMeta, RunStatus, utc_stamp
@@ -105,7 +106,7 @@ class ServerSession:
         flags: Sequence[str],
         *,
         declared: Sequence[str] | None,
-        record: Callable[[dict[str, Any]], None],
+        record: Callable[[JsonObject], None],
         warmup: Callable[[], StageLoad | None],
         record_warmup: Callable[[StageWarmup], None],
     ) -> bool:
@@ -199,7 +200,7 @@ class ConfigRunner(ABC, Generic[ConfigT]):
         *,
         prometheus_url: str | None,
         log: Log,
-        extra_metadata: dict[str, Any] | None,
+        extra_metadata: JsonObject | None,
         tell_kills: bool = False,
     ) -> None:
         self.controller = controller
@@ -220,7 +221,7 @@ class ConfigRunner(ABC, Generic[ConfigT]):
         """The server's flags for ``config``, and the flags it is declared to run with (None: not declared)."""
 
     @abstractmethod
-    def record_server(self, config: ConfigT, entry: dict[str, Any]) -> None:
+    def record_server(self, config: ConfigT, entry: JsonObject) -> None:
         """Keep what is true of a (re)started server in the command's file."""
 
     @abstractmethod

@@ -10,9 +10,23 @@ round met no first-time pause either. One rule, one set of constants, for every 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+from tailgate.jsontypes import (
+    JsonMapping,
+    JsonObject,
+    JsonShapeError,
+    json_bool,
+    json_extra,
+    json_float,
+    json_int,
+    json_objects,
+    json_opt_int,
+    json_opt_str,
+    json_str,
+)
 
 if TYPE_CHECKING:
     from tailgate.records import RequestRecord
@@ -69,22 +83,31 @@ class WarmupRound:
     value: float | None = None
     requests: int | None = None
     rate: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: JsonObject = field(default_factory=dict)
     """Keys another version wrote: kept, so a round read back is written back unchanged."""
 
     LOAD: ClassVar[tuple[str, ...]] = ("arm", "value", "requests", "rate")
     """The load's keys, written only where the command that ran the round sets them."""
 
-    def to_json(self) -> dict[str, Any]:
-        load = {k: getattr(self, k) for k in self.LOAD if getattr(self, k) is not None}
+    def to_json(self) -> JsonObject:
+        load: JsonObject = {k: getattr(self, k) for k in self.LOAD if getattr(self, k) is not None}
         return {"round": self.round, "dir": self.dir, **load, "worst_gap_ms": self.worst_gap_ms,
                 "seconds": self.seconds, **self.extra}  # fmt: skip
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> WarmupRound:
-        names = {"round", "dir", "worst_gap_ms", "seconds", *cls.LOAD}
-        known = {k: v for k, v in data.items() if k in names}
-        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+    def from_json(cls, data: JsonMapping) -> WarmupRound:
+        """A round read back; raises :class:`tailgate.jsontypes.JsonShapeError` (a ValueError) naming the key
+        that does not fit."""
+        where = "stage warm-up round"
+        worst = _number(data, "worst_gap_ms", where)
+        if worst is None:
+            raise JsonShapeError(f"{where}: key 'worst_gap_ms' should be a number, got null")
+        return cls(
+            round=json_int(data, "round", where=where), dir=json_str(data, "dir", where=where), worst_gap_ms=worst,
+            seconds=_number(data, "seconds", where), arm=json_opt_str(data, "arm", where=where),
+            value=_number(data, "value", where), requests=json_opt_int(data, "requests", where=where),
+            rate=_number(data, "rate", where), extra=json_extra(data, _ROUND_KEYS),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +117,28 @@ class StageWarmup:
     rounds: tuple[WarmupRound, ...]
     settled: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"rounds": [r.to_json() for r in self.rounds], "settled": self.settled}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> StageWarmup:
-        return cls(tuple(WarmupRound.from_json(r) for r in data.get("rounds") or ()), bool(data.get("settled")))
+    def from_json(cls, data: JsonMapping) -> StageWarmup:
+        """A warm-up read back (absent or null keys: no rounds, not settled); raises
+        :class:`tailgate.jsontypes.JsonShapeError` naming a key that does not fit."""
+        listed = json_objects(data, "rounds", where="stage warm-up") if data.get("rounds") is not None else []
+        rounds = tuple(WarmupRound.from_json(r) for r in listed)
+        return cls(rounds, data.get("settled") is not None and json_bool(data, "settled", where="stage warm-up"))
+
+
+def _number(data: JsonMapping, key: str, where: str) -> float | None:
+    """A number as it was written (``5`` stays an integer, so a round read back is written back unchanged), or
+    None when absent or null."""
+    value = data.get(key)
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    return json_float(data, key, where=where)  # raises, naming the key
+
+
+_ROUND_KEYS = frozenset({"round", "dir", "worst_gap_ms", "seconds", *WarmupRound.LOAD})
 
 
 def warm_up(run_round: Callable[[int], WarmupRound], rounds: int = STAGE_WARMUP_ROUNDS) -> StageWarmup:

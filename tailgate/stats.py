@@ -11,9 +11,10 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from tailgate.jsontypes import JsonObject
     from tailgate.records import RequestRecord
 
 SEED_SUMMARY_KEYS: tuple[str, ...] = (
@@ -134,8 +135,9 @@ def summarize_stage(
     warmup: int,
     warmup_rule: str = "completion",
     preemptions_delta: float | None = None,
-) -> dict[str, Any]:
-    """The seed's keys with the seed's meanings, then extra keys that the seed lacks."""
+) -> JsonObject:
+    """The seed's keys with the seed's meanings, then extra keys that the seed lacks: the object
+    :class:`tailgate.contracts.StageSummary` reads (and checks) as the stage's figures."""
     good = measured_records(records, warmup, warmup_rule)
     population = {"measured": good, "sent": records}
     pct = {rule.key: tail(population[rule.over], rule.field, rule.p) for rule in PERCENTILE_RULES}
@@ -143,7 +145,7 @@ def summarize_stage(
     for r in records:
         if r.error_class is not None:
             errors_by_class[r.error_class] = errors_by_class.get(r.error_class, 0) + 1
-    summary: dict[str, Any] = {
+    summary: JsonObject = {
         "arm": arm,
         "n": len(good),
         "started": started,
@@ -169,7 +171,7 @@ def summarize_stage(
     return summary
 
 
-def client_quality(records: Sequence[RequestRecord]) -> dict[str, Any]:
+def client_quality(records: Sequence[RequestRecord]) -> JsonObject:
     """How much of a stage's timing the client could have hidden, from the records' own flags.
 
     ``client_coalesced_streams`` counts streams where a late read merged chunks: their gaps describe the

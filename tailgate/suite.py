@@ -26,6 +26,7 @@ from tailgate.arms import CONTINUOUS, GATED, cell_folder, stage_label
 from tailgate.cell import CellSpec
 from tailgate.clientbound import merged_breached
 from tailgate.contracts import StageSummary
+from tailgate.jsontypes import JsonObject
 from tailgate.load.autosize import GATED_STREAM_CHUNKS_PER_S, mean_output_tokens, mean_trace_output_tokens
 from tailgate.load.processes import auto_processes
 from tailgate.load.promptsources import DEFAULT_PROMPTS
@@ -34,7 +35,7 @@ from tailgate.optiontable import DEFAULTS
 from tailgate.policies import FixedCells, KneeRamp, drive
 from tailgate.records import read_records
 from tailgate.resultfiles import RUN_META, SUITE_META, summary_file
-from tailgate.runmeta import RunMeta, RunStatus, SuiteMeta, utc_stamp
+from tailgate.runmeta import GpuFacts, HostFacts, RunMeta, RunStatus, SuiteMeta, utc_stamp
 from tailgate.runner import ChildRunner, LocustRun
 from tailgate.serverconfigs import CONFIGS, DEFAULT, NOCHUNK, PREEMPT, engine_default
 from tailgate.servers.base import redact_argv
@@ -182,7 +183,7 @@ class Suite(ConfigRunner[str]):
         *,
         prometheus_url: str | None = None,
         log: Log = print,
-        extra_metadata: dict[str, Any] | None = None,
+        extra_metadata: JsonObject | None = None,
         child_env: dict[str, str] | None = None,
     ) -> None:
         # the API key reaches the Locust child through its environment only
@@ -200,7 +201,7 @@ class Suite(ConfigRunner[str]):
         meta = SuiteMeta.read_or_none(path) or SuiteMeta.from_dict({"created": utc_stamp(), "servers": {}})
         meta.with_(**updates).write(path)
 
-    def record_server(self, config: str, entry: dict[str, Any]) -> None:
+    def record_server(self, config: str, entry: JsonObject) -> None:
         meta = SuiteMeta.read_or_none(self._meta_path())
         servers = dict(meta.servers) if meta is not None else {}
         servers[config] = entry
@@ -337,7 +338,7 @@ class SuiteError(RuntimeError):
     pass
 
 
-def gpu_facts() -> dict[str, Any] | None:
+def gpu_facts() -> GpuFacts | None:
     """GPU name and driver from ``nvidia-smi`` when there is one."""
     if not shutil.which("nvidia-smi"):
         return None
@@ -350,10 +351,11 @@ def gpu_facts() -> dict[str, Any] | None:
         return None
     gpus = [dict(zip(("name", "driver", "memory"), (x.strip() for x in line.split(",")), strict=False))
             for line in out.splitlines() if line.strip()]  # fmt: skip
-    return {"gpus": gpus}
+    return GpuFacts(gpus=gpus)
 
 
-def host_facts() -> dict[str, Any]:
+def host_facts() -> JsonObject:
+    """``environment`` of ``suite.json`` and ``slo.json``, as :class:`tailgate.runmeta.HostFacts` reads it back."""
     import platform
     from importlib import metadata
 
@@ -363,11 +365,10 @@ def host_facts() -> dict[str, Any]:
         locust_version = metadata.version("locust")
     except metadata.PackageNotFoundError:
         locust_version = None
-    return {
-        "host": platform.node(), "python": platform.python_version(), "locust": locust_version,
-        "tailgate": tailgate.__version__, "cpus": os.cpu_count(), "gpu": gpu_facts(),
-        "argv": redact_argv(sys.argv),
-    }  # fmt: skip
+    return HostFacts(
+        host=platform.node(), python=platform.python_version(), locust=locust_version,
+        tailgate=tailgate.__version__, cpus=os.cpu_count(), gpu=gpu_facts(), argv=redact_argv(sys.argv),
+    ).to_dict()  # fmt: skip
 
 
 __all__ = ["Cell", "Suite", "SuiteError", "SuitePlan", "cell_done"]

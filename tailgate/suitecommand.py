@@ -23,6 +23,7 @@ from tailgate.load.promptsources import PREFIX_DEFAULTS
 from tailgate.optiondecl import API_KEY_ENV, add_option, add_options, to_flags
 from tailgate.optiontable import (
     DEFAULTS,
+    OptionDefaults,
     OptionError,
     check_counts,
     check_rate,
@@ -43,7 +44,8 @@ from tailgate.servers.spec import (
 )
 from tailgate.stagewarmup import add_stage_warmup_argument, stage_warmup_of
 
-EMBEDDED = {
+EMBEDDED: OptionDefaults = {
+    **DEFAULTS,
     "rates": (1.0, 2.0, 4.0),
     "nochunk_rates": (2.0, 4.0),
     "preempt_rate": 2.0,
@@ -135,8 +137,7 @@ def _rates_or_none(text: str, default: tuple[float, ...], option: str) -> tuple[
 def build_plan(args: argparse.Namespace) -> Any:
     from tailgate.suite import SuitePlan
 
-    scaled = EMBEDDED if args.embedded else {}
-    defaults = {**DEFAULTS, **scaled}
+    defaults = EMBEDDED if args.embedded else DEFAULTS
     rates = _rates_or_none(args.rates, defaults["rates"], "--rates")
     if not rates:
         raise OptionError("--rates: the ramp needs at least one rate")

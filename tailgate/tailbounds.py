@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tailgate.jsontypes import JsonObject
+
 REFERENCE_QUANTILE = 0.97
 """The sample quantile whose exceedances measure clustering when the limit's own are too few."""
 PASS = "pass"
@@ -230,7 +232,7 @@ class TailCheck:
     verdict: str
     reason: str
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return asdict(self)
 
 
