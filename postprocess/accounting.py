@@ -10,7 +10,7 @@ stage was cut short, or arrivals were dropped above ``--max-in-flight``) only sh
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -34,7 +34,9 @@ def _planned(row: pd.Series, run: RunDir | None) -> float:
     value = pd.to_numeric(pd.Series([row.get("planned")]), errors="coerce").iloc[0]
     if np.isfinite(value):
         return float(value)
-    trace = run.meta.get("trace") if run is not None and isinstance(run.meta.get("trace"), dict) else {}
+    trace = run.meta.get("trace") if run is not None else None
+    if not isinstance(trace, Mapping):
+        return np.nan
     n, warmup = trace.get("n"), trace.get("warmup")
     if isinstance(n, int) and isinstance(warmup, int) and is_open_loop(str(row.get("arm"))):
         return float(n + warmup)

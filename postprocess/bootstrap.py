@@ -20,6 +20,7 @@ instead of n draws and a sort: the same bootstrap distribution, and 2000 resampl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 
@@ -63,6 +64,23 @@ def bootstrap_percentile_naive(
     return percentiles
 
 
+class DifferenceDict(TypedDict):
+    """A :class:`Difference` as the diagnosis's evidence carries it (rounded for reading)."""
+
+    a: float
+    b: float
+    diff: float
+    ci_low: float | None
+    ci_high: float | None
+    method: str
+    ratio: float | None
+    n_a: int
+    n_b: int
+    level: float
+    resamples: int
+    ci_includes_zero: bool
+
+
 @dataclass(frozen=True, slots=True)
 class Difference:
     """``b - a`` of a percentile, with a distribution-free interval (None: n cannot support one)."""
@@ -85,7 +103,7 @@ class Difference:
         hi = np.inf if self.high is None else self.high
         return bool(lo <= 0.0 <= hi)
 
-    def as_dict(self) -> dict[str, float | int | bool | str | None]:
+    def as_dict(self) -> DifferenceDict:
         return {
             "a": round(self.a, 1), "b": round(self.b, 1), "diff": round(self.diff, 1),
             "ci_low": None if self.low is None else round(self.low, 1),

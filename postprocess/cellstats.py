@@ -9,7 +9,6 @@ Shared by the five checklist questions (:mod:`tailgate.postprocess.diagnosis`) a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -17,6 +16,7 @@ import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
 from tailgate.postprocess.bootstrap import min_n_for_difference, percentile_difference
+from tailgate.postprocess.diagnosistypes import Comparison, P99Comparison
 from tailgate.postprocess.runfolders import rate_text
 from tailgate.postprocess.summarize import measured_mask, stage_warmups
 
@@ -114,32 +114,32 @@ def cell_at(table: pd.DataFrame, config: str, rate: float) -> pd.Series | None:
     return d.iloc[0] if len(d) else None
 
 
-def compare_cells(cells: Cells, a: pd.Series, b: pd.Series, resamples: int, seed: int) -> dict[str, Any]:
+def compare_cells(cells: Cells, a: pd.Series, b: pd.Series, resamples: int, seed: int) -> Comparison:
     """Bootstrap p99 differences (``b - a``) of worst gap and TTFT between two cells."""
-    out: dict[str, Any] = {"a": a["cell"], "b": b["cell"]}
-    for name, col in (("gap_p99", "worst_gap_ms"), ("ttft_p99", "ttft_ms")):
+
+    def one(col: str) -> P99Comparison | None:
         va, vb = cells.values(a, col), cells.values(b, col)
         na, nb = int(np.isfinite(va).sum()), int(np.isfinite(vb).sum())
         if min(na, nb) < MIN_N_P99_CI:
-            out[name] = {
+            return {
                 "n_a": na,
                 "n_b": nb,
                 "ci": None,
                 "why_no_ci": f"n = {na} and {nb}; a p99 interval needs at least {MIN_N_P99_CI} per cell",
             }
-            continue
         d = percentile_difference(va, vb, 99.0, resamples=resamples, seed=seed)
-        out[name] = d.as_dict() if d is not None else None
-    return out
+        return d.as_dict() if d is not None else None
+
+    return {"a": a["cell"], "b": b["cell"], "gap_p99": one("worst_gap_ms"), "ttft_p99": one("ttft_ms")}
 
 
-def ci_text(d: Mapping[str, Any] | None) -> str:
+def ci_text(d: P99Comparison | None) -> str:
     """A comparison's interval in words. Without one it says only "no interval" and the two n: why (the
     :data:`MIN_N_P99_CI` rule) is said once for the whole diagnosis (``glossary.NO_INTERVAL_NOTE``), since at a
     small n it holds for every comparison on the page."""
     if not d:
         return "no records to bootstrap"
-    if d.get("why_no_ci"):
+    if "why_no_ci" in d:
         return f"no interval: n = {d['n_a']} and {d['n_b']}"
     if d.get("ci_low") is None or d.get("ci_high") is None:
         return f"p99 difference {d['diff']:+.1f} ms, no closed interval at n = {d['n_a']} and {d['n_b']}"
@@ -148,8 +148,8 @@ def ci_text(d: Mapping[str, Any] | None) -> str:
             f"n = {d['n_a']} and {d['n_b']}")  # fmt: skip
 
 
-def ci_resolved(d: Mapping[str, Any] | None) -> bool | None:
+def ci_resolved(d: P99Comparison | None) -> bool | None:
     """True when a 95% interval was computed and excludes 0; None when there is no interval."""
-    if not d or d.get("why_no_ci") or "ci_includes_zero" not in d:
+    if not d or "why_no_ci" in d:
         return None
     return not d["ci_includes_zero"]

@@ -9,14 +9,13 @@ rests on a handful of them and a difference that the interval straddles is not a
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from tailgate.arms import STARTS_TOGETHER
+from tailgate.jsontypes import JsonMapping, json_int
 from tailgate.postprocess.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED
 from tailgate.postprocess.cellstats import (
     MIN_N_P99_CI,
@@ -31,6 +30,21 @@ from tailgate.postprocess.cellstats import (
     safe_ratio,
     span_text,
     times_text,
+)
+from tailgate.postprocess.diagnosistypes import (
+    AdmissionEvidence,
+    AdmissionRamp,
+    Answer,
+    CellPreemptions,
+    ChunkedAtRate,
+    ChunkedEvidence,
+    Finding,
+    GatedVsContinuous,
+    MixEvidence,
+    PreemptionEvidence,
+    PrefillEvidence,
+    PrefillRamp,
+    evidence_json,
 )
 from tailgate.postprocess.pauses import pause_evidence, pause_lines
 from tailgate.postprocess.prompt_ab import PROMPT_AB_QUESTION, prompt_ab
@@ -73,8 +87,8 @@ LATENCY_QUESTIONS = frozenset({1, 2, 3, 6})
 # the five questions
 
 
-def _q1_admission(table: pd.DataFrame, cells: Cells, rate: float | None, resamples: int, seed: int) -> dict[str, Any]:
-    ev: dict[str, Any] = {"gated_vs_continuous": [], "ramp": []}
+def _q1_admission(table: pd.DataFrame, cells: Cells, rate: float | None, resamples: int, seed: int) -> Answer:
+    ev: AdmissionEvidence = {"gated_vs_continuous": [], "ramp": []}
     lines = []
     gated_hit = overload_hit = False
     gated = table.loc[table["arm"].isin(STARTS_TOGETHER) & ~table["cell"].astype(str).str.contains("~")]
@@ -92,7 +106,7 @@ def _q1_admission(table: pd.DataFrame, cells: Cells, rate: float | None, resampl
                 ref = cont.iloc[-1]
         if ref is None:
             continue
-        item = {
+        item: GatedVsContinuous = {
             "gated": g["cell"],
             "continuous": ref["cell"],
             "ttft_p50": [g["ttft_p50"], ref["ttft_p50"]],
@@ -116,8 +130,8 @@ def _q1_admission(table: pd.DataFrame, cells: Cells, rate: float | None, resampl
         if len(d) < 2:
             continue
         lo, hi = d.iloc[0], d.iloc[-1]
-        item = {
-            "config": config,
+        ramp: AdmissionRamp = {
+            "config": str(config),
             "from": lo["cell"],
             "to": hi["cell"],
             "ttft_p50_growth": safe_ratio(hi["ttft_p50"], lo["ttft_p50"]),
@@ -125,14 +139,14 @@ def _q1_admission(table: pd.DataFrame, cells: Cells, rate: float | None, resampl
             "gap_p99_growth": safe_ratio(hi["gap_p99"], lo["gap_p99"]),
             "ttft_from_intended_p99": [lo.get("ttft_from_intended_p99"), hi.get("ttft_from_intended_p99")],
         }
-        ev["ramp"].append(item)
-        overload = (item["ttft_p99_growth"] or 0) >= OVERLOAD_TTFT_GROWTH and (
-            item["gap_p99_growth"] or 9
+        ev["ramp"].append(ramp)
+        overload = (ramp["ttft_p99_growth"] or 0) >= OVERLOAD_TTFT_GROWTH and (
+            ramp["gap_p99_growth"] or 9
         ) < OVERLOAD_FLAT_GAP_GROWTH
         overload_hit |= overload
         lines.append(
-            f"{config} ramp {span_text(lo, hi)}: TTFT p50 {times_text(item['ttft_p50_growth'])}, TTFT p99 "
-            f"{times_text(item['ttft_p99_growth'])}, worst-gap p99 {times_text(item['gap_p99_growth'])}."
+            f"{config} ramp {span_text(lo, hi)}: TTFT p50 {times_text(ramp['ttft_p50_growth'])}, TTFT p99 "
+            f"{times_text(ramp['ttft_p99_growth'])}, worst-gap p99 {times_text(ramp['gap_p99_growth'])}."
         )
     said = []
     if gated_hit:
@@ -167,19 +181,19 @@ def _q1_admission(table: pd.DataFrame, cells: Cells, rate: float | None, resampl
                  f"{times_text(i['gap_p99_growth'])}" for i in ev["ramp"]]  # fmt: skip
         verdict = (f"no: {'; '.join(seen)}. Admission delay needs TTFT ≥ {ADMISSION_TTFT_RATIO:g}× continuous's "
                    f"(gated) or ≥ {OVERLOAD_TTFT_GROWTH:g}× over the ramp, with flat gaps")  # fmt: skip
-    return {"evidence": ev, "verdict": verdict, "lines": lines}
+    return Answer(ev, verdict, lines)
 
 
-def _q2_prefill(table: pd.DataFrame, cells: Cells, rate: float | None) -> dict[str, Any]:
-    ev: dict[str, Any] = {"ramp": [], "attribution": None}
+def _q2_prefill(table: pd.DataFrame, cells: Cells, rate: float | None) -> Answer:
+    ev: PrefillEvidence = {"ramp": [], "attribution": None}
     lines = []
     hit = False
     for config, d in continuous_cells(table).groupby("config", sort=False):
         if len(d) < 2:
             continue
         lo, hi = d.iloc[0], d.iloc[-1]
-        item = {
-            "config": config,
+        item: PrefillRamp = {
+            "config": str(config),
             "from": lo["cell"],
             "to": hi["cell"],
             "gap_p50": [lo["gap_p50"], hi["gap_p50"]],
@@ -202,6 +216,7 @@ def _q2_prefill(table: pd.DataFrame, cells: Cells, rate: float | None) -> dict[s
     if row is None and len(continuous_cells(table)):
         row = continuous_cells(table).iloc[-1]
     attributed = False
+    att = None
     if row is not None and not cells.records.empty:
         att = prefill_attribution(cells.frame(row))
         if att is not None and att["share"] is not None:
@@ -245,10 +260,13 @@ def _q2_prefill(table: pd.DataFrame, cells: Cells, rate: float | None) -> dict[s
         verdict = "no: " + "; ".join(_q2_no(i) for i in ev["ramp"])
         if att and att.get("inside_shorter"):
             verdict += "; worst gaps inside long prefills were shorter than the rest"
-    return {"evidence": ev, "verdict": verdict, "lines": lines}
+    if pause_lines(table):  # the server paused many streams at once: part of what the gaps show
+        lines += pause_lines(table)
+        ev["server_pauses"] = pause_evidence(table)["server_pauses"]
+    return Answer(ev, verdict, lines)
 
 
-def _q2_no(item: Mapping[str, Any]) -> str:
+def _q2_no(item: PrefillRamp) -> str:
     """Why one ramp does not show prefill insertion, in the order a reader checks it."""
     head = f"over the {item['config']} ramp the median worst gap grew {times_text(item['gap_p50_growth'])}"
     if item["gap_p50_growth"] is None:
@@ -259,14 +277,14 @@ def _q2_no(item: Mapping[str, Any]) -> str:
             f"{TTFT_FLAT_GROWTH:g}×): the first tokens were delayed as well")  # fmt: skip
 
 
-def _q3_chunked(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) -> dict[str, Any]:
+def _q3_chunked(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) -> Answer:
     on_config, off_config = CHUNKED_PAIR
     on = {float(r): row for r, row in continuous_cells(table, on_config.name).set_index("rate_or_batch").iterrows()}
     off = {float(r): row for r, row in continuous_cells(table, off_config.name).set_index("rate_or_batch").iterrows()}
     rates = sorted(set(on) & set(off))
-    ev: dict[str, Any] = {"by_rate": []}
+    ev: ChunkedEvidence = {"by_rate": []}
     lines = []
-    clear = []
+    clear: list[ChunkedAtRate] = []
     for r in rates:
         a, b = on[r].copy(), off[r].copy()
         a["rate_or_batch"] = b["rate_or_batch"] = r
@@ -275,10 +293,10 @@ def _q3_chunked(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) ->
         gap = boot["gap_p99"]
         resolved = ci_resolved(gap)
         small = ratio is None or ratio < SMALL_RATIO or resolved is False
-        item = {
+        item: ChunkedAtRate = {
             "rate": r,
-            on_config.name: a["cell"],
-            off_config.name: b["cell"],
+            "chunked": a["cell"],
+            "nochunk": b["cell"],
             "gap_p99": [a["gap_p99"], b["gap_p99"]],
             "gap_p99_ratio": ratio,
             "ttft_p99": [a["ttft_p99"], b["ttft_p99"]],
@@ -306,12 +324,13 @@ def _q3_chunked(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) ->
         verdict = "not measured: no rate has both chunked prefill on and off"
     elif clear:
 
-        def one(i: Mapping[str, Any]) -> str:
-            g = i["bootstrap"]["gap_p99"] or {}
-            if i["interval"]:
+        def one(i: ChunkedAtRate) -> str:
+            g = i["bootstrap"]["gap_p99"]
+            if i["interval"] and g and "why_no_ci" not in g:
                 return (f"{i['gap_p99_ratio']:.2f}× at {rate_text(i['rate'])} req/s (95% CI of the difference "
                         f"[{g['ci_low']:+.1f}, {g['ci_high']:+.1f}] ms)")  # fmt: skip
-            return f"{i['gap_p99_ratio']:.2f}× at {rate_text(i['rate'])} req/s (n = {g.get('n_a')}, {g.get('n_b')})"
+            n_a, n_b = (g["n_a"], g["n_b"]) if g else (None, None)
+            return f"{i['gap_p99_ratio']:.2f}× at {rate_text(i['rate'])} req/s (n = {n_a}, {n_b})"
 
         lead = (
             "yes"
@@ -325,7 +344,7 @@ def _q3_chunked(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) ->
         ratios = ", ".join(f"{times_text(i['gap_p99_ratio'])} at {rate_text(i['rate'])} req/s" for i in ev["by_rate"])
         verdict = (f"no difference resolved: worst-gap p99 off/on {ratios} (under {SMALL_RATIO:g}× or an "
                    "interval that includes 0)")  # fmt: skip
-    return {"evidence": ev, "verdict": verdict, "lines": lines}
+    return Answer(ev, verdict, lines)
 
 
 def _worst_first(ids: np.ndarray, gap: np.ndarray, mask: np.ndarray) -> tuple[list[int], list[float]]:
@@ -337,14 +356,14 @@ def _worst_first(ids: np.ndarray, gap: np.ndarray, mask: np.ndarray) -> tuple[li
     )
 
 
-def _q4_preemption(table: pd.DataFrame, cells: Cells, series: pd.DataFrame | None) -> dict[str, Any]:
-    ev: dict[str, Any] = {"cells": []}
+def _q4_preemption(table: pd.DataFrame, cells: Cells, series: pd.DataFrame | None) -> Answer:
+    ev: PreemptionEvidence = {"cells": []}
     lines = []
     moved_any, unknown_all = False, True
     for _, row in table.iterrows():
         prom, direct = finite(row.get("preemptions_prometheus")), finite(row.get("preemptions_direct"))
         value = prom if prom is not None else direct
-        item: dict[str, Any] = {
+        item: CellPreemptions = {
             "cell": row["cell"],
             "prometheus": prom,
             "direct": direct,
@@ -377,24 +396,21 @@ def _q4_preemption(table: pd.DataFrame, cells: Cells, series: pd.DataFrame | Non
                 tids = stage["trace_id"].to_numpy()
                 big_ids, big_gaps = _worst_first(tids, gap, big)
                 across_ids, across_gaps = _worst_first(tids, gap, across)
-                item.update(
-                    {
-                        "requests_in_flight_during_increments": int(in_flight.sum()),
-                        "stall_threshold_ms": round(STALL_FACTOR * med, 1) if np.isfinite(med) else None,
-                        "requests_stalled_during_increments": int(big.sum()),
-                        "stalled_trace_ids": big_ids,
-                        "stalled_worst_gap_ms": big_gaps,
-                        "requests_whose_worst_gap_spans_an_increment": int(across.sum()),
-                        "spanning_trace_ids": across_ids,
-                        "spanning_worst_gap_ms": across_gaps,
-                    }
-                )
+                threshold = round(STALL_FACTOR * med, 1) if np.isfinite(med) else None
+                item["requests_in_flight_during_increments"] = int(in_flight.sum())
+                item["stall_threshold_ms"] = threshold
+                item["requests_stalled_during_increments"] = int(big.sum())
+                item["stalled_trace_ids"] = big_ids
+                item["stalled_worst_gap_ms"] = big_gaps
+                item["requests_whose_worst_gap_spans_an_increment"] = int(across.sum())
+                item["spanning_trace_ids"] = across_ids
+                item["spanning_worst_gap_ms"] = across_gaps
                 shown = ", ".join(str(i) for i in across_ids[:20])
                 more = " …" if across.sum() > 20 else ""
                 lines.append(
                     f"{row['cell']}: counter +{value:g} ({item['source']}); {int(in_flight.sum())} requests "
                     f"were in flight while it rose, {int(big.sum())} of them with a worst gap ≥ "
-                    f"{item['stall_threshold_ms']} ms ({STALL_FACTOR:g}× the stage median), and for "
+                    f"{threshold} ms ({STALL_FACTOR:g}× the stage median), and for "
                     f"{int(across.sum())} that worst gap spans an increment: trace ids "
                     f"{shown or 'none'}{more}."
                 )
@@ -427,18 +443,19 @@ def _q4_preemption(table: pd.DataFrame, cells: Cells, series: pd.DataFrame | Non
         verdict = "unknown: no preemption counter reading (neither Prometheus nor direct /metrics reads)"
     else:
         verdict = "no: the preemption counter never moved"
-    return {"evidence": ev, "verdict": verdict, "lines": lines}
+    return Answer(ev, verdict, lines)
 
 
-def _q5_mix(records: pd.DataFrame, run_meta: Mapping[str, Mapping[str, Any]] | None, cells: Cells) -> dict[str, Any]:
-    ev: dict[str, Any] = {"runs": {}}
+def _q5_mix(records: pd.DataFrame, run_meta: Mapping[str, JsonMapping] | None, cells: Cells) -> Answer:
+    ev: MixEvidence = {"runs": {}}
     mixes = []
     for name, meta in (run_meta or {}).items():
         trace = meta.get("trace") if isinstance(meta, Mapping) else None
         mix = trace.get("mix") if isinstance(trace, Mapping) else None
         if isinstance(trace, Mapping) and isinstance(mix, Mapping) and mix:
-            ev["runs"][name] = {"mix": dict(mix), "from": RUN_META, "seed": trace.get("seed")}
-            mixes.append({str(k): int(v) for k, v in mix.items()})
+            counts = {str(k): json_int(mix, k, where=f"{name} {RUN_META} trace.mix") for k in mix}
+            ev["runs"][name] = {"mix": counts, "from": RUN_META, "seed": trace.get("seed")}
+            mixes.append(dict(counts))
     source = RUN_META
     if not mixes and not cells.measured.empty:
         counts = cells.measured.groupby(["prompt_tokens_planned", "max_tokens"]).size()
@@ -447,7 +464,7 @@ def _q5_mix(records: pd.DataFrame, run_meta: Mapping[str, Mapping[str, Any]] | N
         mixes.append(mix)
         source = "records"
     if not mixes:
-        return {"evidence": ev, "verdict": "unknown: no trace metadata and no records", "lines": []}
+        return Answer(ev, "unknown: no trace metadata and no records", [])
     total: dict[str, int] = {}
     for m in mixes:
         for k, v in m.items():
@@ -468,7 +485,7 @@ def _q5_mix(records: pd.DataFrame, run_meta: Mapping[str, Mapping[str, Any]] | N
         verdict = f"narrowly: prompt lengths {span} tokens may be too close to expose prefill stalls"
     else:
         verdict = "no: one prompt length; a homogeneous trace hides both mechanisms"
-    return {"evidence": ev, "verdict": verdict, "lines": [line]}
+    return Answer(ev, verdict, [line])
 
 
 def diagnose(
@@ -477,11 +494,11 @@ def diagnose(
     series: pd.DataFrame | None = None,
     *,
     preemptions: pd.DataFrame | None = None,
-    run_meta: Mapping[str, Mapping[str, Any]] | None = None,
+    run_meta: Mapping[str, JsonMapping] | None = None,
     decision_rate: float | None = None,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
-) -> list[dict[str, Any]]:
+) -> list[Finding]:
     """Answer the five checklist questions; one dict per question, in the seed's order."""
     table = summary_table(summaries, preemptions)
     for col in ("window_start_s", "window_end_s"):
@@ -490,10 +507,10 @@ def diagnose(
     answers = _answers(table, Cells(table, records, summaries), rate, records, run_meta, series, resamples, seed)
     marked = {str(r["cell"]): cell_marks(r) for r in table.to_dict("records") if not_measured(r)}
     unmeasured = [c for c, marks in marked.items() if NOT_A_MEASUREMENT in marks]
-    without: dict[str, dict[str, Any]] | None = None  # the answers with those cells left out, when one needs them
+    without: dict[str, Answer] | None = None  # the answers with those cells left out, when one needs them
     out = []
     for i, (q, p) in enumerate(answers.items(), 1):
-        ev = _jsonable(p["evidence"])
+        ev = evidence_json(p.evidence)
         said = json.dumps(ev)
         used = [c for c in marked if i in LATENCY_QUESTIONS and json.dumps(c) in said]
         named = [f"{c} is {m} ({IN_SHORT[m]})" for c in used for m in marked[c] if m in IN_SHORT]
@@ -501,12 +518,12 @@ def diagnose(
             ev["bootstrap"] = {"resamples": resamples, "seed": seed, "level": 0.95, "percentile": 99}
         if i == 2 and rate is not None:
             ev["decision_rate"] = rate
-        finding: dict[str, Any] = {
+        finding: Finding = {
             "number": i,
             "question": q,
-            "verdict": p["verdict"],
+            "verdict": p.verdict,
             "evidence": ev,
-            "text": " ".join(p["lines"]),
+            "text": " ".join(p.lines),
             "caveat": f"Read with care: {'; '.join(named)}." if named else "",
         }
         rests_on = [c for c in used if c in unmeasured]
@@ -516,8 +533,8 @@ def diagnose(
                 cells = Cells(kept, records, summaries)
                 without = _answers(kept, cells, rate, records, run_meta, series, resamples, seed)
             alt = without.get(q)
-            finding["without_unmeasured"] = {"cells": unmeasured, "verdict": alt["verdict"] if alt else None}
-            finding["caveat"] += " " + _without_text(unmeasured, p["verdict"], alt["verdict"] if alt else None)
+            finding["without_unmeasured"] = {"cells": unmeasured, "verdict": alt.verdict if alt else None}
+            finding["caveat"] += " " + _without_text(unmeasured, p.verdict, alt.verdict if alt else None)
         out.append(finding)
     return out
 
@@ -527,11 +544,11 @@ def _answers(
     cells: Cells,
     rate: float | None,
     records: pd.DataFrame,
-    run_meta: Mapping[str, Mapping[str, Any]] | None,
+    run_meta: Mapping[str, JsonMapping] | None,
     series: pd.DataFrame | None,
     resamples: int,
     seed: int,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Answer]:
     """Each question's answer over ``table``, keyed by the question: run once over every cell, and again without
     the cells that are not a measurement, to say what an answer that used one would be without it."""
     parts = [
@@ -541,9 +558,6 @@ def _answers(
         _q4_preemption(table, cells, series),
         _q5_mix(records, run_meta, cells),
     ]
-    if pause_lines(table):  # the server paused many streams at once: part of what the gaps show
-        parts[1] = {**parts[1], "lines": [*parts[1]["lines"], *pause_lines(table)],
-                    "evidence": {**parts[1]["evidence"], **pause_evidence(table)}}  # fmt: skip
     questions = list(QUESTIONS)
     ab = prompt_ab(table, cells, resamples, seed)
     if ab is not None:  # only when a run measured another prompt source on the same schedule
@@ -566,20 +580,3 @@ def _without_text(cells: Sequence[str], verdict: str, alt: str | None) -> str:
     if alt == verdict:
         return f"Without {who} the answer is the same."
     return f"Without {who}: {alt}."
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (np.floating, float)):
-        v = float(x)
-        return round(v, 3) if math.isfinite(v) else None
-    if isinstance(x, np.bool_):
-        return bool(x)
-    if x is pd.NA or x is pd.NaT:
-        return None
-    return x

@@ -5,21 +5,22 @@ themselves come from :mod:`tailgate.postprocess.diagnosis`."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TypedDict
 
 from markupsafe import Markup, escape
 
+from tailgate.postprocess.diagnosistypes import Finding
 from tailgate.postprocess.glossary import NO_INTERVAL, NO_INTERVAL_ID, NO_INTERVAL_NOTE
 
 
-def interval_note(findings: Sequence[Mapping[str, Any]]) -> str:
+def interval_note(findings: Sequence[Finding]) -> str:
     """Why some comparisons have no interval, said once for all the answers ("" when every one has one)."""
     said = " ".join(str(f.get("text", "")) for f in findings)
     return NO_INTERVAL_NOTE if f"{NO_INTERVAL}: n = " in said else ""
 
 
-def render_text(findings: Sequence[Mapping[str, Any]]) -> str:
+def render_text(findings: Sequence[Finding]) -> str:
     """Plain text, one block per question, for terminals and logs."""
     note = interval_note(findings)
     blocks = [note] if note else []
@@ -35,7 +36,19 @@ def _linked_text(text: str) -> Markup:
     return link.join(escape(part) for part in text.split(NO_INTERVAL))
 
 
-def findings_context(findings: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+class FindingView(TypedDict):
+    """One answer as ``templates/diagnosis.html.j2`` shows it."""
+
+    question: str
+    verdict: str
+    tone: str
+    kind: str
+    text: Markup
+    caveat: str
+    evidence: str
+
+
+def findings_context(findings: Sequence[Finding]) -> list[FindingView]:
     """Each finding's texts and its evidence as indented JSON, for ``templates/diagnosis.html.j2``."""
     return [
         {
@@ -55,7 +68,7 @@ DESCRIPTIVE = 5
 """Question 5 describes the trace: its answer is neither good nor bad news, so the page shows it neutral."""
 
 
-def tone(finding: Mapping[str, Any]) -> str:
+def tone(finding: Finding) -> str:
     """``found`` when a mechanism that moves the tail was found (drawn amber: look here), ``unknown`` when the
     data could not answer, else neutral: "no" is not good news to paint green, and a description is neither."""
     head = str(finding["verdict"]).split(":", 1)[0].strip().lower()
@@ -66,7 +79,7 @@ def tone(finding: Mapping[str, Any]) -> str:
     return ""
 
 
-def render_html(findings: Sequence[Mapping[str, Any]]) -> str:
+def render_html(findings: Sequence[Finding]) -> str:
     """An HTML fragment: question, verdict, explanation, and the evidence as collapsible JSON."""
     from tailgate.postprocess.html import render
 

@@ -26,9 +26,8 @@ those streams: the counts are lower bounds.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import pandas as pd
@@ -135,10 +134,24 @@ def pause_lines(table: pd.DataFrame) -> list[str]:
     ]
 
 
-def pause_evidence(table: pd.DataFrame) -> Mapping[str, Any]:
+class PauseRow(TypedDict, total=False):
+    """A cell with server-wide pauses, with whichever of the pause columns the table has."""
+
+    cell: str
+    server_pauses: float
+    server_pause_max_ms: float
+    server_slow_gaps: float
+
+
+class PauseEvidence(TypedDict):
+    server_pauses: list[PauseRow]
+
+
+def pause_evidence(table: pd.DataFrame) -> PauseEvidence:
     cols = ["cell", *PAUSE_COLUMNS]
     have = table[[c for c in cols if c in table.columns]]
-    return {"server_pauses": have.loc[pd.to_numeric(have.get("server_pauses"), errors="coerce") > 0].to_dict("records")}
+    rows = have.loc[pd.to_numeric(have.get("server_pauses"), errors="coerce") > 0].to_dict("records")
+    return {"server_pauses": cast("list[PauseRow]", rows)}
 
 
 __all__ = ["PAUSE_COLUMNS", "Pause", "cell_pauses", "pause_evidence", "pause_lines", "server_pauses"]

@@ -17,11 +17,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
 
+from tailgate.jsontypes import json_opt_str
 from tailgate.postprocess.runfolders import RunDir, read_server_metrics
 from tailgate.resultfiles import SERVER_METRICS
 
@@ -381,6 +382,22 @@ def _finite(x: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+class StagePreemptions(TypedDict):
+    """One stage's preemption delta from each source, the one chosen and why: a row of ``ServerData.preemptions``."""
+
+    run_dir: str
+    stage: int
+    cell: str
+    preemptions_prometheus: float | None
+    preemptions_direct: float | None
+    preemptions_direct_from: str | None
+    preemptions_source: str
+    preemptions_disagree: bool
+    preemptions_note: str
+    preemptions: float | None
+    prefix_cache_hit_rate_prometheus: float | None
+
+
 def _direct_delta(row: pd.Series, server: pd.DataFrame) -> tuple[float | None, str | None]:
     """The load path's own before/after reads, else its ~1 Hz scrapes over the stage window."""
     delta = _finite(row.get("preemptions_delta"))
@@ -428,7 +445,7 @@ def collect_server_data(
     """
     sources: dict[str, PrometheusSource | PrometheusUnavailable] = {}
     notes: list[str] = []
-    rows: list[dict[str, Any]] = []
+    rows: list[StagePreemptions] = []
     all_series: list[pd.DataFrame] = []
     run_source: dict[str, str] = {}
     saved: list[Path] = []
@@ -436,7 +453,7 @@ def collect_server_data(
     for run in runs:
         stages = summaries.loc[summaries["run_dir"] == run.name]
         server, _ = read_server_metrics(run)
-        url = prometheus_url or run.meta.get("prometheus_url") or None
+        url = prometheus_url or json_opt_str(run.meta, "prometheus_url", where=f"{run.name} run.json") or None
         prom: PrometheusSource | None = None
         if url:
             if url not in sources:

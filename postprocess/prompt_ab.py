@@ -5,8 +5,6 @@ such runs and compares prompt sources, not server configurations.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
@@ -20,13 +18,14 @@ from tailgate.postprocess.cellstats import (
     safe_ratio,
     times_text,
 )
+from tailgate.postprocess.diagnosistypes import Answer, ChunkedFlip, PromptPair
 from tailgate.postprocess.runfolders import rate_text
 from tailgate.serverconfigs import CHUNKED_PAIR
 
 PROMPT_AB_QUESTION = "Do realistic prompts change the answer? (the same arrival schedule, seed vs other prompts)"
 
 
-def prompt_ab(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) -> dict[str, Any] | None:
+def prompt_ab(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) -> Answer | None:
     """Each cell measured with the seed's prompts and with another source at the same config and rate
     (one seed, so one arrival schedule and one length sequence), compared with the bootstrap intervals
     question 3 uses for chunked prefill on vs off; None when no such pair exists."""
@@ -44,11 +43,12 @@ def prompt_ab(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) -> d
             pairs.append((str(config), float(rate), a, b))
     if not pairs:
         return None
-    items, lines = [], []
+    items: list[PromptPair] = []
+    lines: list[str] = []
     for config, rate, a, b in pairs:
         boot = compare_cells(cells, a, b, resamples, seed)
         ratio = safe_ratio(b["gap_p99"], a["gap_p99"])
-        item = {
+        item: PromptPair = {
             "config": config, "rate": rate, "seed": a["cell"], "other": b["cell"], "other_prompts": b["prompts"],
             "gap_p99": [a["gap_p99"], b["gap_p99"]], "gap_p99_ratio": ratio,
             "ttft_p99": [a["ttft_p99"], b["ttft_p99"]], "ttft_p99_ratio": safe_ratio(b["ttft_p99"], a["ttft_p99"]),
@@ -81,7 +81,7 @@ def prompt_ab(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) -> d
         verdict = "no difference resolved: every interval of the worst-gap p99 difference includes 0"
     # does chunked on/off keep its direction under the other prompts?
     by = {(i["config"], i["rate"]): i for i in items}
-    flips = []
+    flips: list[ChunkedFlip] = []
     on, off = CHUNKED_PAIR
     for (config, rate), i in by.items():
         if config == on.name and (off.name, rate) in by:
@@ -91,4 +91,4 @@ def prompt_ab(table: pd.DataFrame, cells: Cells, resamples: int, seed: int) -> d
             lines.append(f"Chunked off/on worst-gap p99 at {rate_text(rate)} req/s: "
                          f"{times_text(seed_r)} with seed prompts, "
                          f"{times_text(other_r)} with {i['other_prompts']} prompts.")  # fmt: skip
-    return {"evidence": {"pairs": items, "chunked_off_on": flips}, "verdict": verdict, "lines": lines}
+    return Answer({"pairs": items, "chunked_off_on": flips}, verdict, lines)

@@ -17,16 +17,18 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
+from tailgate.jsontypes import JsonMapping, json_opt_object
 from tailgate.postprocess import charts
 from tailgate.postprocess.accounting import COLUMNS as ACCOUNTING
 from tailgate.postprocess.accounting import account
 from tailgate.postprocess.diagnosis import diagnose
+from tailgate.postprocess.diagnosistypes import Finding
 from tailgate.postprocess.diagnosisview import findings_context, interval_note
 from tailgate.postprocess.glossary import NO_INTERVAL_ID, glossary_context
 from tailgate.postprocess.html import render
@@ -122,7 +124,7 @@ def _count(value: Any) -> str:
         return "?"
 
 
-def coordinator_gone(meta: Mapping[str, Any]) -> bool:
+def coordinator_gone(meta: JsonMapping) -> bool:
     """A run marked ``running`` whose coordinating process no longer exists (killed, host rebooted): it will
     never finish. Only knowable on the host that ran it; elsewhere the run is taken as still running."""
     import os
@@ -140,11 +142,11 @@ def coordinator_gone(meta: Mapping[str, Any]) -> bool:
     return False
 
 
-def stamp_notes(name: str, meta: Mapping[str, Any]) -> list[str]:
+def stamp_notes(name: str, meta: JsonMapping) -> list[str]:
     """What stamped the run's chunks when it was not the kernel's receive stamp, and why it fell back if so
     (run.json: the ``--chunk-stamp`` asked for, each load process's note)."""
-    asked = (meta.get("options") or {}).get("chunk_stamp")
-    fallbacks = sorted(set((meta.get("chunk_stamp_notes") or {}).values()))
+    asked = (json_opt_object(meta, "options") or {}).get("chunk_stamp")
+    fallbacks = sorted({str(note) for note in (json_opt_object(meta, "chunk_stamp_notes") or {}).values()})
     notes = [f"{name}: chunk stamps: {note}" for note in fallbacks]
     if asked and asked != "kernel" and not fallbacks:
         notes.append(f"{name}: chunks stamped by {asked} (--chunk-stamp {asked})")
@@ -358,11 +360,22 @@ CAPTIONS = {
 }
 
 
-def _run_facts(run: RunDir) -> dict[str, Any]:
+def _object(value: object) -> JsonMapping:
+    """A run.json member that should be an object; a missing or malformed one reads as empty."""
+    return value if isinstance(value, Mapping) else {}
+
+
+class RunFacts(TypedDict):
+    """One run as the page's "Runs" section lists it: its facts, and run.json as written."""
+
+    name: str
+    facts: list[tuple[str, str]]
+    raw: str
+
+
+def _run_facts(run: RunDir) -> RunFacts:
     m = run.meta
-    trace = m.get("trace") if isinstance(m.get("trace"), Mapping) else {}
-    versions = m.get("versions") if isinstance(m.get("versions"), Mapping) else {}
-    server = m.get("server") if isinstance(m.get("server"), Mapping) else {}
+    trace, versions, server = (_object(m.get(key)) for key in ("trace", "versions", "server"))
     rows = [
         ("run dir", run.name),
         ("run id", m.get("run_id")),
@@ -377,7 +390,7 @@ def _run_facts(run: RunDir) -> dict[str, Any]:
         ("prometheus url", m.get("prometheus_url")),
         ("metrics url", m.get("metrics_url")),
         ("trace", ", ".join(f"{k} {trace.get(k)}" for k in ("seed", "warmup", "n", "source") if k in trace)),
-        ("mix", ", ".join(f"{k}: {v}" for k, v in (trace.get("mix") or {}).items())),
+        ("mix", ", ".join(f"{k}: {v}" for k, v in _object(trace.get("mix")).items())),
         ("versions", ", ".join(f"{k} {v}" for k, v in versions.items())),
     ]
     return {
@@ -404,7 +417,7 @@ def _figures(chart_paths: Mapping[str, Sequence[Path]]) -> list[dict[str, str]]:
 def render_report_html(
     analysis: Analysis,
     chart_paths: Mapping[str, Sequence[Path]],
-    findings: Sequence[Mapping[str, Any]],
+    findings: Sequence[Finding],
     extra_sections: Sequence[str] = (),
 ) -> str:
     """The whole self-contained page (charts embedded), from ``templates/report.html.j2``."""

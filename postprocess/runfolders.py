@@ -12,11 +12,11 @@ import json
 import multiprocessing as mp
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -26,7 +26,7 @@ from pandas.api.types import union_categoricals
 from tailgate.arms import OPEN_LOOP, cell_name, value_text
 from tailgate.contracts import C, ContractError, StageSummary
 from tailgate.jsonl import parse_lines
-from tailgate.jsontypes import JsonMapping
+from tailgate.jsontypes import JsonMapping, JsonObject
 from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.records import RECORD_FIELDS, WORKLOAD_DEFAULTS, InFlightLoss, lost_in_flight, record_files
 from tailgate.resultfiles import RUN_META, SENT_GLOB, SERVER_METRICS, SUMMARY_GLOB
@@ -64,7 +64,7 @@ class RunDir:
     path: Path
     name: str
     """Path relative to the results folder ("." when the folder is itself the run)."""
-    meta: dict[str, Any]
+    meta: JsonMapping
 
     @property
     def run_id(self) -> str | None:
@@ -153,7 +153,7 @@ rate_text = value_text
 """``5.0`` → ``5``, ``2.5`` → ``2.5``: how the seed names its cells (one rule, in ``tailgate.arms``)."""
 
 
-def _config_of(summary: Mapping[str, Any], run: RunDir) -> str:
+def _config_of(summary: JsonMapping, run: RunDir) -> str:
     # V1 runs with chunked prefill unless told otherwise, so an unlabelled run is the default config
     return str(summary.get("config") or run.meta.get("config") or DEFAULT.name)
 
@@ -165,10 +165,10 @@ def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
     from their records with the same rules, marked ``summary_source == "records"``.
     """
     runs = _as_runs(source)
-    rows: list[dict[str, Any]] = []
+    rows: list[JsonObject] = []
     for run in runs:
         paths = sorted(run.path.glob(SUMMARY_GLOB))
-        got = []
+        got: list[JsonObject] = []
         for p in paths:
             summary = _read_contract(StageSummary, p)
             if summary is not None:
@@ -187,7 +187,7 @@ def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
                 obj["lost_in_flight"] = (
                     loaded.unreadable_lines
                     if loaded.lost_in_flight is None
-                    else loaded.lost_by_stage.get(int(obj["stage"]), 0)
+                    else loaded.lost_by_stage.get(int(cast("int", obj["stage"])), 0)  # the records frame's stage
                 )
             got = got + derived
         for obj in got:
@@ -235,7 +235,7 @@ def order_cells(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _run_warmup(run: RunDir) -> int:
-    trace = run.meta.get("trace") or {}
+    trace = run.meta.get("trace")
     w = trace.get("warmup") if isinstance(trace, dict) else None
     return int(w) if isinstance(w, (int, float)) else 0
 

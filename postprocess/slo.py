@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import pandas as pd
@@ -24,11 +24,12 @@ from markupsafe import Markup
 from matplotlib.figure import Figure
 
 from tailgate.contracts import ContractError
+from tailgate.jsontypes import JsonMapping, json_list, json_object
 from tailgate.postprocess import charts
 from tailgate.postprocess.html import render
 from tailgate.postprocess.runfolders import ResultsError
 from tailgate.postprocess.slofitted import fitted_cell, fitted_curves
-from tailgate.postprocess.slomechanism import METRICS, mechanism, probe_at
+from tailgate.postprocess.slomechanism import METRICS, Mechanism, MechanismEvidence, mechanism, probe_at
 from tailgate.postprocess.slomechanism import num as _num
 from tailgate.postprocess.slomechanism import rate_text as _rate
 from tailgate.resultfiles import SLO_ANALYSIS
@@ -50,17 +51,46 @@ STATUS_TEXT = {
 """Every status a search ends with, in words (``unresolved``: written by searches before the current rules)."""
 
 
+class SloRow(TypedDict):
+    """One configuration's line of the SLO table, as ``slo_analysis.json`` and ``templates/slo.html.j2`` carry
+    it; the objects (``p99``, ``checks``, ``model``, ``fitted``) are slo.json's, as the search wrote them."""
+
+    config: str
+    flags: str
+    flags_applied: bool | None
+    command: str | None
+    best_rate: float | None
+    first_fail_rate: float | None
+    status: str | None
+    p99: JsonMapping
+    checks: dict[str, JsonMapping]
+    binding: str | None
+    mechanism: str
+    mechanism_text: str
+    evidence: MechanismEvidence
+    probes: int
+    attempts: int
+    seeds: list[int]
+    uncertain: list[float]
+    undecided_detail: list[JsonMapping]
+    model: JsonMapping
+    fitted: JsonMapping
+    bracket_text: str
+    busy_attempts: int
+    others_busy_cores_max: float | None
+
+
 @dataclass
 class SloSection:
     html: Markup
     table_md: Path
     json_path: Path
     charts: dict[str, list[Path]] = field(default_factory=dict)
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[SloRow] = field(default_factory=list)
     recommendation: str = ""
 
 
-def load_slo(results_dir: str | Path) -> dict[str, Any] | None:
+def load_slo(results_dir: str | Path) -> JsonMapping | None:
     """``slo.json`` of a results folder; None when the folder is not an SLO search."""
     path = Path(results_dir) / SLO_FILE
     if not path.is_file():
@@ -77,16 +107,18 @@ def _ms(x: Any) -> str:
     return "–" if v is None else f"{v:,.1f}"
 
 
-def slo_rows(state: Mapping[str, Any], records: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+def slo_rows(state: Mapping[str, Any], records: pd.DataFrame | None = None) -> list[SloRow]:
     """One row per configuration: the highest rate meeting the SLO, its p99s, the binding limit, the mechanism."""
     frame = records if records is not None else pd.DataFrame()
-    rows = []
+    rows: list[SloRow] = []
     for c in state.get("configs", []):
         r = c.get("result") or {}
         best = probe_at(c, r.get("best_rate"))
         server = c.get("server") or {}
         command = server.get("command")
-        mech = mechanism(c, frame) if r else {"mechanism": "–", "text": "search not finished", "evidence": {}}
+        mech: Mechanism = (
+            mechanism(c, frame) if r else {"mechanism": "–", "text": "search not finished", "evidence": {}}
+        )
         rows.append({
             "config": c["name"],
             "flags": " ".join(c.get("flags") or []) or "(defaults)",
@@ -121,13 +153,13 @@ HEADERS = ("configuration", "flags", "highest rate meeting the SLO (req/s)", "lo
            "narrowed by the fitted step loop (model estimate)")  # fmt: skip
 
 
-def _best_text(row: Mapping[str, Any]) -> str:
+def _best_text(row: SloRow) -> str:
     if row["best_rate"] is None:
         return "none"
     return f"≥ {_rate(row['best_rate'])}" if row["status"] == "max_rate" else _rate(row["best_rate"])
 
 
-def _width_text(row: Mapping[str, Any]) -> str:
+def _width_text(row: SloRow) -> str:
     lo, hi = _num(row["best_rate"]), _num(row["first_fail_rate"])
     if hi is None:
         return "open (nothing above failed)" if row["status"] != "max_rate" else "open (at the highest rate)"
@@ -142,7 +174,7 @@ def _seeds(config: Mapping[str, Any]) -> list[int]:
                    if isinstance(a.get("seed"), int)})  # fmt: skip
 
 
-def _probes_text(row: Mapping[str, Any]) -> str:
+def _probes_text(row: SloRow) -> str:
     """Probes (attempts), and the workload seeds when extensions drew more than one: pooled samples of
     several seeds are reported as such."""
     seeds = row.get("seeds") or []
@@ -150,7 +182,7 @@ def _probes_text(row: Mapping[str, Any]) -> str:
     return f"{row['probes']} ({row['attempts']}{extra})"
 
 
-def _cells(row: Mapping[str, Any]) -> list[str]:
+def _cells(row: SloRow) -> list[str]:
     return [
         row["config"], row["flags"], _best_text(row), _rate(row["first_fail_rate"]), _width_text(row),
         _ms(row["p99"].get("ttft")), _ms(row["p99"].get("gap")), _ms(row["p99"].get("total")),
@@ -159,14 +191,14 @@ def _cells(row: Mapping[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
-def table_markdown(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
+def table_markdown(rows: Sequence[SloRow], slo: str) -> str:
     lines = [f"SLO: `{slo}` (TTFT and total from the intended send). p99s at the highest passing rate.", "",
              "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]  # fmt: skip
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
-def _bracket(row: Mapping[str, Any]) -> tuple[float, float] | None:
+def _bracket(row: SloRow) -> tuple[float, float] | None:
     """The interval the configuration's capacity lies in, or None when the search did not close it."""
     best, fail = _num(row["best_rate"]), _num(row["first_fail_rate"])
     if row["status"] == "max_rate" and best is not None:
@@ -178,7 +210,7 @@ def _bracket(row: Mapping[str, Any]) -> tuple[float, float] | None:
     return best, fail
 
 
-def _bracket_text(row: Mapping[str, Any]) -> str:
+def _bracket_text(row: SloRow) -> str:
     b = _bracket(row)
     if b is None:
         lo = "none" if row["best_rate"] is None else _rate(row["best_rate"])
@@ -187,7 +219,7 @@ def _bracket_text(row: Mapping[str, Any]) -> str:
     return f"{row['config']}: [{_rate(b[0])}, {hi}] req/s"
 
 
-def recommendation(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
+def recommendation(rows: Sequence[SloRow], slo: str) -> str:
     """Which configuration to run, and what limits it, in one paragraph; or why the data cannot say; and whether
     the machine was busy beside a server on it while it was measured."""
     busy = [r for r in rows if r.get("busy_attempts")]
@@ -200,7 +232,7 @@ def recommendation(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
             "a quiet machine.")  # fmt: skip
 
 
-def _ranking(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
+def _ranking(rows: Sequence[SloRow], slo: str) -> str:
     """Which configuration to run, and what limits it, in one paragraph; or why the data cannot say.
 
     A configuration is named only when its capacity bracket lies wholly above every other's: brackets
@@ -255,7 +287,7 @@ def _ranking(rows: Sequence[Mapping[str, Any]], slo: str) -> str:
 # --------------------------------------------------------------------------------------------- charts
 
 
-def chart_feasible(rows: Sequence[Mapping[str, Any]], out_dir: Path, name: str = "slo_rate") -> list[Path]:
+def chart_feasible(rows: Sequence[SloRow], out_dir: Path, name: str = "slo_rate") -> list[Path]:
     """Highest rate meeting the SLO per configuration, with the first failing rate as a whisker."""
     names = [r["config"] for r in rows]
     fig = Figure(figsize=(8, 0.6 * len(rows) + 1.6), layout="constrained")
@@ -412,7 +444,8 @@ def slo_section(results_dir: str | Path, records: pd.DataFrame | None, out_dir: 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = slo_rows(state, records)
-    slo = str(state.get("plan", {}).get("slo", ""))
+    plan = json_object(state, "plan", {}, where=SLO_FILE)
+    slo = str(plan.get("slo", ""))
     md = out / "slo_table.md"
     rec = recommendation(rows, slo)
     md.write_text(table_markdown(rows, slo) + "\n" + rec + "\n", encoding="utf-8")
@@ -437,7 +470,6 @@ def slo_section(results_dir: str | Path, records: pd.DataFrame | None, out_dir: 
              "capacity) and a square marks each confirmation probe, run after the fit to test it."),
         )
     ]  # fmt: skip
-    plan = state.get("plan", {})
     html = render(
         "slo.html.j2",
         slo=slo,
@@ -446,7 +478,7 @@ def slo_section(results_dir: str | Path, records: pd.DataFrame | None, out_dir: 
         headers=HEADERS,
         rows=[{"cells": _cells(r), "row": r} for r in rows],
         figures=figures,
-        configs=state.get("configs", []),
+        configs=json_list(state, "configs", [], where=SLO_FILE),
         status_text=STATUS_TEXT,
         check_text=check_text,
     )

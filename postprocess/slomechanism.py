@@ -7,7 +7,7 @@ records.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -18,7 +18,7 @@ from tailgate.postprocess.diagnosis import (
     OVERLOAD_TTFT_GROWTH,
     TTFT_FLAT_GROWTH,
 )
-from tailgate.postprocess.timeline import prefill_attribution
+from tailgate.postprocess.timeline import Attribution, prefill_attribution
 
 LAG_WARN_MS = 10.0
 """Schedule lag p99 above which the report already says the generator lacked CPU (``report.LAG_WARN_MS``)."""
@@ -70,7 +70,35 @@ def _growth(a: Any, b: Any) -> float | None:
     return round(b / a, 2) if a and b is not None and a > 0 else None
 
 
-def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> dict[str, Any]:
+class MechanismEvidence(TypedDict, total=False):
+    """What the mechanism was judged on, at the failing probe (none of it where no limit was reached); the
+    growths are from the lowest probe, when there is one below it."""
+
+    probe_rate: float
+    binding: str | None
+    preemptions: float
+    preemptions_by_attempt: list[float]
+    waiting_max: float
+    waiting_share_by_attempt: list[float | None]
+    stopped_early: str | None
+    sustained: str | None
+    from_rate: float
+    ttft_p99_growth: float | None
+    gap_p99_growth: float | None
+    total_p99_growth: float | None
+    prefill_attribution: Attribution | None
+    schedule_lag_p99: float
+
+
+class Mechanism(TypedDict):
+    """Which mechanism sets a configuration's limit, in words, with its evidence (``slo_analysis.json``)."""
+
+    mechanism: str
+    text: str
+    evidence: MechanismEvidence
+
+
+def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> Mechanism:
     """Which mechanism sets this configuration's limit, judged at the probe where the SLO broke.
 
     The evidence is the diagnosis's: the counter of preemptions, the waiting queue and TTFT outgrowing
@@ -108,22 +136,24 @@ def mechanism(config: Mapping[str, Any], records: pd.DataFrame) -> dict[str, Any
                                         for s in shares)  # fmt: skip
     sustain = next((c for c in at.get("checks", []) if c.get("key") == "sustained"), None)
     not_sustained = bool(sustain and sustain.get("verdict") == "fail")
-    ev: dict[str, Any] = {"probe_rate": at["rate"], "binding": at.get("binding"), "preemptions": preempted,
+    ev: MechanismEvidence = {"probe_rate": at["rate"], "binding": at.get("binding"), "preemptions": preempted,
                           "preemptions_by_attempt": per_attempt, "waiting_max": waiting,
                           "waiting_share_by_attempt": shares, "stopped_early": stopped,
                           "sustained": (sustain or {}).get("reason")}  # fmt: skip
     if base is not None:
+        low, high = base.get("p99", {}), at.get("p99", {})
         ev["from_rate"] = base["rate"]
-        for m in METRICS:
-            ev[f"{m}_p99_growth"] = _growth(base.get("p99", {}).get(m), at.get("p99", {}).get(m))
+        ev["ttft_p99_growth"] = _growth(low.get("ttft"), high.get("ttft"))
+        ev["gap_p99_growth"] = _growth(low.get("gap"), high.get("gap"))
+        ev["total_p99_growth"] = _growth(low.get("total"), high.get("total"))
     att = None
     if len(records) and "run_dir" in records.columns and attempts:
         stage = records.loc[records["run_dir"].astype(str) == str(attempts[0]["dir"])]
         if len(stage):
             att = prefill_attribution(stage)
     ev["prefill_attribution"] = att
-    prefill = bool(att and att.get("share") is not None
-                   and att["share"] >= 0.5 and att["share"] >= 3 * (att.get("share_by_chance") or 0.0))  # fmt: skip
+    share, chance = (att["share"], att["share_by_chance"] or 0.0) if att else (None, 0.0)
+    prefill = share is not None and share >= 0.5 and share >= 3 * chance
     tg, gg = ev.get("ttft_p99_growth"), ev.get("gap_p99_growth")
     admission = (
         queued_all

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tailgate.jsontypes import JsonObject
 from tailgate.stats import COMPLETION_ORDER, PERCENTILE_RULES, ROUND_DIGITS, SEED_SUMMARY_KEYS, WARMUP_RULES
 
 STAGE_KEYS: tuple[str, ...] = ("run_dir", "stage")
@@ -101,7 +102,7 @@ def _pct(values: pd.core.groupby.SeriesGroupBy, p: float) -> pd.Series:
 
 def summaries_from_records(
     records: pd.DataFrame, *, default_warmup: int = 0, rule: str = "completion"
-) -> list[dict[str, Any]]:
+) -> list[JsonObject]:
     """Seed-compatible summaries (plus the extras the table needs) for every stage in ``records``.
 
     Used when a stage's summary file is missing; ``preemptions_delta`` is left None because only
@@ -139,7 +140,7 @@ def summaries_from_records(
     out = []
     for key, row in table.iterrows():
         key = key if isinstance(key, tuple) else (key,)
-        d: dict[str, Any] = dict(zip(keys, key, strict=True))
+        d: JsonObject = dict(zip(keys, key, strict=True))
         start = float(row["window_start_s"])
         d.update(
             {

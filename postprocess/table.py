@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -19,6 +19,9 @@ from tailgate.clientbound import merged_breached
 from tailgate.hoststeal import NOTABLE_SHARE
 from tailgate.resultfiles import TABLE_CSV, TABLE_MD
 from tailgate.serverconfigs import CHUNKED_PAIR
+
+if TYPE_CHECKING:
+    from tailgate.postprocess.tableview import TableContext
 
 TABLE_COLUMNS: tuple[str, ...] = (
     "cell", "config", "arm", "rate_or_batch", "n",
@@ -132,7 +135,7 @@ def table_markdown(table: pd.DataFrame) -> str:
     for row in table[marks].itertuples(index=False):
         d = row._asdict()
         cells = [_fmt(c, d[c]) for c in cols]
-        cells[0] += _measurement_mark(d)
+        cells[0] += _measurement_mark(d.get("client_coalesced_streams"), d.get("host_steal_share"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -140,28 +143,25 @@ def table_markdown(table: pd.DataFrame) -> str:
 ACCOUNTING_HEADERS: dict[str, str] = {"lost_in_flight": "lost in flight", "never_sent": "never sent"}
 
 
-def _measurement_mark(row: dict[str, Any]) -> str:
-    """:data:`NOT_A_MEASUREMENT` for a cell with streams the client coalesced (absent counts: old records),
-    naming the host when the hypervisor stole a notable share of the machine's CPU during the cell."""
-    value = row.get("client_coalesced_streams")
+def _measurement_mark(value: Any, steal: Any) -> str:
+    """:data:`NOT_A_MEASUREMENT` for a cell with streams the client coalesced (``value``; absent counts: old
+    records), naming the host when the hypervisor stole a notable share (``steal``) of the machine's CPU during
+    the cell."""
     try:
         if value is None or not merged_breached(float(value)):
             return ""
     except (TypeError, ValueError):
         return ""
-    steal = row.get("host_steal_share")
     if isinstance(steal, (int, float, np.floating)) and math.isfinite(steal) and steal >= NOTABLE_SHARE:
         return f"{NOT_A_MEASUREMENT[:-1]}: the host stole {float(steal):.0%} of the CPU)"
     return NOT_A_MEASUREMENT
 
 
-def table_context(table: pd.DataFrame) -> dict[str, Any]:
+def table_context(table: pd.DataFrame) -> TableContext:
     """Both tables as the page shows them (``postprocess/tableview.py``), for ``templates/table.html.j2``."""
     from tailgate.postprocess.tableview import ACCOUNTING, view_context
 
-    ctx: dict[str, Any] = view_context(table, _fmt)
-    ctx["accounting"] = view_context(table, _fmt, with_key=False, columns=ACCOUNTING)
-    return ctx
+    return {**view_context(table, _fmt), "accounting": view_context(table, _fmt, with_key=False, columns=ACCOUNTING)}
 
 
 def accounting_markdown(table: pd.DataFrame) -> str:

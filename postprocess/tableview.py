@@ -8,9 +8,9 @@ a column with no data in any cell is left out with a sentence saying why, and ev
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 
@@ -168,13 +168,70 @@ GROUP_TERMS: dict[str, str] = {
 """The glossary entry each column group's header links to."""
 
 
-def _term(key: str) -> dict[str, str]:
+class TermLink(TypedDict):
+    term: str
+    title: str
+
+
+class GroupView(TypedDict):
+    """A header over a run of columns of one group."""
+
+    label: str
+    span: int
+    term: str
+    title: str
+
+
+class HeaderView(TypedDict):
+    label: str
+    grouped: bool
+    term: str
+    title: str
+
+
+class CellView(TypedDict):
+    text: str
+    numeric: bool
+    label: str
+    marks: list[str]
+
+
+class RowView(TypedDict):
+    disagree: bool
+    lost: bool
+    cells: list[CellView]
+    stolen: bool
+
+
+class KeyEntry(TypedDict):
+    mark: str
+    text: str
+
+
+class ViewContext(TypedDict):
+    """One table as ``templates/table.html.j2`` draws it."""
+
+    groups: list[GroupView]
+    headers: list[HeaderView]
+    rows: list[RowView]
+    hidden: list[str]
+    key: list[KeyEntry]
+    names: str
+
+
+class TableContext(ViewContext):
+    """The results table and, under ``accounting``, the requests-per-cell table."""
+
+    accounting: ViewContext
+
+
+def _term(key: str) -> TermLink:
     """A header's link to its glossary entry, and the entry as a tooltip (empty when it has none)."""
     return {"term": anchor(key), "title": title(key)} if key else {"term": "", "title": ""}
 
 
-def _groups(cols: Sequence[Column]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _groups(cols: Sequence[Column]) -> list[GroupView]:
+    out: list[GroupView] = []
     for c in cols:
         if out and c.group and out[-1]["label"] == c.group:
             out[-1]["span"] += 1
@@ -184,18 +241,23 @@ def _groups(cols: Sequence[Column]) -> list[dict[str, Any]]:
 
 
 def view_context(
-    table: pd.DataFrame, fmt: Any, *, with_key: bool = True, columns: Sequence[Column] | None = None
-) -> dict[str, Any]:
+    table: pd.DataFrame,
+    fmt: Callable[[str, Any], str],
+    *,
+    with_key: bool = True,
+    columns: Sequence[Column] | None = None,
+) -> ViewContext:
     """Groups, headers, rows (cells with marks), hidden-column sentences and the key of marks that appear."""
     if columns is None:
         cols, hidden = page_columns(table)
     else:
         cols, hidden = [c for c in columns if c.key in table.columns], []
-    rows, seen = [], []
+    rows: list[RowView] = []
+    seen: list[str] = []
     for d in table.to_dict("records"):
         marks = cell_marks(d)
         seen += [m for m in marks if m not in seen]
-        cells = [
+        cells: list[CellView] = [
             {"text": fmt(c.key, d.get(c.key)), "numeric": c.key not in TEXT_COLUMNS, "label": c.full,
              "marks": marks if c.key == "cell" else []}
             for c in cols
@@ -203,7 +265,7 @@ def view_context(
         lost = finite(d.get("lost_in_flight")) or 0
         rows.append({"disagree": d.get("preemptions_disagree") is True, "lost": lost > 0, "cells": cells,
                      "stolen": host_stole(d) and NOT_A_MEASUREMENT in marks})  # fmt: skip
-    key = [{"mark": m, "text": MARK_EXPLANATIONS[m]} for m in seen] if with_key else []
+    key: list[KeyEntry] = [{"mark": m, "text": MARK_EXPLANATIONS[m]} for m in seen] if with_key else []
     if with_key and any(r["stolen"] for r in rows):
         key.append({"mark": "host steal", "text": STEAL_EXPLANATION})
     grouped = any(c.group for c in cols)

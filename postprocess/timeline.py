@@ -7,7 +7,7 @@ Numpy over whole columns; apart from the questions because the SLO report asks t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -37,7 +37,22 @@ def _covered_until(t: np.ndarray, ms: np.ndarray, me: np.ndarray, before: np.nda
     return np.where(j >= 0, before[jj] + inside, 0.0)
 
 
-def prefill_attribution(stage: pd.DataFrame) -> dict[str, Any] | None:
+class Attribution(TypedDict):
+    """What :func:`prefill_attribution` found; the diagnosis adds the cell it read and whether the worst gaps
+    inside long prefills were the shorter ones."""
+
+    big_prompt_min_tokens: int
+    streams_live_during_big_prefill: int
+    worst_gap_inside_big_prefill: int
+    share: float | None
+    share_by_chance: float | None
+    median_worst_gap_inside_ms: float | None
+    median_worst_gap_other_ms: float | None
+    cell: NotRequired[str]
+    inside_shorter: NotRequired[bool]
+
+
+def prefill_attribution(stage: pd.DataFrame) -> Attribution | None:
     """Did streams have their worst gap while another request's large prompt was prefilling?
 
     A prefill runs from a request's send to its first chunk; long prompts (the rule chart 3 marks them
