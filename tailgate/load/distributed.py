@@ -263,8 +263,9 @@ class ClockSync:
 
     def on_pong(self, node: str, data: JsonMapping) -> None:
         """A ``PONG_MESSAGE``: the ping's own send time back, with the worker's clock at its answer."""
-        t_worker = json_float(data, "t_worker", where="pong")
-        self._replies[f"{node}:{data.get('seq')}"] = (json_float(data, "t_master", where="pong"), time.time(), t_worker)
+        received = time.time()  # before the reads: the round trip ends when the answer is here
+        t_master, t_worker = json_float(data, "t_master", where="pong"), json_float(data, "t_worker", where="pong")
+        self._replies[f"{node}:{data.get('seq')}"] = (t_master, received, t_worker)
         self._event.set()
 
     def measure(self, node: str, rounds: int = SYNC_ROUNDS) -> ClockReading | None:
