@@ -198,7 +198,7 @@ def workload_locust_args(args: argparse.Namespace) -> list[str]:
     """The suite's workload options as every Locust run takes them (the prompt source goes per cell)."""
     out: list[str] = []
     for param in rate_driven_params():
-        value = getattr(args, param.dest, param.default)
+        value = float(getattr(args, param.dest, param.default))  # parsed as a float already (type=float)
         if not 0 < value < float("inf"):
             raise OptionError(f"{param.flag}: must be a positive number, got {value:g}")
     if getattr(args, "endpoint", DEFAULT_ENDPOINT) != DEFAULT_ENDPOINT:

@@ -17,11 +17,16 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias
 
 from tailgate.load.plan import Stage, continuous_stage, poisson_offsets, rate_label
 from tailgate.load.workload import TraceItem
 from tailgate.plugins import Registry
+
+ArrivalValue: TypeAlias = float | str
+"""An arrival option's value: a number (``burstiness``, ``time_scale``), or a text such as a trace's path."""
+ArrivalParams: TypeAlias = Mapping[str, ArrivalValue]
+"""Every registered process's option values, by dest."""
 
 
 class ArrivalError(ValueError):
@@ -154,7 +159,7 @@ class ArrivalParam:
 
     dest: str
     """The option's dest: ``burstiness`` is ``--burstiness``."""
-    default: Any
+    default: ArrivalValue
     help: str
     positive: bool = True
     """A number that must be above 0 and finite (otherwise a text, such as a file name)."""
@@ -172,14 +177,14 @@ class ArrivalInput:
     rates: Sequence[float]
     seed: int
     warmup: int
-    params: Mapping[str, Any]
+    params: ArrivalParams
     """Every registered process's option values, by dest."""
     trace_rows: Sequence[TraceRow] = ()
     """The rows of a replayed file (a process with a ``file_param``)."""
 
 
 StagesBuilder = Callable[[ArrivalInput], list[Stage]]
-OffsetDrawer = Callable[[int, float, int, Mapping[str, Any]], list[float]]
+OffsetDrawer = Callable[[int, float, int, ArrivalParams], list[float]]
 """(count, rate, seed, options) -> each arrival's offset from the stage's start, in seconds."""
 
 
@@ -268,7 +273,7 @@ def per_rate(
     help: str,
     draw: OffsetDrawer,
     params: tuple[ArrivalParam, ...] = (),
-    label: Callable[[float, Mapping[str, Any]], str] | None = None,
+    label: Callable[[float, ArrivalParams], str] | None = None,
 ) -> ArrivalProcess:
     """A process with one stage per ``--rates`` value, its offsets drawn by ``draw``; stages are labelled
     ``cont_r<rate>_<name>`` unless ``label`` says otherwise."""

@@ -15,11 +15,12 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 from tailgate.contracts import CaptureStats, OrderDone
+from tailgate.jsontypes import JsonMapping, JsonObject, as_object, json_int, json_list, json_opt_int
 from tailgate.load.capture import chunk_times
 from tailgate.load.target import Target
 from tailgate.load.timing import StreamTiming
@@ -73,17 +74,17 @@ class CaptureLink:
             raise OSError(str(first.get("error") or "the capture process did not start"))
         ours.settimeout(QUERY_S)
 
-    def _line(self) -> dict[str, Any]:
+    def _line(self) -> JsonMapping:
+        """The capture process's next answer: one JSON object a line (ValueError when it is not one)."""
         while b"\n" not in self._buf:
             data = self._sock.recv(1 << 20)
             if not data:
                 raise OSError("the capture process ended")
             self._buf += data
         line, self._buf = self._buf.split(b"\n", 1)
-        answer: dict[str, Any] = json.loads(line)
-        return answer
+        return as_object(json.loads(line), where="capture process")
 
-    def ask(self, query: dict[str, Any]) -> dict[str, Any]:
+    def ask(self, query: JsonObject) -> JsonMapping:
         with self._lock:
             self._sock.sendall((json.dumps(query) + "\n").encode())
             return self._line()
@@ -145,8 +146,11 @@ class StampSource:
         try:
             answer = self.link.ask({"conn": timing.conn_key, "after": timing.sent_ns, "before": timing.connected_ns})
             times = None
-            if answer.get("isn") is not None and len(timing.chunk_last_bytes) == timing.chunks:
-                times = chunk_times(answer["isn"], answer["segs"], timing.chunk_last_bytes)
+            isn = json_opt_int(answer, "isn", where="capture process")
+            if isn is not None and len(timing.chunk_last_bytes) == timing.chunks:
+                # [seq, length, time] triples; one of another shape fails in chunk_times, within this try
+                segs = cast(Sequence[Sequence[int]], json_list(answer, "segs", where="capture process"))
+                times = chunk_times(isn, segs, timing.chunk_last_bytes)
         except Exception as e:  # whatever went wrong, the record is still written, with its own stamps
             log.warning("tailgate: capture process unusable (%s): kernel receive stamps from now on", e)
             self.capture = False
@@ -165,7 +169,7 @@ class StampSource:
             got = self.link.ask({"stats": 1})
         except (OSError, ValueError):
             return None
-        packets, drops = int(got.get("packets") or 0), int(got.get("drops") or 0)
+        packets, drops = json_int(got, "packets", 0), json_int(got, "drops", 0)
         seen, self._seen = self._seen, (packets, drops)
         return CaptureStats(packets=packets - seen[0], drops=drops - seen[1], missed_streams=self.missed)
 

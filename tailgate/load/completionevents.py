@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
 
+from tailgate.jsontypes import JsonMapping
 from tailgate.load.sse import JSON_STRING, content_template
 from tailgate.load.timing import StreamTiming
 from tailgate.load.transport import RequestFailure, error_message
@@ -22,7 +22,7 @@ TEMPLATE_ATTEMPTS = 3
 """Decoded content chunks that may propose a fast-path template before a stream gives up on one."""
 
 
-def token_count(usage: dict[str, Any], key: str, event: bytes) -> int | None:
+def token_count(usage: JsonMapping, key: str, event: bytes) -> int | None:
     """A usage count as the record schema holds it (an int), or the event is malformed."""
     value = usage.get(key)
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):
@@ -96,7 +96,7 @@ class EventReader:
         finally:
             self.content, self.others = content, others
 
-    def _decode(self, event: bytes) -> dict[str, Any]:
+    def _decode(self, event: bytes) -> JsonMapping:
         """An event that is not the template's: a JSON object, its error or usage taken."""
         try:
             obj = json.loads(event)

@@ -39,12 +39,13 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from tailgate.contracts import Order
+from tailgate.jsontypes import JsonMapping, JsonObject, json_float, json_floats, json_objects
 from tailgate.load.clock import wall
 from tailgate.load.processes import CHUNKS_PER_PROCESS, auto_processes, free_port, master_port_args
 from tailgate.load.tally import StageTally
@@ -152,13 +153,13 @@ class WorkerStream:
         self.runner = runner
         self.worker = worker
         self.folder = folder
-        self._batch: list[dict[str, Any]] = []
+        self._batch: list[JsonObject] = []
         self._timer: gevent.Greenlet | None = None
         self.written = 0
         self.offset_s = 0.0
         """This worker's clock minus the master's, as the current order says (for :meth:`spool`)."""
         self._sends: list[tuple[int, int]] = []
-        self._rows: list[dict[str, Any]] = []
+        self._rows: list[JsonObject] = []
 
     def begin_order(self, order: Order) -> None:
         """A new order: what the master has of the last one is complete (its DONE followed it)."""
@@ -211,7 +212,7 @@ class WorkerStream:
         with open(folder / sent_file(f"{self.worker}-{UNREPORTED}"), "a", encoding="utf-8") as f:
             f.write("".join(f"{stage} {trace_id}\n" for stage, trace_id in self._sends))
         with open(folder / records_file(f"{self.worker}-{UNREPORTED}"), "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(to_master_clock(dict(row), self.offset_s), separators=(",", ":")) + "\n"
+            f.write("".join(json.dumps(to_master_clock(row, self.offset_s), separators=(",", ":")) + "\n"
                             for row in self._rows))  # fmt: skip
         return folder
 
@@ -229,13 +230,15 @@ ABSOLUTE_MIN_S = 1e8
 """Record fields named ``*_s`` above this are epoch instants (converted between clocks); below, durations."""
 
 
-def to_master_clock(row: dict[str, Any], offset_s: float) -> dict[str, Any]:
-    """A worker's record on the master's clock: every epoch instant minus the worker's offset."""
-    if offset_s:
-        for key, value in row.items():
-            if key.endswith("_s") and isinstance(value, float) and value > ABSOLUTE_MIN_S:
-                row[key] = value - offset_s
-    return row
+def to_master_clock(row: JsonMapping, offset_s: float) -> JsonMapping:
+    """A worker's record on the master's clock: every epoch instant minus the worker's offset (a new object,
+    keys in their order; the row itself when the clocks agree)."""
+    if not offset_s:
+        return row
+    return {
+        key: value - offset_s if key.endswith("_s") and isinstance(value, float) and value > ABSOLUTE_MIN_S else value
+        for key, value in row.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -258,8 +261,11 @@ class ClockSync:
         self._replies: dict[str, tuple[float, float, float]] = {}
         self._event = Event()
 
-    def on_pong(self, node: str, data: dict[str, Any]) -> None:
-        self._replies[f"{node}:{data.get('seq')}"] = (float(data["t_master"]), time.time(), float(data["t_worker"]))
+    def on_pong(self, node: str, data: JsonMapping) -> None:
+        """A ``PONG_MESSAGE``: the ping's own send time back, with the worker's clock at its answer."""
+        received = time.time()  # before the reads: the round trip ends when the answer is here
+        t_master, t_worker = json_float(data, "t_master", where="pong"), json_float(data, "t_worker", where="pong")
+        self._replies[f"{node}:{data.get('seq')}"] = (t_master, received, t_worker)
         self._event.set()
 
     def measure(self, node: str, rounds: int = SYNC_ROUNDS) -> ClockReading | None:
@@ -308,7 +314,7 @@ class MasterSink:
         self.dead: set[str] = set()
         self._records: dict[str, TextIO] = {}
         self._journals: dict[str, TextIO] = {}
-        self.late: Any = None
+        self.late: Callable[[int], None] | None = None
         """Called with a stage index when a node already written off sends for it (a healed partition)."""
 
     def _file(self, files: dict[str, TextIO], worker: str, name: str) -> TextIO:
@@ -318,7 +324,7 @@ class MasterSink:
             files[worker] = f
         return f
 
-    def _mine(self, node: str, data: dict[str, Any]) -> bool:
+    def _mine(self, node: str, data: JsonMapping) -> bool:
         return data.get("folder") == str(self.folder)
 
     def _late(self, node: str, stage: int) -> None:
@@ -326,22 +332,23 @@ class MasterSink:
         if node in self.dead and self.late is not None:
             self.late(stage)
 
-    def on_sent(self, node: str, data: dict[str, Any]) -> None:
+    def on_sent(self, node: str, data: JsonMapping) -> None:
+        """A ``SENT_MESSAGE``: ``sent`` is ``[stage, trace_id, wall time]``, ``dropped`` ``[stage, trace_id]``."""
         if not self._mine(node, data):
             return
         worker = self.workers.setdefault(node, str(data.get("worker") or node))
         if "dropped" in data:
-            stage, trace_id = data["dropped"]
+            stage, trace_id = json_floats(data, "dropped", where="send notice")
             self.sent.get(node, {}).pop((int(stage), int(trace_id)), None)
             self._file(self._journals, worker, sent_file(worker)).write(f"{int(stage)} {int(trace_id)} dropped\n")
             self._late(node, int(stage))
             return
-        stage, trace_id, t = data["sent"]
+        stage, trace_id, t = json_floats(data, "sent", where="send notice")
         self.sent.setdefault(node, {})[(int(stage), int(trace_id))] = float(t) - self.clock.offset(node)
         self._file(self._journals, worker, sent_file(worker)).write(f"{int(stage)} {int(trace_id)}\n")
         self._late(node, int(stage))
 
-    def on_records(self, node: str, data: dict[str, Any]) -> None:
+    def on_records(self, node: str, data: JsonMapping) -> None:
         if not self._mine(node, data):
             return
         worker = self.workers.setdefault(node, str(data.get("worker") or node))
@@ -350,7 +357,7 @@ class MasterSink:
         done = self.recorded.setdefault(node, set())
         lines = []
         records = []
-        for row in data.get("records") or []:
+        for row in json_objects(data, "records", where="records message"):
             row = to_master_clock(row, offset)
             lines.append(json.dumps(row, separators=(",", ":")))
             try:

@@ -243,7 +243,7 @@ def _cache_default_args() -> None:
         return
     defaults = argument_parser.default_args_dict()
 
-    def cached() -> dict[str, Any]:
+    def cached() -> dict[str, Any]:  # Locust's own option defaults, open-ended and passed through as they are
         return defaults
 
     cached.tailgate_cached = True  # type: ignore[attr-defined]

@@ -41,7 +41,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
+
+from tailgate.jsontypes import JsonMapping, JsonObject, as_object, json_float
 
 CALIBRATION_FILE = "calibration.json"
 CALIBRATION_ENV = "TAILGATE_CALIBRATION"
@@ -99,22 +101,34 @@ def _version(name: str) -> str:
         return "none"
 
 
-def host_key() -> dict[str, Any]:
-    """What a calibration holds for: another value of any of these measures again."""
+class HostKey(TypedDict, total=False):
+    """What a calibration holds for (:func:`host_key`): another value of any of these measures again. Empty
+    (every key being optional) where no key was taken: the calibration is off."""
+
+    cpu_model: str
+    cores: int | None
+    python: str
+    tailgate: str
+    gevent: str
+    code: str
+
+
+def host_key() -> HostKey:
+    """This host's and this code's :class:`HostKey`."""
     import tailgate
 
     digest = hashlib.sha1()
     for rel in _CALIBRATED_SOURCES:
         path = _ROOT / rel
         digest.update(path.read_bytes() if path.exists() else rel.encode())
-    return {
-        "cpu_model": _cpu_model(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "tailgate": tailgate.__version__,
-        "gevent": _version("gevent"),
-        "code": digest.hexdigest()[:12],
-    }
+    return HostKey(
+        cpu_model=_cpu_model(),
+        cores=os.cpu_count(),
+        python=platform.python_version(),
+        tailgate=tailgate.__version__,
+        gevent=_version("gevent"),
+        code=digest.hexdigest()[:12],
+    )
 
 
 @dataclass(frozen=True)
@@ -126,9 +140,9 @@ class HostCapacity:
     source: str = "table"
     """``measured`` (now), ``cached`` (an earlier measurement of this key) or ``table`` (the fallback)."""
     note: str = ""
-    key: dict[str, Any] = field(default_factory=dict)
-    measured: dict[str, Any] = field(default_factory=dict)
-    """The calibration's whole answer (workload, seconds)."""
+    key: HostKey = field(default_factory=lambda: HostKey())
+    measured: JsonMapping = field(default_factory=dict)
+    """The calibration's whole answer (workload, seconds), kept as it came to be written back."""
 
     def per_process(self, stamp: str = "kernel") -> float:
         """Chunks per second one load process is given with this stamp source (``kernel``'s when unknown)."""
@@ -144,7 +158,7 @@ class HostCapacity:
             return FALLBACK_CHUNKS_PER_TRUTH_WORKER
         return TRUTH_CORE_SHARE * 1e6 / self.server_us_per_chunk
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {
             **asdict(self),
             "chunks_per_process": {s: round(self.per_process(s)) for s in CORE_SHARE_BY_STAMP},
@@ -166,21 +180,23 @@ _memo: tuple[Path, HostCapacity] | None = None
 """The answer this process already has, and the cache file it is for."""
 
 
-def _read_cache(key: dict[str, Any]) -> HostCapacity | None:
+def _read_cache(key: HostKey) -> HostCapacity | None:
     try:
         doc = json.loads(calibration_path().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict) or doc.get("key") != key:
         return None
-    m = doc.get("measured") or {}
+    m = doc.get("measured")
+    if not isinstance(m, dict):
+        return None
     read, server = m.get("read_us_per_chunk"), m.get("server_us_per_chunk")
     if not (isinstance(read, int | float) and read > 0 and isinstance(server, int | float) and server > 0):
         return None
     return HostCapacity(float(read), float(server), "cached", f"measured {doc.get('at', '?')}", key, m)
 
 
-def _write_cache(key: dict[str, Any], measured: dict[str, Any]) -> None:
+def _write_cache(key: HostKey, measured: JsonMapping) -> None:
     import time
 
     path = calibration_path()
@@ -194,8 +210,9 @@ def _write_cache(key: dict[str, Any], measured: dict[str, Any]) -> None:
         pass  # a read-only home: the next command measures again
 
 
-def _measure(log: Callable[[str], None]) -> dict[str, Any]:
-    """Run the calibration in a fresh interpreter (gevent patches it); its JSON answer, or raise RuntimeError."""
+def _measure(log: Callable[[str], None]) -> JsonMapping:
+    """Run the calibration in a fresh interpreter (gevent patches it); its JSON answer, which holds both CPU
+    costs per chunk, or raise RuntimeError."""
     log(f"[tailgate] calibrating this host once (a few seconds): CPU per chunk of the load path and the ground-truth "
         f"server, cached in {calibration_path()}")  # fmt: skip
     env = dict(os.environ)
@@ -209,7 +226,10 @@ def _measure(log: Callable[[str], None]) -> dict[str, Any]:
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"the calibration failed (exit {done.returncode}): {done.stderr.strip()[-300:]}")
     try:
-        return dict(json.loads(lines[-1]))
+        answer = as_object(json.loads(lines[-1]))
+        json_float(answer, "read_us_per_chunk")
+        json_float(answer, "server_us_per_chunk")
+        return answer
     except ValueError:
         raise RuntimeError(f"the calibration answered {lines[-1][:200]!r}") from None
 
@@ -236,7 +256,7 @@ def host_capacity(measure: bool = True, log: Callable[[str], None] | None = None
             _memo = (calibration_path(), HostCapacity(note=str(e), key=key))
             return _memo[1]
         _write_cache(key, measured)
-        found = HostCapacity(float(measured["read_us_per_chunk"]), float(measured["server_us_per_chunk"]),
+        found = HostCapacity(json_float(measured, "read_us_per_chunk"), json_float(measured, "server_us_per_chunk"),
                              "measured", "measured now", key, measured)  # fmt: skip
     _memo = (calibration_path(), found)
     return found

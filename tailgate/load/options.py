@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from tailgate import arms
+from tailgate.jsontypes import JsonObject
 from tailgate.load.arrivals import (
     DEFAULT_ARRIVALS,
     ArrivalError,
     ArrivalInput,
+    ArrivalValue,
     TraceRow,
     all_params,
     arrival_process,
@@ -33,6 +35,7 @@ from tailgate.load.promptsources import (
     DEFAULT_PROMPTS,
     PREFIX_DEFAULTS,
     TRACE_BLOCKS,
+    PromptOptions,
     prefix_options,
     prompt_source,
     selectable_sources,
@@ -203,7 +206,7 @@ class Settings:
     """Prompt source (tailgate/load/prompts.py); ``mooncake`` when a Mooncake trace's hash_ids make the prompts."""
     endpoint: str = DEFAULT_ENDPOINT
     arrivals: str = DEFAULT_ARRIVALS
-    arrival_params: dict[str, Any] = field(default_factory=dict)
+    arrival_params: dict[str, ArrivalValue] = field(default_factory=dict)
     """Every registered arrival process's option values, by dest (``burstiness``, ``time_scale``, ...)."""
     trace_format: str = ""
     trace_rows: tuple[TraceRow, ...] = ()
@@ -214,13 +217,14 @@ class Settings:
     prefix_groups: int = 4
     prompt_sets: tuple[tuple[Prompt | None, ...], ...] | None = field(default=None, repr=False)
     """Built prompts per stage, in arrival order (None: the seed filler, built in the load processes)."""
-    prompt_check: dict[str, Any] = field(default_factory=dict)
+    prompt_check: JsonObject = field(default_factory=dict)
     """How the prompts were built and counted (pool size, template overhead, planned vs tokenized)."""
 
-    def prompt_options(self) -> dict[str, Any]:
+    def prompt_options(self) -> PromptOptions:
         """The prompt sources' own option values (what :class:`~tailgate.load.promptsources.PromptPlan` carries)."""
-        return {"dataset": self.dataset, "dataset_entries": self.dataset_entries, "prefix_tokens": self.prefix_tokens,
-                "prefix_share": self.prefix_share, "prefix_groups": self.prefix_groups}  # fmt: skip
+        return PromptOptions(dataset=self.dataset, dataset_entries=self.dataset_entries,
+                             prefix_tokens=self.prefix_tokens, prefix_share=self.prefix_share,
+                             prefix_groups=self.prefix_groups)  # fmt: skip
 
     def stages(self) -> list[Stage]:
         the_arm = arms.arm(self.arm)
@@ -235,18 +239,19 @@ class Settings:
                       for i, st in enumerate(stages)]  # fmt: skip
         return stages
 
-    def workload(self) -> dict[str, Any]:
+    def workload(self) -> JsonObject:
         """Which source, endpoint and arrival process produced the records (run.json, summaries, records)."""
-        out: dict[str, Any] = {"prompts": self.prompts, "endpoint": self.endpoint, "arrivals": self.arrivals}
-        known = {**self.arrival_params, "trace_format": self.trace_format}
+        out: JsonObject = {"prompts": self.prompts, "endpoint": self.endpoint, "arrivals": self.arrivals}
+        known: dict[str, ArrivalValue] = {**self.arrival_params, "trace_format": self.trace_format}
         out.update({key: known[key] for key in arrival_process(self.arrivals).recorded_keys()})
-        options = self.prompt_options()
+        options: JsonObject = {"dataset": self.dataset, "prefix_tokens": self.prefix_tokens,
+                               "prefix_share": self.prefix_share, "prefix_groups": self.prefix_groups}  # fmt: skip
         out.update({key: options[key] for key in prompt_source(self.prompts).recorded})
         if self.prompt_check:
             out["prompt_check"] = self.prompt_check
         return out
 
-    def public(self) -> dict[str, Any]:
+    def public(self) -> JsonObject:
         """Every option as used, for run metadata; the API key is reduced to whether one was set."""
         return {
             "arm": self.arm, "host": self.host, "rates": list(self.rates), "batch_size": self.batch_size,
@@ -390,7 +395,19 @@ def check_workload(locust_args: Sequence[str], cells: Sequence[tuple[str | None,
         _validate_workload(opts, arm)
 
 
-def _validate_workload(opts: Any, arm: str) -> dict[str, Any]:
+class WorkloadFields(PromptOptions):
+    """The settings fields the workload options fill (:func:`_validate_workload`), the prompt sources' own
+    among them."""
+
+    prompts: str
+    endpoint: str
+    arrivals: str
+    arrival_params: dict[str, ArrivalValue]
+    trace_format: str
+    trace_rows: tuple[TraceRow, ...]
+
+
+def _validate_workload(opts: Any, arm: str) -> WorkloadFields:
     """The prompt source, endpoint and arrival options, files parsed now: a bad file stops the run before
     anything is sent. Options a parser without them (an old locust.conf) lacks take their defaults."""
 
@@ -425,23 +442,23 @@ def _validate_workload(opts: Any, arm: str) -> dict[str, Any]:
             prompts = TRACE_BLOCKS
     # every source carries the prefix shape and a dataset slot; a source checks only its own options (a suite
     # A/B passes the dataset to every cell: only the dataset source reads it)
-    own: dict[str, Any] = {"dataset": "", "dataset_entries": (), **prefix_options(get)}
+    own = PromptOptions(dataset="", dataset_entries=(), **prefix_options(get))
     check = prompt_source(prompts).check
     if check is not None:
         try:
             own.update(check(get))
         except PromptError as e:
             raise OptionError(str(e)) from None
-    return {
-        "prompts": prompts, "endpoint": endpoint, "arrivals": arrivals, "arrival_params": params,
-        "trace_format": trace_format, "trace_rows": rows,
+    return WorkloadFields(
+        prompts=prompts, endpoint=endpoint, arrivals=arrivals, arrival_params=params,
+        trace_format=trace_format, trace_rows=rows,
         **own,
-    }  # fmt: skip
+    )  # fmt: skip
 
 
-def _arrival_params(get: Any, arrivals: str) -> tuple[dict[str, Any], str]:
+def _arrival_params(get: Any, arrivals: str) -> tuple[dict[str, ArrivalValue], str]:
     """Every arrival option's value, checked, and the process: a file named for a replaying process selects it."""
-    params: dict[str, Any] = {}
+    params: dict[str, ArrivalValue] = {}
     for param in all_params():
         value = get(param.dest, param.default)
         if param.positive:

@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from tailgate.jsontypes import JsonObject
 from tailgate.load.target import Target
 from tailgate.plugins import Registry
 
 
 def build_payload(
-    model: str, prompt: str, max_tokens: int, *, ignore_eos: bool = False, extra: dict[str, Any] | None = None
+    model: str, prompt: str, max_tokens: int, *, ignore_eos: bool = False, extra: JsonObject | None = None
 ) -> bytes:
     """A streamed completion with usage in its final event."""
     return _streamed_body(model, {"prompt": prompt}, max_tokens, ignore_eos, extra)
@@ -32,7 +32,7 @@ def build_chat_payload(
     max_tokens: int,
     *,
     ignore_eos: bool = False,
-    extra: dict[str, Any] | None = None,
+    extra: JsonObject | None = None,
 ) -> bytes:
     """A streamed chat completion with usage in its final event, as :func:`build_payload` for completions.
 
@@ -42,10 +42,11 @@ def build_chat_payload(
 
 
 def _streamed_body(
-    model: str, content: dict[str, object], max_tokens: int, ignore_eos: bool, extra: dict[str, Any] | None
+    model: str, content: JsonObject, max_tokens: int, ignore_eos: bool, extra: JsonObject | None
 ) -> bytes:
-    """The fields both endpoints share, in one place, so the two can never disagree on sampling or usage."""
-    body: dict[str, Any] = {
+    """The fields both endpoints share, in one place, so the two can never disagree on sampling or usage;
+    ``extra`` is free-form request fields, sent as given."""
+    body: JsonObject = {
         "model": model,
         **content,
         "max_tokens": max_tokens,

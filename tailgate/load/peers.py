@@ -52,9 +52,10 @@ class PeerGate:
         self.key = key
         """The key in force (the pending or running run's): checked when a spawn is about to go out."""
         self.nonces: dict[str, str] = {}
-        self.answers: dict[str, Any] = {}
+        self.answers: dict[str, str | None] = {}
+        """Node -> the proof it answered with (None: it has no key; ``""``: not a text, so no proof)."""
         self.names: dict[str, str] = {}
-        self.held: dict[str, Any] = {}
+        self.held: dict[str, Message] = {}
         """Node -> the newest ``spawn`` held back from it."""
         self.written_off: set[str] = set()
         self.told_to_quit: list[str] = []
@@ -139,7 +140,8 @@ class PeerGate:
         node, data = msg.node_id, msg.data or {}
         if data.get("nonce") != self.nonces.get(node) or node in self.answers:
             return  # an answer to another challenge, or a second one
-        self.answers[node] = data.get("proof")
+        answer = data.get("proof")
+        self.answers[node] = answer if answer is None or isinstance(answer, str) else ""
         if data.get("worker"):
             self.names[node] = str(data["worker"])
         held = self.held.pop(node, None)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tailgate.jsontypes import JsonMapping, JsonObject
 from tailgate.load.payloads import endpoints
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -57,10 +58,17 @@ class Prompt:
     tokens: int | None = None
     """The served tokenizer's count of this prompt as sent (template included for chat), from ``/tokenize``."""
 
-    def wire(self) -> dict[str, Any]:
+    def turns(self) -> list[dict[str, str]] | None:
+        """The chat messages as a request carries them; None for completion text."""
+        if self.messages is None:
+            return None
+        return [{"role": r, "content": c} for r, c in self.messages]
+
+    def wire(self) -> JsonObject:
         """The request fields this prompt sets (``prompt`` or ``messages``)."""
-        if self.messages is not None:
-            return {"messages": [{"role": r, "content": c} for r, c in self.messages]}
+        turns = self.turns()
+        if turns is not None:
+            return {"messages": turns}
         return {"prompt": self.text}
 
     def to_order(self) -> list[Any]:
@@ -88,7 +96,7 @@ class ServerTokenizer:
         self.timeout = timeout
         self.max_model_len: int | None = None
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _post(self, path: str, body: JsonObject) -> JsonMapping:
         data = json.dumps({"model": self.model, **body}).encode()
         req = urllib.request.Request(self.root + path, data=data, headers=self.headers, method="POST")
         try:
@@ -111,7 +119,7 @@ class ServerTokenizer:
     def count(self, prompt: Prompt) -> int:
         """Tokens the server will see for this prompt (chat: with its template and generation prompt)."""
         if prompt.messages is not None:
-            body: dict[str, Any] = {**prompt.wire(), "add_generation_prompt": True}
+            body: JsonObject = {**prompt.wire(), "add_generation_prompt": True}
         else:
             body = {"prompt": prompt.text}
         obj = self._post("/tokenize", body)
@@ -369,12 +377,13 @@ def load_dataset(path: str | Path) -> list[DatasetEntry]:
     return entries
 
 
-def _jsonl_entry(obj: dict[str, Any], where: str) -> DatasetEntry:
+def _jsonl_entry(obj: JsonMapping, where: str) -> DatasetEntry:
     out = obj.get("max_tokens")
     if out is not None and (not isinstance(out, int) or isinstance(out, bool) or out < 1):
         raise PromptError(f"{where}: max_tokens must be a positive integer")
-    if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
-        return DatasetEntry(obj["prompt"], None, out)
+    prompt = obj.get("prompt")
+    if isinstance(prompt, str) and prompt.strip():
+        return DatasetEntry(prompt, None, out)
     msgs = obj.get("messages")
     if isinstance(msgs, list) and msgs:
         pairs = []

@@ -14,11 +14,13 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
+from tailgate.jsontypes import JsonObject
 from tailgate.load.arrivals import TraceRow
 from tailgate.load.prompts import (
     Builder,
+    DatasetEntry,
     Prompt,
     PromptError,
     ServerTokenizer,
@@ -33,9 +35,22 @@ from tailgate.load.workload import TraceItem, make_trace
 from tailgate.plugins import Registry
 
 OptionGetter = Callable[[str, Any], Any]
-"""Reads a parsed option by its dest, with a default for a parser that lacks it (an old locust.conf)."""
+"""Reads a parsed option by its dest, with a default for a parser that lacks it (an old locust.conf); the
+values are argparse's (Locust's options object is third-party), checked by the source that reads them."""
 
-PREFIX_DEFAULTS: dict[str, Any] = {"prefix_tokens": 512, "prefix_share": 0.5, "prefix_groups": 4}
+
+class PromptOptions(TypedDict, total=False):
+    """The prompt sources' own option values, named as the settings fields they become: a source's check
+    returns only its own, :meth:`~tailgate.load.options.Settings.prompt_options` gives every one."""
+
+    dataset: str
+    dataset_entries: tuple[DatasetEntry, ...]
+    prefix_tokens: int
+    prefix_share: float
+    prefix_groups: int
+
+
+PREFIX_DEFAULTS: dict[str, float] = {"prefix_tokens": 512, "prefix_share": 0.5, "prefix_groups": 4}
 """The prefix source's shape when not given: one table for Locust's options, the suite's and validation."""
 
 
@@ -50,7 +65,7 @@ class PromptPlan:
     stages: int
     """Stages of the run: a source that varies its texts per stage builds one set each."""
     trace_rows: Sequence[TraceRow] = ()
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: PromptOptions = field(default_factory=lambda: PromptOptions())
     """The source's own option values, as :attr:`PromptSource.check` returned them."""
 
 
@@ -60,7 +75,7 @@ class BuiltPrompts:
     """The planned requests, with lengths a source may set (a dataset's tokenized prompts)."""
     sets: list[list[Prompt | None]]
     """One list of prompts per stage (the last one serves later stages), in arrival order."""
-    check: dict[str, Any]
+    check: JsonObject
     """How they were built and counted, for ``run.json``."""
 
 
@@ -77,7 +92,7 @@ class PromptSource:
     """The option a failure to build it is reported under."""
     recorded: tuple[str, ...] = ()
     """Its option values kept in ``run.json``'s workload beside the source's name."""
-    check: Callable[[OptionGetter], dict[str, Any]] | None = None
+    check: Callable[[OptionGetter], PromptOptions] | None = None
     """Reads and checks its own options (a :class:`PromptError` line on a bad one) into settings fields."""
     build: Callable[[PromptPlan], BuiltPrompts] | None = None
 
@@ -137,9 +152,11 @@ class Words:
     def counted(self, items: Sequence[TraceItem], sets: list[list[Prompt | None]]) -> BuiltPrompts:
         """The sets with how exactly their token counts met the plan."""
         diffs = [(p.tokens or 0) - t for s in sets for p, t in zip(s, self.targets, strict=True) if p is not None]
-        check = {"one_token_words": self.one_token_words, "template_tokens": self.template_tokens, "salt": self.salt,
-                 "prompts": len(diffs), "exact": sum(1 for d in diffs if d == 0),
-                 "max_abs_diff": max((abs(d) for d in diffs), default=0)}  # fmt: skip
+        check: JsonObject = {
+            "one_token_words": self.one_token_words, "template_tokens": self.template_tokens, "salt": self.salt,
+            "prompts": len(diffs), "exact": sum(1 for d in diffs if d == 0),
+            "max_abs_diff": max((abs(d) for d in diffs), default=0),
+        }  # fmt: skip
         return BuiltPrompts(list(items), sets, check)
 
 
@@ -185,7 +202,7 @@ def build_dataset(plan: PromptPlan) -> BuiltPrompts:
 # ------------------------------------------------------------------------------------------- option checks
 
 
-def check_dataset(get: OptionGetter) -> dict[str, Any]:
+def check_dataset(get: OptionGetter) -> PromptOptions:
     dataset = get("dataset", "") or ""
     if not dataset:
         raise PromptError("--prompts dataset: name the file with --dataset (ShareGPT JSON or JSONL)")
@@ -193,19 +210,19 @@ def check_dataset(get: OptionGetter) -> dict[str, Any]:
         entries = tuple(load_dataset(dataset))
     except PromptError as e:
         raise PromptError(f"--dataset: {e}") from None
-    return {"dataset": dataset, "dataset_entries": entries}
+    return PromptOptions(dataset=dataset, dataset_entries=entries)
 
 
-def prefix_options(get: OptionGetter) -> dict[str, Any]:
+def prefix_options(get: OptionGetter) -> PromptOptions:
     """The prefix shape as given (defaults where absent), unchecked: every source carries it."""
-    return {
-        "prefix_tokens": int(get("prefix_tokens", PREFIX_DEFAULTS["prefix_tokens"])),
-        "prefix_share": float(get("prefix_share", PREFIX_DEFAULTS["prefix_share"])),
-        "prefix_groups": int(get("prefix_groups", PREFIX_DEFAULTS["prefix_groups"])),
-    }
+    return PromptOptions(
+        prefix_tokens=int(get("prefix_tokens", PREFIX_DEFAULTS["prefix_tokens"])),
+        prefix_share=float(get("prefix_share", PREFIX_DEFAULTS["prefix_share"])),
+        prefix_groups=int(get("prefix_groups", PREFIX_DEFAULTS["prefix_groups"])),
+    )
 
 
-def check_prefix(get: OptionGetter) -> dict[str, Any]:
+def check_prefix(get: OptionGetter) -> PromptOptions:
     shape = prefix_options(get)
     if shape["prefix_tokens"] < 1:
         raise PromptError(f"--prefix-tokens: must be at least 1, got {shape['prefix_tokens']}")
@@ -229,6 +246,7 @@ __all__ = [
     "SOURCES",
     "TRACE_BLOCKS",
     "BuiltPrompts",
+    "PromptOptions",
     "PromptPlan",
     "PromptSource",
     "Words",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tailgate.jsontypes import JsonObject
 from tailgate.load import distributed
 from tailgate.load.distributed import ClockSync
 from tailgate.load.links import LoadLinks
@@ -61,8 +62,8 @@ class LoadProcess:
     """Absent from the file until an order's DONE says how this process stamped chunks."""
     chunk_stamp_note: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {
             "worker": self.worker, "clock_offset_ms": self.clock_offset_ms, "clock_rtt_ms": self.clock_rtt_ms,
             "clock_rounds": self.clock_rounds, "joined_stage": self.joined_stage, "lost": self.lost,
             "clock_by_stage": [dataclasses.asdict(c) for c in self.clock_by_stage],
@@ -85,7 +86,7 @@ class WorkerRoster:
     runner: Any
     settings: Settings
     folder: Path
-    meta: dict[str, Any]
+    meta: JsonObject
     clock: ClockSync
     on_worker_loss: str
     workers: dict[str, LoadProcess]
@@ -98,7 +99,7 @@ class WorkerRoster:
     gate: PeerGate | None
     written_off: Callable[[str], None] | None
 
-    def workers_json(self) -> dict[str, dict[str, Any]]:
+    def workers_json(self) -> dict[str, JsonObject]:
         """``run.json``'s ``workers``: every load process that took a stage, by node id."""
         return {node: w.to_json() for node, w in self.workers.items()}
 

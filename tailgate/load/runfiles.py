@@ -13,9 +13,9 @@ import os
 import platform
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import tailgate
+from tailgate.jsontypes import JsonObject, JsonValue
 from tailgate.load.options import Settings
 from tailgate.load.plan import Stage
 from tailgate.load.sidecars import server_info
@@ -24,7 +24,7 @@ from tailgate.records import WORKER_LOST, RequestRecord, StageAccounting, accoun
 from tailgate.runmeta import RunStatus, utc_stamp
 
 
-def write_json(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: JsonValue) -> None:
     """Whole-file replace, so a reader (the live tab, a report) never sees half a file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
@@ -42,7 +42,7 @@ def stage_accounting(folder: Path, stage: Stage, records: Sequence[RequestRecord
 
 def run_metadata(
     settings: Settings, run_id: str, started: float, stages: Sequence[Stage], load_processes: int
-) -> dict[str, Any]:
+) -> JsonObject:
     """``run.json`` as a run starts: what was asked, of which server, from which versions (its end is added later)."""
     s = settings
     measured = s.trace[s.warmup :]

@@ -32,6 +32,7 @@ from typing import Any
 from tailgate.arms import arm as arm_of
 from tailgate.contracts import ContractError, Order, OrderConfig, OrderDone, StageSummary
 from tailgate.hoststeal import cpu_counters, steal_share
+from tailgate.jsontypes import JsonMapping, JsonObject, json_int
 from tailgate.load.capturelink import stamp_summary
 from tailgate.load.console import summary_line
 from tailgate.load.distributed import DEADLINE_MARGIN_S, ClockSync, MasterSink
@@ -123,7 +124,7 @@ class RunSession(WorkerRoster):
         self._waiting_for: set[str] = set()
         self._counts: dict[str, tuple[int, int]] = {}
         """Load process -> (requests sent, ended) as it last reported them (distributed runs)."""
-        self.meta: dict[str, Any] = {}
+        self.meta: JsonObject = {}
         self.clock = ClockSync(runner)
         self.tally = StageTally()
         """Every record the load processes reported, per stage: what the stage summaries are built from."""
@@ -297,8 +298,10 @@ class RunSession(WorkerRoster):
         if self._waiting_for <= set(self._done):
             self._done_event.set()
 
-    def on_progress(self, node_id: str, data: dict[str, Any]) -> None:
-        self._counts[node_id] = (int(data["sent"]), int(data["ended"]))
+    def on_progress(self, node_id: str, data: JsonMapping) -> None:
+        """A load process's counters (``PROGRESS_MESSAGE``), read once per message."""
+        where = f"progress of {self._ready.get(node_id, node_id)}"
+        self._counts[node_id] = (json_int(data, "sent", where=where), json_int(data, "ended", where=where))
 
     def _sent_ended(self) -> tuple[int, int]:
         """Requests sent and ended so far by every load process, from their in-memory counters."""

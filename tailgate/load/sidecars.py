@@ -14,8 +14,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
+from tailgate.jsontypes import JsonObject
 from tailgate.load.options import Settings
 from tailgate.resultfiles import REPORT_LOG, SERVER_METRICS, report_html
 
@@ -117,11 +117,11 @@ def _ordinary_priority() -> None:
         pass
 
 
-def server_info(s: Settings) -> dict[str, Any]:
+def server_info(s: Settings) -> JsonObject:
     """What the server says about itself (``/version``, served models); absent fields stay None."""
     import urllib.request
 
-    info: dict[str, Any] = {"version": None, "models": None}
+    info: JsonObject = {"version": None, "models": None}
     headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else {}
     for key, path in (("version", "/version"), ("models", "/v1/models")):
         try:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+
+from tailgate.jsontypes import JsonMapping
 
 MAX_PENDING_BYTES = 4 * 1024 * 1024
 """A line this long without a newline is not an SSE stream we can trust; stop buffering it."""
@@ -176,7 +177,7 @@ JSON_STRING = re.compile(rb'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})
 TEXT_KEY = b'"text":'
 
 
-def content_template(event: bytes, obj: dict[str, Any]) -> tuple[bytes, bytes] | None:
+def content_template(event: bytes, obj: JsonMapping) -> tuple[bytes, bytes] | None:
     """``(prefix, suffix)`` around the text of a decoded content chunk, or None if it cannot serve as one.
 
     A stream's content chunks differ only in their text: vLLM repeats id, created, model and every

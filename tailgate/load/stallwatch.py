@@ -21,6 +21,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from tailgate.jsontypes import JsonObject
+
 STALL_LOG_ENV = "TAILGATE_STALL_LOG"
 STALL_MS_ENV = "TAILGATE_STALL_MS"
 DEFAULT_STALL_MS = 5.0
@@ -36,11 +38,12 @@ class StallWatch:
         self._gc_tracked = 0
         self._switched_ns = time.perf_counter_ns()
 
-    def _emit(self, event: dict[str, Any]) -> None:
+    def _emit(self, event: JsonObject) -> None:
         self._out.write(json.dumps(event) + "\n")
         self._out.flush()
 
-    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        """A ``gc.callbacks`` entry: ``info`` is gc's own (``generation``, ``collected``, ``uncollectable``)."""
         if phase == "start":
             self._gc_start = time.perf_counter_ns()
             self._gc_tracked = len(gc.get_objects(info["generation"])) if info["generation"] == 2 else -1

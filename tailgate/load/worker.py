@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from tailgate import arms
 from tailgate.contracts import Order, OrderConfig, OrderDone
+from tailgate.jsontypes import JsonMapping
 from tailgate.load import distributed
 from tailgate.load.arrivals import DEFAULT_ARRIVALS
 from tailgate.load.batch import BatchGate
@@ -116,7 +117,7 @@ def kernel_clock_disagreement_ms() -> float | None:
 def request_body(cfg: OrderConfig, prompt: Prompt, max_tokens: int, endpoint: str) -> bytes:
     """The JSON body for one request on the chosen endpoint (the seed filler goes to chat as one user turn)."""
     ep = endpoints()[endpoint]
-    messages = prompt.wire().get("messages") if ep.messages else None
+    messages = prompt.turns() if ep.messages else None
     return ep.body(cfg.model, prompt.text or "", messages, max_tokens, ignore_eos=cfg.ignore_eos)
 
 
@@ -178,7 +179,7 @@ class OrderRunner:
         """One process: the running order's records as its stage summary needs them, reported with its DONE
         (several: the master has each record already, from the stream it writes to the files)."""
 
-    def submit(self, order: Order | dict[str, Any], reply: Callable[[OrderDone], None] | None = None) -> None:
+    def submit(self, order: Order | JsonMapping, reply: Callable[[OrderDone], None] | None = None) -> None:
         """Queue an order for this process's own order loop; its DONE goes to ``reply`` (a run in this one
         process: typed, in memory) or, without one, to the master as a message.
 
@@ -200,7 +201,7 @@ class OrderRunner:
                 self.busy = True
                 result = self.run(order)
             except Exception as e:  # the master must hear of it, or it waits for this order until its deadline
-                message = order.to_dict() if isinstance(order, Order) else order
+                message: JsonMapping = order.to_dict() if isinstance(order, Order) else order
                 log.exception("tailgate: order %s failed in %s", message.get("order_id"), self.worker)
                 self.cancel()
                 self.cancelled = False
@@ -213,7 +214,7 @@ class OrderRunner:
             else:
                 send(DONE_MESSAGE, result.to_dict())
 
-    def _failed(self, message: dict[str, Any], error: str) -> OrderDone:
+    def _failed(self, message: JsonMapping, error: str) -> OrderDone:
         """The DONE of an order that failed, named by what its message held (it may have failed its contract);
         what it recorded before failing still counts in the summary."""
         order_id, run_id, stage = (message.get(k) for k in ("order_id", "run_id", "stage"))
@@ -276,7 +277,7 @@ class OrderRunner:
             if isinstance(writer, distributed.WorkerStream):
                 writer.flush()
 
-    def run(self, message: Order | dict[str, Any]) -> OrderDone:
+    def run(self, message: Order | JsonMapping) -> OrderDone:
         """Dispatch one order open-loop, wait for all its requests, return its DONE reply (a message from the
         master is checked against the order's contract first)."""
         order = message if isinstance(message, Order) else Order.from_dict(message)
