@@ -2,7 +2,7 @@
 
 Library use works on pandas frames::
 
-    from tailgate.postprocess import load_summaries, load_records, summary_table, diagnose, build_report
+    from . import load_summaries, load_records, summary_table, diagnose, build_report
 
     summaries = load_summaries("results/h200")
     records = load_records("results/h200")

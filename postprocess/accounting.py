@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from tailgate.arms import is_open_loop
-from tailgate.postprocess.runfolders import RunDir
+from .runfolders import RunDir
 from tailgate.records import WORKER_LOST, account_stage, read_sent
 
 COLUMNS: tuple[str, ...] = ("planned", "sent", "recorded", "lost_in_flight", "never_sent")

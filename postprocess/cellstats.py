@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
-from tailgate.postprocess.bootstrap import min_n_for_difference, percentile_difference
-from tailgate.postprocess.diagnosistypes import Comparison, P99Comparison
-from tailgate.postprocess.runfolders import rate_text
-from tailgate.postprocess.summarize import measured_mask, stage_warmups
+from .bootstrap import min_n_for_difference, percentile_difference
+from .diagnosistypes import Comparison, P99Comparison
+from .runfolders import rate_text
+from .summarize import measured_mask, stage_warmups
 
 MIN_N_P99_CI = min_n_for_difference(99.0, 0.95)
 """A distribution-free 95% interval of a p99 difference needs this many requests per cell (437): fewer, and

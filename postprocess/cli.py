@@ -67,8 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if url is not None and not url.startswith(("http://", "https://")):
         return _fail(f"--prometheus-url must be an http(s) URL, not {url!r}")
 
-    from tailgate.postprocess.report import build_report
-    from tailgate.postprocess.runfolders import ResultsError
+    from .report import build_report
+    from .runfolders import ResultsError
 
     try:
         paths = build_report(args.results_dir, out_dir=args.out, prometheus_url=url, decision_rate=args.decision_rate)

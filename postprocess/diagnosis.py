@@ -16,8 +16,8 @@ import pandas as pd
 
 from tailgate.arms import STARTS_TOGETHER
 from tailgate.jsontypes import JsonMapping, json_int
-from tailgate.postprocess.bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED
-from tailgate.postprocess.cellstats import (
+from .bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED
+from .cellstats import (
     MIN_N_P99_CI,
     Cells,
     cell_at,
@@ -31,7 +31,7 @@ from tailgate.postprocess.cellstats import (
     span_text,
     times_text,
 )
-from tailgate.postprocess.diagnosistypes import (
+from .diagnosistypes import (
     AdmissionEvidence,
     AdmissionRamp,
     Answer,
@@ -46,12 +46,12 @@ from tailgate.postprocess.diagnosistypes import (
     PrefillRamp,
     evidence_json,
 )
-from tailgate.postprocess.pauses import pause_evidence, pause_lines
-from tailgate.postprocess.prompt_ab import PROMPT_AB_QUESTION, prompt_ab
-from tailgate.postprocess.runfolders import rate_text
-from tailgate.postprocess.table import choose_decision_rate, summary_table
-from tailgate.postprocess.tableview import IN_SHORT, NOT_A_MEASUREMENT, cell_marks, not_measured
-from tailgate.postprocess.timeline import increment_windows, overlaps, prefill_attribution
+from .pauses import pause_evidence, pause_lines
+from .prompt_ab import PROMPT_AB_QUESTION, prompt_ab
+from .runfolders import rate_text
+from .table import choose_decision_rate, summary_table
+from .tableview import IN_SHORT, NOT_A_MEASUREMENT, cell_marks, not_measured
+from .timeline import increment_windows, overlaps, prefill_attribution
 from tailgate.resultfiles import RUN_META
 from tailgate.serverconfigs import CHUNKED_PAIR, DEFAULT
 

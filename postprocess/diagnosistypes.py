@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 
 from tailgate.jsontypes import JsonObject, JsonValue
-from tailgate.postprocess.bootstrap import DifferenceDict
-from tailgate.postprocess.pauses import PauseRow
-from tailgate.postprocess.timeline import Attribution
+from .bootstrap import DifferenceDict
+from .pauses import PauseRow
+from .timeline import Attribution
 
 
 class NoInterval(TypedDict):

@@ -10,8 +10,8 @@ from typing import TypedDict
 
 from markupsafe import Markup, escape
 
-from tailgate.postprocess.diagnosistypes import Finding
-from tailgate.postprocess.glossary import NO_INTERVAL, NO_INTERVAL_ID, NO_INTERVAL_NOTE
+from .diagnosistypes import Finding
+from .glossary import NO_INTERVAL, NO_INTERVAL_ID, NO_INTERVAL_NOTE
 
 
 def interval_note(findings: Sequence[Finding]) -> str:
@@ -81,7 +81,7 @@ def tone(finding: Finding) -> str:
 
 def render_html(findings: Sequence[Finding]) -> str:
     """An HTML fragment: question, verdict, explanation, and the evidence as collapsible JSON."""
-    from tailgate.postprocess.html import render
+    from .html import render
 
     html: str = render("diagnosis.html.j2", findings=findings_context(findings), interval_note=interval_note(findings),
                        interval_id=NO_INTERVAL_ID)  # fmt: skip

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tailgate.postprocess.cellstats import MIN_N_P99_CI
-from tailgate.postprocess.pauses import ALIGN_MS, MIN_SHARE, MIN_STREAMS, PAUSE_FLOOR_MS
+from .cellstats import MIN_N_P99_CI
+from .pauses import ALIGN_MS, MIN_SHARE, MIN_STREAMS, PAUSE_FLOOR_MS
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from tailgate.jsontypes import json_opt_str
-from tailgate.postprocess.runfolders import RunDir, read_server_metrics
+from .runfolders import RunDir, read_server_metrics
 from tailgate.resultfiles import SERVER_METRICS
 
 PROMETHEUS = "prometheus"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
-from tailgate.postprocess.cellstats import (
+from .cellstats import (
     Cells,
     ci_resolved,
     ci_text,
@@ -18,8 +18,8 @@ from tailgate.postprocess.cellstats import (
     safe_ratio,
     times_text,
 )
-from tailgate.postprocess.diagnosistypes import Answer, ChunkedFlip, PromptPair
-from tailgate.postprocess.runfolders import rate_text
+from .diagnosistypes import Answer, ChunkedFlip, PromptPair
+from .runfolders import rate_text
 from tailgate.serverconfigs import CHUNKED_PAIR
 
 PROMPT_AB_QUESTION = "Do realistic prompts change the answer? (the same arrival schedule, seed vs other prompts)"

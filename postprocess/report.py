@@ -24,19 +24,19 @@ import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
 from tailgate.jsontypes import JsonMapping, json_opt_object
-from tailgate.postprocess import charts
-from tailgate.postprocess.accounting import COLUMNS as ACCOUNTING
-from tailgate.postprocess.accounting import account
-from tailgate.postprocess.diagnosis import diagnose
-from tailgate.postprocess.diagnosistypes import Finding
-from tailgate.postprocess.diagnosisview import findings_context, interval_note
-from tailgate.postprocess.glossary import NO_INTERVAL_ID, glossary_context
-from tailgate.postprocess.html import render
-from tailgate.postprocess.pauses import PAUSE_COLUMNS, cell_pauses
-from tailgate.postprocess.prometheus import NONE, ServerData, collect_server_data
-from tailgate.postprocess.runfolders import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus
-from tailgate.postprocess.table import choose_decision_rate, summary_table, table_context, write_table
-from tailgate.postprocess.tableview import NOT_A_MEASUREMENT, PARTIAL, cell_marks
+from . import charts
+from .accounting import COLUMNS as ACCOUNTING
+from .accounting import account
+from .diagnosis import diagnose
+from .diagnosistypes import Finding
+from .diagnosisview import findings_context, interval_note
+from .glossary import NO_INTERVAL_ID, glossary_context
+from .html import render
+from .pauses import PAUSE_COLUMNS, cell_pauses
+from .prometheus import NONE, ServerData, collect_server_data
+from .runfolders import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus
+from .table import choose_decision_rate, summary_table, table_context, write_table
+from .tableview import NOT_A_MEASUREMENT, PARTIAL, cell_marks
 from tailgate.resultfiles import DIAGNOSIS, REPORT_DIR, REPORT_HTML
 from tailgate.runmeta import RunStatus
 from tailgate.serverconfigs import engine_default, preempting
@@ -491,7 +491,7 @@ def build_report(
         + "\n",
         encoding="utf-8",
     )
-    from tailgate.postprocess.slo import slo_section
+    from .slo import slo_section
 
     slo = slo_section(analysis.results_dir, analysis.records, out)  # None unless `tailgate slo` wrote slo.json
     if slo is not None:

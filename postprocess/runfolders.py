@@ -177,7 +177,7 @@ def load_summaries(source: str | Path | Sequence[RunDir]) -> pd.DataFrame:
         ended = state is not None and state.summarized
         if record_files(run.path) and (not got or (not ended and all("stage" in obj for obj in got))):
             # stages whose summary was never written (the generator died in them) come from their records
-            from tailgate.postprocess.summarize import summaries_from_records
+            from .summarize import summaries_from_records
 
             loaded = read_records_frame(run)
             have = {obj.get("stage") for obj in got}

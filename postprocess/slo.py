@@ -25,13 +25,13 @@ from matplotlib.figure import Figure
 
 from tailgate.contracts import ContractError
 from tailgate.jsontypes import JsonMapping, json_list, json_object
-from tailgate.postprocess import charts
-from tailgate.postprocess.html import render
-from tailgate.postprocess.runfolders import ResultsError
-from tailgate.postprocess.slofitted import fitted_cell, fitted_curves
-from tailgate.postprocess.slomechanism import METRICS, Mechanism, MechanismEvidence, mechanism, probe_at
-from tailgate.postprocess.slomechanism import num as _num
-from tailgate.postprocess.slomechanism import rate_text as _rate
+from . import charts
+from .html import render
+from .runfolders import ResultsError
+from .slofitted import fitted_cell, fitted_curves
+from .slomechanism import METRICS, Mechanism, MechanismEvidence, mechanism, probe_at
+from .slomechanism import num as _num
+from .slomechanism import rate_text as _rate
 from tailgate.resultfiles import SLO_ANALYSIS
 from tailgate.resultfiles import SLO_META as SLO_FILE
 from tailgate.runmeta import SloMeta

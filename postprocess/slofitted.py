@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tailgate.postprocess import charts
+from . import charts
 
 
 def _rate(v: float) -> str:

@@ -12,13 +12,13 @@ from typing import Any, TypedDict
 import numpy as np
 import pandas as pd
 
-from tailgate.postprocess.diagnosis import (
+from .diagnosis import (
     FLAT_GAP_RATIO,
     GAP_GROWTH,
     OVERLOAD_TTFT_GROWTH,
     TTFT_FLAT_GROWTH,
 )
-from tailgate.postprocess.timeline import Attribution, prefill_attribution
+from .timeline import Attribution, prefill_attribution
 
 LAG_WARN_MS = 10.0
 """Schedule lag p99 above which the report already says the generator lacked CPU (``report.LAG_WARN_MS``)."""

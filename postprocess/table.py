@@ -21,7 +21,7 @@ from tailgate.resultfiles import TABLE_CSV, TABLE_MD
 from tailgate.serverconfigs import CHUNKED_PAIR
 
 if TYPE_CHECKING:
-    from tailgate.postprocess.tableview import TableContext
+    from .tableview import TableContext
 
 TABLE_COLUMNS: tuple[str, ...] = (
     "cell", "config", "arm", "rate_or_batch", "n",
@@ -159,7 +159,7 @@ def _measurement_mark(value: Any, steal: Any) -> str:
 
 def table_context(table: pd.DataFrame) -> TableContext:
     """Both tables as the page shows them (``postprocess/tableview.py``), for ``templates/table.html.j2``."""
-    from tailgate.postprocess.tableview import ACCOUNTING, view_context
+    from .tableview import ACCOUNTING, view_context
 
     return {**view_context(table, _fmt), "accounting": view_context(table, _fmt, with_key=False, columns=ACCOUNTING)}
 
@@ -204,7 +204,7 @@ def choose_decision_rate(table: pd.DataFrame, requested: float | None = None) ->
     chart exists for), else 10 req/s if measured (the seed's knee), else the highest continuous
     rate. None when no continuous cell exists. A requested rate must have been measured.
     """
-    from tailgate.postprocess.runfolders import ResultsError, rate_text
+    from .runfolders import ResultsError, rate_text
 
     every = _continuous_rates(table)
     if requested is not None:

@@ -15,8 +15,8 @@ from typing import Any, TypedDict
 import pandas as pd
 
 from tailgate.hoststeal import NOTABLE_SHARE
-from tailgate.postprocess.cellstats import finite
-from tailgate.postprocess.glossary import anchor, title
+from .cellstats import finite
+from .glossary import anchor, title
 
 NOT_A_MEASUREMENT = "not a measurement"
 PARTIAL = "partial"

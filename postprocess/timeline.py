@@ -12,7 +12,7 @@ from typing import NotRequired, TypedDict
 import numpy as np
 import pandas as pd
 
-from tailgate.postprocess.prompts import long_prompt_threshold
+from .prompts import long_prompt_threshold
 
 
 def _covered(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

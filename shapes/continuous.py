@@ -7,7 +7,7 @@ starts once every request of the previous stage has ended (plus ``--settle`` sec
 
 from __future__ import annotations
 
-from tailgate.shapes.base import SuiteShape
+from .base import SuiteShape
 
 
 class ContinuousRamp(SuiteShape):

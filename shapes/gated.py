@@ -7,7 +7,7 @@ admission by construction: a closed loop, on purpose.
 
 from __future__ import annotations
 
-from tailgate.shapes.base import SuiteShape
+from .base import SuiteShape
 
 
 class GatedBatches(SuiteShape):
