@@ -16,8 +16,9 @@ import numpy as np
 import pandas as pd
 
 from tailgate.arms import is_open_loop
-from .runfolders import RunDir
 from tailgate.records import WORKER_LOST, account_stage, read_sent
+
+from .runfolders import RunDir
 
 COLUMNS: tuple[str, ...] = ("planned", "sent", "recorded", "lost_in_flight", "never_sent")
 HEADERS: dict[str, str] = {

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
+
 from .bootstrap import min_n_for_difference, percentile_difference
 from .diagnosistypes import Comparison, P99Comparison
 from .runfolders import rate_text

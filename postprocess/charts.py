@@ -21,10 +21,11 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
 from tailgate.arms import OPEN_LOOP, STARTS_TOGETHER, is_open_loop
+from tailgate.serverconfigs import CHUNKED_PAIR, configuration, engine_default, preempting
+
 from .prompts import long_prompt_threshold
 from .runfolders import rate_text
 from .tableview import CACHE_HITS, cell_marks, not_measured
-from tailgate.serverconfigs import CHUNKED_PAIR, configuration, engine_default, preempting
 
 EXTRA_COLORS = ("#2ca02c", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 METRIC_COLORS = {"ttft": "#4c72b0", "gap": "#dd8452", "total": "#55a868"}

@@ -16,6 +16,9 @@ import pandas as pd
 
 from tailgate.arms import STARTS_TOGETHER
 from tailgate.jsontypes import JsonMapping, json_int
+from tailgate.resultfiles import RUN_META
+from tailgate.serverconfigs import CHUNKED_PAIR, DEFAULT
+
 from .bootstrap import DEFAULT_RESAMPLES, DEFAULT_SEED
 from .cellstats import (
     MIN_N_P99_CI,
@@ -52,8 +55,6 @@ from .runfolders import rate_text
 from .table import choose_decision_rate, summary_table
 from .tableview import IN_SHORT, NOT_A_MEASUREMENT, cell_marks, not_measured
 from .timeline import increment_windows, overlaps, prefill_attribution
-from tailgate.resultfiles import RUN_META
-from tailgate.serverconfigs import CHUNKED_PAIR, DEFAULT
 
 QUESTIONS: tuple[str, ...] = (
     "Did TTFT explode while the gaps stayed flat? (admission: gated, or overloaded before the first token)",

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from tailgate.jsontypes import JsonObject, JsonValue
+
 from .bootstrap import DifferenceDict
 from .pauses import PauseRow
 from .timeline import Attribution

@@ -23,8 +23,9 @@ import numpy as np
 import pandas as pd
 
 from tailgate.jsontypes import json_opt_str
-from .runfolders import RunDir, read_server_metrics
 from tailgate.resultfiles import SERVER_METRICS
+
+from .runfolders import RunDir, read_server_metrics
 
 PROMETHEUS = "prometheus"
 DIRECT = "direct_scrape"

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
+from tailgate.serverconfigs import CHUNKED_PAIR
+
 from .cellstats import (
     Cells,
     ci_resolved,
@@ -20,7 +22,6 @@ from .cellstats import (
 )
 from .diagnosistypes import Answer, ChunkedFlip, PromptPair
 from .runfolders import rate_text
-from tailgate.serverconfigs import CHUNKED_PAIR
 
 PROMPT_AB_QUESTION = "Do realistic prompts change the answer? (the same arrival schedule, seed vs other prompts)"
 

@@ -24,6 +24,10 @@ import pandas as pd
 
 from tailgate.arms import OPEN_LOOP
 from tailgate.jsontypes import JsonMapping, json_opt_object
+from tailgate.resultfiles import DIAGNOSIS, REPORT_DIR, REPORT_HTML
+from tailgate.runmeta import RunStatus
+from tailgate.serverconfigs import engine_default, preempting
+
 from . import charts
 from .accounting import COLUMNS as ACCOUNTING
 from .accounting import account
@@ -37,9 +41,6 @@ from .prometheus import NONE, ServerData, collect_server_data
 from .runfolders import RunDir, find_run_dirs, load_records, load_summaries, rate_text, usable_cpus
 from .table import choose_decision_rate, summary_table, table_context, write_table
 from .tableview import NOT_A_MEASUREMENT, PARTIAL, cell_marks
-from tailgate.resultfiles import DIAGNOSIS, REPORT_DIR, REPORT_HTML
-from tailgate.runmeta import RunStatus
-from tailgate.serverconfigs import engine_default, preempting
 
 PARALLEL_CHART_RECORDS = 200_000
 """From this many records, charts are drawn in parallel processes."""

@@ -25,6 +25,12 @@ from matplotlib.figure import Figure
 
 from tailgate.contracts import ContractError
 from tailgate.jsontypes import JsonMapping, json_list, json_object
+from tailgate.resultfiles import SLO_ANALYSIS
+from tailgate.resultfiles import SLO_META as SLO_FILE
+from tailgate.runmeta import SloMeta
+from tailgate.slo.answer import bracket_text, check_text
+from tailgate.slo.result import SearchResult
+
 from . import charts
 from .html import render
 from .runfolders import ResultsError
@@ -32,11 +38,6 @@ from .slofitted import fitted_cell, fitted_curves
 from .slomechanism import METRICS, Mechanism, MechanismEvidence, mechanism, probe_at
 from .slomechanism import num as _num
 from .slomechanism import rate_text as _rate
-from tailgate.resultfiles import SLO_ANALYSIS
-from tailgate.resultfiles import SLO_META as SLO_FILE
-from tailgate.runmeta import SloMeta
-from tailgate.slo.answer import bracket_text, check_text
-from tailgate.slo.result import SearchResult
 
 METRIC_NAMES = {"ttft": "TTFT", "gap": "worst gap", "total": "total"}
 STATUS_TEXT = {

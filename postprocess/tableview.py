@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 import pandas as pd
 
 from tailgate.hoststeal import NOTABLE_SHARE
+
 from .cellstats import finite
 from .glossary import anchor, title
 
