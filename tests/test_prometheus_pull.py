@@ -28,6 +28,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tailgate.postprocess.counters import (
+    counter_increase,
+    counter_increments,
+    increase_from_increments,
+    summed_increase,
+)
 from tailgate.postprocess.prometheus import (
     DIRECT,
     PROMETHEUS,
@@ -35,10 +41,6 @@ from tailgate.postprocess.prometheus import (
     PrometheusSource,
     PrometheusUnavailable,
     collect_server_data,
-    counter_increase,
-    counter_increments,
-    increase_from_increments,
-    summed_increase,
 )
 from tailgate.postprocess.report import build_report
 from tailgate.postprocess.runfolders import find_run_dirs, load_summaries
