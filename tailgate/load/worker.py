@@ -19,6 +19,7 @@ import logging
 import socket
 import struct
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -548,14 +549,17 @@ class OrderRunner:
         self._writers.clear()
 
 
-_runner: OrderRunner | None = None
+_RUNNERS: weakref.WeakKeyDictionary[Any, OrderRunner] = weakref.WeakKeyDictionary()
+"""Each Locust environment's order runner: the hooks, the user and the coordinator's links reach the same one
+through the environment they are handed, and a test's second environment in one process gets its own."""
 
 
 def order_runner(environment: Any) -> OrderRunner:
-    global _runner
-    if _runner is None or _runner.environment is not environment:
-        _runner = OrderRunner(environment)
-    return _runner
+    """The order runner of ``environment``, made on first use."""
+    runner = _RUNNERS.get(environment)
+    if runner is None:
+        runner = _RUNNERS[environment] = OrderRunner(environment)
+    return runner
 
 
 class StreamingUser(User):
