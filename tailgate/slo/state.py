@@ -207,10 +207,8 @@ class ConfigSearch:
     @classmethod
     def from_dict(cls, data: JsonMapping, *, where: str = "") -> ConfigSearch:
         knobs = json_object(data, "knobs", {}, where=where)
-        warmup, result = (
-            json_opt_object(data, "stage_warmup", where=where),
-            json_opt_object(data, "result", where=where),
-        )
+        warmup = json_opt_object(data, "stage_warmup", where=where)
+        result = json_opt_object(data, "result", where=where)
         server = json_opt_object(data, "server", where=where)
         return cls(
             name=json_str(data, "name", where=where),
