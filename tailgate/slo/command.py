@@ -10,9 +10,8 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from tailgate.arms import CONTINUOUS
 from tailgate.exitcodes import combine
@@ -57,8 +56,7 @@ from tailgate.stagewarmup import EMBEDDED_STAGE_WARMUP, GPU_STAGE_WARMUP, add_st
 from tailgate.tailbounds import min_n_for_sequence
 
 
-@dataclass(frozen=True)
-class ScaleDefaults:
+class ScaleDefaults(TypedDict):
     """What a search takes for the options left out: sized for the CPU server (``--embedded``) or a GPU's."""
 
     start_rate: float
@@ -73,10 +71,24 @@ class ScaleDefaults:
 #: Eager mode on the CPU server: it starts in ~40 s instead of minutes of torch.compile on 2 cores. The highest
 #: rate leaves room above the 2-core CPU vLLM's capacity, which was 5-6.5 req/s on one machine and 8-9 on another
 #: (a probe past it is cheap: its queue runs away and it stops early).
-EMBEDDED = ScaleDefaults(start_rate=1.0, max_rate=16.0, n=20, warmup=3, max_waiting=-1, duration=30.0,
-                         stage_warmup=EMBEDDED_STAGE_WARMUP)  # fmt: skip
-GPU = ScaleDefaults(start_rate=5.0, max_rate=64.0, n=500, warmup=DEFAULTS["warmup"], max_waiting=-1, duration=120.0,
-                    stage_warmup=GPU_STAGE_WARMUP)  # fmt: skip
+EMBEDDED: ScaleDefaults = {
+    "start_rate": 1.0,
+    "max_rate": 16.0,
+    "n": 20,
+    "warmup": 3,
+    "max_waiting": -1,
+    "duration": 30.0,
+    "stage_warmup": EMBEDDED_STAGE_WARMUP,
+}
+GPU: ScaleDefaults = {
+    "start_rate": 5.0,
+    "max_rate": 64.0,
+    "n": 500,
+    "warmup": DEFAULTS["warmup"],
+    "max_waiting": -1,
+    "duration": 120.0,
+    "stage_warmup": GPU_STAGE_WARMUP,
+}
 #: Plan keys a resumed search must share with the folder's: a probe measured under others is another answer.
 RESUME_KEYS = (
     "slo",
@@ -200,12 +212,12 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         limits = (*limits, Limit("errors", "errors", None, 0.0))
     configs = build_sweep(args)
     scaled = EMBEDDED if args.embedded else GPU
-    start = args.start_rate if args.start_rate is not None else scaled.start_rate
-    max_rate = args.max_rate if args.max_rate is not None else scaled.max_rate
-    n = args.n if args.n is not None else scaled.n
-    warmup = args.warmup if args.warmup is not None else scaled.warmup
-    max_waiting = args.max_waiting if args.max_waiting is not None else scaled.max_waiting
-    duration = args.duration if args.duration is not None else scaled.duration
+    start = args.start_rate if args.start_rate is not None else scaled["start_rate"]
+    max_rate = args.max_rate if args.max_rate is not None else scaled["max_rate"]
+    n = args.n if args.n is not None else scaled["n"]
+    warmup = args.warmup if args.warmup is not None else scaled["warmup"]
+    max_waiting = args.max_waiting if args.max_waiting is not None else scaled["max_waiting"]
+    duration = args.duration if args.duration is not None else scaled["duration"]
     if not (math.isfinite(duration) and duration >= 0):
         raise SloError(f"--duration: must be 0 or more seconds, got {duration:g}")
     try:
@@ -273,7 +285,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         confidence=args.confidence, resamples=args.resamples or RECORDED_RESAMPLES, n=n, warmup=warmup, seed=args.seed,
         ignore_eos=args.ignore_eos or args.embedded, processes=processes, max_waiting=max_waiting,
         time_budget=args.time_budget, duration=0.0 if args.trace_file else duration,
-        stage_warmup=args.stage_warmup if args.stage_warmup is not None else scaled.stage_warmup,
+        stage_warmup=args.stage_warmup if args.stage_warmup is not None else scaled["stage_warmup"],
         locust_args=locust_args, base_flags=list(EMBEDDED_BASE_FLAGS) if args.embedded else [],
         model_replicates=args.model_replicates, model_requests=args.model_requests, model_stop=args.model_stop,
         confirm=args.confirm,

@@ -29,7 +29,7 @@ from tailgate.jsontypes import (
 from tailgate.runmeta import SloMeta
 from tailgate.slo.attempt import json_number, json_opt_number
 from tailgate.slo.result import NotRun, SearchResult
-from tailgate.slo.spec import ServerConfig
+from tailgate.slo.spec import SLO_FILE, ServerConfig
 from tailgate.slo.verdict import Check
 from tailgate.stagewarmup import StageWarmup
 from tailgate.tailbounds import NOT_ENOUGH
@@ -260,7 +260,7 @@ class SloState:
         return out
 
     @classmethod
-    def from_meta(cls, meta: SloMeta, *, where: str = "slo.json") -> SloState:
+    def from_meta(cls, meta: SloMeta, *, where: str = SLO_FILE) -> SloState:
         """The state a resumed search goes on from; a damaged configuration raises one
         :class:`~tailgate.jsontypes.JsonShapeError` line naming the file, the place and the key."""
         data = meta.to_dict()
