@@ -530,6 +530,29 @@ def test_resume_refuses_a_changed_plan_after_an_interrupted_first_probe(tmp_path
     assert resume_refusal(tmp_path, plan) is None
 
 
+def test_resume_refuses_a_damaged_slo_json_in_one_line(tmp_path: Path) -> None:
+    """A probe row of the wrong shape is named (file, place, key) before any server starts, not met later as a
+    traceback; an unknown key beside the known ones survives a read and a write."""
+    from tailgate.runmeta import SloMeta
+    from tailgate.slo.command import resume_refusal
+    from tailgate.slo.state import AttemptRow, SloState
+
+    plan = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=300ms"), configs=[slo.parse_config("a")])
+    probe = {"index": 1, "rate": 4, "phase": "double", "attempts": [{"dir": "d1", "seed": 7, "sent": 30, "later": 1}]}
+    good = {"created": "t", "plan": plan.describe(), "configs": [{"name": "a", "probes": [probe], "mine": [1]}]}
+    (tmp_path / slo.SLO_FILE).write_text(json.dumps(good))
+    assert resume_refusal(tmp_path, plan) is None
+    written = json.dumps(SloState.from_meta(SloMeta.read(tmp_path / slo.SLO_FILE)).to_dict())
+    config = json.loads(written)["configs"][0]
+    assert config["mine"] == [1] and config["probes"][0]["rate"] == 4  # an integer rate stays one
+    assert config["probes"][0]["attempts"][0] == {**AttemptRow("d1", 7, sent=30).to_dict(), "later": 1}
+    probe["rate"] = "four"
+    (tmp_path / slo.SLO_FILE).write_text(json.dumps(good))
+    why = resume_refusal(tmp_path, plan)
+    assert why == (f"{tmp_path / slo.SLO_FILE} configs[0] probes[0]: key 'rate' should be a number, got 'four' (str); "
+                   "repair it or use a new --results folder")  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------ bad input
 
 

@@ -7,12 +7,22 @@ The terminal and the report read the same figures from here, so they cannot disa
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tailgate.contracts import StageSummary
-from tailgate.slo.attempt import ProbeAttempt, ProbeMark
+from tailgate.jsontypes import (
+    JsonMapping,
+    json_float,
+    json_floats,
+    json_list,
+    json_objects,
+    json_opt_object,
+    json_opt_str,
+    json_str,
+)
+from tailgate.slo.attempt import ProbeAttempt, ProbeMark, json_opt_number
 from tailgate.slo.busy import busy_line
 from tailgate.slo.result import SearchResult, Undecided
 from tailgate.slo.search import SearchOutcome
@@ -44,20 +54,23 @@ def figure_text(key: str, v: float | None) -> str:
     return f"{v * 100:.2f}%" if key == "errors" else f"{v:.1f} ms"
 
 
-def check_text(c: Check | Mapping[str, Any]) -> str:
-    """One check as a line reads it: the figure, its bounds where they exist, the limit and its direction."""
-    d = c if isinstance(c, Mapping) else c.to_json()
-    key, verdict = str(d["key"]), str(d["verdict"]).replace("_", " ")
+def check_text(c: Check | JsonMapping) -> str:
+    """One check as a line reads it: the figure, its bounds where they exist, the limit and its direction.
+
+    The report passes a check as ``slo.json`` holds it: only the keys the line shows are read."""
+    d = c.to_json() if isinstance(c, Check) else c
+    key, verdict = json_str(d, "key"), json_str(d, "verdict").replace("_", " ")
+    point = json_opt_number(d, "point")
     if key == "sustained":
-        if d.get("point") is None:  # stopped early, or too few timed requests: the reason says which
-            return f"sustained: {d.get('reason') or 'no completion figure'}: {verdict}"
-        done = figure_text(key, d.get("point"))
-        return f"sustained: {done} completed in the window (at least {KEEP_UP:.0%}): {verdict}"
-    low, high = d.get("low"), d.get("high")
+        if point is None:  # stopped early, or too few timed requests: the reason says which
+            return f"sustained: {json_opt_str(d, 'reason') or 'no completion figure'}: {verdict}"
+        return f"sustained: {figure_text(key, point)} completed in the window (at least {KEEP_UP:.0%}): {verdict}"
+    low, high = json_opt_number(d, "low"), json_opt_number(d, "high")
     bounds = "" if low is None and high is None else f" [{figure_text(key, low)}, {figure_text(key, high)}]"
-    neff = d.get("n_effective")
-    eff = f", effective n {neff:g} of {d.get('n')}" if isinstance(neff, (int, float)) else ""
-    return f"{key} {figure_text(key, d.get('point'))}{bounds} <= {figure_text(key, d.get('limit'))}{eff}: {verdict}"
+    neff = json_opt_number(d, "n_effective")
+    eff = f", effective n {neff:g} of {json_opt_number(d, 'n')}" if neff is not None else ""
+    limit = json_opt_number(d, "limit")
+    return f"{key} {figure_text(key, point)}{bounds} <= {figure_text(key, limit)}{eff}: {verdict}"
 
 
 def verdict_line(verdict: str, checks: Sequence[Check]) -> str:
@@ -200,10 +213,10 @@ def rate_picture(result: SearchResult, width: int = PICTURE_WIDTH) -> list[str]:
     interval and capacity; a few lines a terminal shows as they are ([] when fewer than two rates were probed)."""
     verdicts = result.verdicts
     fitted = result.fitted or {}
-    confirm = {float(c["rate"]) for c in (fitted.get("confirmation") or {}).get("probes", [])}
-    interval = fitted.get("interval") or [None, None]
-    cap = fitted.get("capacity")
-    model = [float(v) for v in (*interval, cap) if isinstance(v, (int, float)) and v > 0]
+    confirmation = json_opt_object(fitted, "confirmation") or {}
+    confirm = {json_float(c, "rate") for c in json_objects(confirmation, "probes")}
+    interval = json_list(fitted, "interval") if fitted.get("interval") else ()
+    model = [float(v) for v in (*interval, fitted.get("capacity")) if isinstance(v, (int, float)) and v > 0]
     rates = sorted(verdicts)
     if len(rates) < 2:
         return []
@@ -236,23 +249,24 @@ def rate_picture(result: SearchResult, width: int = PICTURE_WIDTH) -> list[str]:
     return lines
 
 
-def fitted_text(fitted: Mapping[str, Any] | None) -> str:
+def fitted_text(fitted: JsonMapping | None) -> str:
     """The fitted step loop's answer, labelled: its interval, the bracket it narrows, or why it narrows nothing."""
     if not fitted:
         return ""
-    cap, (low, high) = fitted.get("capacity"), fitted.get("interval") or [None, None]
+    cap = json_opt_number(fitted, "capacity")
     if cap is None:
         return f"\n[slo]     fitted step loop (model estimate): no capacity: {fitted.get('why')}"
-    rows = fitted.get("replay") or []
+    low, high = json_list(fitted, "interval") if fitted.get("interval") else (None, None)
+    rows = json_objects(fitted, "replay") if fitted.get("replay") else []
     held = sum(1 for r in rows if r.get("inside"))
     text = (
         f"\n[slo]     fitted step loop (model estimate, not a measurement): capacity {cap:.3g} req/s, 95% "
         f"interval [{low:.3g}, {high:.3g}]; its replay of {held} of {len(rows)} probes agrees with what was measured"
     )
-    confirmation = fitted.get("confirmation") or {}
+    confirmation = json_opt_object(fitted, "confirmation") or {}
     if confirmation:
         text += f"\n[slo]     confirmation probes (not used to fit it): {confirmation.get('summary')}"
-    br = fitted.get("bracket")
+    br = json_floats(fitted, "bracket") if fitted.get("bracket") else []
     if fitted.get("usable") and br:
         rel = (br[1] - br[0]) / br[0] if br[0] else math.inf
         text += f"\n[slo]     bracket narrowed by the model: [{br[0]:.3g}, {br[1]:.3g}] req/s ({rel:.0%} wide)"

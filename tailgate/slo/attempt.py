@@ -10,13 +10,40 @@ from an attempt travels as a :class:`ProbeAttempt`; ``slo.json`` keeps only its 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tailgate.contracts import StageSummary
+from tailgate.jsontypes import (
+    JsonMapping,
+    JsonObject,
+    as_object,
+    json_float,
+    json_floats,
+    json_int,
+    json_opt_float,
+    json_opt_int,
+    json_opt_str,
+)
 from tailgate.records import RequestRecord
+
+
+def json_number(data: JsonMapping, key: str, *, where: str = "") -> float:
+    """A number as the file wrote it (``4`` stays an integer; see :func:`json_opt_number`)."""
+    value = data.get(key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    return json_float(data, key, where=where)  # absent or not a number: the one line naming the key
+
+
+def json_opt_number(data: JsonMapping, key: str, *, where: str = "") -> float | None:
+    """A number as the file wrote it (``4`` stays an integer), or None when absent or null: a figure read back
+    and written again keeps its form, so a resumed search leaves the rows it did not touch as they were."""
+    value = data.get(key)
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    return json_opt_float(data, key, where=where)  # not a number: the one line naming the key
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +68,7 @@ class ProbeMark:
     """CPU the machine's other processes took while the attempt ran, in cores (beside the server's process
     tree and the Locust child's); None: not measured (the server is not a process of this machine)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "rate": self.rate, "seed": self.seed, "exit_code": self.exit_code, "seconds": self.seconds,
             "stopped_early": self.stopped_early, "waiting_max": self.waiting_max, "queue_stop": self.queue_stop,
@@ -50,14 +77,19 @@ class ProbeMark:
         }  # fmt: skip
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ProbeMark:
+    def from_json(cls, data: JsonMapping, *, where: str = "") -> ProbeMark:
         """A mark as any version wrote it: keys it lacks take their defaults, keys it adds are not needed."""
+        series = json_floats(data, "waiting_series", where=where) if data.get("waiting_series") is not None else []
         return cls(
-            rate=float(data["rate"]), seed=int(data["seed"]), exit_code=data.get("exit_code"),
-            seconds=data.get("seconds"), stopped_early=data.get("stopped_early"),
-            waiting_max=data.get("waiting_max"), queue_stop=data.get("queue_stop"),
-            waiting_series=tuple(data.get("waiting_series") or ()), errors_at_stop=data.get("errors_at_stop"),
-            kv_capacity_tokens=data.get("kv_capacity_tokens"), others_busy_cores=data.get("others_busy_cores"),
+            rate=json_float(data, "rate", where=where), seed=json_int(data, "seed", where=where),
+            exit_code=json_opt_int(data, "exit_code", where=where),
+            seconds=json_opt_number(data, "seconds", where=where),
+            stopped_early=json_opt_str(data, "stopped_early", where=where),
+            waiting_max=json_opt_number(data, "waiting_max", where=where),
+            queue_stop=json_opt_int(data, "queue_stop", where=where), waiting_series=tuple(series),
+            errors_at_stop=json_opt_int(data, "errors_at_stop", where=where),
+            kv_capacity_tokens=json_opt_int(data, "kv_capacity_tokens", where=where),
+            others_busy_cores=json_opt_number(data, "others_busy_cores", where=where),
         )  # fmt: skip
 
     def write(self, path: Path) -> None:
@@ -65,7 +97,7 @@ class ProbeMark:
 
     @classmethod
     def read(cls, path: Path) -> ProbeMark:
-        return cls.from_json(json.loads(path.read_text()))
+        return cls.from_json(as_object(json.loads(path.read_text()), where=str(path)), where=str(path))
 
 
 @dataclass(frozen=True, slots=True)

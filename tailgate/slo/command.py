@@ -5,21 +5,22 @@ controller for ``--server``, and the run that prints the answer and builds the r
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from tailgate.arms import CONTINUOUS
 from tailgate.exitcodes import combine
+from tailgate.jsontypes import JsonShapeError
 from tailgate.lifecycle import ArgumentParser, SignalGuard, Stopped
 from tailgate.optiondecl import add_option, add_options, to_flags
 from tailgate.optiontable import DEFAULTS, OptionError, check_counts, check_rate, parse_processes
 from tailgate.resultfiles import writable_folder_problem
+from tailgate.runmeta import SloMeta
 from tailgate.runner import signal_guard
 from tailgate.serverconfigs import EMBEDDED_BASE_FLAGS
 from tailgate.servers.spec import (
@@ -50,14 +51,27 @@ from tailgate.slo.spec import (
     parse_slo,
     slo_text,
 )
-from tailgate.slo.state import ConfigSearch
+from tailgate.slo.state import ConfigSearch, SloState
 from tailgate.stagewarmup import EMBEDDED_STAGE_WARMUP, GPU_STAGE_WARMUP, add_stage_warmup_argument
 from tailgate.tailbounds import min_n_for_sequence
+
+
+class ScaleDefaults(TypedDict):
+    """What a search takes for the options left out: sized for the CPU server (``--embedded``) or a GPU's."""
+
+    start_rate: float
+    max_rate: float
+    n: int
+    warmup: int
+    max_waiting: int
+    duration: float
+    stage_warmup: int
+
 
 #: Eager mode on the CPU server: it starts in ~40 s instead of minutes of torch.compile on 2 cores. The highest
 #: rate leaves room above the 2-core CPU vLLM's capacity, which was 5-6.5 req/s on one machine and 8-9 on another
 #: (a probe past it is cheap: its queue runs away and it stops early).
-EMBEDDED: dict[str, Any] = {
+EMBEDDED: ScaleDefaults = {
     "start_rate": 1.0,
     "max_rate": 16.0,
     "n": 20,
@@ -66,7 +80,7 @@ EMBEDDED: dict[str, Any] = {
     "duration": 30.0,
     "stage_warmup": EMBEDDED_STAGE_WARMUP,
 }
-GPU: dict[str, Any] = {
+GPU: ScaleDefaults = {
     "start_rate": 5.0,
     "max_rate": 64.0,
     "n": 500,
@@ -271,7 +285,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         confidence=args.confidence, resamples=args.resamples or RECORDED_RESAMPLES, n=n, warmup=warmup, seed=args.seed,
         ignore_eos=args.ignore_eos or args.embedded, processes=processes, max_waiting=max_waiting,
         time_budget=args.time_budget, duration=0.0 if args.trace_file else duration,
-        stage_warmup=args.stage_warmup if args.stage_warmup is not None else int(scaled["stage_warmup"]),
+        stage_warmup=args.stage_warmup if args.stage_warmup is not None else scaled["stage_warmup"],
         locust_args=locust_args, base_flags=list(EMBEDDED_BASE_FLAGS) if args.embedded else [],
         model_replicates=args.model_replicates, model_requests=args.model_requests, model_stop=args.model_stop,
         confirm=args.confirm,
@@ -292,21 +306,23 @@ def resume_refusal(root: Path, plan: SloPlan) -> str | None:
 
     Probes are reused by folder name; a changed SLO, n, seed, duration or flag would mix answers to
     different questions under one slo.json."""
+    path = root / SLO_FILE
+    found = SloMeta.read_or_none(path)  # absent, or not a file this reads: the search starts it afresh
     try:
-        old = json.loads((root / SLO_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+        old = SloState.from_meta(found, where=str(path)) if found is not None else SloState()
+    except JsonShapeError as e:
+        return f"{e}; repair it or use a new --results folder"
     # The plan is saved before the first probe starts, and a probe reaches the file only when its attempts
     # end: an attempt folder on disk is measured data whatever the file's probe list says.
-    measured = any(c.get("probes") for c in old.get("configs", [])) or any(root.glob(f"*_slo_r*_a*/{PROBE_MARK}"))
+    measured = any(c.probes for c in old.configs) or any(root.glob(f"*_slo_r*_a*/{PROBE_MARK}"))
     if not measured:
         return None
-    before, now = old.get("plan") or {}, plan.describe()
+    before, now = old.plan or {}, plan.describe()
     changed = [k for k in RESUME_KEYS if k in before and before.get(k) != now.get(k)]
     flags = {c.name: list(c.flags) for c in plan.configs}
-    for c in old.get("configs", []):
-        if c.get("probes") and c["name"] in flags and list(c.get("flags") or []) != flags[c["name"]]:
-            changed.append(f"flags of '{c['name']}'")
+    for c in old.configs:
+        if c.probes and c.name in flags and c.flags != flags[c.name]:
+            changed.append(f"flags of '{c.name}'")
     if changed:
         return (f"{root} holds probes of another plan ({', '.join(changed)} changed); use a new --results folder "
                 "or the same options")  # fmt: skip

@@ -30,8 +30,9 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
 
+from tailgate.jsontypes import JsonObject
 from tailgate.slo.replay import ModelAnswer
 from tailgate.slo.search import SearchStopped
 from tailgate.slo.servicefit import METRIC_OF_OUTCOME, Probe, replay
@@ -140,7 +141,7 @@ class WindowMatch:
     load_spread: float = 1.0
     """The model's percentile on these requests at the scan's densest arrivals over its sparsest."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"metric": self.metric, "measured": round(self.measured, 1), "model": round(self.model, 1),
                 "ratio": round(self.ratio, 4), "interval": [round(self.low, 4), round(self.high, 4)],
                 "open_low": self.open_low, "open_high": self.open_high,
@@ -218,7 +219,7 @@ class Confirmation:
     why: str = ""
     round: int = 1
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"rate": self.rate, "side": self.side, "verdict": self.verdict, "outcome": self.outcome,
                 "why": self.why, "round": self.round,
                 "windows": [m.to_json() for m in self.matches]}  # fmt: skip
@@ -295,7 +296,7 @@ class Pooled:
     def text(self) -> str:
         return "; ".join(m.text() for m in self.matches) or "no limited percentile near its limit to match"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"round": self.round, "claimed": [round(c, 4) for c in self.claimed],
                 "windows": [m.to_json() for m in self.matches]}  # fmt: skip
 
@@ -365,7 +366,7 @@ class ConfirmationRecord:
             text += "; nothing measured bounds it (no window matched, no verdict decided)"
         return text
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"stands": self.stands, "refitted": self.refitted, "summary": self.summary(),
                 "probes": [c.to_json() for c in self.confirmations],
                 "pooled": [p.to_json() for p in self.pooled]}  # fmt: skip

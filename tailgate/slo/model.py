@@ -15,7 +15,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tailgate.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from tailgate.slo.state import ProbeEntry
@@ -50,7 +52,7 @@ class Residual:
     inside: bool | None
     """None when the probe has no interval to check against."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"rate": self.rate, "measured": self.measured, "interval": [self.low, self.high], "model": self.model,
                 "inside": self.inside}  # fmt: skip
 
@@ -75,7 +77,7 @@ class RateModel:
     def predict(self, rate: float) -> float:
         return math.inf if rate >= self.mu else self.base + self.scale * rate / (self.mu - rate)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         """The model as ``slo.json`` keeps it: every field in order, floats to 4 places, residual rows as JSON."""
         figures = {f.name: getattr(self, f.name) for f in fields(self)}
         figures["residuals"] = [r.to_json() for r in self.residuals]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
+from tailgate.jsontypes import JsonObject
 from tailgate.slo.confirm import reserve_seconds
 from tailgate.slo.search import Resolution
 from tailgate.slo.spec import Limit, ServerConfig, slo_text
@@ -65,7 +65,8 @@ class SloPlan:
     """Test the fitted model's interval with probes it was not fitted to before its answer stands
     (:mod:`tailgate.slo.confirm`); the search keeps a share of the time budget for them."""
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
+        """The plan as ``slo.json`` records it: what a resume compares (``RESUME_KEYS`` in command.py)."""
         return {
             "slo": slo_text(self.limits), "limits": [asdict(lim) for lim in self.limits],
             "start_rate": self.start_rate, "max_rate": self.max_rate, "min_rate": self.min_rate,

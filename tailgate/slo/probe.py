@@ -17,6 +17,7 @@ from typing import Any
 from tailgate.arms import CONTINUOUS
 from tailgate.cell import CellSpec, read_summaries
 from tailgate.contracts import StageSummary
+from tailgate.jsontypes import JsonObject
 from tailgate.load.plan import rate_label
 from tailgate.records import read_records
 from tailgate.runmeta import SloMeta, utc_stamp
@@ -65,7 +66,7 @@ class SloRunner(ConfigRunner[ServerConfig]):
         *,
         prometheus_url: str | None = None,
         log: Log = print,
-        extra_metadata: dict[str, Any] | None = None,
+        extra_metadata: JsonObject | None = None,
     ) -> None:
         super().__init__(controller, root, ChildRunner(log, tag="[slo]   "), prometheus_url=prometheus_url, log=log,
                          extra_metadata=extra_metadata)  # fmt: skip
@@ -97,7 +98,7 @@ class SloRunner(ConfigRunner[ServerConfig]):
     def _config_state(self, config: ServerConfig) -> ConfigSearch:
         return self.state.config(config)
 
-    def record_server(self, config: ServerConfig, entry: dict[str, Any]) -> None:
+    def record_server(self, config: ServerConfig, entry: JsonObject) -> None:
         self._config_state(config).server = entry
         self._save()
 
@@ -259,9 +260,7 @@ class SloRunner(ConfigRunner[ServerConfig]):
                          f"(~{est:.0f} s of arrivals)")  # fmt: skip
                 ran = self._attempt_run(config, rate, seed, out, n)
                 if ran is None:  # could not run twice: marked, and the search goes on without it
-                    self._config_state(config).extra.setdefault("not_run", []).append(
-                        {"rate": rate, "phase": phase, "attempt": attempt, "why": self._last_failure}
-                    )
+                    self._config_state(config).not_run.append(NotRun(rate, phase, attempt, self._last_failure))
                     self._save()
                     break
                 mark = ran
@@ -452,7 +451,7 @@ class SloRunner(ConfigRunner[ServerConfig]):
         if outcome.status == "time_budget":
             self.log(f"[slo] {config.name}: time budget spent; the bracket so far is the answer")
         model = self._model(config)
-        fitted_json: dict[str, Any] | None
+        fitted_json: JsonObject | None
         try:
             fitted = self._fitted(outcome, config=config)
             if outcome.status == "time_budget" and self._reserve and (fitted is None or not fitted.usable):
@@ -480,7 +479,7 @@ class SloRunner(ConfigRunner[ServerConfig]):
             why = f"the fitted model failed: {type(e).__name__}: {e}"
             fitted_json = {"label": "model estimate, not a measurement", "capacity": None, "why": why}
         result = result_of(outcome, cs.probes, p)
-        result.not_run = [NotRun.from_json(n) for n in cs.extra.get("not_run", [])]
+        result.not_run = list(cs.not_run)
         result.model = model.as_dict() if model is not None else None
         result.fitted = fitted_json
         cs.result, cs.status = result, "done"
@@ -490,9 +489,10 @@ class SloRunner(ConfigRunner[ServerConfig]):
 
     def run(self) -> list[ConfigSearch]:
         self.root.mkdir(parents=True, exist_ok=True)
-        found = SloMeta.read_or_none(self.root / SLO_FILE)
+        path = self.root / SLO_FILE
+        found = SloMeta.read_or_none(path)
         # configurations searched by earlier invocations (one per device call) stay in the file
-        self.state = SloState.from_meta(found) if found is not None else SloState(created=utc_stamp())
+        self.state = SloState.from_meta(found, where=str(path)) if found is not None else SloState(created=utc_stamp())
         self.state.started, self.state.plan = utc_stamp(), self.plan.describe()
         self.state.extra.update(self.extra_metadata)
         self._loaded = True

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
+from tailgate.jsontypes import JsonObject
 from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.workload import make_trace
 from tailgate.slo.answer import figure_text
@@ -47,7 +48,7 @@ class Tested(Protocol):
     """What tested a fitted answer after its fit (:class:`tailgate.slo.confirm.ConfirmationRecord`), as the answer
     writes it."""
 
-    def to_json(self) -> dict[str, Any]: ...
+    def to_json(self) -> JsonObject: ...
 
 
 BIAS_PROBES = 5
@@ -179,7 +180,7 @@ class CurvePoint:
     rate: float
     bands: Mapping[str, tuple[float, float, float]]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"rate": round(self.rate, 4), **{m: [round(v, 1) for v in band] for m, band in self.bands.items()}}
 
 
@@ -205,7 +206,7 @@ class ModelAnswer:
     confirmation: Tested | None = None
     """The probes that tested this answer after the fit (None: not tested, as with ``--no-confirm``)."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         fit = self.fit
         return {
             "label": "model estimate, not a measurement", "form": "fitted step loop, replayed",

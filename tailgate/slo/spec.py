@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tailgate import exitcodes
+from tailgate.jsontypes import JsonObject
 from tailgate.resultfiles import SLO_META
 from tailgate.serverconfigs import CHUNKED_OFF_FLAG
 
@@ -133,7 +134,7 @@ class ServerConfig:
     knobs: tuple[tuple[str, str], ...]
     flags: tuple[str, ...]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JsonObject:
         return {"name": self.name, "knobs": dict(self.knobs), "flags": list(self.flags)}
 
 

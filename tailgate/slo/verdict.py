@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import ClassVar
 
-from tailgate.contracts import known_and_extra, with_extra
+from tailgate.jsontypes import JsonMapping, JsonObject, json_extra, json_int, json_opt_int, json_str
 from tailgate.records import RequestRecord
-from tailgate.slo.attempt import ProbeAttempt
+from tailgate.slo.attempt import ProbeAttempt, json_number, json_opt_number
 from tailgate.slo.spec import METRIC_FIELDS, Limit
 from tailgate.stats import tail
 from tailgate.tailbounds import FAIL, NOT_ENOUGH, PASS, Trend, check_tail, share_lower, share_upper, upward_trend
@@ -53,16 +53,31 @@ class Check:
     """Requests left out of this check (client-coalesced streams for gap limits)."""
     over: int | None = None
     """Requests over the limit: with ``n`` and ``n_effective``, what pooling across rates adds up."""
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    extra: JsonObject = field(default_factory=dict, compare=False)
     """Keys another version wrote into ``slo.json``: kept, so a resumed search writes them back unchanged."""
 
-    def to_json(self) -> dict[str, Any]:
-        return with_extra(self)
+    KEYS: ClassVar[frozenset[str]] = frozenset(
+        ("key", "limit", "point", "low", "high", "n", "verdict", "reason", "n_effective", "excluded", "over")
+    )
+
+    def to_json(self) -> JsonObject:
+        return {
+            "key": self.key, "limit": self.limit, "point": self.point, "low": self.low, "high": self.high,
+            "n": self.n, "verdict": self.verdict, "reason": self.reason, "n_effective": self.n_effective,
+            "excluded": self.excluded, "over": self.over, **self.extra,
+        }  # fmt: skip
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Check:
-        known, extra = known_and_extra(cls, data)
-        return cls(**known, extra=extra)
+    def from_json(cls, data: JsonMapping, *, where: str = "") -> Check:
+        return cls(
+            key=json_str(data, "key", where=where), limit=json_number(data, "limit", where=where),
+            point=json_opt_number(data, "point", where=where), low=json_opt_number(data, "low", where=where),
+            high=json_opt_number(data, "high", where=where), n=json_int(data, "n", where=where),
+            verdict=json_str(data, "verdict", where=where), reason=json_str(data, "reason", "", where=where),
+            n_effective=json_opt_number(data, "n_effective", where=where),
+            excluded=json_int(data, "excluded", 0, where=where), over=json_opt_int(data, "over", where=where),
+            extra=json_extra(data, cls.KEYS),
+        )  # fmt: skip
 
     @property
     def over_by(self) -> float:
