@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 import numpy as np
 import pandas as pd
 
-from .diagnosis import (
+from .schedulinganswers import (
     FLAT_GAP_RATIO,
     GAP_GROWTH,
     OVERLOAD_TTFT_GROWTH,

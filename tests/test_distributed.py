@@ -151,7 +151,8 @@ def test_key_proof_shows_the_key_without_sending_it() -> None:
 FAKED_CLOCK = """
 import json, sys, time
 from types import SimpleNamespace
-from tailgate.load.worker import OrderRunner, kernel_clock_disagreement_ms
+from tailgate.load.rxstamp import kernel_clock_disagreement_ms
+from tailgate.load.worker import OrderRunner
 time.sleep(float(sys.argv[1]))
 runner = OrderRunner(SimpleNamespace(runner=None))
 before = runner.stamp

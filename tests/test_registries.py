@@ -81,9 +81,9 @@ def test_a_name_is_registered_once_and_unknown_names_list_the_known() -> None:
 def test_endpoints_come_from_their_registry_and_build_the_same_bodies() -> None:
     """The registry's endpoints build exactly the bodies the payload functions always built."""
     from tailgate.contracts import OrderConfig
+    from tailgate.load.orderrequests import request_body
     from tailgate.load.payloads import ENDPOINTS, build_chat_payload, build_payload
     from tailgate.load.prompts import Prompt
-    from tailgate.load.worker import request_body
 
     cfg = OrderConfig(model="m", ignore_eos=True)
     assert list(ENDPOINTS) == ["completions", "chat"]

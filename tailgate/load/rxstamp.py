@@ -1,5 +1,6 @@
-"""Kernel receive stamps: turning them on for a socket, choosing them as a chunk's instant, and putting
-the kernel's wall-clock stamps on the ``perf_counter_ns`` clock the stream is timed on.
+"""Kernel receive stamps: turning them on for a socket, choosing them as a chunk's instant, putting the
+kernel's wall-clock stamps on the ``perf_counter_ns`` clock the stream is timed on, and checking that the
+kernel's wall clock agrees with this process's before a load process trusts them.
 
 Kept apart from the streaming client so its module holds the stream itself; the read that unpacks a
 stamp (``reads.read_stamped``) lives with the stream's reads, since it runs once per chunk.
@@ -116,3 +117,35 @@ class WallToClock:
 
 WALL = WallToClock()
 """The process's one converter, shared by every stream."""
+
+
+STAMP_AGREE_MS = 5.0
+"""Kernel receive stamps are used only while the kernel's wall clock and this process's agree to within this.
+They disagree under libfaketime (it shifts or speeds the process's clock, not the kernel's), and every chunk
+stamped with the kernel's clock would then be off by the difference: TTFTs of -5 s under ``+5s``."""
+
+
+def kernel_clock_disagreement_ms() -> float | None:
+    """This process's wall clock minus the kernel's, from a datagram sent to itself (the smallest of three
+    tries: a preemption between the receive and the read only adds). None where there are no receive stamps."""
+    if SO_TIMESTAMPNS is None:
+        return None
+    best: float | None = None
+    try:
+        udp = (socket.AF_INET, socket.SOCK_DGRAM)
+        with socket.socket(*udp) as rx, socket.socket(*udp) as tx:
+            rx.bind(("127.0.0.1", 0))
+            rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            rx.settimeout(1.0)
+            for _ in range(3):
+                tx.sendto(b"t", rx.getsockname())
+                _, ancillary, _, _ = rx.recvmsg(16, socket.CMSG_SPACE(16))
+                now = time.time_ns()
+                for level, kind, payload in ancillary:
+                    if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
+                        sec, nsec = struct.unpack_from("qq", payload)
+                        diff = (now - (sec * 1_000_000_000 + nsec)) / 1e6
+                        best = diff if best is None or abs(diff) < abs(best) else best
+    except OSError:
+        return None
+    return best

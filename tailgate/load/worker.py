@@ -16,9 +16,6 @@ from locust import User, task
 from locust.runners import WorkerRunner
 
 import logging
-import socket
-import struct
-import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -28,7 +25,6 @@ from tailgate import arms
 from tailgate.contracts import Order, OrderConfig, OrderDone
 from tailgate.jsontypes import JsonMapping
 from tailgate.load import distributed
-from tailgate.load.arrivals import DEFAULT_ARRIVALS
 from tailgate.load.batch import BatchGate
 from tailgate.load.capturelink import StampSource
 from tailgate.load.client import (
@@ -39,10 +35,11 @@ from tailgate.load.client import (
     chunk_stamp_mode,
     stream_completion,
 )
-from tailgate.load.clock import mono_ns, wall
-from tailgate.load.payloads import DEFAULT_ENDPOINT, endpoints
+from tailgate.load.clock import mono_ns
+from tailgate.load.orderrequests import Plan, request_body, request_id, request_record
+from tailgate.load.payloads import DEFAULT_ENDPOINT
 from tailgate.load.prompts import Prompt
-from tailgate.load.promptsources import DEFAULT_PROMPTS
+from tailgate.load.rxstamp import STAMP_AGREE_MS, kernel_clock_disagreement_ms
 from tailgate.load.sendclock import SendClock
 from tailgate.load.stagegc import QuietCollector
 from tailgate.load.workload import build_prompt
@@ -55,22 +52,6 @@ DONE_MESSAGE = "tailgate_done"
 READY_MESSAGE = "tailgate_ready"
 CANCEL_MESSAGE = "tailgate_cancel"
 
-
-def _offsets_ms(times_ns: list[int], origin_ns: int) -> list[float]:
-    """Milliseconds after ``origin_ns`` to the nearest microsecond, in integer arithmetic: ``round(x, 3)``
-    per chunk cost more than the rest of the record, inside the loop that times the other streams."""
-    return [(t - origin_ns + 500) // 1000 / 1000 for t in times_ns]
-
-
-def _delays_ms(delays_ns: list[int]) -> list[float]:
-    """Read delays in ms to the microsecond (-1 stays -1: no kernel stamp for that read)."""
-    return [-1.0 if d < 0 else (d + 500) // 1000 / 1000 for d in delays_ns]
-
-
-def _ms(a: int | None, b: int | None) -> float | None:
-    return None if a is None or b is None else round((b - a) / 1e6, 3)
-
-
 RECORD_YIELD_S = 0.002
 """The most a finished request's record waits for the loop to go idle before it is built and written.
 
@@ -81,55 +62,6 @@ loop stays busy, and no wait at all stamps those chunks late: this bound measure
 PROGRESS_S = 5.0
 """How often a load process in a distributed run tells the shape how many requests it sent and ended."""
 PROGRESS_MESSAGE = "tailgate_progress"
-STAMP_AGREE_MS = 5.0
-"""Kernel receive stamps are used only while the kernel's wall clock and this process's agree to within this.
-They disagree under libfaketime (it shifts or speeds the process's clock, not the kernel's), and every chunk
-stamped with the kernel's clock would then be off by the difference: TTFTs of -5 s under ``+5s``."""
-
-
-def kernel_clock_disagreement_ms() -> float | None:
-    """This process's wall clock minus the kernel's, from a datagram sent to itself (the smallest of three
-    tries: a preemption between the receive and the read only adds). None where there are no receive stamps."""
-    from tailgate.load.client import SO_TIMESTAMPNS
-
-    if SO_TIMESTAMPNS is None:
-        return None
-    best: float | None = None
-    try:
-        udp = (socket.AF_INET, socket.SOCK_DGRAM)
-        with socket.socket(*udp) as rx, socket.socket(*udp) as tx:
-            rx.bind(("127.0.0.1", 0))
-            rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            rx.settimeout(1.0)
-            for _ in range(3):
-                tx.sendto(b"t", rx.getsockname())
-                _, ancillary, _, _ = rx.recvmsg(16, socket.CMSG_SPACE(16))
-                now = time.time_ns()
-                for level, kind, payload in ancillary:
-                    if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
-                        sec, nsec = struct.unpack_from("qq", payload)
-                        diff = (now - (sec * 1_000_000_000 + nsec)) / 1e6
-                        best = diff if best is None or abs(diff) < abs(best) else best
-    except OSError:
-        return None
-    return best
-
-
-def request_body(cfg: OrderConfig, prompt: Prompt, max_tokens: int, endpoint: str) -> bytes:
-    """The JSON body for one request on the chosen endpoint (the seed filler goes to chat as one user turn)."""
-    ep = endpoints()[endpoint]
-    messages = prompt.turns() if ep.messages else None
-    return ep.body(cfg.model, prompt.text or "", messages, max_tokens, ignore_eos=cfg.ignore_eos)
-
-
-def request_id(run_id: str, stage: int, trace_id: int) -> str:
-    """The ``X-Request-Id`` of one request: unique in a run, and readable back from vLLM's request log."""
-    return f"tg-{run_id}-{stage}-{trace_id}"
-
-
-Plan = tuple[int, int, int, int, int | None, int | None]
-"""One request of an order as the dispatcher holds it: trace id, prompt tokens, max tokens, intended send (ns on
-the monotonic clock), gated batch, and the tokenizer's count of a built prompt."""
 
 
 class Finished(NamedTuple):
@@ -436,7 +368,7 @@ class OrderRunner:
             return
         order, plan, timing, in_flight, cfg, writer, finished = self._finished.popleft()
         self.stamps.apply(timing, self.stamp)
-        record = self._record(order, plan, timing, in_flight, cfg)
+        record = request_record(order, plan, timing, in_flight, cfg, self.worker)
         writer.write(record)
         if finished is not None:
             finished.append(record.for_summary())
@@ -462,48 +394,6 @@ class OrderRunner:
                 runner.send_message(PROGRESS_MESSAGE, {"sent": self.sent, "ended": self.ended})
 
         return gevent.spawn(report)
-
-    def _record(
-        self,
-        order: Order,
-        plan: Plan,
-        t: StreamTiming,
-        in_flight: int,
-        cfg: OrderConfig,
-    ) -> RequestRecord:
-        trace_id, prompt_tokens, max_tokens, intended_ns, batch, tokenized = plan
-        sent = t.sent_ns or intended_ns
-        worst_gap = round(t.worst_gap_ns / 1e6, 3) if t.first_chunk_ns is not None else None
-        return RequestRecord(
-            run_id=order.run_id, worker=self.worker, trace_id=trace_id, stage=order.stage,
-            stage_label=order.stage_label, arm=order.arm, rate_or_batch=order.rate_or_batch,
-            batch=batch, prompt_tokens_planned=prompt_tokens, max_tokens=max_tokens,
-            ignore_eos=cfg.ignore_eos, intended_s=wall(intended_ns), sent_s=wall(sent),
-            schedule_lag_ms=round((sent - intended_ns) / 1e6, 3), in_flight_at_send=in_flight,
-            sent_mono_ns=t.sent_ns or None,
-            connected_s=None if t.connected_ns is None else wall(t.connected_ns),
-            request_written_s=None if t.written_ns is None else wall(t.written_ns),
-            headers_s=None if t.headers_ns is None else wall(t.headers_ns),
-            first_chunk_s=None if t.first_chunk_ns is None else wall(t.first_chunk_ns),
-            last_chunk_s=None if t.last_chunk_ns is None else wall(t.last_chunk_ns),
-            end_s=wall(t.end_ns or time.perf_counter_ns()),
-            ttft_ms=_ms(sent, t.first_chunk_ns), ttft_from_intended_ms=_ms(intended_ns, t.first_chunk_ns),
-            worst_gap_ms=worst_gap,
-            worst_gap_end_s=None if t.worst_gap_end_ns is None else wall(t.worst_gap_end_ns),
-            total_ms=_ms(sent, t.last_chunk_ns), total_from_intended_ms=_ms(intended_ns, t.last_chunk_ns),
-            chunks=t.chunks, prompt_tokens=t.prompt_tokens, completion_tokens=t.completion_tokens,
-            finish_reason=t.finish_reason, status=t.status, response_id=t.response_id,
-            reads=t.reads, max_events_per_read=t.max_events_per_read,
-            max_read_delay_ms=None if t.max_read_delay_ns is None else round(t.max_read_delay_ns / 1e6, 3),
-            late_coalesced_reads=t.late_coalesced_reads,
-            client_coalesced=t.late_coalesced_reads > 0 and t.stamp != "capture", chunk_stamp=t.stamp,
-            error_class=t.error_class, error=t.error,
-            chunk_offsets_ms=None if t.chunk_ns is None else _offsets_ms(t.chunk_ns, sent),
-            chunk_read_delays_ms=None if t.chunk_delay_ns is None else _delays_ms(t.chunk_delay_ns),
-            chunk_read_offsets_ms=None if t.read_chunk_ns is None else _offsets_ms(t.read_chunk_ns, sent),
-            prompt_source=cfg.prompts or DEFAULT_PROMPTS, endpoint=cfg.endpoint or DEFAULT_ENDPOINT,
-            arrivals=order.arrivals or DEFAULT_ARRIVALS, prompt_tokens_tokenized=tokenized,
-        )  # fmt: skip
 
     def _fire(self, r: RequestRecord) -> None:
         """One request event per stream that ran its course, so Locust's RPS is the real request rate; a

@@ -1,4 +1,5 @@
-"""The asyncio server: connections, routing, the control endpoint and vLLM-like metrics."""
+"""The asyncio server: connections, routing, the simulated engine's steps, completions and vLLM-like metrics;
+the control endpoint's document is applied by :mod:`.control`."""
 
 from __future__ import annotations
 
@@ -13,17 +14,15 @@ from tailgate.jsontypes import JsonObject
 
 from .bodies import MODEL_MAX_LEN, PREFIX_BLOCK_TOKENS, detokenize, parse_completion, tokenize
 from .connection import Connection
-from .engine import Engine, EngineModel, EngineModelError, EngineRequest
-from .faults import ControlError, Fault, compile_fault, compile_pause, compile_script, integer_field, number_field
+from .control import add_to_plan, apply_control, describe
+from .engine import Engine, EngineModel, EngineRequest
+from .faults import ControlError, Fault
 from .metrics import metrics_text
 from .settings import ChunkLog, Settings
 from .stream import Plan, Stream
 from .timers import Timers
 from .wire import (
     CHUNK_END,
-    CONTROL_KEYS,
-    FOREVER_MS,
-    HTTP_ERROR_TYPES,
     HTTP_FAULT_STATUS,
     REASONS,
     SSE_DONE,
@@ -132,76 +131,11 @@ class GroundTruthServer:
     # -- control
 
     def apply_control(self, doc: object) -> JsonObject:
-        """Validate the whole document, then apply it: a bad key changes nothing.
-
-        Keys: ``ttft_ms``, ``gap_ms``, ``model``, ``accept_any_model``, ``preemptions_total``,
-        ``healthy``, ``kv_capacity_tokens``, ``write_delay_us``, ``faults`` (replaces the plan, hit counts restart),
-        ``script`` (``{"schedules": {"<seq>": [ttft_ms, gap_ms, ...]}}``, replaces the schedules; chunks
-        past a schedule's end follow ``gap_ms``), ``pause`` (``{"at_seq": S, "ms": P}``: every stream waits P ms
-        from request S's arrival), ``reset_chunklog`` and ``reset_seq``. Settings reach
-        requests that arrive afterwards; streams in flight keep the ones they started with. Returns
-        the resulting settings, as ``GET /_control`` does.
-        """
-        if not isinstance(doc, dict):
-            raise ControlError("control body must be a JSON object")
-        unknown = set(doc) - CONTROL_KEYS
-        if unknown:
-            raise ControlError(f"unknown control keys {sorted(unknown)}; known: {sorted(CONTROL_KEYS)}")
-        s = self.settings
-        ttft = number_field(doc, "ttft_ms", s.ttft_ms)
-        gap = number_field(doc, "gap_ms", s.gap_ms)
-        preemptions = number_field(doc, "preemptions_total", s.preemptions_total)
-        delay = number_field(doc, "write_delay_us", s.write_delay_us)
-        kv_capacity = integer_field(doc, "kv_capacity_tokens", s.kv_capacity_tokens, minimum=1)
-        model = doc.get("model", s.model)
-        if not isinstance(model, str) or not model:
-            raise ControlError("model must be a non-empty string")
-        for key in ("accept_any_model", "healthy", "reset_chunklog", "reset_seq"):
-            if key in doc and not isinstance(doc[key], bool):
-                raise ControlError(f"{key} must be true or false")
-        faults = s.faults
-        if "faults" in doc:
-            if not isinstance(doc["faults"], list):
-                raise ControlError("faults must be a list")
-            faults = [compile_fault(f) for f in doc["faults"]]
-        schedules = compile_script(doc["script"]) if "script" in doc else s.schedules
-        pause = compile_pause(doc["pause"]) if "pause" in doc else s.pause
-        engine_model = s.engine
-        if "engine" in doc:
-            try:
-                engine_model = None if doc["engine"] is None else EngineModel.from_dict(doc["engine"])
-            except (EngineModelError, TypeError) as e:
-                raise ControlError(str(e)) from None
-        assert ttft is not None and gap is not None and preemptions is not None and delay is not None
-        s.write_delay_us = delay
-        s.ttft_ms, s.gap_ms, s.preemptions_total, s.kv_capacity_tokens = ttft, gap, preemptions, kv_capacity
-        s.model = model
-        s.accept_any_model = doc.get("accept_any_model", s.accept_any_model)
-        s.healthy = doc.get("healthy", s.healthy)
-        s.faults = faults
-        s.schedules = schedules
-        s.pause = pause
-        if "engine" in doc:
-            s.engine = engine_model
-            self.set_engine(engine_model)
-        if doc.get("reset_chunklog"):
-            self.log = ChunkLog()
-            for stream in self.active:
-                stream.log = self.log
-                self.log.requests[stream.seq] = stream.request_row
-        if doc.get("reset_seq"):
-            self.next_seq = self.worker
-        return self.describe()
+        """Validate the whole document, then apply it: a bad key changes nothing (:func:`.control.apply_control`)."""
+        return apply_control(self, doc)
 
     def describe(self) -> JsonObject:
-        return {
-            **self.settings.describe(),
-            "next_seq": self.next_seq,
-            "worker": self.worker,
-            "workers": self.workers,
-            "chunks_logged": len(self.log),
-            "last_authorization": dict(self.last_authorization),
-        }
+        return describe(self)
 
     # -- the simulated engine
 
@@ -368,7 +302,7 @@ class GroundTruthServer:
             fault.hits += 1
             if plan is None:
                 plan = Plan()
-            _add_to_plan(plan, fault, s.gap_ms)
+            add_to_plan(plan, fault, s.gap_ms)
         if terminal is not None:
             self._terminal(conn, terminal, recv_ns, row)
             return
@@ -520,38 +454,3 @@ class GroundTruthServer:
 def _detail(status: int, keep_alive: bool) -> bytes:
     """FastAPI's shape for unknown routes and methods, which is what vLLM answers."""
     return full_response(status, json_bytes({"detail": REASONS[status]}), "application/json", keep_alive)
-
-
-def _add_to_plan(plan: Plan, fault: Fault, gap_ms: float) -> None:
-    p = fault.params
-    kind = fault.kind
-    if kind == "cut_mid_stream":
-        after = int(p.get("after_chunks", 1))
-        plan.cut_after = after if plan.cut_after is None else min(plan.cut_after, after)
-        plan.cut_rst = bool(p.get("rst", False))
-    elif kind == "malformed_json":
-        plan.malformed.add(int(p.get("at_chunk", 1)))
-    elif kind == "stall":
-        stall_ms = p.get("stall_ms", 1000.0)
-        at = int(p.get("at_chunk", 1))
-        plan.stalls[at] = None if stall_ms is None or stall_ms >= FOREVER_MS else round(float(stall_ms) * 1_000_000)
-    elif kind == "error_event":
-        at = int(p.get("at_chunk", 1))
-        plan.error_at = at if plan.error_at is None else min(plan.error_at, at)
-        code = int(p.get("code", 500))
-        error = {
-            "error": {
-                "message": p.get("message", "injected engine error"),
-                "type": p.get("type", HTTP_ERROR_TYPES.get(code, "InternalServerError")),
-                "param": None,
-                "code": code,
-            }
-        }
-        plan.error_event = b"data: " + json.dumps(error).encode("utf-8") + b"\n\n"
-    elif kind == "keepalive_comments":
-        interval_ms = p.get("interval_ms") or gap_ms
-        plan.ping_interval_ns = max(100_000, round(float(interval_ms) * 1_000_000))
-        plan.ping_event = b": " + str(p.get("comment", "ping")).encode("utf-8") + b"\n\n"
-    elif kind == "multi_event_writes":
-        plan.group = int(p.get("events_per_write", 3))
-        plan.same_http_chunk = bool(p.get("same_http_chunk", False))
