@@ -35,23 +35,6 @@ C = TypeVar("C", bound="Contract")
 _NOTHING = object()
 
 
-def known_and_extra(cls: type[Any], data: Mapping[str, Any]) -> tuple[dict[str, Any], JsonObject]:
-    """A JSON object split into the keys the dataclass ``cls`` declares (its ``extra`` aside) and the rest: a
-    reader of another version's file keeps what it does not know, to write it back unchanged.
-
-    The declared half is the keyword arguments of ``cls`` itself, one type per field, which the caller's
-    constructor call checks; the rest is JSON as read."""
-    names = {f.name for f in fields(cls)} - {"extra"}
-    return {k: v for k, v in data.items() if k in names}, {k: v for k, v in data.items() if k not in names}
-
-
-def with_extra(obj: Any) -> JsonObject:
-    """A dataclass that keeps unknown keys in ``extra`` as its JSON object: its fields in order, then the keys it
-    kept."""
-    out = {f.name: getattr(obj, f.name) for f in fields(obj) if f.name != "extra"}
-    return {**out, **obj.extra}
-
-
 class ContractError(ValueError):
     """A contract that does not hold; ``str()`` is one line naming the file (when known) and the key."""
 

@@ -61,6 +61,23 @@ def json_opt_float(data: JsonMapping, key: str, *, where: str = "") -> float | N
     return None if value is None else json_float(data, key, where=where)
 
 
+def json_number(data: JsonMapping, key: str, *, where: str = "") -> float:
+    """A number as the file wrote it (``4`` stays an integer; see :func:`json_opt_number`)."""
+    value = data.get(key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    return json_float(data, key, where=where)  # absent or not a number: the one line naming the key
+
+
+def json_opt_number(data: JsonMapping, key: str, *, where: str = "") -> float | None:
+    """A number as the file wrote it (``4`` stays an integer), or None when absent or null: a figure read back
+    and written again keeps its form, so a resumed search leaves the rows it did not touch as they were."""
+    value = data.get(key)
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    return json_opt_float(data, key, where=where)  # not a number: the one line naming the key
+
+
 def json_int(data: JsonMapping, key: str, default: int | object = _ABSENT, *, where: str = "") -> int:
     """A whole number (``3.0`` counts: some writers round through a float)."""
     value = _take(data, key, default, where)

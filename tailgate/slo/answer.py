@@ -18,11 +18,12 @@ from tailgate.jsontypes import (
     json_floats,
     json_list,
     json_objects,
+    json_opt_number,
     json_opt_object,
     json_opt_str,
     json_str,
 )
-from tailgate.slo.attempt import ProbeAttempt, ProbeMark, json_opt_number
+from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.busy import busy_line
 from tailgate.slo.result import SearchResult, Undecided
 from tailgate.slo.search import SearchOutcome

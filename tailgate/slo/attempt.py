@@ -22,28 +22,11 @@ from tailgate.jsontypes import (
     json_float,
     json_floats,
     json_int,
-    json_opt_float,
     json_opt_int,
+    json_opt_number,
     json_opt_str,
 )
 from tailgate.records import RequestRecord
-
-
-def json_number(data: JsonMapping, key: str, *, where: str = "") -> float:
-    """A number as the file wrote it (``4`` stays an integer; see :func:`json_opt_number`)."""
-    value = data.get(key)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value
-    return json_float(data, key, where=where)  # absent or not a number: the one line naming the key
-
-
-def json_opt_number(data: JsonMapping, key: str, *, where: str = "") -> float | None:
-    """A number as the file wrote it (``4`` stays an integer), or None when absent or null: a figure read back
-    and written again keeps its form, so a resumed search leaves the rows it did not touch as they were."""
-    value = data.get(key)
-    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        return value
-    return json_opt_float(data, key, where=where)  # not a number: the one line naming the key
 
 
 @dataclass(frozen=True, slots=True)

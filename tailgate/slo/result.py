@@ -18,14 +18,15 @@ from tailgate.jsontypes import (
     json_extra,
     json_floats,
     json_int,
+    json_number,
     json_object,
     json_objects,
     json_opt_int,
+    json_opt_number,
     json_opt_object,
     json_opt_str,
     json_str,
 )
-from tailgate.slo.attempt import json_number, json_opt_number
 from tailgate.slo.verdict import Check
 
 

@@ -19,15 +19,16 @@ from tailgate.jsontypes import (
     json_extra,
     json_int,
     json_list,
+    json_number,
     json_object,
     json_objects,
+    json_opt_number,
     json_opt_object,
     json_opt_str,
     json_str,
     json_strs,
 )
 from tailgate.runmeta import SloMeta
-from tailgate.slo.attempt import json_number, json_opt_number
 from tailgate.slo.result import NotRun, SearchResult
 from tailgate.slo.spec import SLO_FILE, ServerConfig
 from tailgate.slo.verdict import Check

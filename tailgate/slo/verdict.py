@@ -17,9 +17,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from tailgate.jsontypes import JsonMapping, JsonObject, json_extra, json_int, json_opt_int, json_str
+from tailgate.jsontypes import (
+    JsonMapping,
+    JsonObject,
+    json_extra,
+    json_int,
+    json_number,
+    json_opt_int,
+    json_opt_number,
+    json_str,
+)
 from tailgate.records import RequestRecord
-from tailgate.slo.attempt import ProbeAttempt, json_number, json_opt_number
+from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.spec import METRIC_FIELDS, Limit
 from tailgate.stats import tail
 from tailgate.tailbounds import FAIL, NOT_ENOUGH, PASS, Trend, check_tail, share_lower, share_upper, upward_trend
