@@ -681,7 +681,7 @@ def test_embedded_slo_end_to_end(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "tailgate.cli", "slo", "--embedded", "--results", str(results),
            "--slo", "ttft_p99<=60s,gap_p99<=30s,errors<=30%", "--config", "seqs4: max-num-seqs=4",
            "--trace-file", str(trace), "--warmup", "1", "--start-rate", "1", "--min-rate", "1", "--max-rate", "16",
-           "--resolution", "50%", "--max-probes", "6", "--reruns", "1", "--extend", "0", "--resamples", "500",
+           "--resolution", "50%", "--max-probes", "6", "--reruns", "1", "--extend", "0",
            "--locust-arg=--settle=0", "--locust-arg=--max-in-flight=1", "--model-replicates", "2",
            "--model-requests", "2000"]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)

@@ -32,7 +32,7 @@ from tailgate.servers.spec import (
     server_spec,
 )
 from tailgate.slo.answer import print_table
-from tailgate.slo.plan import RECORDED_RESAMPLES, SloPlan
+from tailgate.slo.plan import SloPlan
 from tailgate.slo.probe import SloRunError, SloRunner
 from tailgate.slo.search import Resolution
 from tailgate.slo.spec import (
@@ -147,8 +147,6 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         default=0.95,
         help="one-sided confidence of every bound (Clopper-Pearson on the share over a limit)",
     )
-    # accepted and ignored, with a note: every bound is exact and draws no resamples
-    p.add_argument("--resamples", type=int, default=None, help=argparse.SUPPRESS)
     add_option(
         p,
         "n",
@@ -242,8 +240,6 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         raise SloError(f"--extend: must be 0 or more, got {args.extend}")
     if not 0.5 <= args.confidence < 1:
         raise SloError(f"--confidence: must be in [0.5, 1), got {args.confidence:g}")
-    if args.resamples is not None and args.resamples < 100:
-        raise SloError(f"--resamples: must be at least 100, got {args.resamples}")
     if args.stage_warmup is not None and args.stage_warmup < 0:
         raise SloError(f"--stage-warmup: must be 0 (none) or more requests, got {args.stage_warmup}")
     try:
@@ -282,7 +278,7 @@ def build_plan(args: argparse.Namespace) -> SloPlan:
         limits=limits, configs=configs, start_rate=start, max_rate=max_rate, min_rate=min_rate,
         resolution=Resolution.parse(args.resolution), max_probes=args.max_probes, reruns=args.reruns,
         extend=args.extend,
-        confidence=args.confidence, resamples=args.resamples or RECORDED_RESAMPLES, n=n, warmup=warmup, seed=args.seed,
+        confidence=args.confidence, n=n, warmup=warmup, seed=args.seed,
         ignore_eos=args.ignore_eos or args.embedded, processes=processes, max_waiting=max_waiting,
         time_budget=args.time_budget, duration=0.0 if args.trace_file else duration,
         stage_warmup=args.stage_warmup if args.stage_warmup is not None else scaled["stage_warmup"],
@@ -336,8 +332,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         plan = build_plan(args)
-        if args.resamples is not None:
-            sys.stderr.write(f"{prog}: note: --resamples is ignored: every bound is exact and draws no resamples\n")
         if not args.embedded and args.server is None:
             raise SloError(f"--server: say who runs the server ({', '.join(SERVER_KINDS)}) or use --embedded")
         kind = server_kind_of(args)

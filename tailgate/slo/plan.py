@@ -17,7 +17,8 @@ PROBE_OVERHEAD_S = 15.0
 
 
 RECORDED_RESAMPLES = 2000
-"""``slo.json``'s plan records this for ``--resamples`` when the option is not given."""
+"""What ``slo.json``'s plan records as ``resamples``: every bound is exact and draws none, so the value is fixed and
+only keeps plans comparable for a resume."""
 
 
 @dataclass
@@ -37,7 +38,7 @@ class SloPlan:
     its re-runs: more independent evidence where the capacity is, instead of longer probes everywhere."""
     confidence: float = 0.95
     resamples: int = RECORDED_RESAMPLES
-    """What ``slo.json``'s plan records for ``--resamples``; nothing draws resamples (every bound is exact)."""
+    """Fixed (:data:`RECORDED_RESAMPLES`): nothing draws resamples, every bound is exact."""
     n: int = 200
     warmup: int = 25
     seed: int = 7
