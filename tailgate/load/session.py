@@ -31,12 +31,11 @@ from typing import Any
 
 from tailgate.arms import arm as arm_of
 from tailgate.contracts import ContractError, Order, OrderConfig, OrderDone, StageSummary
-from tailgate.hoststeal import cpu_counters
 from tailgate.jsontypes import JsonMapping, JsonObject, json_int
 from tailgate.load.console import summary_line
 from tailgate.load.distributed import DEADLINE_MARGIN_S, ClockSync, MasterSink
 from tailgate.load.links import LoadLinks, OneProcess, WorkerProcesses
-from tailgate.load.metrics import Snapshot, scrape
+from tailgate.load.metrics import scrape
 from tailgate.load.options import Settings
 from tailgate.load.peers import PeerGate
 from tailgate.load.plan import Stage, share
@@ -69,8 +68,9 @@ class StageDeadline(Exception):
     """A single-process stage outlived its deadline: its streams were cancelled and the run ends."""
 
 
-class RunSession(WorkerRoster, StageSummaries):
-    """A single run: owns its folder, coordinator, sampler and, in the web UI, its report build."""
+class RunSession(WorkerRoster):
+    """A single run: owns its folder, coordinator, sampler and, in the web UI, its report build; its stage
+    summaries are a part of their own it hands what they share."""
 
     def __init__(
         self,
@@ -107,17 +107,13 @@ class RunSession(WorkerRoster, StageSummaries):
         """The coordinator ended the run itself (all stages, --stop-on-errors or a failure)."""
         self.stopping = False
         self.current: Stage | None = None
-        self.stage_started: dict[int, float] = {}
-        self.stage_cpu: dict[int, tuple[int, int] | None] = {}
-        self.before: dict[int, Snapshot | None] = {}
-        self.summaries: dict[int, StageSummary] = {}
-        self.dropped: dict[int, int] = {}
         self.report: subprocess.Popen[bytes] | None = None
         self._coordinator: gevent.Greenlet | None = None
         self._sampler: subprocess.Popen[bytes] | None = None
         self._ready: dict[str, str] = {}
         self._ready_event = Event()
         self._done: dict[str, OrderDone] = {}
+        """The running group's DONE by process: cleared in place, as the stage summaries read it too."""
         self._done_event = Event()
         self._waiting_for: set[str] = set()
         self._counts: dict[str, tuple[int, int]] = {}
@@ -126,12 +122,11 @@ class RunSession(WorkerRoster, StageSummaries):
         self.clock = ClockSync(runner)
         self.tally = StageTally()
         """Every record the load processes reported, per stage: what the stage summaries are built from."""
+        self.summaries = StageSummaries(settings, self.folder, self.run_id, self.stages, self.tally, self._done)
         self.sink: MasterSink | None = None if local else MasterSink(self.folder, self.clock, self.tally)
         """The single writer of a distributed run's records and send journal (None in one process)."""
         if self.sink is not None:
-            self.sink.late = self._on_late
-        self._after: dict[int, Snapshot | None] = {}
-        self._late_pending: set[int] = set()
+            self.sink.late = self.summaries.on_late
         self.stamp_notes: dict[str, str] = {}
         """Load process -> why it stamps chunks when read instead of with kernel stamps (clocks disagree)."""
         self.workers: dict[str, LoadProcess] = {}
@@ -145,10 +140,6 @@ class RunSession(WorkerRoster, StageSummaries):
         """Load processes that could not show they hold the key: never given an order."""
         self._orders: dict[str, Order] = {}
         """The running group's order per process: a stop closes the share of any that is gone."""
-        self.stage_nodes: dict[int, list[str]] = {}
-        """Stage index -> the processes it was split over."""
-        self.lost_in: dict[str, int] = {}
-        """Process -> the stage it was lost in (its share closed by the master)."""
         opts = getattr(getattr(runner, "environment", None), "parsed_options", None)
         self.on_worker_loss = getattr(opts, "on_worker_loss", None) or "continue"
 
@@ -183,10 +174,10 @@ class RunSession(WorkerRoster, StageSummaries):
                 self._lose(node, order, lost_why)
         self._wait_recorded()
         stage = self.current
-        if stage is not None and stage.index not in self.summaries:
+        if stage is not None and stage.index not in self.summaries.by_stage:
             records = self.tally.records(stage.index)
             after = scrape(self.settings.metrics_url) if self.settings.metrics_url else None
-            summary = self._summarize(stage, records, after, partial=True)
+            summary = self.summaries.summarize(stage, records, after, partial=True)
             log.info("tailgate: %s (partial)", summary_line(summary))
         self._end(RunStatus.STOPPED.text())
 
@@ -212,6 +203,7 @@ class RunSession(WorkerRoster, StageSummaries):
         if self.sink is not None:
             self.sink.close()
         self.status = status
+        summaries = self.summaries.by_stage
         self.meta.update({
             "workers": self.workers_json(), "workers_lost": self.lost, "worker_errors": self.worker_errors,
             "on_worker_loss": self.on_worker_loss, "workers_refused": self.refused,
@@ -219,8 +211,8 @@ class RunSession(WorkerRoster, StageSummaries):
         })  # fmt: skip
         self.meta.update({
             "ended": utc_stamp(), "status": status, "stop_reason": self.stop_reason,
-            "stages": [self.summaries[i].stage_label for i in sorted(self.summaries)],
-            "partial_stages": [s.stage_label for _, s in sorted(self.summaries.items()) if s.partial],
+            "stages": [summaries[i].stage_label for i in sorted(summaries)],
+            "partial_stages": [s.stage_label for _, s in sorted(summaries.items()) if s.partial],
             "error": self.failed,
         })  # fmt: skip
         write_json(self.folder / RUN_META, self.meta)
@@ -283,7 +275,7 @@ class RunSession(WorkerRoster, StageSummaries):
             self.worker_errors.append(line)
             log.error("tailgate: %s", line)
         if done.stage is not None:
-            self.dropped[done.stage] = self.dropped.get(done.stage, 0) + done.dropped
+            self.summaries.add_dropped(done.stage, done.dropped)
         if done.stamp_note:
             self.stamp_notes[worker] = done.stamp_note
         if node_id in self.workers and done.stamp:
@@ -307,16 +299,14 @@ class RunSession(WorkerRoster, StageSummaries):
 
     def _run_stage(self, stage: Stage, nodes: list[str]) -> StageSummary:
         s = self.settings
-        self.before[stage.index] = scrape(s.metrics_url) if s.metrics_url else None
-        self.stage_started[stage.index] = time.time()
-        self.stage_cpu[stage.index] = cpu_counters()
+        self.summaries.begin(stage)
         self.current = stage
         baseline = self._sent_ended()
-        self.stage_nodes[stage.index] = list(nodes)
+        self.summaries.split_over(stage.index, nodes)
         lost_here: list[str] = []
         for group in stage.groups:
             t0 = time.time() + (START_LEAD_S if len(nodes) > 1 or group is stage.groups[0] else 0.0)
-            self._done = {}
+            self._done.clear()
             self._done_event.clear()
             self._waiting_for = set(nodes)
             orders: dict[str, Order] = {}
@@ -341,7 +331,7 @@ class RunSession(WorkerRoster, StageSummaries):
                 break  # nobody left for the next batches: they stay never sent
         records = self.tally.records(stage.index)
         after = scrape(s.metrics_url) if s.metrics_url else None
-        summary = self._summarize(stage, records, after, partial=False, lost=lost_here)
+        summary = self.summaries.summarize(stage, records, after, partial=False, lost=lost_here)
         if not nodes:
             raise WorkersLost(f"every load process was lost in {stage.label}")
         return summary
@@ -383,7 +373,7 @@ class RunSession(WorkerRoster, StageSummaries):
         assert self.sink is not None
         in_flight, never = self.sink.lose(node, order, reason)
         self._mark_lost(node, reason)
-        self.lost_in.setdefault(node, order.stage)
+        self.summaries.mark_lost(node, order.stage)
         name = self._ready.get(node, node)
         if node in self.workers:
             self.workers[node].lost = f"{order.stage_label}: {reason}"
@@ -402,7 +392,7 @@ class RunSession(WorkerRoster, StageSummaries):
         """Requests sent and ended so far in this stage, counted in memory by the load processes."""
         sent_now, ended_now = self._sent_ended()
         sent, ended = sent_now - baseline[0], ended_now - baseline[1]
-        elapsed = time.time() - self.stage_started[stage.index]
+        elapsed = time.time() - self.summaries.stage_started[stage.index]
         eta = f", about {elapsed / ended * (stage.size - ended):.0f} s left" if ended else ""
         cell = f"{self.settings.config_label}_{stage.label}"  # the cell's one name, as in summary_line
         log.info("tailgate: %s: %d/%d ended, %d in flight%s", cell, ended, stage.size, sent - ended, eta)
