@@ -39,7 +39,7 @@ from tailgate.load.metrics import scrape
 from tailgate.load.options import Settings
 from tailgate.load.peers import PeerGate
 from tailgate.load.plan import Stage, share
-from tailgate.load.roster import LoadProcess, WorkerRoster, WorkersLost
+from tailgate.load.roster import WorkerRoster, WorkersLost
 from tailgate.load.runfiles import run_metadata, write_json
 from tailgate.load.sidecars import (
     REPORT_INTERRUPTED,
@@ -68,9 +68,9 @@ class StageDeadline(Exception):
     """A single-process stage outlived its deadline: its streams were cancelled and the run ends."""
 
 
-class RunSession(WorkerRoster):
-    """A single run: owns its folder, coordinator, sampler and, in the web UI, its report build; its stage
-    summaries are a part of their own it hands what they share."""
+class RunSession:
+    """A single run: owns its folder, coordinator, sampler and, in the web UI, its report build; its roster
+    (who takes each stage) and its stage summaries are parts of their own it hands what they share."""
 
     def __init__(
         self,
@@ -110,8 +110,6 @@ class RunSession(WorkerRoster):
         self.report: subprocess.Popen[bytes] | None = None
         self._coordinator: gevent.Greenlet | None = None
         self._sampler: subprocess.Popen[bytes] | None = None
-        self._ready: dict[str, str] = {}
-        self._ready_event = Event()
         self._done: dict[str, OrderDone] = {}
         """The running group's DONE by process: cleared in place, as the stage summaries read it too."""
         self._done_event = Event()
@@ -129,19 +127,20 @@ class RunSession(WorkerRoster):
             self.sink.late = self.summaries.on_late
         self.stamp_notes: dict[str, str] = {}
         """Load process -> why it stamps chunks when read instead of with kernel stamps (clocks disagree)."""
-        self.workers: dict[str, LoadProcess] = {}
-        """Per load process: its name, clock offset and RTT, the stage it joined at, and a loss if any."""
-        self.lost: dict[str, str] = {}
         self.worker_errors: list[str] = []
-        self.gate: PeerGate | None = gate
-        """The master's admission of peers (the key proof); None in one process."""
-        self.written_off: Callable[[str], None] | None = None if gate is None else gate.write_off
-        self.refused: dict[str, str] = {}
-        """Load processes that could not show they hold the key: never given an order."""
         self._orders: dict[str, Order] = {}
         """The running group's order per process: a stop closes the share of any that is gone."""
         opts = getattr(getattr(runner, "environment", None), "parsed_options", None)
         self.on_worker_loss = getattr(opts, "on_worker_loss", None) or "continue"
+        self.roster = WorkerRoster(
+            settings, self.links, self.clock, nodes_expected=nodes_expected, on_worker_loss=self.on_worker_loss,
+            gate=gate, on_clocks=self._write_workers,
+        )  # fmt: skip
+
+    def _write_workers(self, workers: dict[str, JsonObject]) -> None:
+        """Every process's clock as measured before a stage, in ``run.json`` before the stage starts."""
+        self.meta["workers"] = workers
+        write_json(self.folder / RUN_META, self.meta)
 
     # -- life cycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -169,7 +168,7 @@ class RunSession(WorkerRoster):
             self._coordinator.kill(block=True, timeout=10)
         self._cancel_load()
         for node, order in sorted(self._orders.items()):
-            lost_why = None if node in self._done or node in self.lost else self._lost_reason(node)
+            lost_why = None if node in self._done or node in self.roster.lost else self.roster.lost_reason(node)
             if lost_why:  # its in-flight requests will never be recorded by it: close them now
                 self._lose(node, order, lost_why)
         self._wait_recorded()
@@ -183,7 +182,7 @@ class RunSession(WorkerRoster):
 
     def _cancel_load(self) -> None:
         """Stop dispatching and cancel what is in flight, in every load process of this run."""
-        self.links.cancel(self._ready, self.run_id)
+        self.links.cancel(self.roster.ready, self.run_id)
 
     def _wait_recorded(self) -> None:
         """Every request journaled as sent has its record: a worker process cancels on its own time."""
@@ -205,8 +204,9 @@ class RunSession(WorkerRoster):
         self.status = status
         summaries = self.summaries.by_stage
         self.meta.update({
-            "workers": self.workers_json(), "workers_lost": self.lost, "worker_errors": self.worker_errors,
-            "on_worker_loss": self.on_worker_loss, "workers_refused": self.refused,
+            "workers": self.roster.workers_json(), "workers_lost": self.roster.lost,
+            "worker_errors": self.worker_errors, "on_worker_loss": self.on_worker_loss,
+            "workers_refused": self.roster.refused,
             "chunk_stamp_notes": self.stamp_notes,
         })  # fmt: skip
         self.meta.update({
@@ -224,11 +224,11 @@ class RunSession(WorkerRoster):
         s = self.settings
         status = RunStatus.COMPLETED.text()
         try:
-            nodes = self._wait_ready()
+            nodes = self.roster.wait_ready()
             log.info("tailgate: run %s: %d load process(es) ready; %d stage(s); results in %s",
                      self.run_id, len(nodes), len(self.stages), self.folder)  # fmt: skip
             for stage in self.stages:
-                summary = self._run_stage(stage, self._stage_nodes(stage))
+                summary = self._run_stage(stage, self.roster.nodes_for(stage))
                 log.info("tailgate: %s", summary_line(summary))
                 if summary.workers_lost and self.on_worker_loss == "stop":
                     status = RunStatus.STOPPED_AFTER.text(f"{stage.label}: load process(es) lost")
@@ -255,7 +255,7 @@ class RunSession(WorkerRoster):
     def on_done(self, node_id: str, data: object) -> None:
         """A worker's DONE message, checked against its contract."""
         try:
-            done = OrderDone.from_dict(data, source=f"load process {self._ready.get(node_id, node_id)}")
+            done = OrderDone.from_dict(data, source=f"load process {self.roster.name(node_id)}")
         except ContractError as e:  # said once; the order is then waited for as if no DONE had come
             self.worker_errors.append(str(e))
             log.error("tailgate: %s", e)
@@ -267,7 +267,7 @@ class RunSession(WorkerRoster):
             return  # a cancelled order of an earlier run
         if done.records:  # one process: the order's records come with its DONE (several: streamed)
             self.tally.add_many(done.records)
-        if node_id in self.lost:
+        if node_id in self.roster.lost:
             return  # its share was closed already: written as worker_lost or never sent
         worker = done.worker or node_id
         if done.error:
@@ -278,10 +278,7 @@ class RunSession(WorkerRoster):
             self.summaries.add_dropped(done.stage, done.dropped)
         if done.stamp_note:
             self.stamp_notes[worker] = done.stamp_note
-        if node_id in self.workers and done.stamp:
-            self.workers[node_id].chunk_stamp = done.stamp
-        if done.stamp_note and node_id in self.workers:
-            self.workers[node_id].chunk_stamp_note = done.stamp_note
+        self.roster.stamped(node_id, done.stamp, done.stamp_note)
         self._done[node_id] = done
         # exact counters at the end of each order, so a stage's baseline is never stale
         self._counts[node_id] = (done.sent, done.ended)
@@ -290,7 +287,7 @@ class RunSession(WorkerRoster):
 
     def on_progress(self, node_id: str, data: JsonMapping) -> None:
         """A load process's counters (``PROGRESS_MESSAGE``), read once per message."""
-        where = f"progress of {self._ready.get(node_id, node_id)}"
+        where = f"progress of {self.roster.name(node_id)}"
         self._counts[node_id] = (json_int(data, "sent", where=where), json_int(data, "ended", where=where))
 
     def _sent_ended(self) -> tuple[int, int]:
@@ -326,7 +323,7 @@ class RunSession(WorkerRoster):
             last = max((a.offset_s for a in group), default=0.0)
             deadline = t0 + last + s.timeouts.request_s + s.timeouts.connect_s + DEADLINE_MARGIN_S
             lost_here += self._wait_group(stage, orders, deadline, baseline)
-            nodes = [n for n in nodes if n not in self.lost]
+            nodes = [n for n in nodes if n not in self.roster.lost]
             if not nodes and group is not stage.groups[-1]:
                 break  # nobody left for the next batches: they stay never sent
         records = self.tally.records(stage.index)
@@ -348,7 +345,7 @@ class RunSession(WorkerRoster):
         while True:
             pending -= set(self._done)
             for node in sorted(pending):
-                reason = self._lost_reason(node)
+                reason = self.roster.lost_reason(node)
                 if reason:
                     lost.append(self._lose(node, orders[node], reason))
                     pending.discard(node)
@@ -372,11 +369,9 @@ class RunSession(WorkerRoster):
         """Close a lost worker's share from what it announced: in flight -> worker_lost, the rest never sent."""
         assert self.sink is not None
         in_flight, never = self.sink.lose(node, order, reason)
-        self._mark_lost(node, reason)
+        self.roster.write_off(node, reason, at=order.stage_label)
         self.summaries.mark_lost(node, order.stage)
-        name = self._ready.get(node, node)
-        if node in self.workers:
-            self.workers[node].lost = f"{order.stage_label}: {reason}"
+        name = self.roster.name(node)
         line = (f"load process {name} lost in {order.stage_label} ({reason}): {in_flight} request(s) in flight "
                 f"recorded as {WORKER_LOST}, {never} arrival(s) never sent; "
                 + ("the run goes on with the others" if self.on_worker_loss == "continue" else
