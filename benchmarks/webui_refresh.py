@@ -45,6 +45,15 @@ class FakeSettings:
 
 
 @dataclass
+class FakeSummaries:
+    """The stage summaries' attributes the live view reads."""
+
+    by_stage: dict[int, Any] = field(default_factory=dict)
+    before: dict[int, Any] = field(default_factory=dict)
+    dropped: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
 class FakeSession:
     """The attributes of a RunSession the live view reads."""
 
@@ -61,8 +70,7 @@ class FakeSession:
     coordinator_alive: bool = True
     sampler_alive: bool = True
     current: Any = None
-    summaries: dict[int, Any] = field(default_factory=dict)
-    before: dict[int, Any] = field(default_factory=dict)
+    summaries: FakeSummaries = field(default_factory=FakeSummaries)
 
     def report_state(self) -> str:
         return "none"

@@ -74,7 +74,7 @@ class SuiteShape(LoadTestShape):
 
     def on_ready(self, environment: Any, msg: Any, **_: Any) -> None:
         if self.session is not None:
-            self.session.on_ready(msg.node_id, msg.data.get("worker", msg.node_id))
+            self.session.roster.on_ready(msg.node_id, msg.data.get("worker", msg.node_id))
 
     def on_done(self, environment: Any, msg: Any, **_: Any) -> None:
         if self.session is not None:
@@ -119,7 +119,7 @@ class SuiteShape(LoadTestShape):
         run = self.latest
         return run_exit_code(
             signum=self.signum, failed=defect or bool(self.failed), cut_short=self.cut_short,
-            lost=bool(run and run.lost), stopped=bool(run and run.status == "stopped"),
+            lost=bool(run and run.roster.lost), stopped=bool(run and run.status == "stopped"),
         )  # fmt: skip
 
     @property

@@ -149,10 +149,10 @@ def test_the_tab_counts_sends_as_the_analysis_does(tmp_path: Path) -> None:
     (tmp_path / "records-w.jsonl").write_text("".join(r.to_json() + "\n" for r in rows))
     settings = SimpleNamespace(warmup_rule="trace", arm="continuous", host="h", model="m", warmup=0)
     session = SimpleNamespace(
-        folder=tmp_path, stages=[stage], settings=settings, current=stage, summaries={}, ended=False,
-        stopping=False, before={}, dropped={}, run_id="r", status="running", stop_reason=None, started=0.0,
-        ended_at=None, coordinator_alive=True, sampler_alive=False, report_state=lambda: "none",
-        report_error=lambda: None,
+        folder=tmp_path, stages=[stage], settings=settings, current=stage, ended=False, stopping=False,
+        summaries=SimpleNamespace(by_stage={}, before={}, dropped={}), run_id="r", status="running",
+        stop_reason=None, started=0.0, ended_at=None, coordinator_alive=True, sampler_alive=False,
+        report_state=lambda: "none", report_error=lambda: None,
     )  # fmt: skip
     live = LiveRun(session)
     snap = live.snapshot()["stages"][0]
@@ -162,6 +162,7 @@ def test_the_tab_counts_sends_as_the_analysis_does(tmp_path: Path) -> None:
     # stop on, and in the summary, dropped is what the load processes reported refusing: one definition
     session.stopping = True
     assert live.snapshot()["stages"][0]["dropped"] == 0
-    session.summaries = {0: StageSummary(partial=True, dropped_arrivals=0, preemptions_delta=None, never_sent=3)}
+    summary = StageSummary(partial=True, dropped_arrivals=0, preemptions_delta=None, never_sent=3)
+    session.summaries.by_stage = {0: summary}
     snap = live.snapshot()["stages"][0]
     assert (snap["dropped"], snap["never_sent"]) == (0, 3)

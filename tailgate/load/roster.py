@@ -2,8 +2,9 @@
 by HMAC, :mod:`tailgate.load.peers`, counts as ready; the key is never sent), losses noticed between stages,
 and the clock round trip measured from every process just before each stage.
 
-A part of :class:`~tailgate.load.session.RunSession` of its own because it answers one question (who is
-in, with which clock) apart from running the stages; the session holds the state it reads and writes.
+Held by :class:`~tailgate.load.session.RunSession` as a part of its own because it answers one question (who
+is in, with which clock) apart from running the stages; it keeps who is ready, refused, lost and measured, and
+is handed the links, the clock and the settings it shares with the session.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from tailgate.jsontypes import JsonObject
 from tailgate.load import distributed
@@ -25,8 +24,6 @@ from tailgate.load.links import LoadLinks
 from tailgate.load.options import Settings
 from tailgate.load.peers import PeerGate
 from tailgate.load.plan import Stage
-from tailgate.load.runfiles import write_json
-from tailgate.resultfiles import RUN_META
 
 log = logging.getLogger("tailgate")
 
@@ -81,50 +78,71 @@ class WorkersLost(Exception):
 
 
 class WorkerRoster:
-    """The session's ready, proof and clock bookkeeping (mixed into ``RunSession``, which sets every field)."""
+    """Who takes each stage of one run: the processes that said ready, those refused for want of the key, those
+    written off, and each one's clock and losses as ``run.json`` lists them.
 
-    runner: Any
-    settings: Settings
-    folder: Path
-    meta: JsonObject
-    clock: ClockSync
-    on_worker_loss: str
-    workers: dict[str, LoadProcess]
-    lost: dict[str, str]
-    refused: dict[str, str]
-    links: LoadLinks
-    _nodes_expected: Callable[[], int]
-    _ready: dict[str, str]
-    _ready_event: Event
-    gate: PeerGate | None
-    written_off: Callable[[str], None] | None
+    The links, the clock and the settings are the session's, shared with its orders and its sink; the roster
+    only asks them. ``run.json`` stays the session's file: the roster hands it the workers' lines through
+    ``on_clocks`` once a stage's clocks are measured."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        links: LoadLinks,
+        clock: ClockSync,
+        *,
+        nodes_expected: Callable[[], int],
+        on_worker_loss: str,
+        gate: PeerGate | None,
+        on_clocks: Callable[[dict[str, JsonObject]], None],
+    ) -> None:
+        self.settings = settings
+        self.links = links
+        self.clock = clock
+        self._nodes_expected = nodes_expected
+        self.on_worker_loss = on_worker_loss
+        self._gate = gate
+        """The master's admission of peers (the key proof); None in one process."""
+        self._on_clocks = on_clocks
+        self.ready: dict[str, str] = {}
+        """Node id -> the worker's name, for every process that proved the key and said ready."""
+        self._ready_event = Event()
+        self.workers: dict[str, LoadProcess] = {}
+        """Per load process: its name, clock offset and RTT, the stage it joined at, and a loss if any."""
+        self.lost: dict[str, str] = {}
+        self.refused: dict[str, str] = {}
+        """Load processes that could not show they hold the key: never given an order."""
 
     def workers_json(self) -> dict[str, JsonObject]:
         """``run.json``'s ``workers``: every load process that took a stage, by node id."""
         return {node: w.to_json() for node, w in self.workers.items()}
 
+    def name(self, node: str) -> str:
+        """The worker's own name once it said ready; its node id before that."""
+        return self.ready.get(node, node)
+
     def _refusals(self) -> None:
         """Peers that answered the challenge without the key in force: named once, listed, given nothing."""
-        if self.gate is None or not self.settings.api_key:
+        if self._gate is None or not self.settings.api_key:
             return
-        for node, why in self.gate.refusals().items():
-            if node not in self.refused and node not in self._ready:
+        for node, why in self._gate.refusals().items():
+            if node not in self.refused and node not in self.ready:
                 self.refused[node] = why
                 log.error("tailgate: load process %s: given no orders (set %s in its environment)", why,
                           distributed.API_KEY_ENV)  # fmt: skip
 
-    def _wait_ready(self) -> list[str]:
+    def wait_ready(self) -> list[str]:
         expected = self._nodes_expected()
         deadline = time.monotonic() + READY_TIMEOUT_S
         self._refusals()
-        while len(self._ready) + len(self.refused) < expected and (not self._ready or time.monotonic() < deadline):
+        while len(self.ready) + len(self.refused) < expected and (not self.ready or time.monotonic() < deadline):
             self._ready_event.clear()
             self._ready_event.wait(timeout=0.25)
             self._refusals()
-        if len(self._ready) < expected:
+        if len(self.ready) < expected:
             log.warning("tailgate: %d of %d load process(es) ready after %.0f s; going with those",
-                        len(self._ready), expected, READY_TIMEOUT_S)  # fmt: skip
-        return sorted(self._ready)
+                        len(self.ready), expected, READY_TIMEOUT_S)  # fmt: skip
+        return sorted(self.ready)
 
     def on_ready(self, node_id: str, worker: str) -> None:
         """A worker's user started. It only gets Locust's spawn once it proved the key; a peer that says ready
@@ -132,35 +150,46 @@ class WorkerRoster:
         if not self.links.admitted(node_id, self.settings):
             log.error("tailgate: %s said it is ready without showing the key: ignored", worker)
             return
-        self._ready[node_id] = worker
+        self.ready[node_id] = worker
         self._ready_event.set()
 
-    def _mark_lost(self, node: str, reason: str) -> None:
-        """Written off for this run: its share is accounted, and the master tells it to quit when it is heard."""
+    def write_off(self, node: str, reason: str, *, at: str) -> None:
+        """Written off for this run (``at``: the stage it was lost in, or before): its share is accounted, and
+        the master tells it to quit when it is heard."""
         self.lost[node] = reason
-        if self.written_off is not None:
-            self.written_off(node)
+        if self._gate is not None:
+            self._gate.write_off(node)
+        if node in self.workers:
+            self.workers[node].lost = f"{at}: {reason}"
 
-    def _lost_reason(self, node: str) -> str | None:
+    def lost_reason(self, node: str) -> str | None:
         """Why a load process can no longer take part (written off, or its links say it is gone)."""
         if node in self.lost:
             return self.lost[node]
         return self.links.lost_reason(node)
 
-    def _stage_nodes(self, stage: Stage) -> list[str]:
+    def stamped(self, node: str, stamp: str | None, note: str | None) -> None:
+        """An order's DONE said how this process stamped chunks (and why not with kernel stamps)."""
+        w = self.workers.get(node)
+        if w is None:
+            return
+        if stamp:
+            w.chunk_stamp = stamp
+        if note:
+            w.chunk_stamp_note = note
+
+    def nodes_for(self, stage: Stage) -> list[str]:
         """The processes that take this stage: every ready one not lost; one that joined since the
         last stage starts here, after its clock is measured (never in the middle of a stage)."""
-        for node in sorted(self._ready):
-            reason = None if node in self.lost else self._lost_reason(node)
+        for node in sorted(self.ready):
+            reason = None if node in self.lost else self.lost_reason(node)
             if reason:  # went between stages: nothing of it was in flight
-                self._mark_lost(node, reason)
-                if node in self.workers:
-                    self.workers[node].lost = f"before {stage.label}: {reason}"
-                log.error("tailgate: load process %s lost before %s (%s)", self._ready[node], stage.label, reason)
+                self.write_off(node, reason, at=f"before {stage.label}")
+                log.error("tailgate: load process %s lost before %s (%s)", self.ready[node], stage.label, reason)
                 if self.on_worker_loss == "stop":
-                    raise WorkersLost(f"load process {self._ready[node]} lost before {stage.label} "
+                    raise WorkersLost(f"load process {self.ready[node]} lost before {stage.label} "
                                       "(--on-worker-loss stop)")  # fmt: skip
-        nodes = sorted(n for n in self._ready if n not in self.lost)
+        nodes = sorted(n for n in self.ready if n not in self.lost)
         if not nodes:
             raise WorkersLost("no load process left")
         if not self.links.measures_clocks:
@@ -173,21 +202,19 @@ class WorkerRoster:
             measured = self.clock.measure(node)
             if measured is None:
                 reason = "did not answer a clock round trip before the stage"
-                self._mark_lost(node, reason)
-                if not joined:
-                    self.workers[node].lost = f"before {stage.label}: {reason}"
-                log.error("tailgate: load process %s %s %s; left out", self._ready[node], reason, stage.label)
+                self.write_off(node, reason, at=f"before {stage.label}")
+                log.error("tailgate: load process %s %s %s; left out", self.ready[node], reason, stage.label)
                 if self.on_worker_loss == "stop" and not joined:
-                    raise WorkersLost(f"load process {self._ready[node]} lost before {stage.label} "
+                    raise WorkersLost(f"load process {self.ready[node]} lost before {stage.label} "
                                       "(--on-worker-loss stop)")  # fmt: skip
                 continue
             offset_ms, rtt_ms = round(measured.offset_s * 1000, 3), round(measured.rtt_s * 1000, 3)
             if joined:
                 self.workers[node] = LoadProcess(
-                    worker=self._ready[node], clock_offset_ms=offset_ms, clock_rtt_ms=rtt_ms,
+                    worker=self.ready[node], clock_offset_ms=offset_ms, clock_rtt_ms=rtt_ms,
                     clock_rounds=measured.rounds, joined_stage=stage.label,
                 )  # fmt: skip
-                log.info("tailgate: load process %s: clock offset %+.3f ms (RTT %.3f ms)", self._ready[node],
+                log.info("tailgate: load process %s: clock offset %+.3f ms (RTT %.3f ms)", self.ready[node],
                          offset_ms, rtt_ms)  # fmt: skip
             w = self.workers[node]
             w.clock_offset_ms, w.clock_rtt_ms = offset_ms, rtt_ms
@@ -197,8 +224,7 @@ class WorkerRoster:
                 span = history[-1].t - history[0].t
                 moved_s = (history[-1].offset_ms - history[0].offset_ms) / 1000
                 w.clock_drift_ppm = round(moved_s / span * 1e6, 1)
-        self.meta["workers"] = self.workers_json()
-        write_json(self.folder / RUN_META, self.meta)
+        self._on_clocks(self.workers_json())
         nodes = [n for n in nodes if n not in self.lost]
         if not nodes:
             raise WorkersLost("no load process left")

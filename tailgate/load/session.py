@@ -31,16 +31,15 @@ from typing import Any
 
 from tailgate.arms import arm as arm_of
 from tailgate.contracts import ContractError, Order, OrderConfig, OrderDone, StageSummary
-from tailgate.hoststeal import cpu_counters
 from tailgate.jsontypes import JsonMapping, JsonObject, json_int
 from tailgate.load.console import summary_line
 from tailgate.load.distributed import DEADLINE_MARGIN_S, ClockSync, MasterSink
 from tailgate.load.links import LoadLinks, OneProcess, WorkerProcesses
-from tailgate.load.metrics import Snapshot, scrape
+from tailgate.load.metrics import scrape
 from tailgate.load.options import Settings
 from tailgate.load.peers import PeerGate
 from tailgate.load.plan import Stage, share
-from tailgate.load.roster import LoadProcess, WorkerRoster, WorkersLost
+from tailgate.load.roster import WorkerRoster, WorkersLost
 from tailgate.load.runfiles import run_metadata, write_json
 from tailgate.load.sidecars import (
     REPORT_INTERRUPTED,
@@ -69,8 +68,9 @@ class StageDeadline(Exception):
     """A single-process stage outlived its deadline: its streams were cancelled and the run ends."""
 
 
-class RunSession(WorkerRoster, StageSummaries):
-    """A single run: owns its folder, coordinator, sampler and, in the web UI, its report build."""
+class RunSession:
+    """A single run: owns its folder, coordinator, sampler and, in the web UI, its report build; its roster
+    (who takes each stage) and its stage summaries are parts of their own it hands what they share."""
 
     def __init__(
         self,
@@ -107,17 +107,11 @@ class RunSession(WorkerRoster, StageSummaries):
         """The coordinator ended the run itself (all stages, --stop-on-errors or a failure)."""
         self.stopping = False
         self.current: Stage | None = None
-        self.stage_started: dict[int, float] = {}
-        self.stage_cpu: dict[int, tuple[int, int] | None] = {}
-        self.before: dict[int, Snapshot | None] = {}
-        self.summaries: dict[int, StageSummary] = {}
-        self.dropped: dict[int, int] = {}
         self.report: subprocess.Popen[bytes] | None = None
         self._coordinator: gevent.Greenlet | None = None
         self._sampler: subprocess.Popen[bytes] | None = None
-        self._ready: dict[str, str] = {}
-        self._ready_event = Event()
         self._done: dict[str, OrderDone] = {}
+        """The running group's DONE by process: cleared in place, as the stage summaries read it too."""
         self._done_event = Event()
         self._waiting_for: set[str] = set()
         self._counts: dict[str, tuple[int, int]] = {}
@@ -126,31 +120,27 @@ class RunSession(WorkerRoster, StageSummaries):
         self.clock = ClockSync(runner)
         self.tally = StageTally()
         """Every record the load processes reported, per stage: what the stage summaries are built from."""
+        self.summaries = StageSummaries(settings, self.folder, self.run_id, self.stages, self.tally, self._done)
         self.sink: MasterSink | None = None if local else MasterSink(self.folder, self.clock, self.tally)
         """The single writer of a distributed run's records and send journal (None in one process)."""
         if self.sink is not None:
-            self.sink.late = self._on_late
-        self._after: dict[int, Snapshot | None] = {}
-        self._late_pending: set[int] = set()
+            self.sink.late = self.summaries.on_late
         self.stamp_notes: dict[str, str] = {}
         """Load process -> why it stamps chunks when read instead of with kernel stamps (clocks disagree)."""
-        self.workers: dict[str, LoadProcess] = {}
-        """Per load process: its name, clock offset and RTT, the stage it joined at, and a loss if any."""
-        self.lost: dict[str, str] = {}
         self.worker_errors: list[str] = []
-        self.gate: PeerGate | None = gate
-        """The master's admission of peers (the key proof); None in one process."""
-        self.written_off: Callable[[str], None] | None = None if gate is None else gate.write_off
-        self.refused: dict[str, str] = {}
-        """Load processes that could not show they hold the key: never given an order."""
         self._orders: dict[str, Order] = {}
         """The running group's order per process: a stop closes the share of any that is gone."""
-        self.stage_nodes: dict[int, list[str]] = {}
-        """Stage index -> the processes it was split over."""
-        self.lost_in: dict[str, int] = {}
-        """Process -> the stage it was lost in (its share closed by the master)."""
         opts = getattr(getattr(runner, "environment", None), "parsed_options", None)
         self.on_worker_loss = getattr(opts, "on_worker_loss", None) or "continue"
+        self.roster = WorkerRoster(
+            settings, self.links, self.clock, nodes_expected=nodes_expected, on_worker_loss=self.on_worker_loss,
+            gate=gate, on_clocks=self._write_workers,
+        )  # fmt: skip
+
+    def _write_workers(self, workers: dict[str, JsonObject]) -> None:
+        """Every process's clock as measured before a stage, in ``run.json`` before the stage starts."""
+        self.meta["workers"] = workers
+        write_json(self.folder / RUN_META, self.meta)
 
     # -- life cycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -178,21 +168,21 @@ class RunSession(WorkerRoster, StageSummaries):
             self._coordinator.kill(block=True, timeout=10)
         self._cancel_load()
         for node, order in sorted(self._orders.items()):
-            lost_why = None if node in self._done or node in self.lost else self._lost_reason(node)
+            lost_why = None if node in self._done or node in self.roster.lost else self.roster.lost_reason(node)
             if lost_why:  # its in-flight requests will never be recorded by it: close them now
                 self._lose(node, order, lost_why)
         self._wait_recorded()
         stage = self.current
-        if stage is not None and stage.index not in self.summaries:
+        if stage is not None and stage.index not in self.summaries.by_stage:
             records = self.tally.records(stage.index)
             after = scrape(self.settings.metrics_url) if self.settings.metrics_url else None
-            summary = self._summarize(stage, records, after, partial=True)
+            summary = self.summaries.summarize(stage, records, after, partial=True)
             log.info("tailgate: %s (partial)", summary_line(summary))
         self._end(RunStatus.STOPPED.text())
 
     def _cancel_load(self) -> None:
         """Stop dispatching and cancel what is in flight, in every load process of this run."""
-        self.links.cancel(self._ready, self.run_id)
+        self.links.cancel(self.roster.ready, self.run_id)
 
     def _wait_recorded(self) -> None:
         """Every request journaled as sent has its record: a worker process cancels on its own time."""
@@ -212,15 +202,17 @@ class RunSession(WorkerRoster, StageSummaries):
         if self.sink is not None:
             self.sink.close()
         self.status = status
+        summaries = self.summaries.by_stage
         self.meta.update({
-            "workers": self.workers_json(), "workers_lost": self.lost, "worker_errors": self.worker_errors,
-            "on_worker_loss": self.on_worker_loss, "workers_refused": self.refused,
+            "workers": self.roster.workers_json(), "workers_lost": self.roster.lost,
+            "worker_errors": self.worker_errors, "on_worker_loss": self.on_worker_loss,
+            "workers_refused": self.roster.refused,
             "chunk_stamp_notes": self.stamp_notes,
         })  # fmt: skip
         self.meta.update({
             "ended": utc_stamp(), "status": status, "stop_reason": self.stop_reason,
-            "stages": [self.summaries[i].stage_label for i in sorted(self.summaries)],
-            "partial_stages": [s.stage_label for _, s in sorted(self.summaries.items()) if s.partial],
+            "stages": [summaries[i].stage_label for i in sorted(summaries)],
+            "partial_stages": [s.stage_label for _, s in sorted(summaries.items()) if s.partial],
             "error": self.failed,
         })  # fmt: skip
         write_json(self.folder / RUN_META, self.meta)
@@ -232,11 +224,11 @@ class RunSession(WorkerRoster, StageSummaries):
         s = self.settings
         status = RunStatus.COMPLETED.text()
         try:
-            nodes = self._wait_ready()
+            nodes = self.roster.wait_ready()
             log.info("tailgate: run %s: %d load process(es) ready; %d stage(s); results in %s",
                      self.run_id, len(nodes), len(self.stages), self.folder)  # fmt: skip
             for stage in self.stages:
-                summary = self._run_stage(stage, self._stage_nodes(stage))
+                summary = self._run_stage(stage, self.roster.nodes_for(stage))
                 log.info("tailgate: %s", summary_line(summary))
                 if summary.workers_lost and self.on_worker_loss == "stop":
                     status = RunStatus.STOPPED_AFTER.text(f"{stage.label}: load process(es) lost")
@@ -263,7 +255,7 @@ class RunSession(WorkerRoster, StageSummaries):
     def on_done(self, node_id: str, data: object) -> None:
         """A worker's DONE message, checked against its contract."""
         try:
-            done = OrderDone.from_dict(data, source=f"load process {self._ready.get(node_id, node_id)}")
+            done = OrderDone.from_dict(data, source=f"load process {self.roster.name(node_id)}")
         except ContractError as e:  # said once; the order is then waited for as if no DONE had come
             self.worker_errors.append(str(e))
             log.error("tailgate: %s", e)
@@ -275,7 +267,7 @@ class RunSession(WorkerRoster, StageSummaries):
             return  # a cancelled order of an earlier run
         if done.records:  # one process: the order's records come with its DONE (several: streamed)
             self.tally.add_many(done.records)
-        if node_id in self.lost:
+        if node_id in self.roster.lost:
             return  # its share was closed already: written as worker_lost or never sent
         worker = done.worker or node_id
         if done.error:
@@ -283,13 +275,10 @@ class RunSession(WorkerRoster, StageSummaries):
             self.worker_errors.append(line)
             log.error("tailgate: %s", line)
         if done.stage is not None:
-            self.dropped[done.stage] = self.dropped.get(done.stage, 0) + done.dropped
+            self.summaries.add_dropped(done.stage, done.dropped)
         if done.stamp_note:
             self.stamp_notes[worker] = done.stamp_note
-        if node_id in self.workers and done.stamp:
-            self.workers[node_id].chunk_stamp = done.stamp
-        if done.stamp_note and node_id in self.workers:
-            self.workers[node_id].chunk_stamp_note = done.stamp_note
+        self.roster.stamped(node_id, done.stamp, done.stamp_note)
         self._done[node_id] = done
         # exact counters at the end of each order, so a stage's baseline is never stale
         self._counts[node_id] = (done.sent, done.ended)
@@ -298,7 +287,7 @@ class RunSession(WorkerRoster, StageSummaries):
 
     def on_progress(self, node_id: str, data: JsonMapping) -> None:
         """A load process's counters (``PROGRESS_MESSAGE``), read once per message."""
-        where = f"progress of {self._ready.get(node_id, node_id)}"
+        where = f"progress of {self.roster.name(node_id)}"
         self._counts[node_id] = (json_int(data, "sent", where=where), json_int(data, "ended", where=where))
 
     def _sent_ended(self) -> tuple[int, int]:
@@ -307,16 +296,14 @@ class RunSession(WorkerRoster, StageSummaries):
 
     def _run_stage(self, stage: Stage, nodes: list[str]) -> StageSummary:
         s = self.settings
-        self.before[stage.index] = scrape(s.metrics_url) if s.metrics_url else None
-        self.stage_started[stage.index] = time.time()
-        self.stage_cpu[stage.index] = cpu_counters()
+        self.summaries.begin(stage)
         self.current = stage
         baseline = self._sent_ended()
-        self.stage_nodes[stage.index] = list(nodes)
+        self.summaries.split_over(stage.index, nodes)
         lost_here: list[str] = []
         for group in stage.groups:
             t0 = time.time() + (START_LEAD_S if len(nodes) > 1 or group is stage.groups[0] else 0.0)
-            self._done = {}
+            self._done.clear()
             self._done_event.clear()
             self._waiting_for = set(nodes)
             orders: dict[str, Order] = {}
@@ -336,12 +323,12 @@ class RunSession(WorkerRoster, StageSummaries):
             last = max((a.offset_s for a in group), default=0.0)
             deadline = t0 + last + s.timeouts.request_s + s.timeouts.connect_s + DEADLINE_MARGIN_S
             lost_here += self._wait_group(stage, orders, deadline, baseline)
-            nodes = [n for n in nodes if n not in self.lost]
+            nodes = [n for n in nodes if n not in self.roster.lost]
             if not nodes and group is not stage.groups[-1]:
                 break  # nobody left for the next batches: they stay never sent
         records = self.tally.records(stage.index)
         after = scrape(s.metrics_url) if s.metrics_url else None
-        summary = self._summarize(stage, records, after, partial=False, lost=lost_here)
+        summary = self.summaries.summarize(stage, records, after, partial=False, lost=lost_here)
         if not nodes:
             raise WorkersLost(f"every load process was lost in {stage.label}")
         return summary
@@ -358,7 +345,7 @@ class RunSession(WorkerRoster, StageSummaries):
         while True:
             pending -= set(self._done)
             for node in sorted(pending):
-                reason = self._lost_reason(node)
+                reason = self.roster.lost_reason(node)
                 if reason:
                     lost.append(self._lose(node, orders[node], reason))
                     pending.discard(node)
@@ -382,11 +369,9 @@ class RunSession(WorkerRoster, StageSummaries):
         """Close a lost worker's share from what it announced: in flight -> worker_lost, the rest never sent."""
         assert self.sink is not None
         in_flight, never = self.sink.lose(node, order, reason)
-        self._mark_lost(node, reason)
-        self.lost_in.setdefault(node, order.stage)
-        name = self._ready.get(node, node)
-        if node in self.workers:
-            self.workers[node].lost = f"{order.stage_label}: {reason}"
+        self.roster.write_off(node, reason, at=order.stage_label)
+        self.summaries.mark_lost(node, order.stage)
+        name = self.roster.name(node)
         line = (f"load process {name} lost in {order.stage_label} ({reason}): {in_flight} request(s) in flight "
                 f"recorded as {WORKER_LOST}, {never} arrival(s) never sent; "
                 + ("the run goes on with the others" if self.on_worker_loss == "continue" else
@@ -402,7 +387,7 @@ class RunSession(WorkerRoster, StageSummaries):
         """Requests sent and ended so far in this stage, counted in memory by the load processes."""
         sent_now, ended_now = self._sent_ended()
         sent, ended = sent_now - baseline[0], ended_now - baseline[1]
-        elapsed = time.time() - self.stage_started[stage.index]
+        elapsed = time.time() - self.summaries.stage_started[stage.index]
         eta = f", about {elapsed / ended * (stage.size - ended):.0f} s left" if ended else ""
         cell = f"{self.settings.config_label}_{stage.label}"  # the cell's one name, as in summary_line
         log.info("tailgate: %s: %d/%d ended, %d in flight%s", cell, ended, stage.size, sent - ended, eta)

@@ -1,9 +1,9 @@
 """A stage's summary: written when the stage ends (or a stop cuts it short), and written again when a load
 process written off in it turns out to have sent more.
 
-A part of :class:`~tailgate.load.session.RunSession` of its own because it answers one question (what the stage
-measured, and what became of every request planned for it) apart from running the stages; the session holds
-the state it reads and writes.
+Held by :class:`~tailgate.load.session.RunSession` as a part of its own because it answers one question (what the
+stage measured, and what became of every request planned for it) apart from running the stages; it keeps the
+summaries and the readings they alone are built from, and is handed what it shares with the session.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ import gevent
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from tailgate.arms import arm as arm_of
 from tailgate.contracts import OrderDone, StageSummary
 from tailgate.hoststeal import cpu_counters, steal_share
 from tailgate.load.capturelink import stamp_summary
-from tailgate.load.metrics import Snapshot
+from tailgate.load.metrics import Snapshot, scrape
 from tailgate.load.options import Settings
 from tailgate.load.plan import Stage
 from tailgate.load.processes import processes_for
@@ -35,25 +36,60 @@ log = logging.getLogger("tailgate")
 
 
 class StageSummaries:
-    """The session's stage summaries (mixed into ``RunSession``, which sets every field)."""
+    """Every stage summary of one run, with what each is built from that only the summaries read: the readings
+    taken as the stage starts and ends, the arrivals the load processes refused, and which processes ran it to
+    its end.
 
-    settings: Settings
-    folder: Path
-    run_id: str
-    stages: list[Stage]
-    stage_started: dict[int, float]
-    stage_cpu: dict[int, tuple[int, int] | None]
-    before: dict[int, Snapshot | None]
-    summaries: dict[int, StageSummary]
-    dropped: dict[int, int]
-    stage_nodes: dict[int, list[str]]
-    lost_in: dict[str, int]
-    tally: StageTally
-    _after: dict[int, Snapshot | None]
-    _late_pending: set[int]
-    _done: dict[str, OrderDone]
+    The settings, stages and tally are the session's (its orders and sink use them too); ``done`` is the running
+    group's DONE by process, which the session fills and clears in place: how its processes stamped chunks."""
 
-    def _summarize(
+    def __init__(
+        self,
+        settings: Settings,
+        folder: Path,
+        run_id: str,
+        stages: list[Stage],
+        tally: StageTally,
+        done: Mapping[str, OrderDone],
+    ) -> None:
+        self.settings = settings
+        self.folder = folder
+        self.run_id = run_id
+        self.stages = stages
+        self.tally = tally
+        self._done = done
+        self.by_stage: dict[int, StageSummary] = {}
+        self.stage_started: dict[int, float] = {}
+        self._stage_cpu: dict[int, tuple[int, int] | None] = {}
+        self.before: dict[int, Snapshot | None] = {}
+        self._after: dict[int, Snapshot | None] = {}
+        self.dropped: dict[int, int] = {}
+        """Stage index -> arrivals the load processes refused (the in-flight cap), as their DONEs said."""
+        self._stage_nodes: dict[int, list[str]] = {}
+        """Stage index -> the processes it was split over."""
+        self._lost_in: dict[str, int] = {}
+        """Process -> the stage it was lost in (its share closed by the master)."""
+        self._late_pending: set[int] = set()
+
+    def begin(self, stage: Stage) -> None:
+        """The readings a stage's summary compares its end with: the preemption counter, the time, the host's
+        CPU counters."""
+        s = self.settings
+        self.before[stage.index] = scrape(s.metrics_url) if s.metrics_url else None
+        self.stage_started[stage.index] = time.time()
+        self._stage_cpu[stage.index] = cpu_counters()
+
+    def split_over(self, stage_index: int, nodes: list[str]) -> None:
+        self._stage_nodes[stage_index] = list(nodes)
+
+    def mark_lost(self, node: str, stage_index: int) -> None:
+        """The first stage a process was lost in: it did not run that one to its end."""
+        self._lost_in.setdefault(node, stage_index)
+
+    def add_dropped(self, stage_index: int, dropped: int) -> None:
+        self.dropped[stage_index] = self.dropped.get(stage_index, 0) + dropped
+
+    def summarize(
         self,
         stage: Stage,
         records: list[RequestRecord],
@@ -126,17 +162,17 @@ class StageSummaries:
             # what the report suggests when this stage fell behind its schedule
             processes_to_keep_up=processes_for(chunks / span, s.chunk_stamp) if span > 0 else None,
             # this machine's CPU time the hypervisor took during the stage (the coordinator's host)
-            host_steal_share=steal_share(self.stage_cpu.get(stage.index), cpu_counters()),
+            host_steal_share=steal_share(self._stage_cpu.get(stage.index), cpu_counters()),
         )  # fmt: skip
-        self.summaries[stage.index] = summary
+        self.by_stage[stage.index] = summary
         write_json(self.folder / summary_file(stage.label), summary.to_dict())
         return summary
 
     def _ran(self, stage_index: int) -> int:
         """Processes that ran this stage to its end: those it was split over, less those lost in it."""
-        return sum(1 for n in self.stage_nodes.get(stage_index, []) if self.lost_in.get(n) != stage_index)
+        return sum(1 for n in self._stage_nodes.get(stage_index, []) if self._lost_in.get(n) != stage_index)
 
-    def _on_late(self, stage_index: int) -> None:
+    def on_late(self, stage_index: int) -> None:
         """A worker written off sent or recorded more for a stage (a partition healed): once the burst is in,
         that stage's summary is written again from every record reported, so its accounting matches what was
         sent."""
@@ -147,17 +183,17 @@ class StageSummaries:
 
     def _resummarize(self, stage_index: int) -> None:
         self._late_pending.discard(stage_index)
-        old = self.summaries.get(stage_index)
+        old = self.by_stage.get(stage_index)
         stage = next((x for x in self.stages if x.index == stage_index), None)
         if old is None or stage is None:
             return  # not summarized yet: its summary counts these records when it is
         records = self.tally.records(stage_index)
         summary = dataclasses.replace(
-            self._summarize(stage, records, self._after.get(stage_index), partial=bool(old.partial),
+            self.summarize(stage, records, self._after.get(stage_index), partial=bool(old.partial),
                             lost=old.workers_lost),
             reconciled=True,
         )  # fmt: skip
-        self.summaries[stage_index] = summary
+        self.by_stage[stage_index] = summary
         write_json(self.folder / summary_file(stage.label), summary.to_dict())
         log.warning("tailgate: %s: a load process written off sent more; summary reconciled: %s sent, %s recorded, "
                     "%s lost in flight, %s never sent", stage.label, summary.sent, summary.recorded,

@@ -223,7 +223,7 @@ class LiveRun:
     def snapshot(self) -> JsonObject:
         self._read()
         s = self.session
-        settings = s.settings
+        settings, summaries = s.settings, s.summaries
         current = s.current.index if s.current is not None else None
         latest_preempt = next(
             (p.preemptions_total for p in reversed(self.series) if p.preemptions_total is not None), None
@@ -235,7 +235,7 @@ class LiveRun:
                 pause()
                 view.figures = stage_figures(view.records, stage.warmup, settings.warmup_rule)
                 view.computed_at = len(view.records)
-            summary = s.summaries.get(stage.index)
+            summary = summaries.by_stage.get(stage.index)
             if summary is not None:
                 state = "partial" if summary.get("partial") else "done"
                 preemptions = summary.get("preemptions_delta")
@@ -243,13 +243,14 @@ class LiveRun:
                 running = stage.index == current and not s.ended
                 over = s.ended or s.stopping
                 state = ("stopping" if s.stopping else "running") if running else ("not run" if over else "waiting")
-                before = s.before.get(stage.index)
+                before = summaries.before.get(stage.index)
                 pre = None if before is None else before.preemptions_total
                 known = running and pre is not None and latest_preempt is not None
                 preemptions = latest_preempt - pre if known else None  # type: ignore[operator]  # known: both set
             if summary is not None and summary.get("ran_short") and not summary.get("partial"):
                 state += ", ran short"  # a stage that ran to its end without all of its plan (a partial one is cut)
-            dropped = stage_dropped(summary, len(view.dropped_keys), int(s.dropped.get(stage.index, 0)), s.stopping)
+            reported = int(summaries.dropped.get(stage.index, 0))
+            dropped = stage_dropped(summary, len(view.dropped_keys), reported, s.stopping)
             never = summary.get("never_sent") if summary is not None else None
             stages.append({
                 "index": stage.index, "label": stage.label, "state": state, "planned": stage.size,
@@ -337,7 +338,7 @@ class LiveViews:
 
     def _snapshot(self, session: Any) -> JsonObject:
         key = (session.status, session.ended, session.stopping, session.current.index if session.current else None,
-               len(session.summaries), session.report_state())  # fmt: skip
+               len(session.summaries.by_stage), session.report_state())  # fmt: skip
         now = time.monotonic()
         cached = self._cache.get(session.run_id)
         if cached is not None and now - cached[0] < MIN_REFRESH_S and cached[1] == key:
