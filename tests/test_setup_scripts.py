@@ -200,3 +200,27 @@ def test_clean_yes_removes_only_what_it_listed(tmp_path: Path) -> None:
     assert keep.exists()  # not one of set-up's items, so neither it nor its folder goes
     removed = [c for c in calls.read_text().splitlines() if c.startswith("docker image rm")]
     assert removed == ["docker image rm tailgate/vllm-cpu:local tailgate/prometheus-cpu:local sha256:cc"], removed
+
+
+def test_the_vllm_image_installer_imports_without_the_package(tmp_path: Path) -> None:
+    """The CPU vLLM image copies the installer's modules, and only them, into a package of their own and imports
+    them with ``python -I`` in an image without the project (``deploy/cpu/Dockerfile.vllm``; ``-S`` keeps this
+    venv's install out here): an import of the rest of ``tailgate`` there breaks the image's build, which only the
+    Docker tests would otherwise see."""
+    dockerfile = (ROOT / "deploy" / "cpu" / "Dockerfile.vllm").read_text()
+    copy = dockerfile.split("COPY tailgate/servers/", 1)[1].split("/src/tginstall/", 1)[0]
+    modules = [word.rsplit("/", 1)[-1] for word in copy.replace("\\", " ").split() if word.endswith(".py")]
+    assert "install.py" in modules and "base.py" in modules, modules
+    package = tmp_path / "tginstall"
+    package.mkdir()
+    (package / "__init__.py").touch()
+    for name in modules:
+        shutil.copy(ROOT / "tailgate" / "servers" / name, package / name)
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); "
+        "from tginstall.install import ensure_tiny_model, ensure_vllm_venv; import tginstall.tinymodel"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]

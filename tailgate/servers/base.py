@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from tailgate.jsontypes import JsonObject
+if TYPE_CHECKING:  # for the checker only: the vLLM image runs this module beside install.py without the package
+    from tailgate.jsontypes import JsonObject
 
 HOST = "127.0.0.1"
 
