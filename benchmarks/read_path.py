@@ -8,6 +8,7 @@ time is far less disturbed by other work than latency is.
 
     python benchmarks/read_path.py [--rate 200] [--n 600] [--tokens 100] [--stamp kernel] [--repeat 3]
     python benchmarks/read_path.py --profile 25          # the 25 costliest functions (cProfile)
+    python benchmarks/read_path.py --records             # what encoding one record costs, per encoder
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ monkey.patch_all()
 
 import argparse  # noqa: E402
 import cProfile  # noqa: E402
+import json  # noqa: E402
 import pstats  # noqa: E402
+import random  # noqa: E402
 import statistics  # noqa: E402
+import time  # noqa: E402
 
+from tailgate.records import RequestRecord  # noqa: E402
 from tailgate.verify.calibrate import timed_streams  # noqa: E402
 from tailgate.verify.groundtruth import start_server_process  # noqa: E402
 
@@ -34,6 +39,27 @@ def run_once(base_url: str, rate: float, n: int, tokens: int, stamp: str) -> tup
         raise SystemExit(f"read_path: {e}") from None
 
 
+def record_encoding(tokens: int, repeat: int = 20_000) -> None:
+    """The record a self-check stream leaves (``tokens`` chunk offsets and read delays), encoded the way the files
+    are written (``tailgate.records.json_line``) and the way they were (``json.dumps``): per record, per chunk."""
+    rng = random.Random(1)
+    record = RequestRecord(
+        run_id="r", worker="host-1", trace_id=1, stage=1, stage_label="r200", arm="continuous", rate_or_batch=200.0,
+        batch=None, prompt_tokens_planned=200, max_tokens=tokens, ignore_eos=True, intended_s=1_796_414_291.123456,
+        sent_s=1_796_414_291.123501, schedule_lag_ms=0.045, in_flight_at_send=40, sent_mono_ns=123_456_789_012_345,
+        ttft_ms=20.113, worst_gap_ms=10.412, total_ms=1010.5, chunks=tokens, chunk_stamp="kernel",
+        chunk_offsets_ms=[round(20 + 10 * i + rng.random(), 3) for i in range(tokens)],
+        chunk_read_delays_ms=[round(rng.random() * 0.05, 3) for _ in range(tokens)],
+    )  # fmt: skip
+    for name, encode in (("json.dumps", lambda: json.dumps(record.to_dict(), separators=(",", ":"))),
+                         ("json_line (orjson)", record.to_line)):  # fmt: skip
+        start = time.perf_counter()
+        for _ in range(repeat):
+            encode()
+        us = (time.perf_counter() - start) / repeat * 1e6
+        print(f"record of {tokens} chunks, {name}: {us:.1f} us per record, {us / tokens:.2f} us per chunk")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=float, default=200.0)
@@ -42,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stamp", choices=("kernel", "recv"), default="kernel")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", type=int, default=0, help="print this many costliest functions of one more run")
+    p.add_argument("--records", action="store_true", help="time encoding a record instead of reading streams")
     args = p.parse_args(argv)
+    if args.records:
+        record_encoding(args.tokens)
+        return 0
     with start_server_process(ttft_ms=20, gap_ms=10) as server:
         run_once(server.base_url, args.rate, min(args.n, 50), args.tokens, args.stamp)  # warm: imports, first use
         per_chunk = []

@@ -33,7 +33,6 @@ from gevent.event import Event
 
 import hashlib
 import hmac
-import json
 import logging
 import os
 import secrets
@@ -49,7 +48,7 @@ from tailgate.jsontypes import JsonMapping, JsonObject, json_float, json_floats,
 from tailgate.load.clock import wall
 from tailgate.load.processes import CHUNKS_PER_PROCESS, auto_processes, free_port, master_port_args
 from tailgate.load.tally import StageTally
-from tailgate.records import WORKER_LOST, RecordError, RequestRecord, worker_name
+from tailgate.records import WORKER_LOST, RecordError, RequestRecord, json_line, worker_name
 from tailgate.resultfiles import records_file, sent_file
 
 __all__ = ["CHUNKS_PER_PROCESS", "auto_processes", "free_port", "master_port_args"]
@@ -212,8 +211,7 @@ class WorkerStream:
         with open(folder / sent_file(f"{self.worker}-{UNREPORTED}"), "a", encoding="utf-8") as f:
             f.write("".join(f"{stage} {trace_id}\n" for stage, trace_id in self._sends))
         with open(folder / records_file(f"{self.worker}-{UNREPORTED}"), "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(to_master_clock(row, self.offset_s), separators=(",", ":")) + "\n"
-                            for row in self._rows))  # fmt: skip
+            f.write(b"".join(json_line(to_master_clock(row, self.offset_s)) for row in self._rows).decode())
         return folder
 
     def close(self) -> None:
@@ -359,7 +357,7 @@ class MasterSink:
         records = []
         for row in json_objects(data, "records", where="records message"):
             row = to_master_clock(row, offset)
-            lines.append(json.dumps(row, separators=(",", ":")))
+            lines.append(json_line(row))
             try:
                 record = RequestRecord.from_dict(row)
             except (RecordError, TypeError) as e:  # written as it came; the files' reader counts it unreadable
@@ -368,7 +366,7 @@ class MasterSink:
             done.add((record.stage, record.trace_id))
             records.append(record)
         if lines:
-            out.write("\n".join(lines) + "\n")
+            out.write(b"".join(lines).decode())
             self.tally.add_many(records)
             for stage in {record.stage for record in records}:
                 self._late(node, stage)
@@ -401,7 +399,7 @@ class MasterSink:
                 intended_s=intended, sent_s=sent[key], schedule_lag_ms=round((sent[key] - intended) * 1000, 3),
                 in_flight_at_send=-1, end_s=now, error_class=WORKER_LOST, error=reason,
             )  # fmt: skip
-            out.write(record.to_json() + "\n")
+            out.write(record.to_line().decode())
             self.tally.add(record)
             lost += 1
         return lost, never
