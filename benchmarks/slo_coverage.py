@@ -53,6 +53,7 @@ from tailgate.slo.confirm import (
     settle_confirmed,
 )
 from tailgate.slo.model import RateModel, binding_model
+from tailgate.slo.plan import attempt_size
 from tailgate.slo.replay import (
     ModelAnswer,
     Replicates,
@@ -191,9 +192,10 @@ class Search:
         attempts = self.by_rate.setdefault(rate, [])
         verdict, checks = "not_enough_data", []
         first = len(attempts)
-        n = max(a.min_n, math.ceil(rate * a.duration))
-        n = n if length == 1.0 else round(n * length)
+        base = max(a.min_n, math.ceil(rate * a.duration))
         for k in range(first, first + 1 + a.extend):
+            left = self.budget(rate) - self.seconds if a.time_budget else None
+            n = attempt_size(base, k, length, rate, left, 0)  # extensions grow as tailgate slo's do
             cost = n / rate + slo.PROBE_OVERHEAD_S
             if a.time_budget and self.seconds + cost > self.budget(rate):
                 if k == first:

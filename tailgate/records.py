@@ -198,9 +198,10 @@ def json_line(row: JsonMapping) -> bytes:
 
     orjson, not ``json.dumps``: a record with 100 chunks' offsets and read delays costs ~93 us to encode with the
     standard library against ~11 us here, its dict included (``benchmarks/read_path.py --records``), and a load
-    process encodes each one inside the loop that stamps the other streams' chunks. The text differs from ``json.dumps`` only in how floats under
-    1e-4 are spelled (``0.00001`` for ``1e-05``, the same value read back) and in writing NaN as null. An integer
-    orjson refuses (beyond 64 bits) falls back to the standard encoder.
+    process encodes each one inside the loop that stamps the other streams' chunks. The text differs from
+    ``json.dumps`` only in how floats under 1e-4 are spelled (``0.00001`` for ``1e-05``, the same value read
+    back) and in writing NaN as null. An integer orjson refuses (beyond 64 bits) falls back to the standard
+    encoder.
     """
     try:
         return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)

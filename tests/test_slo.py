@@ -22,6 +22,7 @@ from runkit import RecordingController
 
 from tailgate import slo
 from tailgate.servers.sweep import CommandServer, ComposeWithFlags
+from tailgate.slo.search import lacks_only_data
 from tailgate.slo.state import ConfigSearch, ProbeEntry, SloState
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -244,6 +245,55 @@ def test_requests_in_flight_show_a_server_falling_behind_without_its_gauge() -> 
     assert row.queue_source == "requests in flight" and row.queue_trend is not None and row.queue_trend.trend
     assert row.completion_rate is not None and row.arrival_rate is not None
     assert row.completion_rate < row.arrival_rate
+
+
+def test_an_attempt_too_short_to_tell_is_settled_by_a_longer_one_that_kept_up() -> None:
+    """Streams lasting 8 s in 60-s windows: a tenth or more of each window's arrivals is still running at its end,
+    which cannot tell a sustained rate from an absorbed burst. A longer attempt at the same rate that kept up
+    settles it; a trend in any attempt still fails the rate, and short attempts alone stay undecided."""
+
+    def attempt(seconds: int, stream_s: float = 8.0) -> slo.ProbeAttempt:
+        a = _attempt([30.0] * (8 * seconds), rate=8)
+        for r in a.measured:
+            r.end_s = r.intended_s + stream_s
+        return a
+
+    short, long = attempt(60), attempt(240)
+    assert slo.sustain_check([short], 8).verdict == "not_enough_data"
+    assert slo.sustain_check([short, short], 8).verdict == "not_enough_data"  # more of the same says no more
+    both = slo.sustain_check([short, long], 8)
+    assert both.verdict == "pass" and "1 of 2 too short" in both.reason, both
+    assert [r.verdict for r in both.attempts] == ["not_enough_data", "pass"]
+    rising = _attempt([30.0 + 2.0 * i for i in range(960)], rate=8)  # TTFT climbing 2 ms per arrival
+    assert slo.sustain_check([short, long, rising], 8, 500).verdict == "fail"
+
+
+def test_extensions_grow_to_four_times_the_probe_within_the_budget_left() -> None:
+    """A rate extended needs several times its data: each extension doubles the attempt before it, up to four
+    times the plan's count, never past the budget left nor under the plan's count."""
+    plan = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=300ms"), configs=[slo.parse_config("a")], n=200,
+                       duration=60, warmup=3)  # fmt: skip
+    assert plan.probe_n(8) == 480
+    assert [plan.attempt_n(8, k) for k in (1, 2, 3, 4)] == [None, 960, 1920, 1920]
+    assert plan.attempt_n(8, 3, left_s=100.0) == (100 - 15) * 8 - 3  # what the budget left still holds
+    assert plan.attempt_n(8, 3, left_s=30.0) is None  # never under the plan's own count
+    assert plan.attempt_n(8, 1, length=2.0) == 960  # a confirmation probe's length, first attempt
+    traced = replace(plan, locust_args=["--trace-file", "t.jsonl"])
+    assert traced.attempt_n(8, 3) is None  # the file sets the count
+
+
+def test_a_rate_only_too_short_to_tell_is_on_track_but_one_that_fell_behind_is_not() -> None:
+    tails = [slo.Check("ttft_p99", 4000.0, 1100.0, None, None, 480, "not_enough_data"),
+             slo.Check("errors", 0.0, 0.0, None, 0.006, 483, "pass")]  # fmt: skip
+
+    def sustained(verdict: str) -> slo.Check:
+        return slo.Check("sustained", 0.9, 0.86, None, None, 480, verdict)
+
+    assert lacks_only_data("not_enough_data", [*tails, sustained("not_enough_data")])
+    assert lacks_only_data("not_enough_data", [*tails, sustained("pass")])
+    assert not lacks_only_data("not_enough_data", [*tails, sustained("fail")])
+    over = [replace(tails[0], point=4100.0), tails[1], sustained("pass")]
+    assert not lacks_only_data("not_enough_data", over)
 
 
 def test_pooled_runs_narrow_the_bounds() -> None:
@@ -667,7 +717,11 @@ def _follows_the_search(probes: list[dict[str, Any]], **rules: Any) -> None:
     def guess() -> float | None:
         return getattr(binding_model(so_far(), limits), "capacity", None)
 
-    slo.search(replay, pooled=pooled, guess=guess, **rules)
+    def on_track() -> list[float]:
+        latest = {p.rate: p for p in so_far()}
+        return sorted(rate for rate, p in latest.items() if lacks_only_data(p.verdict, p.checks))
+
+    slo.search(replay, pooled=pooled, guess=guess, on_track=on_track, **rules)
     assert [(p["rate"], p["phase"]) for p in probes] == asked[: len(probes)]
 
 

@@ -16,9 +16,27 @@ PROBE_OVERHEAD_S = 15.0
 """Seconds a probe costs beyond its arrivals: the load generator's start, the last streams, the settle."""
 
 
+EXTENSION_GROWTH_STEPS = 2
+"""An extension's attempt doubles the one before it this many times at most (four times the plan's count)."""
+
 RECORDED_RESAMPLES = 2000
 """What ``slo.json``'s plan records as ``resamples``: every bound is exact and draws none, so the value is fixed and
 only keeps plans comparable for a resume."""
+
+
+def attempt_size(base: int, extension: int, length: float, rate: float, left_s: float | None, warmup: int) -> int:
+    """Measured requests of one attempt: ``base`` times ``length``, doubled for each extension before it (the
+    ``extension``-th, 0 for a first attempt or a re-run) up to :data:`EXTENSION_GROWTH_STEPS` times; an extension
+    never longer than ``left_s`` seconds of budget allow, nor shorter than ``base``.
+
+    A rate extended is one whose decision needs several times its data, and whose requests may outlast a tenth of
+    a short window, where its keep-up cannot tell: a longer window pays the start and the drain once, and lets the
+    sustained check see past the requests still running at its end."""
+    grow = 1 << min(max(0, extension), EXTENSION_GROWTH_STEPS)
+    n = max(base, round(base * length * grow))
+    if left_s is not None and grow > 1:
+        n = max(base, min(n, math.floor((left_s - PROBE_OVERHEAD_S) * rate) - warmup))
+    return n
 
 
 @dataclass
@@ -120,6 +138,13 @@ class SloPlan:
     def probe_n(self, rate: float) -> int:
         """Measured requests of a probe at ``rate``: by duration, with ``n`` the minimum."""
         return max(self.n, math.ceil(rate * self.duration)) if self.duration > 0 else self.n
+
+    def attempt_n(self, rate: float, attempt: int, length: float = 1.0, left_s: float | None = None) -> int | None:
+        """Measured requests of attempt ``attempt`` (from 1) at ``rate`` (:func:`attempt_size`); None for the plan's
+        own count, which a trace file always sets."""
+        base = self.probe_n(rate)
+        n = attempt_size(base, attempt - 1 - self.reruns, length, rate, left_s, self.warmup)
+        return None if n == base or "--trace-file" in self.locust_args else n
 
     def queue_stop(self, rate: float) -> int:
         """The waiting-queue size at which a probe at ``rate`` stops early (0: never)."""

@@ -230,7 +230,6 @@ class SloRunner(ConfigRunner[ServerConfig]):
         growing data may be looked at after every attempt at the stated confidence. ``length``: measured
         requests as a multiple of the plan's (a confirmation probe is longer)."""
         p = self.plan
-        n = None if length == 1.0 else max(p.probe_n(rate), round(p.probe_n(rate) * length))
         attempts = self._by_rate.setdefault(rate, [])
         entry = ProbeEntry(index, rate, phase)
         verdict, checks = "not_enough_data", list[Any]()
@@ -243,9 +242,10 @@ class SloRunner(ConfigRunner[ServerConfig]):
                 mark = ProbeMark.read(mark_path)
                 self.log(f"[slo] {config.name}: probe {index} ({phase}) {rate:g} req/s attempt {attempt}: already done")
             else:
-                est = ((n or p.probe_n(rate)) + p.warmup) / rate
                 spent = self.clock() - self._config_t0
                 budget = self._budget_for(config, rate)
+                n = p.attempt_n(rate, attempt, length, budget - spent if budget else None)
+                est = ((n or p.probe_n(rate)) + p.warmup) / rate
                 if budget and spent + est + PROBE_OVERHEAD_S > budget:
                     need = est + PROBE_OVERHEAD_S
                     why = (f"{spent:.0f} s spent; a {rate:g} req/s attempt needs ~{need:.0f} s more than the "

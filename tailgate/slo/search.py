@@ -200,16 +200,21 @@ def next_probe(
 
 
 def lacks_only_data(verdict: str, checks: Sequence[Check]) -> bool:
-    """An undecided rate whose every limited point is under its limit, whose server kept up and whose errors did
-    not fail: only more data is missing for a pass (what ``on_track`` of :func:`next_probe` holds)."""
+    """An undecided rate whose every limited point is under its limit, whose server was not shown to fall behind
+    and whose errors did not fail: only more data is missing for a pass (what ``on_track`` of :func:`next_probe`
+    holds).
+
+    A sustained check that is only undecided (the window too short for the requests still running at its end)
+    does not take a rate off the track: a longer attempt there is what decides it, and the highest such rate is
+    where more data narrows the bracket most."""
     if verdict in ("pass", "fail"):
         return False
     by_key = {c.key: c for c in checks}
     tails = [c for k, c in by_key.items() if k not in ("errors", "sustained")]
     under = all(c.point is not None and c.point <= c.limit for c in tails)
     sustained, errors = by_key.get("sustained"), by_key.get("errors")
-    kept_up = sustained is not None and sustained.verdict == "pass"
-    return bool(tails) and under and kept_up and (errors is None or errors.verdict != "fail")
+    not_behind = sustained is not None and sustained.verdict != "fail"
+    return bool(tails) and under and not_behind and (errors is None or errors.verdict != "fail")
 
 
 def _aimed(points: list[float], guess: float, resolution: Resolution) -> float | None:

@@ -1,12 +1,12 @@
 """Verdicts on one probe: distribution-free bounds on each tail, a steady-state test, three outcomes.
 
 A probe passes only when (1) the server sustained the offered rate over it: completions kept up with
-arrivals, and neither TTFT from the intended send nor the waiting queue trends upward (Mann-Kendall on
-batch means, after an MSER-5 cut of the start-up transient), and (2) every percentile limit holds at the
-stated confidence by a one-sided Clopper-Pearson bound on the share of requests over it, with the counts
-shrunk by the design effect of time blocks and runs (see :mod:`tailgate.tailbounds`). A probe whose data
-cannot support either answer is ``not_enough_data``, never a pass; a burst the server absorbed shows up
-as a trend or as completions lagging arrivals, never as a pass.
+arrivals in an attempt long enough to tell, and neither TTFT from the intended send nor the waiting queue trends
+upward in any attempt (Mann-Kendall on batch means, after an MSER-5 cut of the start-up transient), and (2) every
+percentile limit holds at the stated confidence by a one-sided bound on the share of requests over it, with the
+counts shrunk by the design effect of time blocks and runs (see :mod:`tailgate.tailbounds`). A probe whose data
+cannot support either answer is ``not_enough_data``, never a pass; a burst the server absorbed shows up as a trend
+or as completions lagging arrivals, never as a pass.
 """
 
 from __future__ import annotations
@@ -246,10 +246,17 @@ def sustain_check(attempts: Sequence[ProbeAttempt], rate: float | None, material
     verdicts = [r.verdict for r in rows]
     if FAIL in verdicts:
         return Sustain(FAIL, next(r.reason for r in rows if r.verdict == FAIL), rows)
-    if NOT_ENOUGH in verdicts or not verdicts:
-        reason = next((r.reason for r in rows if r.verdict == NOT_ENOUGH), "no attempts")
-        return Sustain(NOT_ENOUGH, reason, rows)
-    return Sustain(PASS, "every attempt kept up with its arrivals", rows)
+    short = verdicts.count(NOT_ENOUGH)
+    if PASS in verdicts:
+        # an attempt too short to tell is no evidence either way (its window ended while requests the server was
+        # keeping up with were still running): a longer one at the same rate that kept up settles it, where
+        # requiring every attempt to pass would leave a rate whose requests outlast a tenth of the window
+        # undecided however often it was extended
+        if short:
+            return Sustain(PASS, f"every attempt long enough to tell kept up ({short} of {len(rows)} too short)", rows)
+        return Sustain(PASS, "every attempt kept up with its arrivals", rows)
+    reason = next((r.reason for r in rows if r.verdict == NOT_ENOUGH), "no attempts")
+    return Sustain(NOT_ENOUGH, reason, rows)
 
 
 def check_probe(
