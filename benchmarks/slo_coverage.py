@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tailgate import slo
 from tailgate.load.workload import make_trace
+from tailgate.slo.answer import seconds_to_decide
 from tailgate.slo.confirm import (
     ConfirmationRecord,
     confirm_answer,
@@ -63,7 +64,7 @@ from tailgate.slo.replay import (
     settling_answer,
     workload_of,
 )
-from tailgate.slo.search import lacks_only_data
+from tailgate.slo.search import lacks_only_data, worth_extending
 from tailgate.slo.servicefit import Probe, probes_of
 from tailgate.slo.state import ProbeEntry
 from tailgate.stats import measured_records
@@ -159,6 +160,8 @@ class Search:
         self.model, self.limits, self.seed, self.args = model, limits, seed, args
         self.seconds = 0.0
         """Probing time the search would have taken on a real server: arrivals plus each attempt's overhead."""
+        self.spent_at: dict[float, float] = {}
+        """The same, per rate."""
         self.by_rate: dict[float, list[slo.ProbeAttempt]] = {}
         self.latest: dict[float, ProbeEntry] = {}
         self.tails = {lim.key: 1.0 - lim.p / 100.0 for lim in limits if lim.p is not None}
@@ -205,6 +208,7 @@ class Search:
             attempt = simulated_probe(self.model, rate, seed=s, duration=0, min_n=n, warmup=a.warmup)
             attempts.append(replace(attempt, workload=s))  # the seed of its trace, as tailgate slo records it
             self.seconds += cost
+            self.spent_at[rate] = self.spent_at.get(rate, 0.0) + cost
             verdict, checks = slo.check_probe(attempts, self.limits, level=a.confidence, rate=rate,
                                               sequential=not a.fixed)  # fmt: skip
             if verdict != "not_enough_data":
@@ -275,8 +279,15 @@ class Search:
                           resolution=slo.Resolution.parse(a.resolution), max_probes=max_probes,
                           pooled=self.pooled, guess=self.guess,
                           settled=self.settles if settle else None,
-                          on_track=lambda: [r for r, p in self.latest.items()
-                                            if lacks_only_data(p.verdict, p.checks)])  # fmt: skip
+                          on_track=self.on_track)  # fmt: skip
+
+    def on_track(self) -> list[float]:
+        """As ``tailgate slo``: the rates lacking only data that more data can decide in the budget left."""
+        a = self.args
+        lacking = {r: seconds_to_decide(p.checks, self.spent_at.get(r, 0.0), a.confidence)
+                   for r, p in self.latest.items() if lacks_only_data(p.verdict, p.checks)}  # fmt: skip
+        left = self.budget(max(lacking, default=0.0)) - self.seconds if a.time_budget else None
+        return worth_extending(lacking, left)
 
     def remeasured(self, out: slo.SearchOutcome) -> slo.SearchOutcome:
         """The outcome with every probe's verdict so far, the confirmation probes' included."""

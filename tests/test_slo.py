@@ -22,7 +22,8 @@ from runkit import RecordingController
 
 from tailgate import slo
 from tailgate.servers.sweep import CommandServer, ComposeWithFlags
-from tailgate.slo.search import lacks_only_data
+from tailgate.slo.answer import seconds_to_decide
+from tailgate.slo.search import lacks_only_data, worth_extending
 from tailgate.slo.state import ConfigSearch, ProbeEntry, SloState
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -294,6 +295,34 @@ def test_a_rate_only_too_short_to_tell_is_on_track_but_one_that_fell_behind_is_n
     assert not lacks_only_data("not_enough_data", [*tails, sustained("fail")])
     over = [replace(tails[0], point=4100.0), tails[1], sustained("pass")]
     assert not lacks_only_data("not_enough_data", over)
+
+
+def test_more_data_goes_to_the_highest_rate_it_can_decide_in_the_time_left() -> None:
+    """A CPU server's search: 2, 4 and 8 req/s lack only data, needing ~1,170, ~457 and ~721 s more. With 800 s
+    left the highest that fits (8) gets it; with 500 s, 4; with 400 s none fits, and the nearest to deciding does."""
+    est: dict[float, float | None] = {2.0: 1170.0, 4.0: 457.0, 8.0: 721.0}
+    assert worth_extending(est, 800.0) == [4.0, 8.0]
+    assert worth_extending(est, 500.0) == [4.0]
+    assert worth_extending(est, 400.0) == [4.0]
+    assert worth_extending({**est, 8.0: None}, 900.0) == [4.0]  # beyond estimate: not where the time goes
+    assert worth_extending({2.0: None, 4.0: None}, 100.0) == [2.0, 4.0]  # nothing to go by: all of them
+    assert worth_extending(est, None) == [2.0, 4.0, 8.0]  # no budget: every rate lacking only data
+    kw: dict[str, Any] = {"start": 2, "max_rate": 16, "min_rate": 1, "resolution": slo.Resolution(0.25, True)}
+    verdicts = {2.0: "not_enough_data", 4.0: "not_enough_data", 8.0: "not_enough_data", 10.0: "fail"}
+    assert slo.next_probe(verdicts, on_track=worth_extending(est, 500.0), **kw) == slo.ProbeNext(4.0, "extend")
+    assert slo.next_probe(verdicts, on_track=worth_extending(est, 800.0), **kw) == slo.ProbeNext(8.0, "extend")
+
+
+def test_the_time_to_decide_a_rate_is_estimated_from_its_effective_requests() -> None:
+    """No request over the limit in 100 effective requests: a first anytime-valid bound needs 449, so about 4.5
+    times the data (in steps of 1.25), at the pace of the 60 s spent there."""
+    undecided = slo.Check("ttft_p99", 4000.0, 1100.0, None, None, 480, "not_enough_data", n_effective=100.0, over=0)
+    more = seconds_to_decide([undecided], 60.0, 0.95)
+    assert more is not None and (449 / 100 - 1) * 60 <= more <= (449 * 1.25 / 100 - 1) * 60, more
+    decided = replace(undecided, verdict="pass")
+    assert seconds_to_decide([decided], 60.0, 0.95) == 0.0  # only the keep-up test lacked: one longer attempt
+    at_the_limit = replace(undecided, n=10_000, n_effective=10_000.0, over=100)  # exactly 1% over: never decides
+    assert seconds_to_decide([at_the_limit], 60.0, 0.95) is None
 
 
 def test_pooled_runs_narrow_the_bounds() -> None:

@@ -104,6 +104,19 @@ def data_to_decide(check: Check, level: float) -> float | None:
     return None
 
 
+def seconds_to_decide(checks: Sequence[Check], seconds: float, level: float) -> float | None:
+    """About how many more seconds at a rate would decide every one of its undecided percentile checks, if more
+    data came at the measured share over each limit and at the pace of the ``seconds`` spent there so far (None:
+    some check would not decide with :data:`MORE_DATA_CAP` times the data; 0 when no percentile check lacks data,
+    as when only the keep-up test could not tell)."""
+    factors = [data_to_decide(c, level) for c in checks if c.verdict == NOT_ENOUGH and c.n_effective is not None]
+    if not factors:
+        return 0.0
+    if any(f is None for f in factors):
+        return None
+    return (max(f for f in factors if f is not None) - 1.0) * seconds
+
+
 def result_of(outcome: SearchOutcome, probes: Sequence[ProbeEntry], plan: Any) -> SearchResult:
     """The configuration's ``result`` in ``slo.json``: both ends, the width, every undecided rate with why."""
     latest = {float(pr.rate): pr for pr in probes}

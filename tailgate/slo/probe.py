@@ -23,7 +23,7 @@ from tailgate.records import read_records
 from tailgate.runmeta import SloMeta, utc_stamp
 from tailgate.runner import ChildRunner, LocustRun
 from tailgate.serversession import ConfigRunner, RoundRun, StageLoad
-from tailgate.slo.answer import answer_line, attempt_row, result_of, undecided_reason, verdict_line
+from tailgate.slo.answer import answer_line, attempt_row, result_of, seconds_to_decide, undecided_reason, verdict_line
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.busy import MachineWatch, busy_line
 from tailgate.slo.confirm import (
@@ -38,7 +38,7 @@ from tailgate.slo.plan import PROBE_OVERHEAD_S, SloPlan
 from tailgate.slo.pooled import pooled_verdicts
 from tailgate.slo.replay import ModelAnswer, Workload, model_answer, settling_answer, workload_of
 from tailgate.slo.result import NotRun
-from tailgate.slo.search import SearchOutcome, SearchStopped, bracket, lacks_only_data, search
+from tailgate.slo.search import SearchOutcome, SearchStopped, bracket, lacks_only_data, search, worth_extending
 from tailgate.slo.servicefit import Probe, probes_of
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Log, ServerConfig
 from tailgate.slo.state import ConfigSearch, ProbeEntry, SloState
@@ -389,10 +389,17 @@ class SloRunner(ConfigRunner[ServerConfig]):
         )  # fmt: skip
 
     def _on_track(self, config: ServerConfig) -> list[float]:
-        """Undecided rates that lack only data: every limited point under its limit, the server kept up, no
-        error check failed."""
-        latest = self._config_state(config).latest()
-        return sorted(rate for rate, entry in latest.items() if lacks_only_data(entry.verdict, entry.checks))
+        """Undecided rates that lack only data (every limited point under its limit, the server not shown to fall
+        behind, no error check failed) and that more data can decide in the budget left (:func:`worth_extending`)."""
+        state = self._config_state(config)
+        spent = {rate: sum(a.seconds or 0.0 for a in entry.attempts) for rate, entry in state.latest().items()}
+        lacking = {
+            rate: seconds_to_decide(entry.checks, spent[rate], self.plan.confidence)
+            for rate, entry in state.latest().items() if lacks_only_data(entry.verdict, entry.checks)
+        }  # fmt: skip
+        budget = self._budget_for(config, max(lacking, default=0.0))
+        left = budget - (self.clock() - self._config_t0) if budget else None
+        return worth_extending(lacking, left)
 
     def _remeasured(self, config: ServerConfig, outcome: SearchOutcome) -> SearchOutcome:
         """The outcome with the measured bracket and verdicts of every probe run so far (confirmation probes are

@@ -217,6 +217,22 @@ def lacks_only_data(verdict: str, checks: Sequence[Check]) -> bool:
     return bool(tails) and under and not_behind and (errors is None or errors.verdict != "fail")
 
 
+def worth_extending(seconds_to_decide: Mapping[float, float | None], left_s: float | None) -> list[float]:
+    """Of the rates lacking only data (each with its estimated seconds to a decision, None: beyond estimate), the
+    ones more data should go to: those expected to decide in the ``left_s`` seconds left (the search takes the
+    highest), else the one nearest to deciding. The highest rate buys the highest lower end, but only if it can
+    be decided in time: a lower rate that can beats a higher one that cannot."""
+    if left_s is None:
+        return sorted(seconds_to_decide)
+    fits = sorted(r for r, s in seconds_to_decide.items() if s is not None and s <= left_s)
+    if fits:
+        return fits
+    known = {r: s for r, s in seconds_to_decide.items() if s is not None}
+    if known:
+        return [min(known, key=lambda r: (known[r], -r))]
+    return sorted(seconds_to_decide)
+
+
 def _aimed(points: list[float], guess: float, resolution: Resolution) -> float | None:
     """A rate aimed at the model's capacity: just under it when the lower end is further from it than the upper
     (relative to it), else just over it; inside a gap that is wider than the resolution, not at its edges."""
