@@ -286,7 +286,9 @@ class Search:
         a = self.args
         lacking = {r: seconds_to_decide(p.checks, self.spent_at.get(r, 0.0), a.confidence)
                    for r, p in self.latest.items() if lacks_only_data(p.verdict, p.checks)}  # fmt: skip
-        left = self.budget(max(lacking, default=0.0)) - self.seconds if a.time_budget else None
+        if not lacking:
+            return []
+        left = self.budget(max(lacking)) - self.seconds if a.time_budget else None
         return worth_extending(lacking, left)
 
     def remeasured(self, out: slo.SearchOutcome) -> slo.SearchOutcome:

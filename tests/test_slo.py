@@ -325,6 +325,27 @@ def test_the_time_to_decide_a_rate_is_estimated_from_its_effective_requests() ->
     assert seconds_to_decide([at_the_limit], 60.0, 0.95) is None
 
 
+def test_a_stall_that_sets_many_streams_worst_gaps_is_one_cluster_however_long_they_lived() -> None:
+    """Streams living 8 s at 10 req/s; four stalls each set the worst gap of the 80 streams alive then. By send
+    time the victims of one stall spread over 8 s, nearly three of a 60-s probe's 3-s blocks, and read as several
+    clusters; by when their worst gap ended they are one, and the effective count falls accordingly."""
+    rate, life, stalls = 10, 8.0, (10.0, 25.0, 40.0, 55.0)
+    recs = []
+    for i in range(600):
+        sent = i / rate
+        hit = [s for s in stalls if sent < s <= sent + life]
+        recs.append(record(trace_id=i, ttft_from_intended_ms=30.0, worst_gap_ms=300.0 if hit else 20.0,
+                           total_from_intended_ms=life * 1000, intended_s=sent, end_s=sent + life,
+                           worst_gap_end_s=hit[0] if hit else sent + life / 2))  # fmt: skip
+    limits = slo.parse_slo("gap_p99<=250ms")
+    by_end = slo.check_probe([slo.ProbeAttempt(recs, sent=600, errors=0)], limits, sustained=False)[1][0]
+    unknown_end = [replace(r, worst_gap_end_s=None) for r in recs]  # records without the instant: by send time
+    by_send = slo.check_probe([slo.ProbeAttempt(unknown_end, sent=600, errors=0)], limits, sustained=False)[1][0]
+    assert by_end.over == by_send.over == 320
+    assert by_end.n_effective is not None and by_send.n_effective is not None
+    assert by_end.n_effective < 0.5 * by_send.n_effective, (by_end.n_effective, by_send.n_effective)
+
+
 def test_pooled_runs_narrow_the_bounds() -> None:
     limits = slo.parse_slo("ttft_p99<=300ms")
     rng = np.random.default_rng(3)

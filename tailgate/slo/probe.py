@@ -397,7 +397,9 @@ class SloRunner(ConfigRunner[ServerConfig]):
             rate: seconds_to_decide(entry.checks, spent[rate], self.plan.confidence)
             for rate, entry in state.latest().items() if lacks_only_data(entry.verdict, entry.checks)
         }  # fmt: skip
-        budget = self._budget_for(config, max(lacking, default=0.0))
+        if not lacking:
+            return []
+        budget = self._budget_for(config, max(lacking))
         left = budget - (self.clock() - self._config_t0) if budget else None
         return worth_extending(lacking, left)
 

@@ -309,7 +309,7 @@ def check_probe(
                 excluded += 1  # the client merged chunks: its gaps are not a measurement of the server
                 continue
             values.append(float(v))
-            groups.append((workloads[i], _block(r, spans[i])))
+            groups.append((workloads[i], _block(r, spans[i], lim.metric)))
         assert lim.p is not None
         c = check_tail(values, lim.p / 100.0, lim.limit, confidence=level, groups=groups, key=lim.key,
                        sequential=sequential)  # fmt: skip
@@ -343,10 +343,20 @@ def _spans(attempts: Sequence[ProbeAttempt]) -> list[tuple[float, float]]:
     return out
 
 
-def _block(r: RequestRecord, span: tuple[float, float]) -> int:
+def _block(r: RequestRecord, span: tuple[float, float], metric: str = "ttft") -> int:
+    """The time block of one request: one of :data:`BLOCKS` parts of its attempt's span of sends.
+
+    A worst gap is placed by when it ended, not by when its request was sent: one stall sets the worst gap of
+    every stream alive at that moment, and those streams were sent over a whole stream lifetime before it
+    (seconds), so blocks of sends split one stall's victims over several blocks and count them as independent.
+    Measured on the kept long runs (``benchmarks/results/tail-clustering.md``), the gaps' design effect by send
+    with a 60-s probe's 3-s blocks was a half to a quarter of what blocks a stream long show; by the gap's end, 3-s
+    blocks show it all. Blocks keep their length past the span (a gap may end after the last send)."""
     if span[1] <= span[0]:
         return 0
-    return min(BLOCKS - 1, int((r.intended_s - span[0]) / (span[1] - span[0]) * BLOCKS))
+    t = r.worst_gap_end_s if metric == "gap" and r.worst_gap_end_s is not None else r.intended_s
+    index = int((t - span[0]) / (span[1] - span[0]) * BLOCKS)
+    return min(BLOCKS - 1, index) if t <= span[1] else index
 
 
 def p99s(measured: Sequence[RequestRecord]) -> dict[str, float | None]:
