@@ -313,6 +313,32 @@ def test_more_data_goes_to_the_highest_rate_it_can_decide_in_the_time_left() -> 
     assert slo.next_probe(verdicts, on_track=worth_extending(est, 800.0), **kw) == slo.ProbeNext(8.0, "extend")
 
 
+def test_the_time_a_rate_needs_counts_every_attempt_there_not_only_its_latest(tmp_path: Path) -> None:
+    """4 req/s probed twice (100 s each) has 200 effective requests pooled: 2.44 times its data would decide it,
+    ~290 s more at the pace of both attempts. With 250 s left it does not fit (counting only the latest attempt, 144
+    s, would say it does); 2 req/s, needing 15 s, does."""
+    from tailgate.slo.state import AttemptRow
+
+    plan = slo.SloPlan(limits=slo.parse_slo("ttft_p99<=300ms"), configs=[slo.parse_config("a")], time_budget=900)
+    runner = slo.SloRunner(plan, RecordingController(), tmp_path, log=lambda _line: None)
+    now = [1000.0]
+    runner.clock = lambda: now[0]
+    runner._config_t0 = 1000.0 - 650.0  # 650 s spent of 900
+
+    def entry(index: int, rate: float, seconds: float, n_effective: float) -> ProbeEntry:
+        checks = [slo.Check("ttft_p99", 300.0, 120.0, None, None, 500, "not_enough_data", n_effective=n_effective,
+                            over=0),
+                  slo.Check("sustained", 0.9, 0.97, None, None, 500, "pass")]  # fmt: skip
+        return ProbeEntry(index, rate, "extend", attempts=[AttemptRow(f"a{index}", 7, seconds=seconds)],
+                          verdict="not_enough_data", checks=checks)  # fmt: skip
+
+    state = runner._config_state(plan.configs[0])
+    state.probes += [entry(1, 4.0, 100.0, 100.0), entry(2, 2.0, 60.0, 400.0), entry(3, 4.0, 100.0, 200.0)]
+    assert runner._on_track(plan.configs[0]) == [2.0]
+    now[0] += -150.0  # 400 s left: both fit, and the search takes the higher
+    assert runner._on_track(plan.configs[0]) == [2.0, 4.0]
+
+
 def test_the_time_to_decide_a_rate_is_estimated_from_its_effective_requests() -> None:
     """No request over the limit in 100 effective requests: a first anytime-valid bound needs 449, so about 4.5
     times the data (in steps of 1.25), at the pace of the 60 s spent there."""

@@ -392,9 +392,11 @@ class SloRunner(ConfigRunner[ServerConfig]):
         """Undecided rates that lack only data (every limited point under its limit, the server not shown to fall
         behind, no error check failed) and that more data can decide in the budget left (:func:`worth_extending`)."""
         state = self._config_state(config)
-        spent = {rate: sum(a.seconds or 0.0 for a in entry.attempts) for rate, entry in state.latest().items()}
+        spent: dict[float, float] = {}  # every attempt at the rate: its latest verdict pools them all
+        for entry in state.probes:
+            spent[float(entry.rate)] = spent.get(float(entry.rate), 0.0) + sum(a.seconds or 0.0 for a in entry.attempts)
         lacking = {
-            rate: seconds_to_decide(entry.checks, spent[rate], self.plan.confidence)
+            rate: seconds_to_decide(entry.checks, spent.get(float(rate), 0.0), self.plan.confidence)
             for rate, entry in state.latest().items() if lacks_only_data(entry.verdict, entry.checks)
         }  # fmt: skip
         if not lacking:
