@@ -28,6 +28,7 @@ from tailgate.slo.confirm import (
     reserve_rate,
     reserve_seconds,
     settle_confirmed,
+    window_blocks,
     window_match,
 )
 from tailgate.slo.replay import ModelAnswer
@@ -35,6 +36,7 @@ from tailgate.slo.result import SearchResult
 from tailgate.slo.servicefit import Probe, ServiceFit, probes_of
 from tailgate.slo.spec import EXIT_NOT_MET, EXIT_OK, EXIT_UNDECIDED
 from tailgate.slo.state import ConfigSearch, ProbeEntry
+from tailgate.slo.stepfit import Stream
 from tailgate.stats import measured_records
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
 
@@ -238,3 +240,27 @@ def test_a_record_without_both_ends_tested_does_not_stand() -> None:
     record = ConfirmationRecord()
     record.confirmations.append(judge(6.0, "above", "fail", (), (0.95, 1.05)))
     assert not record.stands
+
+
+def test_a_windows_worst_gaps_are_blocked_by_the_stall_that_set_them() -> None:
+    """Streams sent at 10 req/s, every other one living 20 s, the rest 1 s; one stall at 30 s sets the worst gap
+    of the 105 alive. By send those are spread over 20 s among streams that never saw it, four of a 60-s window's
+    10 blocks; by when the gap ended they are contiguous, as few blocks as their count allows. TTFT keeps the send
+    order, and the blocks always partition the window."""
+    streams = []
+    for i in range(600):
+        sent, life = i / 10, 20.0 if i % 2 == 0 else 1.0
+        hit = sent < 30.0 <= sent + life
+        streams.append(Stream(intended=sent, first=sent + 0.05, end=sent + life, prompt=200, tokens=100,
+                              ttft_ms=50.0, measured=True, gap_ms=300.0 if hit else 20.0,
+                              gap_end=30.0 if hit else sent + life / 2))  # fmt: skip
+    victims = {i for i, s in enumerate(streams) if s.gap_ms > 100}
+
+    def blocks_holding(metric: str) -> int:
+        return sum(1 for block in window_blocks(streams, metric) if victims & set(block))
+
+    assert len(victims) == 105
+    assert blocks_holding("gap") <= 3
+    assert blocks_holding("ttft") >= 4
+    for metric in ("gap", "ttft"):
+        assert sorted(i for b in window_blocks(streams, metric) for i in b) == list(range(600))

@@ -101,7 +101,8 @@ SCALES = tuple(round(0.7 + 0.025 * k, 3) for k in range(25))
 """Time scales of the probe's arrivals the model is replayed at (0.7 to 1.3 times the rate)."""
 BLOCKS = 10
 """Time blocks per window, each resampled whole: a queue build-up near the capacity lasts many seconds, and
-stays inside its block (a 1.5x probe of 120 s makes blocks of 18 s)."""
+stays inside its block (a 1.5x probe of 120 s makes blocks of 18 s). Worst gaps are blocked by when they ended,
+so a 60-s window's 6-s blocks keep one stall's victims together too."""
 RESAMPLES = 400
 LEVEL = 0.975
 """Two-sided level of each window's interval: 95% over the two confirmation probes of a round (Bonferroni)."""
@@ -169,6 +170,20 @@ def _crossing(measured: Sequence[float], replayed: Sequence[Sequence[float]], id
     return SCALES[0] if f[0] > 0 else SCALES[-1]
 
 
+def window_blocks(streams: Sequence[Stream], metric: str) -> list[list[int]]:
+    """:data:`BLOCKS` groups of indices into ``streams``, of equal count, in the order each value was set: a worst
+    gap by when it ended (one stall sets the worst gap of every stream alive then, and those were sent over a
+    stream's lifetime before it: by send they would scatter over several blocks and count as independent),
+    anything else by its intended send. The verdict's blocks follow the same rule (``verdict._block``)."""
+
+    def when(i: int) -> float:
+        s = streams[i]
+        return s.gap_end if metric == "gap" and s.gap_end > 0 else s.intended
+
+    order, n = sorted(range(len(streams)), key=when), len(streams)
+    return [order[b * n // BLOCKS : (b + 1) * n // BLOCKS] for b in range(BLOCKS)]
+
+
 def window_match(engine: EngineModel, attempts: Sequence[Sequence[Stream]], q: float, metric: str,
                  *, seed: int = 1) -> WindowMatch | None:  # fmt: skip
     """The capacity ratio one confirmation probe implies for the model (None: too few measured streams)."""
@@ -185,8 +200,7 @@ def window_match(engine: EngineModel, attempts: Sequence[Sequence[Stream]], q: f
         measured.extend(s.value(metric) for s in mine)
         for k, scale in enumerate(SCALES):
             replayed[k].extend(getattr(o, field_name) for o in replay(engine, _scaled(streams, scale)))
-        n = len(mine)
-        blocks.extend(list(range(first + b * n // BLOCKS, first + (b + 1) * n // BLOCKS)) for b in range(BLOCKS))
+        blocks.extend([first + i for i in block] for block in window_blocks(mine, metric))
     if len(measured) < MIN_STREAMS:
         return None
     every = list(range(len(measured)))
