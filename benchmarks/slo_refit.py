@@ -27,6 +27,7 @@ from tailgate.records import read_records
 from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.replay import Workload, model_answer, workload_of
 from tailgate.slo.servicefit import Probe, probes_of
+from tailgate.slo.verdict import Check
 from tailgate.stats import measured_records
 
 
@@ -47,10 +48,10 @@ def load_search(root: Path, config: dict[str, Any], plan: dict[str, Any]) -> Sea
     fitted: no workload, or limits at different percentiles)."""
     warmup = int(plan.get("warmup", 25))
     by_rate: dict[float, list[ProbeAttempt]] = {}
-    checks: dict[float, list[dict[str, Any]]] = {}
+    checks: dict[float, list[Check]] = {}
     for probe in config.get("probes", []):
         rate = float(probe["rate"])
-        checks[rate] = probe.get("checks", [])
+        checks[rate] = [Check.from_json(c, where=f"probe at {rate:g} req/s") for c in probe.get("checks", [])]
         for a in probe.get("attempts", []):
             recs = read_records(root / a["dir"]).records
             # sent and errors are the verdict's, not the model's: the fit reads the records
