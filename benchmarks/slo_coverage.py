@@ -442,7 +442,8 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 print(f"  [{name}] search {i + 1}: fitted {fa.capacity and round(fa.capacity, 3)} interval "
                       f"[{fa.low and round(fa.low, 3)}, {fa.high and round(fa.high, 3)}], narrowed "
                       f"{None if br is None else [round(br[0], 3), round(br[1], 3)]} "
-                      f"{'holds' if f_ok else 'MISSES'}; {fa.why}", flush=True)  # fmt: skip
+                      f"{'(not used)' if br is None else 'holds' if f_ok else 'MISSES'}; {fa.why}",
+                      flush=True)  # fmt: skip
         if args.verbose or not ok:
             print(f"  [{name}] search {i + 1}: [{out.best}, {out.first_fail}] {'holds' if ok else 'MISSES'} "
                   f"{out.status}, {search.seconds / 60:.1f} min; steps "
