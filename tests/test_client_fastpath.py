@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-import tailgate.load.client as client
-from tailgate.load.client import StreamTiming, Target, build_payload, content_template, stream_completion
+import tailgate.load.completionevents as completionevents
+from tailgate.load.client import StreamReads, StreamTiming, Target, build_payload, content_template, stream_completion
+from tailgate.load.transport import ResponseHead
 
 # the busy pass (scripts/test.sh) runs these again: their verdicts depend on when things happen
 pytestmark = pytest.mark.timing
@@ -133,6 +134,11 @@ STREAMS: dict[str, list[bytes]] = {
     ],
     "no_done": normal(6)[:-1],
     "not_an_object": with_event(b"[1,2]"),
+    # what the wire check must not take for a string literal: two quotes, not at its ends; a lone quote
+    "quotes_not_at_the_ends": with_event(content(b'ab""')),
+    "quotes_in_the_middle": with_event(content(b'"a""b"')),
+    "lone_quote": with_event(content(b'"')),
+    "empty_text": with_event(content(b'""')),
 }
 
 
@@ -142,9 +148,16 @@ def test_fast_path_reports_what_a_full_decode_reports(
     name: str, one_write: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fast = read(STREAMS[name], one_write=one_write)
-    monkeypatch.setattr(client, "TEMPLATE_ATTEMPTS", 0)
+    monkeypatch.setattr(completionevents, "TEMPLATE_ATTEMPTS", 0)
     full = read(STREAMS[name], one_write=one_write)
     assert fast == full
+
+
+def test_without_templates_every_event_is_decoded(decode_counter: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison above means something only if its second read really decodes every event."""
+    monkeypatch.setattr(completionevents, "TEMPLATE_ATTEMPTS", 0)
+    assert read(normal(40))["chunks"] == 40
+    assert decode_counter[0] == 41  # 40 content chunks and the usage chunk; [DONE] is not JSON
 
 
 def test_expected_outcomes() -> None:
@@ -180,3 +193,74 @@ def test_template_refuses_what_it_cannot_vouch_for() -> None:
     assert template is not None and template[0].endswith(b'"index":0,"text":')
     with_usage = b'{"choices":[{"text":"a","finish_reason":null}],"usage":{"completion_tokens":1}}'
     assert content_template(with_usage, json.loads(with_usage)) is None
+
+
+FRAMINGS = {
+    "lower_hex": lambda e: b"%x\r\n%s\r\n" % (len(e), e),
+    "upper_hex": lambda e: b"%X\r\n%s\r\n" % (len(e), e),
+    "zero_padded": lambda e: b"%06x\r\n%s\r\n" % (len(e), e),
+    "extension": lambda e: b"%x;x=1\r\n%s\r\n" % (len(e), e),
+    "size_one_short": lambda e: b"%x\r\n%s\r\n" % (len(e) - 1, e),
+}
+
+
+def take_all(reads: Sequence[bytes]) -> dict[str, Any]:
+    """What the read path makes of these reads, handed over as they are (one stamp 10 ms after the other)."""
+    timing = StreamTiming()
+    timing.chunk_ns, timing.chunk_delay_ns = [], []
+    head = ResponseHead(200, {"transfer-encoding": "chunked"}, 0, b"", 0, None)
+    reads_of_stream = StreamReads(timing, head, kernel=True, capture_offsets=False)
+    outcome: object = "incomplete"
+    try:
+        for i, data in enumerate(reads):
+            if reads_of_stream.take(data, 10_000_000 * (i + 1), 1000 * (i % 3)):
+                outcome = "complete"
+                break
+    except Exception as e:  # the class is the outcome: the stream's error_class comes from it
+        outcome = type(e).__name__
+    return {
+        "outcome": outcome, "chunks": timing.chunks, "stamps": timing.chunk_ns, "worst_gap": timing.worst_gap_ns,
+        "first": timing.first_chunk_ns, "done": timing.done, "finish_reason": timing.finish_reason,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("framing", sorted(FRAMINGS))
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_the_wire_check_counts_what_the_layers_count(name: str, framing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads handed straight to the read path, whole or cut anywhere, in every chunk framing a server may use:
+    the wire check (one pass over a read holding one whole chunk like the template) and the framing, SSE and
+    event layers must agree read by read."""
+    import random
+
+    frame = FRAMINGS[framing]
+    wire = b"".join(frame(b"data: " + e + b"\n\n") for e in STREAMS[name]) + b"0\r\n\r\n"
+    whole = [frame(b"data: " + e + b"\n\n") for e in STREAMS[name]] + [b"0\r\n\r\n"]
+    cuts = random.Random(f"{name}/{framing}")
+    cut_reads, pos = [], 0
+    while pos < len(wire):
+        step = cuts.choice([len(whole[0]), 7, 1, 300, len(whole[0]) + 5])
+        cut_reads.append(wire[pos : pos + step])
+        pos += step
+    for reads in (whole, cut_reads):
+        fast = take_all(reads)
+        with monkeypatch.context() as m:
+            m.setattr(completionevents, "TEMPLATE_ATTEMPTS", 0)
+            full = take_all(reads)
+        assert fast == full
+
+
+def test_a_read_like_the_template_skips_the_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tailgate.load import sse
+
+    framed = []
+    real = sse.ChunkedDecoder.feed
+
+    def counting(self: sse.ChunkedDecoder, data: bytes) -> bytes:
+        framed.append(data)
+        return real(self, data)
+
+    monkeypatch.setattr(sse.ChunkedDecoder, "feed", counting)
+    got = take_all([FRAMINGS["lower_hex"](b"data: " + e + b"\n\n") for e in normal(200)] + [b"0\r\n\r\n"])
+    assert got["outcome"] == "complete" and got["chunks"] == 200
+    # the first chunk (the template's), the last (another finish_reason), usage, [DONE], the last chunk's framing
+    assert len(framed) == 5

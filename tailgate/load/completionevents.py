@@ -37,7 +37,7 @@ class EventReader:
     (``[DONE]``, the usage-only chunk) up to where it stopped: when an event is malformed, the chunks before
     it still count."""
 
-    __slots__ = ("_attempts", "_fixed", "_prefix", "_suffix", "content", "others", "timing")
+    __slots__ = ("_attempts", "_fixed", "_prefix", "_suffix", "content", "others", "template", "timing")
 
     def __init__(self, timing: StreamTiming) -> None:
         self.timing = timing
@@ -45,6 +45,8 @@ class EventReader:
         self._fixed = 0
         """``len(prefix) + len(suffix)``; 0 while there is no template."""
         self._attempts = TEMPLATE_ATTEMPTS
+        self.template: tuple[bytes, bytes] | None = None
+        """``(prefix, suffix)`` of this stream's content chunks once learned (the read path's fast check)."""
         self.content = 0
         self.others = 0
 
@@ -91,7 +93,7 @@ class EventReader:
                     self._attempts -= 1
                     template = content_template(event, obj)
                     if template is not None:
-                        prefix, suffix = self._prefix, self._suffix = template
+                        prefix, suffix = self._prefix, self._suffix = self.template = template
                         fixed = self._fixed = len(prefix) + len(suffix)
         finally:
             self.content, self.others = content, others

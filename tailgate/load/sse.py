@@ -110,6 +110,11 @@ class ChunkedDecoder:
         self._buf = buf[pos:]
         return b"".join(out)
 
+    @property
+    def between_chunks(self) -> bool:
+        """True when the next byte starts a chunk's size line (nothing of a chunk is held)."""
+        return self._state == self._SIZE and not self._buf and not self.done
+
 
 class SSEParser:
     """Turns body bytes into the data payloads of complete SSE events.
