@@ -9,7 +9,14 @@ import time
 
 import pytest
 
-from tailgate.load.sendclock import LOOP_TIMER_SPIN_NS, TIMERFD_ENV, TIMERFD_SPIN_NS, SendClock
+from tailgate.load.sendclock import (
+    LOOP_TIMER_SPIN_NS,
+    SPIN_ENV,
+    TIMERFD_ENV,
+    TIMERFD_SPIN_MIN_NS,
+    TIMERFD_SPIN_NS,
+    SendClock,
+)
 
 pytestmark = pytest.mark.timing
 
@@ -76,3 +83,45 @@ def test_without_a_timerfd_the_loop_timer_and_the_long_spin_keep_the_schedule(
     finally:
         clock.close()
     assert min(late) >= 0
+
+
+def test_the_spin_follows_how_late_the_wake_ups_come() -> None:
+    """Quiet wake-ups shorten the spin to its floor; one late wake-up widens it at once, to twice its lateness
+    with a margin, and it narrows again as later wake-ups come on time."""
+    clock = SendClock()
+    try:
+        for _ in range(400):
+            clock._follow(2_000)
+        assert clock.spin_ns == TIMERFD_SPIN_MIN_NS
+        clock._follow(30_000)
+        assert clock.spin_ns == 70_000
+        clock._follow(500_000)  # a stalled loop: the spin stays bounded
+        assert clock.spin_ns == TIMERFD_SPIN_NS
+        for _ in range(600):
+            clock._follow(2_000)
+        assert clock.spin_ns == TIMERFD_SPIN_MIN_NS
+    finally:
+        clock.close()
+
+
+def test_real_waits_size_the_spin_and_stay_on_time() -> None:
+    """On this host, whatever its load: after a few dozen waits the spin covers what the wake-ups measured,
+    and no send goes early."""
+    clock = SendClock()
+    try:
+        late = _wait_many(clock, 60, 2_000_000)
+        assert TIMERFD_SPIN_MIN_NS <= clock.spin_ns <= TIMERFD_SPIN_NS
+        assert clock.spin_ns >= min(TIMERFD_SPIN_NS, clock.late_peak_ns)
+    finally:
+        clock.close()
+    assert min(late) >= 0
+
+
+def test_a_fixed_spin_does_not_adapt(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SPIN_ENV, "40")
+    clock = SendClock()
+    try:
+        _wait_many(clock, 20, 2_000_000)
+        assert clock.spin_ns == 40_000
+    finally:
+        clock.close()

@@ -12,7 +12,12 @@ being read and timestamped meanwhile. ``gevent.sleep(0)`` would not: it only que
 loop runs callbacks back to back for up to the switch interval (5 ms) without polling, so every chunk that
 arrived during the spin was stamped late, by up to the whole spin.
 
-``TAILGATE_SPIN_US`` sets the spin's length (microseconds) to measure what it costs;
+The spin behind a timerfd follows how late this host's wake-ups are: twice the recent peak lateness (a peak
+that decays by 1/64 a wake) plus 10 us, between 15 and 100 us. A fixed 100 us covered a busy 2-core machine,
+where wake-ups come 20-60 us late, but on a quiet host (5-10 us late) it spent ~3% of the load process's CPU
+spinning for nothing (``benchmarks/results/cpu-per-chunk-2core/``).
+
+``TAILGATE_SPIN_US`` fixes the spin's length (microseconds) to measure what it costs;
 ``TAILGATE_SEND_TIMERFD=0`` keeps gevent's own timer (and the 1.5-ms spin) to compare the two.
 """
 
@@ -32,7 +37,14 @@ TIMERFD_ENV = "TAILGATE_SEND_TIMERFD"
 LOOP_TIMER_SPIN_NS = 1_500_000
 """The spin behind gevent's own timer: its overshoot, about a millisecond, with room."""
 TIMERFD_SPIN_NS = 100_000
-"""The spin behind a timerfd: its wake-up's lateness on a busy 2-core machine, 20-60 us, with room."""
+"""The longest spin behind a timerfd (and the first): its wake-up's lateness on a busy 2-core machine, 20-60 us,
+with room."""
+TIMERFD_SPIN_MIN_NS = 15_000
+"""The shortest: a quiet host's wake-up lateness, 5-10 us, with room."""
+SPIN_MARGIN_NS = 10_000
+PEAK_DECAY_SHIFT = 6
+"""The peak lateness loses 1/64 of itself a wake: half-life ~44 sends, so one late wake-up widens the spin for a
+second or so at a few dozen sends a second, and a host that turns busy widens it at the first late wake-up."""
 
 SPIN_PRIORITY = 2
 """libev priority of the spin's idle watcher and of the timerfd's watcher (the highest): served in every
@@ -51,7 +63,7 @@ def spin_ns(default_ns: int) -> int:
 class SendClock:
     """One per dispatcher: :meth:`wait_until` returns at an absolute ``perf_counter_ns`` instant."""
 
-    __slots__ = ("_hub", "_io", "_timer", "spin_ns")
+    __slots__ = ("_adapt", "_hub", "_io", "_timer", "late_peak_ns", "spin_ns")
 
     def __init__(self) -> None:
         self._timer = TimerFd.open(disabled_by=TIMERFD_ENV)
@@ -60,6 +72,9 @@ class SendClock:
         if self._timer is not None:
             self._io = self._hub.loop.io(self._timer.fd, 1, priority=SPIN_PRIORITY)
         self.spin_ns = spin_ns(LOOP_TIMER_SPIN_NS if self._timer is None else TIMERFD_SPIN_NS)
+        self._adapt = self._timer is not None and not os.environ.get(SPIN_ENV)
+        self.late_peak_ns = 0
+        """The recent peak of the timerfd wake-ups' lateness, decaying (what the adaptive spin covers)."""
 
     @property
     def kind(self) -> str:
@@ -76,13 +91,24 @@ class SendClock:
         else:
             # a readiness left from a wait that was interrupted (a killed greenlet) returns at once: the
             # clock says whether it was this wait's, and a stale one re-arms
-            while clock() < wake_ns:
+            woke = clock()
+            while woke < wake_ns:
                 timer.set(wake_ns)
                 self._hub.wait(self._io)
                 timer.consume()
+                woke = clock()
+                if self._adapt and woke >= wake_ns:
+                    self._follow(woke - wake_ns)
         idle = gevent.idle
         while clock() < when_ns:
             idle(SPIN_PRIORITY)
+
+    def _follow(self, late_ns: int) -> None:
+        """Sizes the next spin from this wake-up's lateness (see the module's notes)."""
+        peak = self.late_peak_ns
+        peak = late_ns if late_ns > peak else peak - (peak >> PEAK_DECAY_SHIFT)
+        self.late_peak_ns = peak
+        self.spin_ns = min(TIMERFD_SPIN_NS, max(TIMERFD_SPIN_MIN_NS, 2 * peak + SPIN_MARGIN_NS))
 
     def close(self) -> None:
         if self._timer is not None:
