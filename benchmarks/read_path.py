@@ -9,6 +9,7 @@ time is far less disturbed by other work than latency is.
     python benchmarks/read_path.py [--rate 200] [--n 600] [--tokens 100] [--stamp kernel] [--repeat 3]
     python benchmarks/read_path.py --profile 25          # the 25 costliest functions (cProfile)
     python benchmarks/read_path.py --records             # what encoding one record costs, per encoder
+    python benchmarks/read_path.py --take                # one read's handling alone, no socket (ns per read)
 """
 
 from __future__ import annotations
@@ -60,6 +61,35 @@ def record_encoding(tokens: int, repeat: int = 20_000) -> None:
         print(f"record of {tokens} chunks, {name}: {us:.1f} us per record, {us / tokens:.2f} us per chunk")
 
 
+def take_alone(tokens: int, streams: int = 3000, repeat: int = 5) -> None:
+    """``StreamReads.take`` over a stream's reads as the reference server frames them, without a socket or
+    a loop: the part of the read path that is this project's Python (the best of ``repeat`` passes)."""
+    from tailgate.load.client import StreamReads
+    from tailgate.load.timing import StreamTiming
+    from tailgate.load.transport import ResponseHead
+
+    def framed(event: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(event), event)
+
+    prefix = b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":'
+    mid = framed(prefix + b'" tok","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n')
+    last = framed(prefix + b'" tok","logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n')
+    last += framed(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+    head = ResponseHead(200, {"transfer-encoding": "chunked"}, 0, b"", 0, None)
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.process_time_ns()
+        for _ in range(streams):
+            reads = StreamReads(StreamTiming(), head, kernel=True, capture_offsets=False)
+            now = 0
+            for _ in range(tokens - 1):
+                now += 10_000_000
+                reads.take(mid, now, 5_000)
+            reads.take(last, now + 10_000_000, 5_000)
+        best = min(best, (time.process_time_ns() - start) / (streams * tokens))
+    print(f"take alone, {tokens}-chunk streams: {best:.0f} ns per read")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=float, default=200.0)
@@ -69,9 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", type=int, default=0, help="print this many costliest functions of one more run")
     p.add_argument("--records", action="store_true", help="time encoding a record instead of reading streams")
+    p.add_argument("--take", action="store_true", help="time one read's handling alone, without a socket")
     args = p.parse_args(argv)
     if args.records:
         record_encoding(args.tokens)
+        return 0
+    if args.take:
+        take_alone(args.tokens)
         return 0
     with start_server_process(ttft_ms=20, gap_ms=10) as server:
         run_once(server.base_url, args.rate, min(args.n, 50), args.tokens, args.stamp)  # warm: imports, first use
