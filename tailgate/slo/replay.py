@@ -322,8 +322,10 @@ def model_answer(
             break
         # two stages: the first size's spread chooses the second (half-widths shrink as 1/sqrt(requests)), whose
         # interval stands as it comes; stopping at the first size that happens to look narrow would favour
-        # replicates that agree by chance
-        size = min(most, math.ceil(size * (half / (SIM_TARGET_HALF * cap)) ** 2 / 1000) * 1000)
+        # replicates that agree by chance. At least twice as many: the spread of eight replicates is itself
+        # uncertain by a quarter, and a few percent more requests would only draw that spread again
+        asked = math.ceil(size * (half / (SIM_TARGET_HALF * cap)) ** 2 / 1000) * 1000
+        size = min(most, max(2 * size, asked))
         near = cap
     curve = [CurvePoint(r, reps.curve[r]) for r in sorted(reps.curve)]
     low, high = cap - half, cap + half
