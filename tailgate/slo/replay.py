@@ -61,14 +61,6 @@ FLOOR = 0.04
 """Least half-width of the model's interval, relative: the fit's own error on an engine of its family, which the
 replicates do not see (a prefill cost or step slope a few percent off). On the coverage benchmark's four shapes
 (70 searches) the centre was within 3.7% of the truth in 95% of them, and at most 4.8% off."""
-SIM_TARGET_HALF = 0.075
-"""The half-width, relative, at which a final answer's simulation stops growing: a 15%-wide interval."""
-SIM_GROWTH = 4
-"""A final answer simulates up to this many times ``--model-requests`` per replicate when its interval is wider than
-:data:`SIM_TARGET_HALF` (once, sized from the first simulation's spread): where a rare co-scheduling event sets a
-limit's p99 (two long prompts prefilled in one step), the simulation's own noise dominates the interval. On the
-coverage benchmark's ``nochunk64`` engine its true capacity, simulated by the model's 8 replicates, came out +-5.6%
-to +-13.8% from 10,000 requests each and +-4.1% from 40,000."""
 T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 """Student's t, 97.5% two-sided, by degrees of freedom (more: 2.2)."""
 
@@ -213,8 +205,6 @@ class ModelAnswer:
     capacity simulated."""
     confirmation: Tested | None = None
     """The probes that tested this answer after the fit (None: not tested, as with ``--no-confirm``)."""
-    simulated: tuple[int, int] | None = None
-    """(replicates, simulated requests per replicate) behind the interval."""
 
     def as_dict(self) -> JsonObject:
         fit = self.fit
@@ -228,8 +218,6 @@ class ModelAnswer:
             "streams": None if fit is None else fit.streams,
             "replay": [] if fit is None else [asdict(r) for r in fit.replay],
             "curve": [p.to_json() for p in self.curve], "workload": self.workload,
-            "simulated": None if self.simulated is None else {"replicates": self.simulated[0],
-                                                              "requests": self.simulated[1]},
             "confirmation": None if self.confirmation is None else self.confirmation.to_json(),
         }  # fmt: skip
 
@@ -292,15 +280,12 @@ def model_answer(
     replicates: int = 4,
     seed: int = 1,
     quick: bool = False,
-    max_requests: int | None = None,
 ) -> ModelAnswer:
     """Fit, check, and simulate: the model's capacity interval and, when it holds up, the narrowed bracket.
 
     ``limits``: metric (``ttft``, ``gap``, ``total``) -> ms at the quantile ``q``; ``measured``: the measured
     bracket [highest pass, lowest fail] (either end None when open); ``workload``: where each replicate's
-    requests come from. ``quick``: a fit its own probes refute is not simulated (no capacity, only why), and the
-    simulation keeps its first size. ``max_requests``: how far a wide interval's simulation may grow per replicate
-    (default :data:`SIM_GROWTH` times ``requests``)."""
+    requests come from. ``quick``: a fit its own probes refute is not simulated (no capacity, only why)."""
     fit = fit_service(probes, q, list(limits), limits)
     if fit is None:
         return ModelAnswer(None, None, None, [], None, False, "too few streams of three tokens or more to fit")
@@ -309,25 +294,19 @@ def model_answer(
         return ModelAnswer(None, None, None, [], fit, False, refuted)
     lo_m, hi_m = measured
     near = lo_m or (hi_m / 2 if hi_m else None) or max(p.rate for p in probes)
-    size, most = requests, (max_requests if max_requests is not None else SIM_GROWTH * requests)
-    while True:
-        mixes = [workload.draw(k, size, seed) for k in range(replicates)]
-        reps = Replicates(fit.engine, mixes, seed)
-        cap, jack = capacity_of(reps, limits, q, near=near)
-        if cap is None or len(jack) < 2:
-            why = "the fitted engine crosses the limits at no rate tried"
-            return ModelAnswer(None, None, None, jack, fit, False, why)
-        half = half_width(cap, jack, seeded=workload.seeded)
-        if quick or size >= most or half <= SIM_TARGET_HALF * cap or size != requests:
-            break
-        # two stages: the first size's spread chooses the second (half-widths shrink as 1/sqrt(requests)), whose
-        # interval stands as it comes; stopping at the first size that happens to look narrow would favour
-        # replicates that agree by chance. At least twice as many: the spread of eight replicates is itself
-        # uncertain by a quarter, and a few percent more requests would only draw that spread again
-        asked = math.ceil(size * (half / (SIM_TARGET_HALF * cap)) ** 2 / 1000) * 1000
-        size = min(most, max(2 * size, asked))
-        near = cap
+    mixes = [workload.draw(k, requests, seed) for k in range(replicates)]
+    reps = Replicates(fit.engine, mixes, seed)
+    cap, jack = capacity_of(reps, limits, q, near=near)
     curve = [CurvePoint(r, reps.curve[r]) for r in sorted(reps.curve)]
+    if cap is None or len(jack) < 2:
+        return ModelAnswer(None, None, None, jack, fit, False, "the fitted engine crosses the limits at no rate tried")
+    r = len(jack)
+    se = math.sqrt((r - 1) / r * sum((c - statistics.fmean(jack)) ** 2 for c in jack))
+    if not workload.seeded:
+        # the mix's own error does not average out over replicates drawn from one measured sample: the spread of
+        # a single replicate (the jackknife's times sqrt(r)) is its share, the simulation's noise on top
+        se *= math.sqrt(r)
+    half = max(T975.get(r - 1, 2.2) * se, FLOOR * cap)
     low, high = cap - half, cap + half
     why = _unusable(fit, probes, (low, high), measured, lambda bias: bias_moves_nothing(bias, reps, limits, high))
     held = "every check held"
@@ -335,22 +314,10 @@ def model_answer(
     if not why and bias is not None:
         held += f" ({systematic_error(fit.replay).split(': a ')[0]}, which moves no verdict up to {high:.3g} req/s)"
     answer = ModelAnswer(cap, low, high, jack, fit, not why, why or held, curve=curve,
-                         workload=workload.describe(), simulated=(replicates, size))  # fmt: skip
+                         workload=workload.describe())  # fmt: skip
     if not why:
         answer.bracket = (max(low, lo_m or 0.0), min(high, hi_m if hi_m is not None else math.inf))
     return answer
-
-
-def half_width(capacity: float, jack: Sequence[float], *, seeded: bool) -> float:
-    """The interval's half-width: Student's t over the jackknife of the replicates' capacities, floored at
-    :data:`FLOOR`."""
-    r = len(jack)
-    se = math.sqrt((r - 1) / r * sum((c - statistics.fmean(jack)) ** 2 for c in jack))
-    if not seeded:
-        # the mix's own error does not average out over replicates drawn from one measured sample: the spread of
-        # a single replicate (the jackknife's times sqrt(r)) is its share, the simulation's noise on top
-        se *= math.sqrt(r)
-    return max(T975.get(r - 1, 2.2) * se, FLOOR * capacity)
 
 
 def settling_answer(
