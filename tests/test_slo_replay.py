@@ -106,7 +106,7 @@ def truth() -> float:
 def test_the_interval_holds_the_capacity_and_narrows_the_bracket(truth: float) -> None:
     measured = (0.5 * truth, 1.6 * truth)  # a wide measured bracket, as a short search leaves it
     ps = probes([0.3 * truth, 0.7 * truth, 1.1 * truth])
-    answer = model_answer(ps, LIMITS, Q, measured, workload=Workload(seeded=True), requests=6000, replicates=6, seed=5)
+    answer = model_answer(ps, LIMITS, Q, measured, workload=Workload(seeded=True), requests=1500, replicates=6, seed=5)
     assert answer.usable, answer.why
     assert answer.low is not None and answer.high is not None and answer.bracket is not None
     assert answer.low <= truth <= answer.high, (answer.low, truth, answer.high)
@@ -120,7 +120,7 @@ def test_a_server_it_cannot_replay_narrows_nothing() -> None:
     """A front end holding each request an exponential time (400 ms on average): the decode fit is the engine's,
     the TTFT tail is the hold's, which no fixed front end replays."""
     ps = probes([2.0, 6.0, 9.0], front_ms=400.0, held_at_random=True)
-    answer = model_answer(ps, {"ttft": 2000.0}, Q, (2.0, None), workload=Workload(seeded=True), requests=3000,
+    answer = model_answer(ps, {"ttft": 2000.0}, Q, (2.0, None), workload=Workload(seeded=True), requests=750,
                           replicates=3, seed=5)  # fmt: skip
     assert not answer.usable and answer.bracket is None
     assert "replay" in answer.why
@@ -135,7 +135,7 @@ def test_preempting_server_and_cut_attempts_are_kept_out() -> None:
 
     pre = probes_of({4.0: [replace(a, summary=StageSummary(preemptions_delta=3.0))]}, {4.0: []})
     mix = tuple((s.prompt, s.tokens) for p in pre for at in p.attempts for s in at)
-    answer = model_answer(pre, LIMITS, Q, (None, None), workload=Workload(items=mix), requests=2000, replicates=2)
+    answer = model_answer(pre, LIMITS, Q, (None, None), workload=Workload(items=mix), requests=500, replicates=2)
     assert not answer.usable and ("preempted" in answer.why or answer.capacity is None)
 
 

@@ -182,7 +182,13 @@ def add_slo_arguments(p: argparse.ArgumentParser) -> None:
         help="simulations of the step loop fitted to the server's own streams, for the model's capacity interval "
         "(a labelled estimate that narrows the bracket only when its replay of every probe holds; 0: no model)",
     )
-    p.add_argument("--model-requests", type=int, default=10000, help="simulated requests per model replicate")
+    p.add_argument(
+        "--model-requests",
+        type=int,
+        default=10000,
+        help="simulated requests per model replicate in the check after each probe; the final answer simulates "
+        "4 times as many",
+    )
     p.add_argument(
         "--no-model-stop",
         dest="model_stop",

@@ -36,7 +36,14 @@ from tailgate.slo.confirm import (
 from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.plan import PROBE_OVERHEAD_S, SloPlan
 from tailgate.slo.pooled import pooled_verdicts
-from tailgate.slo.replay import ModelAnswer, Workload, model_answer, settling_answer, workload_of
+from tailgate.slo.replay import (
+    FINAL_GROWTH,
+    ModelAnswer,
+    Workload,
+    model_answer,
+    settling_answer,
+    workload_of,
+)
 from tailgate.slo.result import NotRun
 from tailgate.slo.search import SearchOutcome, SearchStopped, bracket, lacks_only_data, search, worth_extending
 from tailgate.slo.servicefit import Probe, probes_of
@@ -372,7 +379,8 @@ class SloRunner(ConfigRunner[ServerConfig]):
             return self._settled[1]  # computed on these very probes when the search settled
         streams = sum(len(a) for pr in probes for a in pr.attempts)
         self.log(f"[slo] {config.name}: fitting the server's step loop to {streams} streams and simulating it "
-                 f"({p.model_replicates} x {p.model_requests} requests of {workload.describe()})")  # fmt: skip
+                 f"({p.model_replicates} x {FINAL_GROWTH * p.model_requests} requests of "
+                 f"{workload.describe()})")  # fmt: skip
         return model_answer(probes, limits, q, (outcome.best, outcome.first_fail), workload=workload,
                             requests=p.model_requests, replicates=p.model_replicates, seed=p.seed)  # fmt: skip
 

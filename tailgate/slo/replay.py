@@ -61,6 +61,14 @@ FLOOR = 0.04
 """Least half-width of the model's interval, relative: the fit's own error on an engine of its family, which the
 replicates do not see (a prefill cost or step slope a few percent off). On the coverage benchmark's four shapes
 (70 searches) the centre was within 3.7% of the truth in 95% of them, and at most 4.8% off."""
+FINAL_GROWTH = 4
+"""A final answer simulates this many times ``--model-requests`` per replicate; a settling check (each probe may
+end the search) the number itself. Where a rare co-scheduling event sets a limit's p99 (two long prompts prefilled
+in one step), the simulation's own noise is most of the interval, and the jackknife of a few replicates can miss
+it: on the coverage benchmark's ``nochunk64`` engine, an engine fitted within 0.3% of every true cost gave 8.80
+req/s from 8 x 10,000 requests, with an interval whose lower end (8.44) stood above the true 8.04, where 8 x 40,000
+of the same engine give 8.10. Its true capacity from 8 x 10,000 came out +-5.6% to +-13.8%, from 8 x 40,000
++-4.1%."""
 T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 """Student's t, 97.5% two-sided, by degrees of freedom (more: 2.2)."""
 
@@ -205,6 +213,8 @@ class ModelAnswer:
     capacity simulated."""
     confirmation: Tested | None = None
     """The probes that tested this answer after the fit (None: not tested, as with ``--no-confirm``)."""
+    simulated: tuple[int, int] | None = None
+    """(replicates, simulated requests per replicate) behind the interval."""
 
     def as_dict(self) -> JsonObject:
         fit = self.fit
@@ -218,6 +228,8 @@ class ModelAnswer:
             "streams": None if fit is None else fit.streams,
             "replay": [] if fit is None else [asdict(r) for r in fit.replay],
             "curve": [p.to_json() for p in self.curve], "workload": self.workload,
+            "simulated": None if self.simulated is None else {"replicates": self.simulated[0],
+                                                              "requests": self.simulated[1]},
             "confirmation": None if self.confirmation is None else self.confirmation.to_json(),
         }  # fmt: skip
 
@@ -285,7 +297,9 @@ def model_answer(
 
     ``limits``: metric (``ttft``, ``gap``, ``total``) -> ms at the quantile ``q``; ``measured``: the measured
     bracket [highest pass, lowest fail] (either end None when open); ``workload``: where each replicate's
-    requests come from. ``quick``: a fit its own probes refute is not simulated (no capacity, only why)."""
+    requests come from; ``requests``: per replicate, in a settling check (``quick``, where also a fit its own
+    probes refute is not simulated: no capacity, only why); a final answer simulates :data:`FINAL_GROWTH` times
+    as many."""
     fit = fit_service(probes, q, list(limits), limits)
     if fit is None:
         return ModelAnswer(None, None, None, [], None, False, "too few streams of three tokens or more to fit")
@@ -294,7 +308,8 @@ def model_answer(
         return ModelAnswer(None, None, None, [], fit, False, refuted)
     lo_m, hi_m = measured
     near = lo_m or (hi_m / 2 if hi_m else None) or max(p.rate for p in probes)
-    mixes = [workload.draw(k, requests, seed) for k in range(replicates)]
+    size = requests if quick else FINAL_GROWTH * requests
+    mixes = [workload.draw(k, size, seed) for k in range(replicates)]
     reps = Replicates(fit.engine, mixes, seed)
     cap, jack = capacity_of(reps, limits, q, near=near)
     curve = [CurvePoint(r, reps.curve[r]) for r in sorted(reps.curve)]
@@ -314,7 +329,7 @@ def model_answer(
     if not why and bias is not None:
         held += f" ({systematic_error(fit.replay).split(': a ')[0]}, which moves no verdict up to {high:.3g} req/s)"
     answer = ModelAnswer(cap, low, high, jack, fit, not why, why or held, curve=curve,
-                         workload=workload.describe())  # fmt: skip
+                         workload=workload.describe(), simulated=(replicates, size))  # fmt: skip
     if not why:
         answer.bracket = (max(low, lo_m or 0.0), min(high, hi_m if hi_m is not None else math.inf))
     return answer
@@ -331,13 +346,16 @@ def settling_answer(
     """The fitted answer when it may end a search early, else None: it needs a measured failure above the
     capacity and :data:`STOP_PROBES` probes to be checked against (fewer cannot show a systematic error), every
     check held, and its narrowed bracket within the resolution (``narrow(low, high)``). The measured bracket is
-    then what those probes gave, and the answer is labelled a model estimate as always."""
+    then what those probes gave, and the answer is labelled a model estimate as always. A quick check (the fit
+    refused before any simulation, the settling size) finds the candidates; the answer that ends the search is
+    the final one, simulated at its full size, and it must be narrow too."""
     if len(probes) < STOP_PROBES or measured[1] is None:
         return None
-    answer = model_answer(probes, limits, q, measured, quick=True, **simulation)
-    if answer.usable and answer.bracket is not None and narrow(*answer.bracket):
-        return answer
-    return None
+    for quick in (True, False):
+        answer = model_answer(probes, limits, q, measured, quick=quick, **simulation)
+        if not (answer.usable and answer.bracket is not None and narrow(*answer.bracket)):
+            return None
+    return answer
 
 
 def systematic_bias(replay: Sequence[ReplayRow]) -> tuple[str, float, int] | None:
