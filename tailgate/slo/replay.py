@@ -65,7 +65,7 @@ FINAL_GROWTH = 4
 """A final answer simulates this many times ``--model-requests`` per replicate; a settling check (each probe may
 end the search) the number itself. Where a rare co-scheduling event sets a limit's p99 (two long prompts prefilled
 in one step), the simulation's own noise is most of the interval, and the jackknife of a few replicates can miss
-it: on the coverage benchmark's ``nochunk64`` engine, an engine fitted within 0.3% of every true cost gave 8.80
+it: on the coverage benchmark's ``nochunk64`` engine, an engine fitted within 0.5% of every true cost gave 8.80
 req/s from 8 x 10,000 requests, with an interval whose lower end (8.44) stood above the true 8.04, where 8 x 40,000
 of the same engine give 8.10. Its true capacity from 8 x 10,000 came out +-5.6% to +-13.8%, from 8 x 40,000
 +-4.1%."""
