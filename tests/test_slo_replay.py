@@ -20,6 +20,7 @@ from tailgate.contracts import StageSummary
 from tailgate.load.workload import make_trace
 from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.replay import (
+    FINAL_GROWTH,
     ModelAnswer,
     Replicates,
     Workload,
@@ -114,6 +115,7 @@ def test_the_interval_holds_the_capacity_and_narrows_the_bracket(truth: float) -
     assert measured[0] <= lo and hi <= measured[1] and (hi - lo) / truth <= 0.25
     doc = answer.as_dict()
     assert doc["label"] == "model estimate, not a measurement" and len(doc["leave_one_out"]) == 6
+    assert doc["simulated"] == {"replicates": 6, "requests": FINAL_GROWTH * 1500}
 
 
 def test_a_server_it_cannot_replay_narrows_nothing() -> None:
@@ -263,6 +265,7 @@ def test_a_checked_model_may_end_the_search_only_past_five_probes_and_a_failure(
     answer = settling_answer(ps, LIMITS, Q, (rates[0], rates[4]), within(0.2), **sim)
     assert answer is not None and answer.usable and answer.bracket is not None
     assert answer.bracket[0] <= truth <= answer.bracket[1]
+    assert answer.simulated == (6, FINAL_GROWTH * 6000)  # what ends a search is a final answer, at its full size
     held = settling_answer(
         probes(rates, front_ms=400.0, held_at_random=True),
         {"ttft": 2000.0},

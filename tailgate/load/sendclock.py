@@ -13,9 +13,10 @@ loop runs callbacks back to back for up to the switch interval (5 ms) without po
 arrived during the spin was stamped late, by up to the whole spin.
 
 The spin behind a timerfd follows how late this host's wake-ups are: twice the recent peak lateness (a peak
-that decays by 1/64 a wake) plus 10 us, between 15 and 100 us. A fixed 100 us covered a busy 2-core machine,
-where wake-ups come 20-60 us late, but on a quiet host (5-10 us late) it spent ~3% of the load process's CPU
-spinning for nothing (``benchmarks/results/cpu-per-chunk-2core/``).
+that decays by 1/64 a wake) plus 10 us, between 15 and 100 us. A fixed 100 us is what a 2-core VM needs (its
+wake-ups come 34 us late at p10, 50-80 us at p50, 260-400 us at p99, even at a timer slack of 1 ns), and there
+the spin stays near it; where wake-ups are prompt, spinning 25 us instead of 100 saves ~3% of the load
+process's CPU per chunk (measured on the 2-core machine, ``benchmarks/results/cpu-per-chunk-2core/``).
 
 ``TAILGATE_SPIN_US`` fixes the spin's length (microseconds) to measure what it costs;
 ``TAILGATE_SEND_TIMERFD=0`` keeps gevent's own timer (and the 1.5-ms spin) to compare the two.
@@ -37,10 +38,9 @@ TIMERFD_ENV = "TAILGATE_SEND_TIMERFD"
 LOOP_TIMER_SPIN_NS = 1_500_000
 """The spin behind gevent's own timer: its overshoot, about a millisecond, with room."""
 TIMERFD_SPIN_NS = 100_000
-"""The longest spin behind a timerfd (and the first): its wake-up's lateness on a busy 2-core machine, 20-60 us,
-with room."""
+"""The longest spin behind a timerfd (and the first): covers the wake-ups of a busy 2-core machine at their median."""
 TIMERFD_SPIN_MIN_NS = 15_000
-"""The shortest: a quiet host's wake-up lateness, 5-10 us, with room."""
+"""The shortest: a host whose wake-ups are prompt still pays a loop turn or two of lateness."""
 SPIN_MARGIN_NS = 10_000
 PEAK_DECAY_SHIFT = 6
 """The peak lateness loses 1/64 of itself a wake: half-life ~44 sends, so one late wake-up widens the spin for a
