@@ -93,7 +93,7 @@ class FifoSlots:
         return {"kind": "fifo-slots", **asdict(self)}
 
     def __call__(self, arrivals: Sequence[tuple[int, int, int]]) -> list[Outcome]:
-        rng = random.Random(self.seed)  # the same speeds by arrival index at every rate: common random numbers
+        rng = random.Random(self.seed)  # the speeds by arrival index: a probe draws a seed of its own
         free = [0] * self.slots
         out = []
         for t, prompt, tokens in sorted(arrivals):
@@ -117,8 +117,12 @@ def served(server: Server) -> Callable[[list[tuple[int, int, int]]], list[Outcom
 def simulated_probe(
     model: Server, rate: float, *, seed: int, duration: float, min_n: int, warmup: int
 ) -> slo.ProbeAttempt:
-    """One probe as ``tailgate slo`` runs it, in virtual time: an attempt's data for the verdict."""
+    """One probe as ``tailgate slo`` runs it, in virtual time: an attempt's data for the verdict. FIFO slots draw
+    their speeds afresh for each probe, as a real server's requests do: with one sequence for every probe, each
+    search's probes would share the same few hundred speeds, and their verdicts would err together."""
     n = max(min_n, math.ceil(rate * duration))
+    if isinstance(model, FifoSlots):
+        model = replace(model, seed=seed)
     arrivals = poisson_arrivals(rate, lengths_of(n + warmup, seed), seed + 1)
     outs = served(model)(arrivals)
     recs = [o.record(i, a[1], a[2], rate=rate) for i, (o, a) in enumerate(zip(outs, arrivals, strict=True))]
