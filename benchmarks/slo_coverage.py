@@ -54,7 +54,7 @@ from tailgate.slo.confirm import (
     settle_confirmed,
 )
 from tailgate.slo.model import RateModel, binding_model
-from tailgate.slo.plan import attempt_size
+from tailgate.slo.plan import attempt_size, confirmation_seed
 from tailgate.slo.replay import (
     ModelAnswer,
     Replicates,
@@ -215,7 +215,8 @@ class Search:
                 if k == first:
                     raise slo.SearchStopped(f"{self.seconds:.0f} s spent")
                 break
-            s = self.seed + 1000 * k  # each attempt a new sample of the workload, as the extensions draw
+            # each attempt a new sample of the workload, as the extensions draw; a confirmation one of its own
+            s = confirmation_seed(self.seed, rate, k + 1) if phase == "confirm" else self.seed + 1000 * k
             attempt = simulated_probe(self.model, rate, seed=s, duration=0, min_n=n, warmup=a.warmup)
             attempts.append(replace(attempt, workload=s))  # the seed of its trace, as tailgate slo records it
             self.seconds += cost

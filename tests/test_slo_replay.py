@@ -362,6 +362,10 @@ def test_the_runner_ends_a_search_the_checked_model_settles(tmp_path: Path, trut
     assert confirmed["stands"] and len(tested) == 2 and [c["side"] for c in confirmed["probes"]] == ["above", "below"]
     assert tested[0]["rate"] > fitted["interval"][1] * 0.999 and tested[1]["rate"] < fitted["interval"][0] * 1.001
     assert all(p["attempts"][0]["n_measured"] >= 1.4 * 900 for p in tested)
+    # each on a sample of the workload of its own: a rescaled replay of the search's sample is no new evidence
+    search_seeds = {a["seed"] for p in searched for a in p["attempts"]}
+    confirm_seeds = [a["seed"] for p in tested for a in p["attempts"]]
+    assert len(set(confirm_seeds)) == len(confirm_seeds) and not search_seeds & set(confirm_seeds), confirm_seeds
     assert confirmed["pooled"] and confirmed["pooled"][0]["windows"], confirmed
     assert any("measured |" in line for line in "\n".join(lines).splitlines())  # the picture of the answer
 

@@ -126,6 +126,13 @@ class SloPlan:
         extra = attempt - 1 - self.reruns
         return self.seed if extra <= 0 else self.seed + EXTEND_SEED_STEP * extra
 
+    def confirm_seed(self, rate: float, attempt: int) -> int:
+        """The trace seed of a confirmation probe's attempt: a sample of its own, never one a search probe drew.
+        Every rate's first attempt replays the plan's sample, so a confirmation on it would rescale the requests
+        and arrivals the model was fitted to: where that sample happened to be benign (a rate under it passed),
+        the probe just over the capacity passes with it. Set by the rate, so a resumed search draws the same."""
+        return confirmation_seed(self.seed, rate, attempt)
+
     def search_budget(self, capacity_low: float) -> float:
         """Seconds the search's own probes may spend: the budget less what the confirmation probes near
         ``capacity_low`` (:func:`tailgate.slo.confirm.reserve_rate`) would need, a refit's included."""
@@ -155,5 +162,14 @@ class SloPlan:
 
 EXTEND_SEED_STEP = 1000
 """Seed distance of an extension's workload from the plan's (far from the suite's own seed + 100 re-draws)."""
+CONFIRM_SEED_BASE = 500
+"""Confirmation seeds sit between the extensions' (plan seed + 1,000 k): no search probe draws them."""
+
+
+def confirmation_seed(seed: int, rate: float, attempt: int) -> int:
+    """A confirmation probe's sample at ``rate`` (attempt 1-based), from the plan's ``seed``."""
+    return seed + CONFIRM_SEED_BASE + round(rate * 1000) * EXTEND_SEED_STEP + attempt
+
+
 QUEUE_STOP_SHARE = 0.25
 """A quarter of a probe's requests waiting at once: no server that keeps up queues that many."""

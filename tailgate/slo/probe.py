@@ -243,7 +243,8 @@ class SloRunner(ConfigRunner[ServerConfig]):
         first = len(attempts) + 1
         for attempt in range(first, first + p.looks):
             out = self.root / probe_dir_name(config.name, rate, attempt)
-            seed = p.attempt_seed(attempt)  # a re-run repeats the workload; an extension draws a new sample
+            # a re-run repeats the workload, an extension draws a new sample, a confirmation one of its own
+            seed = p.confirm_seed(rate, attempt) if phase == "confirm" else p.attempt_seed(attempt)
             mark_path = out / PROBE_MARK
             if mark_path.exists():
                 mark = ProbeMark.read(mark_path)
