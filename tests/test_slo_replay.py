@@ -34,8 +34,9 @@ from tailgate.slo.replay import (
 )
 from tailgate.slo.servicefit import Probe, ReplayRow, fit_service, probes_of, replay, replay_fit, replay_rows
 from tailgate.slo.stepfit import fit_costs, prefill_from_idle, streams_of
+from tailgate.slo.ttftnoise import lone_delays
 from tailgate.stats import measured_records
-from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
+from tailgate.verify.groundtruth.engine import EngineModel, EngineModelError, poisson_arrivals, simulate
 
 ENGINE = EngineModel(slots=8, step_ms=2.0, step_ms_per_seq=0.4, prefill_ms_per_token=0.004)
 LIMITS = {"ttft": 800.0}
@@ -54,13 +55,22 @@ def attempt(
     warmup: int = 25,
     engine: EngineModel = ENGINE,
     held_at_random: bool = False,
+    held_in_line: bool = False,
 ) -> ProbeAttempt:
     """One probe attempt as ``tailgate slo`` hands it over: every record, the measured ones past the warm-up.
     ``front_ms`` holds every request that long before the engine sees it; ``held_at_random``: each request for an
-    exponential time of that mean instead (a front end outside the model's family: its TTFT tail is the hold's)."""
+    exponential time of that mean instead (a spread the model draws from its lone requests); ``held_in_line``: a
+    front end that serves one request at a time for that exponential time, so a request also waits for those
+    ahead of it (outside the model's family: the hold grows with the load, which no lone request shows)."""
     arrivals = poisson_arrivals(rate, lengths(n + warmup, seed), seed + 1)
     rng = random.Random(seed)
-    holds = [round((rng.expovariate(1.0 / front_ms) if held_at_random else front_ms) * 1e6) for _ in arrivals]
+    holds = [round((rng.expovariate(1.0 / front_ms) if held_at_random or held_in_line else front_ms) * 1e6)
+             for _ in arrivals]  # fmt: skip
+    if held_in_line:
+        free = 0
+        for k, ((a, _, _), h) in enumerate(zip(arrivals, holds, strict=True)):
+            free = max(free, a) + h
+            holds[k] = free - a
     # +k keeps every engine arrival distinct, so each outcome finds its request
     delayed = [(a + h + k, p, m) for k, ((a, p, m), h) in enumerate(zip(arrivals, holds, strict=True))]
     by_arrival = {o.arrival_ns: o for o in simulate(engine, delayed)}
@@ -77,9 +87,14 @@ def attempt(
 
 
 def probes(
-    rates: list[float], front_ms: float = 0.0, engine: EngineModel = ENGINE, held_at_random: bool = False
+    rates: list[float],
+    front_ms: float = 0.0,
+    engine: EngineModel = ENGINE,
+    held_at_random: bool = False,
+    held_in_line: bool = False,
 ) -> list[Probe]:
-    by_rate = {r: [attempt(r, 900, 11 + k, front_ms, engine=engine, held_at_random=held_at_random)]
+    by_rate = {r: [attempt(r, 900, 11 + k, front_ms, engine=engine, held_at_random=held_at_random,
+                           held_in_line=held_in_line)]
                for k, r in enumerate(rates)}  # fmt: skip
     return probes_of(by_rate, {r: [] for r in rates})
 
@@ -119,9 +134,9 @@ def test_the_interval_holds_the_capacity_and_narrows_the_bracket(truth: float) -
 
 
 def test_a_server_it_cannot_replay_narrows_nothing() -> None:
-    """A front end holding each request an exponential time (400 ms on average): the decode fit is the engine's,
-    the TTFT tail is the hold's, which no fixed front end replays."""
-    ps = probes([2.0, 6.0, 9.0], front_ms=400.0, held_at_random=True)
+    """A front end serving one request at a time for an exponential time (80 ms on average): the decode fit is
+    the engine's, the TTFT tail is the front end's queue, which grows with the load as no lone request shows."""
+    ps = probes([2.0, 6.0, 9.0], front_ms=80.0, held_in_line=True)
     answer = model_answer(ps, {"ttft": 2000.0}, Q, (2.0, None), workload=Workload(seeded=True), requests=750,
                           replicates=3, seed=5)  # fmt: skip
     assert not answer.usable and answer.bracket is None
@@ -267,7 +282,7 @@ def test_a_checked_model_may_end_the_search_only_past_five_probes_and_a_failure(
     assert answer.bracket[0] <= truth <= answer.bracket[1]
     assert answer.simulated == (6, FINAL_GROWTH * 6000)  # what ends a search is a final answer, at its full size
     held = settling_answer(
-        probes(rates, front_ms=400.0, held_at_random=True),
+        probes(rates, front_ms=80.0, held_in_line=True),
         {"ttft": 2000.0},
         Q,
         (rates[0], rates[4]),
@@ -522,3 +537,48 @@ def test_an_overloaded_probe_chooses_costs_by_its_tail_alone() -> None:
     assert loose == whole
     assert tight == pytest.approx(sum(math.log(max(r.model, 1.0) / max(r.measured, 1.0)) ** 2 for r in rows), rel=0.02)
     assert tight != whole
+
+
+def test_a_lone_requests_spread_is_drawn_at_its_prompt_length() -> None:
+    quiet = EngineModel(slots=8, step_ms=2.0, step_ms_per_seq=0.0, prefill_ms_per_token=0.01)
+    noisy = replace(quiet, frontend_noise=((200, 0.0), (200, 10.0), (6000, 100.0), (6000, 300.0)))
+    arrivals = [(k * 2_000_000_000, p, 3) for k, p in enumerate([200, 6000, 1200, 200, 6000] * 8)]
+    base = simulate(quiet, arrivals)
+
+    def extra(engine: EngineModel) -> list[float]:
+        return [round(o.ttft_ms - b.ttft_ms, 6) for o, b in zip(simulate(engine, arrivals), base, strict=True)]
+
+    drawn = extra(noisy)
+    for (_, prompt, _), x in zip(arrivals, drawn, strict=True):
+        assert x in ({0.0, 10.0} if prompt == 200 else {100.0, 300.0}), (prompt, x)  # 1,200: nearer 6,000 by ratio
+    assert set(drawn) == {0.0, 10.0, 100.0, 300.0}
+    assert extra(noisy) == drawn and extra(replace(noisy, noise_seed=1)) != drawn  # one seed, one sequence
+    assert extra(replace(quiet, frontend_noise=((200, -50.0),))) == [0.0] * len(arrivals)  # never before arrival
+    assert EngineModel.from_dict(noisy.describe()) == noisy
+    assert "frontend_noise" not in quiet.describe()  # an engine without noise reads as it always did
+    for bad in ([[200]], [[0, 5.0]], [["200", 5.0]], [[200, math.inf]], 3):
+        with pytest.raises(EngineModelError, match="frontend_noise"):
+            EngineModel.from_dict({"frontend_noise": bad})
+
+
+def test_the_spread_of_lone_requests_is_measured_replayed_and_answered() -> None:
+    """A front end holding each request an exponential time (100 ms on average), independently: the TTFT's p99
+    at a low rate is the holds' tail, which a model without their spread replays short. Measured on the requests
+    that found no queue and drawn per request, it replays every probe, and the capacity answered holds the true
+    one (the engine with those holds, simulated long)."""
+    assert lone_delays(ENGINE, probes([2.0, 6.0, 9.0])) == ()  # the model's own family: no spread
+    ps = probes([2.0, 6.0, 9.0], front_ms=100.0, held_at_random=True)
+    limits = {"ttft": 1000.0}
+    fit = fit_service(ps, Q, ("ttft",), limits)
+    assert fit is not None and fit.engine.frontend_noise and fit.consistent, fit
+    quiet = replay_rows(replace(fit.engine, frontend_noise=()), ps, Q)
+    assert quiet[0].rate == 2.0 and quiet[0].model < 0.85 * quiet[0].measured, quiet[0]
+    holds = [-100.0 * math.log(1.0 - (i + 0.5) / 2000) for i in range(2000)]
+    server = replace(ENGINE, frontend_noise=tuple((p, h) for p in (200, 1000, 6000) for h in holds))
+    mixes = [lengths(30000, 500 + k) for k in range(3)]
+    truth, _ = capacity_of(Replicates(server, mixes, seed=3), limits, Q, near=5.0, tolerance=0.002)
+    assert truth is not None
+    answer = model_answer(ps, limits, Q, (2.0, None), workload=Workload(seeded=True), requests=1500,
+                          replicates=4, seed=5)  # fmt: skip
+    assert answer.usable and answer.low is not None and answer.high is not None, answer.why
+    assert answer.low <= truth <= answer.high, (answer.low, truth, answer.high)

@@ -30,7 +30,7 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
@@ -90,7 +90,12 @@ class Replicates:
         """``server``: what serves the simulated arrivals, when not ``engine``'s step loop (a benchmark's
         truth of a server outside the model's family)."""
         self.engine = engine
-        self.server: Server = server if server is not None else partial(simulate, engine)
+        self.servers: list[Server] = [
+            server if server is not None
+            # a noisy engine draws its prefills afresh in each replicate, as its arrivals are
+            else partial(simulate, replace(engine, noise_seed=seed * 104729 + k) if engine.frontend_noise else engine)
+            for k in range(len(mixes))
+        ]  # fmt: skip
         self.mixes = mixes
         rngs = [random.Random(seed * 104729 + k) for k in range(len(mixes))]
         self.gaps = [[rng.expovariate(1.0) for _ in m] for rng, m in zip(rngs, mixes, strict=True)]
@@ -104,12 +109,12 @@ class Replicates:
         if rate not in self.counts:
             rows = []
             per_rep: list[dict[str, list[float]]] = []
-            for mix, gaps in zip(self.mixes, self.gaps, strict=True):
+            for mix, gaps, server in zip(self.mixes, self.gaps, self.servers, strict=True):
                 t, arrivals = 0.0, []
                 for (p, mx), g in zip(mix, gaps, strict=True):
                     t += g / rate  # common random numbers: the same unit-rate draws at every rate
                     arrivals.append((round(t * 1e9), p, mx))
-                outs: list[Outcome] = self.server(arrivals)[len(arrivals) // 20 :]  # the empty start out
+                outs: list[Outcome] = server(arrivals)[len(arrivals) // 20 :]  # the empty start out
                 rows.append({m: (sum(1 for o in outs if getattr(o, METRIC_OF_OUTCOME[m]) > lim), len(outs))
                              for m, lim in limits.items()})  # fmt: skip
                 per_rep.append({m: [getattr(o, METRIC_OF_OUTCOME[m]) for o in outs] for m in limits})

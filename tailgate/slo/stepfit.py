@@ -236,21 +236,28 @@ def fit_step_cost(rows: Sequence[Row], prefill: float | None = None) -> tuple[fl
     return None
 
 
-def idle_rows(streams: Sequence[Stream]) -> list[Row]:
-    """(1, TTFT ms, streams running, prompt tokens) of each request that found no earlier request still waiting
-    for its first token and saw none arrive before its own: its TTFT is one prefill beside the running decodes."""
+def idle_streams(streams: Sequence[Stream], alone: bool = True) -> list[tuple[Stream, int]]:
+    """Each request that found no earlier request still waiting for its first token and (``alone``) saw none
+    arrive before its own, with the count of streams running when it came: its TTFT is one prefill beside the
+    running decodes. Without ``alone`` a slow first token is not what leaves a request out (a later arrival's
+    chance to come first grows with it), at the price of a later prompt's prefill sharing its step now and then."""
     order = sorted(streams, key=lambda s: s.intended)
     waiting_until = float("-inf")  # the latest first token among the requests that arrived before
     starts = _count_steps(order)
     times = [t for t, _ in starts]
-    rows = []
+    out = []
     for k, s in enumerate(order):
-        alone = k + 1 == len(order) or order[k + 1].intended >= s.first
-        if waiting_until <= s.intended and alone:
+        first_alone = not alone or k + 1 == len(order) or order[k + 1].intended >= s.first
+        if waiting_until <= s.intended and first_alone:
             i = bisect.bisect_right(times, s.intended) - 1
-            rows.append((1.0, s.ttft_ms, float(starts[i][1]) if i >= 0 else 0.0, float(s.prompt)))
+            out.append((s, starts[i][1] if i >= 0 else 0))
         waiting_until = max(waiting_until, s.first)
-    return rows
+    return out
+
+
+def idle_rows(streams: Sequence[Stream]) -> list[Row]:
+    """(1, TTFT ms, streams running, prompt tokens) of each of :func:`idle_streams`."""
+    return [(1.0, s.ttft_ms, float(running), float(s.prompt)) for s, running in idle_streams(streams)]
 
 
 def _idle_fit(rows: Sequence[Row], square: bool) -> list[float] | None:

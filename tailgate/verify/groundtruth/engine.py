@@ -14,6 +14,9 @@ small enough to reason about and rich enough to show what a real scheduler does 
 - with ``frontend_ms`` and ``frontend_ms_per_token`` a request reaches the scheduler that long (plus so much per
   prompt token) after it arrived (the front end parses, tokenizes and copies the prompt beside the engine): its
   own TTFT pays it, no step does;
+- with ``frontend_noise``, each request reaches the scheduler later again by a delay drawn (seeded) from those
+  measured on requests of its prompt's length: a real server's lone long prompt is answered in 180 ms one time
+  and 330 the next, without stalling anyone, and at low load that spread, not any queue, is the TTFT's p99;
 - with ``chunked`` on, a step prefills at most ``chunk_tokens`` prompt tokens, which bounds the stall
   and spreads a long prompt over several steps;
 - with a KV pool (``kv_capacity_tokens``), admission waits for room and a running batch that outgrows
@@ -68,10 +71,17 @@ class EngineModel:
     """ms between a request's arrival and its entry into the scheduler's queue, whatever its prompt."""
     frontend_ms_per_token: float = 0.0
     """ms per prompt token on top of ``frontend_ms``."""
+    frontend_noise: tuple[tuple[int, float], ...] = ()
+    """(prompt tokens, ms) pairs: a request waits one of the delays measured at the prompt length nearest its own
+    on top of the front end's (never before its arrival; empty: no spread)."""
+    noise_seed: int = 0
+    """Seeds the draws of ``frontend_noise``: one engine run, one sequence."""
 
-    def ready_ns(self, arrival_ns: int, prompt_tokens: int) -> int:
-        """When a request that arrived at ``arrival_ns`` joins the scheduler's queue."""
-        return arrival_ns + round((self.frontend_ms + self.frontend_ms_per_token * prompt_tokens) * MS)
+    def ready_ns(self, arrival_ns: int, prompt_tokens: int, extra_ms: float = 0.0) -> int:
+        """When a request that arrived at ``arrival_ns`` joins the scheduler's queue (``extra_ms``: its draw of
+        :attr:`frontend_noise`)."""
+        delay = self.frontend_ms + self.frontend_ms_per_token * prompt_tokens + extra_ms
+        return arrival_ns + max(0, round(delay * MS))
 
     @classmethod
     def from_dict(cls, doc: object) -> EngineModel:
@@ -82,11 +92,25 @@ class EngineModel:
         unknown = set(doc) - set(known)
         if unknown:
             raise EngineModelError(f"unknown engine settings {sorted(unknown)}; known: {sorted(known)}")
-        model = cls(**doc)
-        for name in ("slots", "chunk_tokens"):
+        noise = doc.get("frontend_noise", ())
+        if not isinstance(noise, list | tuple) or not all(
+            isinstance(pair, list | tuple)
+            and len(pair) == 2
+            and isinstance(pair[0], int)
+            and not isinstance(pair[0], bool)
+            and pair[0] > 0
+            and isinstance(pair[1], int | float)
+            and not isinstance(pair[1], bool)
+            and math.isfinite(pair[1])
+            for pair in noise
+        ):
+            raise EngineModelError(f"engine frontend_noise must be [prompt tokens, ms] pairs, got {noise!r}")
+        model = cls(**{**doc, "frontend_noise": tuple((int(p), float(ms)) for p, ms in noise)})
+        for name in ("slots", "chunk_tokens", "noise_seed"):
             v = getattr(model, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise EngineModelError(f"engine {name} must be an integer >= 1, got {v!r}")
+            least = 0 if name == "noise_seed" else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise EngineModelError(f"engine {name} must be an integer >= {least}, got {v!r}")
         kv = model.kv_capacity_tokens
         if isinstance(kv, bool) or not isinstance(kv, int) or kv < 0:
             raise EngineModelError(f"engine kv_capacity_tokens must be an integer >= 0, got {kv!r}")
@@ -108,7 +132,13 @@ class EngineModel:
         return model
 
     def describe(self) -> JsonObject:
-        return asdict(self)
+        """The settings, the noise's only where there is noise (so an engine without it reads as it always did)."""
+        doc: JsonObject = asdict(self)
+        if not self.frontend_noise:
+            del doc["frontend_noise"], doc["noise_seed"]
+        else:
+            doc["frontend_noise"] = [list(pair) for pair in self.frontend_noise]
+        return doc
 
 
 @dataclass(slots=True, eq=False)
@@ -131,6 +161,27 @@ class EngineRequest:
         self.prefill_left = self.prompt_tokens
 
 
+class FrontendNoise:
+    """Draws of :attr:`EngineModel.frontend_noise`: among the delays measured at the prompt length nearest a
+    request's own (by ratio), one at random."""
+
+    def __init__(self, pairs: Sequence[tuple[int, float]], seed: int) -> None:
+        self._rng = random.Random(seed)
+        self._by_prompt: dict[int, list[float]] = {}
+        for prompt, ms in pairs:
+            self._by_prompt.setdefault(prompt, []).append(ms)
+        self._lengths = sorted(self._by_prompt)
+        self._nearest: dict[int, list[float]] = {}
+
+    def draw(self, prompt_tokens: int) -> float:
+        delays = self._nearest.get(prompt_tokens)
+        if delays is None:
+            p = max(1, prompt_tokens)
+            near = min(self._lengths, key=lambda n: abs(math.log(n / p)))
+            delays = self._nearest[prompt_tokens] = self._by_prompt[near]
+        return self._rng.choice(delays)
+
+
 class Engine:
     """The scheduler: submit requests, start a step, finish it; the caller owns the clock."""
 
@@ -147,6 +198,12 @@ class Engine:
         wait for the next step, as they would have in a step-by-step clock)."""
         self._emit: list[EngineRequest] = []
         self._prefilled = 0
+        self._noise = FrontendNoise(model.frontend_noise, model.noise_seed) if model.frontend_noise else None
+
+    def ready_ns(self, arrival_ns: int, prompt_tokens: int) -> int:
+        """When a request joins the queue: the model's front end, and its own draw of the front end's spread."""
+        extra = self._noise.draw(prompt_tokens) if self._noise is not None else 0.0
+        return self.model.ready_ns(arrival_ns, prompt_tokens, extra)
 
     # -- state
     @property
@@ -277,7 +334,7 @@ def simulate(model: EngineModel, arrivals: Iterable[tuple[int, int, int]], *, fa
     """
     engine = Engine(model)
     # (joins the queue, arrival, prompt, max tokens): a front end's delay may reorder requests
-    pending = deque(sorted((model.ready_ns(a, p), a, p, mx) for a, p, mx in arrivals))
+    pending = deque(sorted((engine.ready_ns(a, p), a, p, mx) for a, p, mx in arrivals))
     reqs: list[EngineRequest] = []
     # per request: [first token ns, last token ns, worst gap ns, end of the worst gap ns]
     stats: dict[int, list[int]] = {}

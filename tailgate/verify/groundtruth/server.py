@@ -149,7 +149,7 @@ class GroundTruthServer:
         engine = self.engine
         if engine is None:  # switched off since the request arrived: it is not served
             return
-        ready = engine.model.ready_ns(req.arrival_ns, req.prompt_tokens)
+        ready = engine.ready_ns(req.arrival_ns, req.prompt_tokens)
         if ready > req.arrival_ns:  # the front end holds it first, off the engine's steps
             self.loop.call_at(ready * 1e-9, self._engine_enqueue, engine, req, ready)
         else:
