@@ -85,6 +85,19 @@ def refit(root: Path, config: dict[str, Any], plan: dict[str, Any], args: argpar
             "fitted": answer.as_dict()}  # fmt: skip
 
 
+def noise_text(pairs: list[list[float]]) -> str:
+    """Per prompt length: how many delays, and their 10th, 50th and 90th percentiles (ms)."""
+    by_length: dict[int, list[float]] = {}
+    for prompt, ms in pairs:
+        by_length.setdefault(int(prompt), []).append(float(ms))
+    parts = []
+    for prompt, delays in sorted(by_length.items()):
+        d = sorted(delays)
+        at = [d[min(len(d) - 1, int(q * len(d)))] for q in (0.1, 0.5, 0.9)]
+        parts.append(f"{prompt} tokens: {len(d)}, p10/p50/p90 {at[0]:+.1f} / {at[1]:+.1f} / {at[2]:+.1f} ms")
+    return "; ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("results", type=Path)
@@ -112,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{e.get('frontend_ms', 0):.3g} ms + {e.get('frontend_ms_per_token', 0):.3g} ms/token), "
               f"{'chunks of ' + str(e.get('chunk_tokens')) if e.get('chunked') else 'whole prompts'}; "
               f"{f['streams']} streams; requests from {f['workload']}")  # fmt: skip
+        if e.get("frontend_noise"):
+            print(f"  lone requests' TTFT spread drawn per request: {noise_text(e['frontend_noise'])}")
         for r in f["replay"]:
             print(f"    {r['rate']:>6g} req/s {r['key']:<9} measured {r['measured']:>7.1f} ms  replayed "
                   f"{r['model']:>7.1f} ms  interval [{r['low']}, {r['high']}]  "
