@@ -92,7 +92,7 @@ class Replicates:
         self.engine = engine
         self.servers: list[Server] = [
             server if server is not None
-            # a noisy engine draws its prefills afresh in each replicate, as its arrivals are
+            # a noisy engine draws its front-end delays afresh in each replicate, as its arrivals are
             else partial(simulate, replace(engine, noise_seed=seed * 104729 + k) if engine.frontend_noise else engine)
             for k in range(len(mixes))
         ]  # fmt: skip
