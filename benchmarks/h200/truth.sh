@@ -7,6 +7,7 @@
 #   bash benchmarks/h200/truth.sh CONFIG RATES [N]
 #     CONFIG: chunked (engine default) or nochunk (--no-enable-chunked-prefill); RATES: comma-separated req/s
 #   SERVE=1 (default) starts the configuration's server first (go.sh serve, ~95-115 s); SERVE=0 uses the one up.
+#   STAGE_WARMUP=K sends K unmeasured requests first (default 100 with SERVE=1, none with SERVE=0).
 #   One call may run 10 minutes: 4,000 requests take 4000/RATE s of arrivals, plus ~20 s of stage warm-up when
 #   SERVE=1 (one round of 100 requests). Results stay in /tmp/w/truth (warm calls share it); each call packs the
 #   whole folder into $OUT/truth.tar.gz. Here:
@@ -23,7 +24,7 @@ case "$config" in
   *) echo "unknown configuration $config (chunked, nochunk)"; exit 2 ;;
 esac
 python3 -c "import locust, gevent" 2>/dev/null || { echo "truth.sh: run benchmarks/h200/loadpath.sh first"; exit 2; }
-warm=0
+warm=${STAGE_WARMUP:-0}
 if [ "${SERVE:-1}" = 1 ]; then
   bash "$GO" serve "$config" ${flags[@]+"${flags[@]}"} | tail -3 || exit 1
   warm=${STAGE_WARMUP:-100}
