@@ -6,7 +6,7 @@ the given simulation size, and prints each configuration's measured bracket, the
 replay beside what was measured, and the narrowed bracket or why there is none. Nothing is written unless
 ``--json`` names a file.
 
-Run: ``python benchmarks/slo_refit.py RESULTS [--replicates 8] [--requests 10000] [--json out.json]``
+Run: ``python benchmarks/slo_refit.py RESULTS [--replicates 8] [--requests 10000] [--json out.json] [--any-policy]``
 (for the H200 search kept in the tree: ``tar xzf results/h200/slo-fitted/results-slo-chunked.tar.gz -C /tmp``
 then ``python benchmarks/slo_refit.py /tmp/slo``).
 """
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tailgate.records import read_records
 from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.replay import Workload, model_answer, workload_of
-from tailgate.slo.servicefit import Probe, probes_of
+from tailgate.slo.servicefit import CHUNK_CHOICES, Probe, prefill_choices, probes_of
 from tailgate.slo.verdict import Check
 from tailgate.stats import measured_records
 
@@ -41,6 +41,8 @@ class Search:
     measured: tuple[float | None, float | None]
     workload: Workload
     seed: int
+    chunks: tuple[int, ...] = CHUNK_CHOICES
+    """The prefill policies the server's knobs allow (:func:`prefill_choices`)."""
 
 
 def load_search(root: Path, config: dict[str, Any], plan: dict[str, Any]) -> Search | None:
@@ -71,7 +73,9 @@ def load_search(root: Path, config: dict[str, Any], plan: dict[str, Any]) -> Sea
     workload = workload_of(by_rate, trace_file=any("trace-file" in x for x in plan.get("locust_args", [])))
     if workload is None or len(qs) != 1:
         return None
-    return Search(probes_of(by_rate, checks), limits, qs.pop() / 100.0, measured, workload, int(plan.get("seed", 7)))
+    chunks = prefill_choices(config.get("knobs") or {})
+    return Search(probes_of(by_rate, checks), limits, qs.pop() / 100.0, measured, workload, int(plan.get("seed", 7)),
+                  chunks)  # fmt: skip
 
 
 def refit(root: Path, config: dict[str, Any], plan: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -79,8 +83,10 @@ def refit(root: Path, config: dict[str, Any], plan: dict[str, Any], args: argpar
     if search is None:
         return {"config": config["name"], "fitted": None}
     t0 = time.monotonic()
+    chunks = CHUNK_CHOICES if args.any_policy else search.chunks
     answer = model_answer(search.probes, search.limits, search.q, search.measured, workload=search.workload,
-                          requests=args.requests, replicates=args.replicates, seed=search.seed)  # fmt: skip
+                          requests=args.requests, replicates=args.replicates, seed=search.seed,
+                          chunks=chunks)  # fmt: skip
     return {"config": config["name"], "measured": list(search.measured), "seconds": round(time.monotonic() - t0, 1),
             "fitted": answer.as_dict()}  # fmt: skip
 
@@ -104,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicates", type=int, default=8)
     p.add_argument("--requests", type=int, default=10000)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--any-policy",
+        action="store_true",
+        help="let the replay choose among every prefill policy, whatever the server's knobs declared",
+    )
     args = p.parse_args(argv)
     state_file = args.results / "slo.json"
     if not state_file.is_file():

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     search = load_search(args.search, config, state["plan"])
     if search is None:
         p.error("no model can be fitted to this search (no workload, or limits at different percentiles)")
-    fit = fit_service(search.probes, search.q, list(search.limits), search.limits)
+    fit = fit_service(search.probes, search.q, list(search.limits), search.limits, search.chunks)
     if fit is None:
         p.error("too few streams to fit")
     print(f"{config['name']}: fitted engine {fit.engine}")

@@ -32,7 +32,17 @@ from tailgate.slo.replay import (
     systematic_error,
     workload_of,
 )
-from tailgate.slo.servicefit import Probe, ReplayRow, fit_service, probes_of, replay, replay_fit, replay_rows
+from tailgate.slo.servicefit import (
+    SLOTS_MARGIN,
+    Probe,
+    ReplayRow,
+    fit_service,
+    prefill_choices,
+    probes_of,
+    replay,
+    replay_fit,
+    replay_rows,
+)
 from tailgate.slo.stepfit import fit_costs, prefill_from_idle, streams_of
 from tailgate.slo.ttftnoise import lone_delays
 from tailgate.stats import measured_records
@@ -294,7 +304,8 @@ def test_a_checked_model_may_end_the_search_only_past_five_probes_and_a_failure(
 
 def _simulated_search(tmp_path: Path, confirm_engine: EngineModel = ENGINE, time_budget: float = 0.0,
                       held_ms: float = 0.0, slo_text: str = "ttft_p99<=800ms", resolution: float = 0.3,
-                      refuse_model: bool = False) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+                      refuse_model: bool = False, config_text: str = "a: max-num-seqs=8",
+                      ) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
     """``tailgate slo`` against the simulated engine, its Locust runs replaced by the engine's own streams;
     ``confirm_engine`` serves the confirmation probes (another engine: a model fitted to the first is off);
     ``held_ms``: a front end outside the model's family holds each request an exponential time of this mean.
@@ -315,7 +326,7 @@ def _simulated_search(tmp_path: Path, confirm_engine: EngineModel = ENGINE, time
 
         def stop(self) -> None: ...
 
-    plan = slo.SloPlan(limits=slo.parse_slo(slo_text), configs=[slo.parse_config("a: max-num-seqs=8")],
+    plan = slo.SloPlan(limits=slo.parse_slo(slo_text), configs=[slo.parse_config(config_text)],
                        start_rate=2, max_rate=64, min_rate=1, resolution=slo.Resolution(resolution, True), n=900,
                        warmup=25, max_probes=14, reruns=0, extend=0, model_replicates=4,
                        model_requests=4000, time_budget=time_budget)  # fmt: skip
@@ -582,3 +593,41 @@ def test_the_spread_of_lone_requests_is_measured_replayed_and_answered() -> None
                           replicates=4, seed=5)  # fmt: skip
     assert answer.usable and answer.low is not None and answer.high is not None, answer.why
     assert answer.low <= truth <= answer.high, (answer.low, truth, answer.high)
+
+
+def test_the_prefill_policies_tried_are_those_the_servers_knobs_allow() -> None:
+    assert prefill_choices({}) == (0, 512, 2048, 8192)
+    assert prefill_choices({"max-num-seqs": "8", "max-num-batched-tokens": "4096"}) == (0, 512, 2048, 4096, 8192)
+    assert prefill_choices({"chunked": "off", "max-num-batched-tokens": "16384"}) == (0,)
+    assert prefill_choices({"chunked": "on"}) == (512, 2048, 8192)
+    assert prefill_choices({"chunked": "on", "max-num-batched-tokens": "8192"}) == (8192,)
+    lptt = {"chunked": "on", "max-num-batched-tokens": "8192", "long-prefill-token-threshold": "1024"}
+    assert prefill_choices(lptt) == (1024, 8192)
+
+
+def test_a_declared_step_budget_decides_what_low_rate_probes_cannot_tell() -> None:
+    """At 3 req/s two long prompts seldom meet in a step: whole prompts and an 8,192-token budget replay the probe
+    alike, while at four times the rate they part (an unchunked step prefills every long prompt waiting). The
+    server's knobs choose, in either direction."""
+    engine = EngineModel(slots=4096, step_ms=6.0, step_ms_per_seq=0.17, prefill_ms_per_token=0.009,
+                         prefill_ms_per_token_step=0.0037, chunked=True, chunk_tokens=8192)  # fmt: skip
+    limits = {"ttft": 300.0, "gap": 200.0}
+    ps = probes([3.0], engine=engine)
+    fits = {c: fit_service(ps, Q, list(limits), limits, chunks=(c,)) for c in (0, 8192)}
+    scores = {c: replay_fit(f.engine, ps, Q, list(limits), limits)[1] for c, f in fits.items() if f is not None}
+    assert len(scores) == 2 and abs(scores[0] - scores[8192]) < SLOTS_MARGIN, scores
+    whole = fits[0].engine  # type: ignore[union-attr]
+    gap = {name: sorted(o.worst_gap_ms for o in simulate(e, poisson_arrivals(12.0, lengths(3000, 5), 6)))[2970]
+           for name, e in (("whole", whole), ("budget", replace(whole, chunked=True, chunk_tokens=8192)))}  # fmt: skip
+    assert gap["whole"] > 1.2 * gap["budget"], gap
+
+    on = fit_service(ps, Q, list(limits), limits, prefill_choices({"chunked": "on", "max-num-batched-tokens": "8192"}))
+    assert on is not None and on.engine.chunked and on.engine.chunk_tokens == 8192
+    off = fit_service(ps, Q, list(limits), limits, prefill_choices({"chunked": "off"}))
+    assert off is not None and not off.engine.chunked
+
+
+def test_the_search_models_the_server_with_the_prefill_its_knobs_declare(tmp_path: Path) -> None:
+    config, _ = _simulated_search(tmp_path, config_text="a: chunked=on max-num-batched-tokens=2048")
+    engine = config["result"]["fitted"]["engine"]
+    assert engine["chunked"] and engine["chunk_tokens"] == 2048, engine

@@ -46,7 +46,7 @@ from tailgate.slo.replay import (
 )
 from tailgate.slo.result import NotRun
 from tailgate.slo.search import SearchOutcome, SearchStopped, bracket, lacks_only_data, search, worth_extending
-from tailgate.slo.servicefit import Probe, probes_of
+from tailgate.slo.servicefit import Probe, prefill_choices, probes_of
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Log, ServerConfig
 from tailgate.slo.state import ConfigSearch, ProbeEntry, SloState
 from tailgate.slo.verdict import binding_limit, check_probe, p99s
@@ -359,7 +359,7 @@ class SloRunner(ConfigRunner[ServerConfig]):
         self._settle_tried = seen
         answer = settling_answer(probes, limits, q, bracket(self._pooled(config)), p.resolution.narrow,
                                  workload=workload, requests=p.model_requests, replicates=p.model_replicates,
-                                 seed=p.seed)  # fmt: skip
+                                 seed=p.seed, chunks=prefill_choices(dict(config.knobs)))  # fmt: skip
         if answer is None or answer.bracket is None:
             return False
         lo, hi = answer.bracket
@@ -383,7 +383,8 @@ class SloRunner(ConfigRunner[ServerConfig]):
                  f"({p.model_replicates} x {FINAL_GROWTH * p.model_requests} requests of "
                  f"{workload.describe()})")  # fmt: skip
         return model_answer(probes, limits, q, (outcome.best, outcome.first_fail), workload=workload,
-                            requests=p.model_requests, replicates=p.model_replicates, seed=p.seed)  # fmt: skip
+                            requests=p.model_requests, replicates=p.model_replicates, seed=p.seed,
+                            chunks=prefill_choices(dict(config.knobs)))  # fmt: skip
 
     def _search(self, config: ServerConfig, *, settle: bool, max_probes: int) -> SearchOutcome:
         """The search over rates from the verdicts so far (pooled across rates), within the phase's budget."""

@@ -10,9 +10,10 @@ before it, or, where a GPU's unchunked prefill shows it, with the tokens prefill
 waiting requests while fewer than ``slots`` run; a front end may hold a long prompt before the scheduler sees it.
 The costs are fitted to the probes' own streams (:mod:`tailgate.slo.stepfit`: each stream's decode time, the TTFT
 of requests that found no queue, and the stalls that running streams saw when a prompt was prefilled); the slot
-count, the prefill policy (whole prompts, or chunks of 512, 2048 or 8192 tokens a step) and the prefill cost are
-then chosen by replaying every probe's own arrivals through the fitted engine and comparing the body and the
-limited percentile of each metric with those measured on the same requests.
+count, the prefill policy (whole prompts, or chunks of 512, 2048 or 8192 tokens a step, of those the server's
+knobs allow: :func:`tailgate.slo.servicefit.prefill_choices`) and the prefill cost are then chosen by replaying
+every probe's own arrivals through the fitted engine and comparing the body and the limited percentile of each
+metric with those measured on the same requests.
 
 The fitted engine then predicts the steady-state percentile at any rate (pooled simulation replicates of the
 workload's requests: its own generator when known, else the distinct requests measured), and so a capacity. Its
@@ -39,7 +40,7 @@ from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.workload import make_trace
 from tailgate.slo.answer import figure_text
 from tailgate.slo.attempt import ProbeAttempt
-from tailgate.slo.servicefit import METRIC_OF_OUTCOME, Probe, ReplayRow, ServiceFit, fit_service
+from tailgate.slo.servicefit import CHUNK_CHOICES, METRIC_OF_OUTCOME, Probe, ReplayRow, ServiceFit, fit_service
 from tailgate.slo.stepfit import streams_of
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
 
@@ -297,6 +298,7 @@ def model_answer(
     replicates: int = 4,
     seed: int = 1,
     quick: bool = False,
+    chunks: Sequence[int] = CHUNK_CHOICES,
 ) -> ModelAnswer:
     """Fit, check, and simulate: the model's capacity interval and, when it holds up, the narrowed bracket.
 
@@ -304,8 +306,9 @@ def model_answer(
     bracket [highest pass, lowest fail] (either end None when open); ``workload``: where each replicate's
     requests come from; ``requests``: per replicate, in a settling check (``quick``, where also a fit its own
     probes refute is not simulated: no capacity, only why); a final answer simulates :data:`FINAL_GROWTH` times
-    as many."""
-    fit = fit_service(probes, q, list(limits), limits)
+    as many; ``chunks``: the prefill policies the server can have (:func:`tailgate.slo.servicefit.prefill_choices`
+    of its knobs)."""
+    fit = fit_service(probes, q, list(limits), limits, chunks)
     if fit is None:
         return ModelAnswer(None, None, None, [], None, False, "too few streams of three tokens or more to fit")
     refuted = _refuted(fit, probes) if quick else ""

@@ -34,6 +34,27 @@ NOISE_REPLAYS = 5
 METRIC_OF_OUTCOME = {"ttft": "ttft_ms", "gap": "worst_gap_ms", "total": "total_ms"}
 
 
+def prefill_choices(knobs: Mapping[str, str]) -> tuple[int, ...]:
+    """The prefill policies (:data:`CHUNK_CHOICES`' terms) a server started with these scheduler knobs can have.
+
+    Below the capacity the probes' streams rarely tell them apart: two long prompts meet in one step too seldom
+    for a replay to see it (on an H100 at 5 req/s whole prompts and an 8,192-token budget replayed alike), while
+    past it the difference is the capacity itself: a chunked step never prefills more than its budget, an
+    unchunked one every prompt waiting. What the server was told is then the better witness: chunked off leaves
+    whole prompts; chunked on, the declared budget (and the long-prompt threshold under it), or, undeclared, the
+    engines' defaults; nothing declared, every policy, the replay choosing."""
+    budget = int(knobs["max-num-batched-tokens"]) if "max-num-batched-tokens" in knobs else None
+    chunked = knobs.get("chunked")
+    if chunked == "off":
+        return (0,)
+    if chunked != "on":
+        return tuple(sorted({*CHUNK_CHOICES, *([budget] if budget else [])}))
+    if budget is None:
+        return tuple(c for c in CHUNK_CHOICES if c)
+    threshold = int(knobs.get("long-prefill-token-threshold", budget))
+    return tuple(sorted({budget, min(budget, threshold)}))
+
+
 @dataclass
 class Probe:
     """One rate's attempts for the model: each attempt's streams, and the measured check of every limit."""
@@ -169,16 +190,18 @@ def fit_service(
     q: float = 0.99,
     metrics: Sequence[str] = ("ttft",),
     limits: Mapping[str, float] | None = None,
+    chunks: Sequence[int] = CHUNK_CHOICES,
 ) -> ServiceFit | None:
     """Fit the step loop to every probe's streams: of the candidate costs (:func:`fit_costs`), each with the slot
-    count and prefill policy that replay it best and its prefill cost calibrated, the one that replays best."""
+    count and prefill policy (of ``chunks``: :func:`prefill_choices`) that replay it best and its prefill cost
+    calibrated, the one that replays best."""
     streams = sum(len(a) for p in probes for a in p.attempts)
     peak = max((max_concurrency(a) for p in probes for a in p.attempts), default=0)
     pools = [p.kv_capacity_tokens for p in probes if p.kv_capacity_tokens]
     kv = min(pools) if pools else 0
     best: tuple[float, ServiceFit] | None = None
     for cost in fit_costs([p.attempts for p in sorted(probes, key=lambda p: p.rate)]):
-        found = _policy(cost, peak, probes, q, metrics, streams, kv, limits)
+        found = _policy(cost, peak, probes, q, metrics, streams, kv, limits, chunks)
         tried = _calibrated(found, probes, q, metrics, limits)
         if tried is not None and (best is None or tried[0] < best[0]):
             best = tried
@@ -206,14 +229,14 @@ def _with_noise(
 
 def _policy(cost: Costs, peak: int, probes: Sequence[Probe], q: float, metrics: Sequence[str],
             streams: int, kv: int = 0, limits: Mapping[str, float] | None = None,
-            ) -> tuple[float, ServiceFit] | None:  # fmt: skip
+            chunks: Sequence[int] = CHUNK_CHOICES) -> tuple[float, ServiceFit] | None:  # fmt: skip
     """The slot count and prefill policy that replay the probes best with these costs, and its score. ``kv``: the
     server's KV pool in tokens (0: unknown), which admits and preempts as the server's does."""
     best: tuple[float, ServiceFit] | None = None
     # unlimited admission first: a slot count is taken only when replaying it is clearly better (a limit the
     # probes never reached replays the same, and would cap the simulated capacity at a concurrency merely seen)
     for slots in sorted({max(1, peak), UNLIMITED_SLOTS}, reverse=True):
-        for chunk in CHUNK_CHOICES:
+        for chunk in chunks:
             engine = EngineModel(
                 slots=slots, step_ms=cost.step, step_ms_per_seq=cost.per_seq, prefill_ms_per_token=cost.prefill,
                 prefill_ms_per_token_ctx=cost.ctx, prefill_ms_per_token_step=cost.batch,
