@@ -631,3 +631,44 @@ def test_the_search_models_the_server_with_the_prefill_its_knobs_declare(tmp_pat
     config, _ = _simulated_search(tmp_path, config_text="a: chunked=on max-num-batched-tokens=2048")
     engine = config["result"]["fitted"]["engine"]
     assert engine["chunked"] and engine["chunk_tokens"] == 2048, engine
+
+
+def test_a_step_past_the_flat_size_pays_the_square_at_its_rate_there() -> None:
+    flat = replace(GPU, prefill_flat_above=6000)
+    one, two = simulate(flat, [(0, 6000, 3)]), simulate(flat, [(0, 6000, 3), (0, 6000, 3)])
+    assert one[0].ttft_ms == pytest.approx(simulate(GPU, [(0, 6000, 3)])[0].ttft_ms, abs=1e-6)
+    rate = GPU.prefill_ms_per_token_step * 6000 / 2000  # the square's cost per token at 6,000
+    paired = GPU.prefill_ms_per_token * 12000 + rate * 12000
+    front = GPU.frontend_ms + GPU.frontend_ms_per_token * 6000
+    assert two[1].ttft_ms == pytest.approx(front + GPU.step_ms + 2 * GPU.step_ms_per_seq + paired, abs=0.01)
+    assert "prefill_flat_above" not in GPU.describe() and flat.describe()["prefill_flat_above"] == 6000
+    with pytest.raises(EngineModelError, match="prefill_flat_above"):
+        EngineModel.from_dict({"prefill_flat_above": -1})
+
+
+def test_the_interval_spans_the_readings_of_a_square_past_the_steps_measured() -> None:
+    """Probes at 3 req/s see one long prompt a step; the capacity under a gap limit is set by full 8,192-token
+    steps, whose cost the fitted square only extrapolates. The engine here pays its square flat past 6,000
+    tokens (as an H100's full step costs ~186 ms where the square fitted below says ~211): the interval spans
+    the square per step, per prompt and flat, and holds the capacity. Probes that measured steps as large as
+    the budget get no such span."""
+    engine = EngineModel(slots=4096, step_ms=6.0, step_ms_per_seq=0.17, prefill_ms_per_token=0.009,
+                         prefill_ms_per_token_step=0.0037, chunked=True, chunk_tokens=8192,
+                         prefill_flat_above=6000)  # fmt: skip
+    limits = {"ttft": 600.0, "gap": 195.0}
+    truth, _ = capacity_of(Replicates(engine, [lengths(8000, 500 + k) for k in range(3)], seed=3), limits, Q,
+                           near=12.0, tolerance=0.01)  # fmt: skip
+    assert truth is not None
+    chunks = prefill_choices({"chunked": "on", "max-num-batched-tokens": "8192"})
+    answer = model_answer(probes([3.0], engine=engine), limits, Q, (None, None), workload=Workload(seeded=True),
+                          requests=1000, replicates=4, seed=5, chunks=chunks)  # fmt: skip
+    assert answer.low is not None and answer.high is not None
+    assert answer.low <= truth <= answer.high, (answer.low, truth, answer.high)
+    readings = {e.reading.split(" past")[0] for e in answer.extrapolated}
+    assert readings == {"flat", "per step"} and all(e.step_tokens < 8192 for e in answer.extrapolated)
+    assert "never measured" in answer.why and answer.as_dict()["extrapolated"]
+
+    small = replace(engine, chunk_tokens=2048, prefill_flat_above=0)
+    seen = model_answer(probes([3.0], engine=small), limits, Q, (None, None), workload=Workload(seeded=True),
+                        requests=500, replicates=3, seed=5, chunks=(2048,))  # fmt: skip
+    assert seen.extrapolated == []

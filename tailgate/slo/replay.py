@@ -40,7 +40,15 @@ from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.workload import make_trace
 from tailgate.slo.answer import figure_text
 from tailgate.slo.attempt import ProbeAttempt
-from tailgate.slo.servicefit import CHUNK_CHOICES, METRIC_OF_OUTCOME, Probe, ReplayRow, ServiceFit, fit_service
+from tailgate.slo.servicefit import (
+    CHUNK_CHOICES,
+    METRIC_OF_OUTCOME,
+    Probe,
+    ReplayRow,
+    ServiceFit,
+    fit_service,
+    measured_step_tokens,
+)
 from tailgate.slo.stepfit import streams_of
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
 
@@ -221,6 +229,8 @@ class ModelAnswer:
     """The probes that tested this answer after the fit (None: not tested, as with ``--no-confirm``)."""
     simulated: tuple[int, int] | None = None
     """(replicates, simulated requests per replicate) behind the interval."""
+    extrapolated: list[Extrapolated] = field(default_factory=list)
+    """The capacities under the other readings of the square prefill terms past the largest step measured."""
 
     def as_dict(self) -> JsonObject:
         fit = self.fit
@@ -237,6 +247,7 @@ class ModelAnswer:
             "simulated": None if self.simulated is None else {"replicates": self.simulated[0],
                                                               "requests": self.simulated[1]},
             "confirmation": None if self.confirmation is None else self.confirmation.to_json(),
+            "extrapolated": [e.to_json() for e in self.extrapolated],
         }  # fmt: skip
 
 
@@ -323,24 +334,105 @@ def model_answer(
     curve = [CurvePoint(r, reps.curve[r]) for r in sorted(reps.curve)]
     if cap is None or len(jack) < 2:
         return ModelAnswer(None, None, None, jack, fit, False, "the fitted engine crosses the limits at no rate tried")
-    r = len(jack)
-    se = math.sqrt((r - 1) / r * sum((c - statistics.fmean(jack)) ** 2 for c in jack))
-    if not workload.seeded:
-        # the mix's own error does not average out over replicates drawn from one measured sample: the spread of
-        # a single replicate (the jackknife's times sqrt(r)) is its share, the simulation's noise on top
-        se *= math.sqrt(r)
-    half = max(T975.get(r - 1, 2.2) * se, FLOOR * cap)
-    low, high = cap - half, cap + half
+    low, high = _interval(cap, jack, workload.seeded)
+    # each reading at the settling size: it only widens the interval, and a final answer's four times as many
+    # for every reading would triple its time
+    readings = [m[:requests] for m in mixes]
+    extrapolated = _extrapolations(fit.engine, probes, readings, seed, limits, q, cap, workload.seeded)
+    low, high = min([low, *(e.low for e in extrapolated)]), max([high, *(e.high for e in extrapolated)])
     why = _unusable(fit, probes, (low, high), measured, lambda bias: bias_moves_nothing(bias, reps, limits, high))
     held = "every check held"
     bias = systematic_bias(fit.replay)
     if not why and bias is not None:
         held += f" ({systematic_error(fit.replay).split(': a ')[0]}, which moves no verdict up to {high:.3g} req/s)"
+    if not why and extrapolated:
+        held += f" ({extrapolation_text(extrapolated)})"
     answer = ModelAnswer(cap, low, high, jack, fit, not why, why or held, curve=curve,
-                         workload=workload.describe(), simulated=(replicates, size))  # fmt: skip
+                         workload=workload.describe(), simulated=(replicates, size),
+                         extrapolated=extrapolated)  # fmt: skip
     if not why:
         answer.bracket = (max(low, lo_m or 0.0), min(high, hi_m if hi_m is not None else math.inf))
     return answer
+
+
+def _interval(cap: float, jack: Sequence[float], seeded: bool) -> tuple[float, float]:
+    """The 95% interval around a simulated capacity: the jackknife over its replicates, floored at :data:`FLOOR`."""
+    r = len(jack)
+    se = math.sqrt((r - 1) / r * sum((c - statistics.fmean(jack)) ** 2 for c in jack))
+    if not seeded:
+        # the mix's own error does not average out over replicates drawn from one measured sample: the spread of
+        # a single replicate (the jackknife's times sqrt(r)) is its share, the simulation's noise on top
+        se *= math.sqrt(r)
+    half = max(T975.get(r - 1, 2.2) * se, FLOOR * cap)
+    return cap - half, cap + half
+
+
+@dataclass(frozen=True)
+class Extrapolated:
+    """The fitted engine's capacity with its square prefill terms read another way past the largest step the
+    probes measured (the interval spans it): flat at their rate there, or per prompt instead of per step (or the
+    reverse)."""
+
+    step_tokens: int
+    reading: str
+    capacity: float
+    low: float
+    high: float
+
+    def text(self) -> str:
+        return f"{self.reading}: {self.capacity:.3g} [{self.low:.3g}, {self.high:.3g}] req/s"
+
+    def to_json(self) -> JsonObject:
+        return {"step_tokens": self.step_tokens, "reading": self.reading, "capacity": _r(self.capacity),
+                "interval": [_r(self.low), _r(self.high)]}  # fmt: skip
+
+
+def extrapolation_text(readings: Sequence[Extrapolated]) -> str:
+    """Why the interval is as wide as it is, where the square terms were read past what was measured."""
+    if not readings:
+        return ""
+    parts = "; ".join(r.text() for r in readings)
+    return (f"steps over {readings[0].step_tokens:,} prompt tokens were never measured, and the interval spans "
+            f"the fitted square and its other readings there ({parts})")  # fmt: skip
+
+
+def _extrapolations(
+    engine: EngineModel,
+    probes: Sequence[Probe],
+    mixes: Sequence[Sequence[tuple[int, int]]],
+    seed: int,
+    limits: Mapping[str, float],
+    q: float,
+    near: float,
+    seeded: bool,
+) -> list[Extrapolated]:
+    """Where the simulation prefills steps larger than any the probes measured, the capacity under the other
+    readings of the fitted square prefill terms there (empty: no such step, or no square term).
+
+    The square is fitted to the steps the probes saw, and near the capacity the steps are larger. An H100 at 5
+    req/s prefilled at most one 6,000-token prompt a step; near its capacity the worst-gap p99 is the full
+    8,192-token step, which the square (per step) priced at ~211 ms, its flat rate at ~179 and the long runs
+    at ~186, and with the gap flat near its limit that 12% moved the capacity by a quarter. A step of two
+    prompts costs the square of their sum on a GPU's unchunked prefill (the H200's paired steps) and about the
+    sum of their squares where attention is per sequence: probes that measured no such step cannot say which.
+    The interval spans every reading; their confirmation probes, or more probes near the capacity, narrow it."""
+    ctx, batch = engine.prefill_ms_per_token_ctx, engine.prefill_ms_per_token_step
+    measured = measured_step_tokens(probes)
+    largest = engine.chunk_tokens if engine.chunked else 2 * max(p for mix in mixes for p, _ in mix)
+    if not (ctx or batch) or not measured or largest <= measured:
+        return []
+    readings = [
+        (f"flat past {measured:,} tokens", replace(engine, prefill_flat_above=measured)),
+        ("per prompt" if batch else "per step",
+         replace(engine, prefill_ms_per_token_ctx=batch, prefill_ms_per_token_step=ctx)),
+    ]  # fmt: skip
+    out = []
+    for reading, other in readings:
+        cap, jack = capacity_of(Replicates(other, mixes, seed), limits, q, near=near)
+        if cap is not None and len(jack) >= 2:
+            low, high = _interval(cap, jack, seeded)
+            out.append(Extrapolated(measured, reading, cap, low, high))
+    return out
 
 
 def settling_answer(

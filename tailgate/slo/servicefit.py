@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from tailgate.slo.attempt import ProbeAttempt
-from tailgate.slo.stepfit import Costs, Stream, fit_costs, max_concurrency, streams_of
+from tailgate.slo.stepfit import Costs, Stream, fit_costs, max_concurrency, stall_rows, streams_of
 from tailgate.slo.ttftnoise import lone_delays
 from tailgate.slo.verdict import Check
 from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
@@ -32,6 +32,18 @@ REPLAY_TOLERANCE = 0.15
 NOISE_REPLAYS = 5
 """Draws of a noisy engine pooled into each probe's replayed percentile."""
 METRIC_OF_OUTCOME = {"ttft": "ttft_ms", "gap": "worst_gap_ms", "total": "total_ms"}
+
+
+STEP_SUPPORT = 3
+"""Steps at least this large the probes must have measured for a step size to count as measured."""
+
+
+def measured_step_tokens(probes: Sequence[Probe]) -> int:
+    """The prompt tokens of the largest step the probes measured, taken as the :data:`STEP_SUPPORT`-th largest of
+    the steps that emitted first tokens and stalled a running stream (0: fewer such steps): one outlier is a
+    step the fit barely weighs."""
+    sizes = sorted(int(t) for p in probes for a in p.attempts for *_, t in stall_rows(a))
+    return sizes[-STEP_SUPPORT] if len(sizes) >= STEP_SUPPORT else 0
 
 
 def prefill_choices(knobs: Mapping[str, str]) -> tuple[int, ...]:

@@ -10,7 +10,8 @@ small enough to reason about and rich enough to show what a real scheduler does 
   a prompt token also costs in proportion to the prompt before it (attention reads the whole context),
   so a prompt's cost grows with its square and the last chunk of a long prompt is its dearest; with
   ``prefill_ms_per_token_step`` a token also costs in proportion to every token prefilled in the same step, so
-  two long prompts prefilled together cost more than twice one (as a GPU's unchunked prefill does);
+  two long prompts prefilled together cost more than twice one (as a GPU's unchunked prefill does); with
+  ``prefill_flat_above``, a step past that many prompt tokens pays those square terms at their rate there, no more;
 - with ``frontend_ms`` and ``frontend_ms_per_token`` a request reaches the scheduler that long (plus so much per
   prompt token) after it arrived (the front end parses, tokenizes and copies the prompt beside the engine): its
   own TTFT pays it, no step does;
@@ -67,6 +68,11 @@ class EngineModel:
     """ms per prefilled token per 1,000 tokens prefilled in the same step: a step that prefills ``T`` tokens
     costs ``prefill_ms_per_token_step * T**2 / 2000`` on top (alone, a whole prompt costs as with the context
     term; two prompts in one step cost more than apart)."""
+    prefill_flat_above: int = 0
+    """Prompt tokens in a step beyond which the square terms grow only in proportion to the tokens (their average
+    per token at this size; 0: never): costs fitted to steps no larger than this say nothing of the square past
+    it, and a GPU's step there may cost its flat rate rather than the square's (an H100's full 8,192-token step:
+    ~186 ms, where the square fitted to 6,000-token steps says ~211 and the flat rate ~179)."""
     frontend_ms: float = 0.0
     """ms between a request's arrival and its entry into the scheduler's queue, whatever its prompt."""
     frontend_ms_per_token: float = 0.0
@@ -111,9 +117,10 @@ class EngineModel:
             least = 0 if name == "noise_seed" else 1
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise EngineModelError(f"engine {name} must be an integer >= {least}, got {v!r}")
-        kv = model.kv_capacity_tokens
-        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 0:
-            raise EngineModelError(f"engine kv_capacity_tokens must be an integer >= 0, got {kv!r}")
+        for name in ("kv_capacity_tokens", "prefill_flat_above"):
+            v = getattr(model, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise EngineModelError(f"engine {name} must be an integer >= 0, got {v!r}")
         for name in (
             "step_ms",
             "step_ms_per_seq",
@@ -134,6 +141,8 @@ class EngineModel:
     def describe(self) -> JsonObject:
         """The settings, the noise's only where there is noise (so an engine without it reads as it always did)."""
         doc: JsonObject = asdict(self)
+        if not self.prefill_flat_above:
+            del doc["prefill_flat_above"]
         if not self.frontend_noise:
             del doc["frontend_noise"], doc["noise_seed"]
         else:
@@ -272,7 +281,11 @@ class Engine:
         self._emit = emit
         self._prefilled = prefilled
         ms = m.step_ms + m.step_ms_per_seq * len(self.running) + m.prefill_ms_per_token * prefilled
-        ms += m.prefill_ms_per_token_ctx * context / 1000.0 + m.prefill_ms_per_token_step * prefilled**2 / 2000.0
+        square = m.prefill_ms_per_token_ctx * context / 1000.0 + m.prefill_ms_per_token_step * prefilled**2 / 2000.0
+        if m.prefill_flat_above and prefilled > m.prefill_flat_above:
+            rate = (m.prefill_ms_per_token_ctx + m.prefill_ms_per_token_step) * m.prefill_flat_above / 2000.0
+            square = min(square, rate * prefilled)
+        ms += square
         self.step_end_ns = now_ns + round(ms * MS)
         return self.step_end_ns
 
