@@ -28,7 +28,8 @@
 #
 # At the end of the search `tailgate slo` fits the server's step loop to the probes' streams and simulates it
 # (8 x 10,000 requests, ~1 minute on the GPU host's CPU): a labelled model interval that narrows the bracket when
-# its replay of every probe agrees (README, "The server's own step loop"); keep ~90 s of the call for it. From the
+# its replay of every probe agrees (README, "The server's own step loop"); keep ~2 minutes of the call for it (more where the
+# probes measured no step as large as the budget: each reading of the square past it is simulated too). From the
 # fifth probe on, once a rate has failed, the same fit runs after each attempt, and the search ends as soon as its
 # checked bracket meets RESOLUTION (status settled): keep ~60 s per such probe too.
 # A call that resumes a configuration whose server is still up from the call before (a warm machine) may skip the
