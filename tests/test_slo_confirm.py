@@ -19,17 +19,13 @@ from tailgate.slo.command import answer_code
 from tailgate.slo.confirm import (
     LENGTH,
     ConfirmationRecord,
-    WindowMatch,
     confirm_answer,
     confirmation_rates,
     judge,
     length_within,
-    matches_at,
     reserve_rate,
     reserve_seconds,
     settle_confirmed,
-    window_blocks,
-    window_match,
 )
 from tailgate.slo.replay import ModelAnswer
 from tailgate.slo.result import SearchResult
@@ -37,6 +33,7 @@ from tailgate.slo.servicefit import Probe, ServiceFit, probes_of
 from tailgate.slo.spec import EXIT_NOT_MET, EXIT_OK, EXIT_UNDECIDED
 from tailgate.slo.state import ConfigSearch, ProbeEntry
 from tailgate.slo.stepfit import Stream
+from tailgate.slo.windowmatch import WindowMatch, matches_at, window_blocks, window_match
 from tailgate.stats import measured_records
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
 

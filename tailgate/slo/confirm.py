@@ -27,17 +27,16 @@ known (``tests/test_slo_confirm.py``) without a server.
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tailgate.jsontypes import JsonObject
+from tailgate.slo.readings import ReadingsTest, between_rate, judge_readings, kept_answer, readings_of
 from tailgate.slo.replay import ModelAnswer
 from tailgate.slo.search import SearchStopped
-from tailgate.slo.servicefit import METRIC_OF_OUTCOME, Probe, replay
-from tailgate.slo.stepfit import Stream
-from tailgate.verify.groundtruth.engine import EngineModel, quantile
+from tailgate.slo.servicefit import Probe
+from tailgate.slo.windowmatch import WindowMatch, matches_at
 
 MARGIN = 0.03
 """How far outside the model's interval a confirmation probe is placed, relative to the end it tests: close
@@ -47,7 +46,7 @@ LENGTH = 1.5
 ROUNDS = 2
 """Fits confirmed at most: the first, and one refit after a contradiction."""
 
-Side = Literal["below", "above"]
+Side = Literal["below", "above", "between"]
 Outcome = Literal["confirmed", "not_contradicted", "contradicted", "not_run"]
 
 
@@ -97,135 +96,14 @@ def length_within(remaining_s: float, probes_left: int, n: int, warmup: int, rat
     return min(LENGTH, fits)
 
 
-SCALES = tuple(round(0.7 + 0.025 * k, 3) for k in range(25))
-"""Time scales of the probe's arrivals the model is replayed at (0.7 to 1.3 times the rate)."""
-BLOCKS = 10
-"""Time blocks per window, each resampled whole: a queue build-up near the capacity lasts many seconds, and
-stays inside its block (a 1.5x probe of 120 s makes blocks of 18 s). Worst gaps are blocked by when they ended,
-so a 60-s window's 6-s blocks keep one stall's victims together too."""
-RESAMPLES = 400
-LEVEL = 0.975
-"""Two-sided level of each window's interval: 95% over the two confirmation probes of a round (Bonferroni)."""
-MIN_STREAMS = 100
-"""Measured streams a window needs before its p99 can be matched (a p99 of fewer rests on one request)."""
-LOAD_SENSITIVE = 1.5
-"""A window's percentile is matched, far under its limit too, when the model's replay of it rises at least this
-many times from the scan's sparsest arrivals to its densest: the queue is in sight, so where the model's and the
-window's tails meet says how far its capacity is off. A capacity set by a queue that runs away (a cliff, as on a
-CPU server whose TTFT p99 jumps from 2 s to 80 s between two rates) is tested this way, where the tail near the
-capacity is never near its limit in a window of a minute or two."""
-
-
-@dataclass(frozen=True, slots=True)
-class WindowMatch:
-    """What one confirmation window says of the model's speed on one limited percentile.
-
-    The model is replayed on the window's own arrivals and requests, the arrival times scaled by each of
-    :data:`SCALES`; ``scale`` is where its percentile meets the measured one. A model whose capacity is right
-    matches near 1: the queue build-ups of the window are the same in both. A model 10% too slow matches the
-    measured tail only with its arrivals ~10% sparser, so the window implies a capacity ``ratio = 1 / scale``
-    times the model's. The interval is a block bootstrap of the pairs (measured, replayed) per request, time
-    blocks resampled whole, so a stall that hit many streams at once counts once."""
-
-    metric: str
-    measured: float
-    """The window's percentile, ms (the measured streams past the warm-up)."""
-    model: float
-    """The model's percentile on the same requests at the window's own rate, ms."""
-    ratio: float
-    """True capacity over the model's, as this window implies it."""
-    low: float
-    high: float
-    open_low: bool = False
-    """The ratio lies at or under the scan's lowest end (the model is far too fast)."""
-    open_high: bool = False
-    load_spread: float = 1.0
-    """The model's percentile on these requests at the scan's densest arrivals over its sparsest."""
-
-    def to_json(self) -> JsonObject:
-        return {"metric": self.metric, "measured": round(self.measured, 1), "model": round(self.model, 1),
-                "ratio": round(self.ratio, 4), "interval": [round(self.low, 4), round(self.high, 4)],
-                "open_low": self.open_low, "open_high": self.open_high,
-                "load_spread": round(self.load_spread, 3)}  # fmt: skip
-
-    def text(self) -> str:
-        lo = f"<={self.low:.3f}" if self.open_low else f"{self.low:.3f}"
-        hi = f">={self.high:.3f}" if self.open_high else f"{self.high:.3f}"
-        return (f"{self.metric} p99 measured {self.measured:.1f} ms, model {self.model:.1f} ms on the same requests: "
-                f"true capacity / model's {self.ratio:.3f} [{lo}, {hi}]")  # fmt: skip
-
-
-def _scaled(streams: Sequence[Stream], scale: float) -> list[Stream]:
-    t0 = min(s.intended for s in streams)
-    return [replace(s, intended=t0 + (s.intended - t0) / scale) for s in streams]
-
-
-def _crossing(measured: Sequence[float], replayed: Sequence[Sequence[float]], idx: Sequence[int], q: float) -> float:
-    """The scale where the replayed percentile of these requests meets the measured one (clamped to the scan)."""
-    m = quantile([measured[i] for i in idx], q)
-    f = [quantile([r[i] for i in idx], q) - m for r in replayed]
-    for k in range(1, len(SCALES)):
-        if f[k - 1] <= 0 < f[k]:
-            return SCALES[k - 1] + (SCALES[k] - SCALES[k - 1]) * (-f[k - 1]) / (f[k] - f[k - 1])
-    return SCALES[0] if f[0] > 0 else SCALES[-1]
-
-
-def window_blocks(streams: Sequence[Stream], metric: str) -> list[list[int]]:
-    """:data:`BLOCKS` groups of indices into ``streams``, of equal count, in the order each value was set: a worst
-    gap by when it ended (one stall sets the worst gap of every stream alive then, and those were sent over a
-    stream's lifetime before it: by send they would scatter over several blocks and count as independent),
-    anything else by its intended send. The verdict's blocks follow the same rule (``verdict._block``)."""
-
-    def when(i: int) -> float:
-        s = streams[i]
-        return s.gap_end if metric == "gap" and s.gap_end > 0 else s.intended
-
-    order, n = sorted(range(len(streams)), key=when), len(streams)
-    return [order[b * n // BLOCKS : (b + 1) * n // BLOCKS] for b in range(BLOCKS)]
-
-
-def window_match(engine: EngineModel, attempts: Sequence[Sequence[Stream]], q: float, metric: str,
-                 *, seed: int = 1) -> WindowMatch | None:  # fmt: skip
-    """The capacity ratio one confirmation probe implies for the model (None: too few measured streams)."""
-    measured: list[float] = []
-    replayed: list[list[float]] = [[] for _ in SCALES]
-    blocks: list[list[int]] = []
-    field_name = METRIC_OF_OUTCOME[metric]
-    for streams in attempts:
-        mine = [streams[i] for i in sorted(range(len(streams)), key=lambda i: streams[i].intended)]
-        mine = [s for s in mine if s.measured]
-        if len(mine) < BLOCKS:
-            continue
-        first = len(measured)
-        measured.extend(s.value(metric) for s in mine)
-        for k, scale in enumerate(SCALES):
-            replayed[k].extend(getattr(o, field_name) for o in replay(engine, _scaled(streams, scale)))
-        blocks.extend([first + i for i in block] for block in window_blocks(mine, metric))
-    if len(measured) < MIN_STREAMS:
-        return None
-    every = list(range(len(measured)))
-    point = _crossing(measured, replayed, every, q)
-    rng = random.Random(seed)
-    boots = sorted(
-        _crossing(measured, replayed, [i for _ in blocks for i in blocks[rng.randrange(len(blocks))]], q)
-        for _ in range(RESAMPLES)
-    )
-    tail = (1.0 - LEVEL) / 2
-    s_lo, s_hi = boots[int(tail * RESAMPLES)], boots[min(RESAMPLES - 1, math.ceil((1 - tail) * RESAMPLES) - 1)]
-    at_one = replayed[SCALES.index(1.0)]
-    sparse, dense = quantile(replayed[0], q), quantile(replayed[-1], q)
-    return WindowMatch(metric, quantile(measured, q), quantile(at_one, q), 1.0 / point, 1.0 / s_hi, 1.0 / s_lo,
-                       open_low=s_hi >= SCALES[-1], open_high=s_lo <= SCALES[0],
-                       load_spread=dense / sparse if sparse > 0 else 1.0)  # fmt: skip
-
-
 @dataclass(frozen=True, slots=True)
 class Confirmation:
     """One confirmation probe and what it says of the model."""
 
     rate: float
     side: Side
-    """``below``: under the interval, where the model says the SLO holds; ``above``: over it, where it fails."""
+    """``below``: under the interval, where the model says the SLO holds; ``above``: over it, where it fails;
+    ``between``: between two readings of an extrapolated cost (:mod:`tailgate.slo.readings`)."""
     verdict: str
     """The probe's measured verdict (``pass``, ``fail``, ``not_enough_data``; ``not_run`` when it could not)."""
     matches: tuple[WindowMatch, ...] = ()
@@ -272,21 +150,6 @@ def judge(rate: float, side: Side, verdict: str, matches: Sequence[WindowMatch],
     return Confirmation(rate, side, verdict, tuple(matches), "not_contradicted", why, round_)
 
 
-def matches_at(engine: EngineModel, probes: Sequence[Probe], q: float, metrics: Sequence[str],
-               limits: Mapping[str, float]) -> tuple[WindowMatch, ...]:  # fmt: skip
-    """The window matches of confirmation probes (their attempts pooled), for every limited metric whose tail is
-    near its limit there (measured or modelled p99 at least half the limit) or rises with the load there
-    (:data:`LOAD_SENSITIVE`): a percentile far under its limit and flat in the load does not set the capacity,
-    and a model need not get it right."""
-    out = []
-    attempts = [a for p in probes for a in p.attempts]
-    for metric in metrics:
-        m = window_match(engine, attempts, q, metric)
-        if m is not None and (max(m.measured, m.model) >= 0.5 * limits[metric] or m.load_spread >= LOAD_SENSITIVE):
-            out.append(m)
-    return tuple(out)
-
-
 @dataclass(frozen=True, slots=True)
 class Pooled:
     """A round's two confirmation windows matched as one: the ratio that bounds the capacity the answer states."""
@@ -322,6 +185,8 @@ class ConfirmationRecord:
     confirmations: list[Confirmation] = field(default_factory=list)
     pooled: list[Pooled] = field(default_factory=list)
     refitted: bool = False
+    readings: list[ReadingsTest] = field(default_factory=list)
+    """The probes between the readings of an extrapolated cost, and what each left."""
 
     @property
     def last_pooled(self) -> Pooled | None:
@@ -352,10 +217,10 @@ class ConfirmationRecord:
         measured bounds it: the windows matched, or both verdicts came out as the model says."""
         latest = self.latest
         sides = {c.side for c in latest if c.outcome in ("confirmed", "not_contradicted")}
-        if not latest or self.contradicted or sides != {"below", "above"}:
+        if not latest or self.contradicted or not {"below", "above"} <= sides:
             return False
         pooled = self.last_pooled
-        decided = all(c.verdict == expected_verdict(c.side) for c in latest)
+        decided = all(c.verdict == expected_verdict(c.side) for c in latest if c.side != "between")
         return decided or (pooled is not None and pooled.span is not None)
 
     def summary(self) -> str:
@@ -370,9 +235,13 @@ class ConfirmationRecord:
         not_run = [c for c in latest if c.outcome == "not_run"]
         if not_run:
             return not_run[0].why
-        parts = [f"{c.rate:g} req/s {c.outcome.replace('_', ' ')} ({c.verdict.replace('_', ' ')})" for c in latest]
+        parts = [f"{c.rate:g} req/s {c.outcome.replace('_', ' ')} ({c.verdict.replace('_', ' ')})" for c in latest
+                 if c.side != "between"]  # fmt: skip
         lead = "after a refit, " if self.refitted else ""
         text = f"{lead}tested outside its interval: " + "; ".join(parts)
+        between = [c for c in latest if c.side == "between"]
+        if between:
+            text = f"{lead}between its readings {between[0].why}; " + text[len(lead) :]
         pooled = self.last_pooled
         if pooled is not None and pooled.matches:
             text += f"; both windows: {pooled.text()}"
@@ -383,13 +252,75 @@ class ConfirmationRecord:
     def to_json(self) -> JsonObject:
         return {"stands": self.stands, "refitted": self.refitted, "summary": self.summary(),
                 "probes": [c.to_json() for c in self.confirmations],
-                "pooled": [p.to_json() for p in self.pooled]}  # fmt: skip
+                "pooled": [p.to_json() for p in self.pooled],
+                "readings": [t.to_json() for t in self.readings]}  # fmt: skip
 
 
 ConfirmationRun = Callable[[float, int], tuple[str, Probe | None]]
 """Runs a confirmation probe at a rate, with this many confirmation probes left to run counting it (so that it
 can leave them time: :func:`length_within`): its verdict and its data as the model sees them (None: no data);
 raises :class:`~tailgate.slo.search.SearchStopped` when no time is left for it."""
+
+
+def _between(fitted: ModelAnswer, run: ConfirmationRun, q: float, limits: Mapping[str, float],
+             log: Callable[[str], None], round_: int, record: ConfirmationRecord,
+             windows: list[Probe]) -> ModelAnswer | None:  # fmt: skip
+    """Where the answer's interval spans readings of a cost never measured that do not overlap, one probe between
+    them first (:mod:`tailgate.slo.readings`): the answer narrowed to the readings it leaves; every one ruled out
+    is a contradiction. None: no time for it (nor for the ends after it)."""
+    readings = readings_of(fitted)
+    rate = between_rate(readings) if readings else None
+    if rate is None:
+        return fitted
+    log(f"its readings past the largest step measured part ({'; '.join(r.text() for r in readings)}): "
+        f"a probe between them at {rate:g} req/s")  # fmt: skip
+    try:
+        verdict, probe = run(rate, 3)
+    except SearchStopped as e:
+        why = f"no time for a probe at {rate:g} req/s between its readings: {e}"
+        record.confirmations.append(Confirmation(rate, "between", "not_run", (), "not_run", why, round_))
+        log(f"  {why}")
+        return None
+    test = ReadingsTest(round_, rate, verdict, tuple(judge_readings(readings, rate, verdict, probe, q, limits)))
+    record.readings.append(test)
+    windows.extend([probe] if probe is not None else [])
+    kept = test.kept
+    outcome: Outcome = "contradicted" if not kept else "confirmed" if len(kept) < len(readings) else "not_contradicted"
+    why = test.text() if kept else f"every reading ruled out {test.text()}"
+    record.confirmations.append(Confirmation(rate, "between", verdict, (), outcome, why, round_))
+    log(f"  between its readings: {why}")
+    return kept_answer(fitted, kept) if kept else fitted
+
+
+def _ends(fitted: ModelAnswer, run: ConfirmationRun, q: float, limits: Mapping[str, float],
+          log: Callable[[str], None], round_: int, record: ConfirmationRecord,
+          windows: list[Probe]) -> None:  # fmt: skip
+    """The two probes just outside the answer's interval (the upper one first), then their windows pooled."""
+    assert fitted.fit is not None and fitted.low is not None and fitted.high is not None
+    below, above = confirmation_rates(fitted.low, fitted.high)
+    cap = fitted.capacity or (fitted.low + fitted.high) / 2
+    claimed = (fitted.low / cap, fitted.high / cap)
+    log(f"testing the fitted model (capacity ~{cap:.3g} req/s, interval [{fitted.low:.3g}, {fitted.high:.3g}]) "
+        f"at {above:g} and {below:g} req/s, on probes it was not fitted to")  # fmt: skip
+    sides: tuple[tuple[float, Side], ...] = ((above, "above"), (below, "below"))
+    for k, (rate, side) in enumerate(sides):
+        try:
+            verdict, probe = run(rate, len(sides) - k)
+        except SearchStopped as e:
+            c = replace(judge(rate, side, "not_run", (), claimed, round_),
+                        why=f"no time for a probe at {rate:g} req/s: {e}")  # fmt: skip
+        else:
+            matches = () if probe is None else matches_at(fitted.fit.engine, [probe], q, list(limits), limits)
+            c = judge(rate, side, verdict, matches, claimed, round_)
+            windows.extend([probe] if probe is not None else [])
+        record.confirmations.append(c)
+        log(f"  confirmation at {rate:g} req/s: {c.outcome.replace('_', ' ')}: {c.why}")
+        if c.outcome in ("contradicted", "not_run"):
+            return
+    if len(windows) > 1:  # every window at once: more blocks for one ratio
+        pooled = matches_at(fitted.fit.engine, windows, q, list(limits), limits)
+        record.pooled.append(Pooled(round_, claimed, pooled))
+        log(f"  every window: {record.pooled[-1].text()}")
 
 
 def confirm_answer(
@@ -402,39 +333,21 @@ def confirm_answer(
     rounds: int = ROUNDS,
 ) -> tuple[ModelAnswer, ConfirmationRecord]:
     """Test a fitted answer just outside its interval (the upper end first: there a too pessimistic model, the
-    commoner error, is caught by one probe); after a contradiction refit once on everything measured and test
-    the refit at its own ends. Returns the last answer tested and every confirmation; whether the answer stands
-    is the record's to say (:func:`settle_confirmed` applies it)."""
+    commoner error, is caught by one probe), after a probe between its readings where they part; after a
+    contradiction refit once on everything measured and test the refit the same way. Returns the last answer
+    tested and every confirmation; whether the answer stands is the record's to say (:func:`settle_confirmed`
+    applies it)."""
     record = ConfirmationRecord()
     for round_ in range(1, rounds + 1):
         if fitted.fit is None or fitted.low is None or fitted.high is None or not fitted.usable:
             break
-        below, above = confirmation_rates(fitted.low, fitted.high)
-        cap = fitted.capacity or (fitted.low + fitted.high) / 2
-        claimed = (fitted.low / cap, fitted.high / cap)
-        log(f"testing the fitted model (capacity ~{cap:.3g} req/s, interval [{fitted.low:.3g}, {fitted.high:.3g}]) "
-            f"at {above:g} and {below:g} req/s, on probes it was not fitted to")  # fmt: skip
-        sides: tuple[tuple[float, Side], ...] = ((above, "above"), (below, "below"))
         windows: list[Probe] = []
-        for k, (rate, side) in enumerate(sides):
-            try:
-                verdict, probe = run(rate, len(sides) - k)
-            except SearchStopped as e:
-                c = replace(judge(rate, side, "not_run", (), claimed, round_),
-                            why=f"no time for a probe at {rate:g} req/s: {e}")  # fmt: skip
-            else:
-                matches = () if probe is None else matches_at(fitted.fit.engine, [probe], q, list(limits), limits)
-                c = judge(rate, side, verdict, matches, claimed, round_)
-                windows.extend([probe] if probe is not None else [])
-            record.confirmations.append(c)
-            log(f"  confirmation at {rate:g} req/s: {c.outcome.replace('_', ' ')}: {c.why}")
-            if c.outcome in ("contradicted", "not_run"):
-                break
-        else:
-            if len(windows) > 1:  # both windows at once: twice the blocks for one ratio
-                pooled = matches_at(fitted.fit.engine, windows, q, list(limits), limits)
-                record.pooled.append(Pooled(round_, claimed, pooled))
-                log(f"  both windows: {record.pooled[-1].text()}")
+        between = _between(fitted, run, q, limits, log, round_, record, windows)
+        if between is None:
+            break  # no time left for any probe
+        fitted = between
+        if not any(c.round == round_ and c.outcome == "contradicted" for c in record.confirmations):
+            _ends(fitted, run, q, limits, log, round_, record, windows)
         if not record.contradicted or round_ == rounds:
             break
         again = refit()

@@ -231,6 +231,8 @@ class ModelAnswer:
     """(replicates, simulated requests per replicate) behind the interval."""
     extrapolated: list[Extrapolated] = field(default_factory=list)
     """The capacities under the other readings of the square prefill terms past the largest step measured."""
+    own: tuple[float, float] | None = None
+    """The fitted reading's own interval, before the other readings widened it (None: no other reading)."""
 
     def as_dict(self) -> JsonObject:
         fit = self.fit
@@ -248,6 +250,7 @@ class ModelAnswer:
                                                               "requests": self.simulated[1]},
             "confirmation": None if self.confirmation is None else self.confirmation.to_json(),
             "extrapolated": [e.to_json() for e in self.extrapolated],
+            "fitted_interval": None if self.own is None else [_r(self.own[0]), _r(self.own[1])],
         }  # fmt: skip
 
 
@@ -339,6 +342,7 @@ def model_answer(
     # for every reading would triple its time
     readings = [m[:requests] for m in mixes]
     extrapolated = _extrapolations(fit.engine, probes, readings, seed, limits, q, cap, workload.seeded)
+    own = (low, high) if extrapolated else None
     low, high = min([low, *(e.low for e in extrapolated)]), max([high, *(e.high for e in extrapolated)])
     why = _unusable(fit, probes, (low, high), measured, lambda bias: bias_moves_nothing(bias, reps, limits, high))
     held = "every check held"
@@ -349,7 +353,7 @@ def model_answer(
         held += f" ({extrapolation_text(extrapolated)})"
     answer = ModelAnswer(cap, low, high, jack, fit, not why, why or held, curve=curve,
                          workload=workload.describe(), simulated=(replicates, size),
-                         extrapolated=extrapolated)  # fmt: skip
+                         extrapolated=extrapolated, own=own)  # fmt: skip
     if not why:
         answer.bracket = (max(low, lo_m or 0.0), min(high, hi_m if hi_m is not None else math.inf))
     return answer
@@ -378,6 +382,8 @@ class Extrapolated:
     capacity: float
     low: float
     high: float
+    engine: EngineModel | None = field(default=None, compare=False, repr=False)
+    """The engine of this reading: its confirmation probes are matched against it."""
 
     def text(self) -> str:
         return f"{self.reading}: {self.capacity:.3g} [{self.low:.3g}, {self.high:.3g}] req/s"
@@ -431,7 +437,7 @@ def _extrapolations(
         cap, jack = capacity_of(Replicates(other, mixes, seed), limits, q, near=near)
         if cap is not None and len(jack) >= 2:
             low, high = _interval(cap, jack, seeded)
-            out.append(Extrapolated(measured, reading, cap, low, high))
+            out.append(Extrapolated(measured, reading, cap, low, high, other))
     return out
 
 

@@ -1,0 +1,150 @@
+"""A probe between the readings of a cost never measured: it keeps the reading a known engine follows and rules
+out the others, and the answer it leaves still holds the engine's capacity."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from tailgate import slo
+from tailgate.load.workload import make_trace
+from tailgate.slo.confirm import confirm_answer, confirmation_rates, settle_confirmed
+from tailgate.slo.readings import FITTED, Reading, between_rate, judge_readings, kept_answer, readings_of
+from tailgate.slo.replay import Extrapolated, ModelAnswer, Replicates, Workload, capacity_of, model_answer
+from tailgate.slo.servicefit import Probe, ServiceFit, prefill_choices, probes_of
+from tailgate.stats import measured_records
+from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
+
+Q = 0.99
+TRUE = EngineModel(slots=4096, step_ms=6.0, step_ms_per_seq=0.17, prefill_ms_per_token=0.009,
+                   prefill_ms_per_token_step=0.0037, chunked=True, chunk_tokens=8192,
+                   prefill_flat_above=6000)  # fmt: skip
+"""A GPU-like engine with an 8,192-token step budget whose square prefill term is flat past 6,000 tokens (as an
+H100's full step cost ~186 ms where the square fitted on smaller steps said ~211)."""
+LIMITS = {"ttft": 600.0, "gap": 195.0}
+SLO = "ttft_p99<=600ms,gap_p99<=195ms"
+
+
+def lengths(n: int, seed: int) -> list[tuple[int, int]]:
+    return [(t.prompt_tokens, t.max_tokens) for t in make_trace(n, seed)]
+
+
+def probe_on(engine: EngineModel, rate: float, seed: int, n: int = 900) -> tuple[str, Probe]:
+    """A probe of ``n`` measured requests on ``engine``: its verdict and its data as the model sees them."""
+    mix = lengths(n + 25, seed)
+    outs = simulate(engine, poisson_arrivals(rate, mix, seed + 1))
+    recs = [o.record(i, p, mx, rate=rate) for i, (o, (p, mx)) in enumerate(zip(outs, mix, strict=True))]
+    attempt = slo.ProbeAttempt(measured_records(recs, 25), sent=len(recs), errors=0, records=recs,
+                               workload=seed)  # fmt: skip
+    verdict, checks = slo.check_probe([attempt], slo.parse_slo(SLO), rate=rate)
+    return verdict, probes_of({rate: [attempt]}, {rate: list(checks)})[0]
+
+
+@pytest.fixture(scope="module")
+def truth() -> float:
+    cap, _ = capacity_of(Replicates(TRUE, [lengths(8000, 500 + k) for k in range(3)], seed=3), LIMITS, Q,
+                         near=12.0, tolerance=0.01)  # fmt: skip
+    assert cap is not None
+    return cap
+
+
+@pytest.fixture(scope="module")
+def spanning() -> ModelAnswer:
+    """The model of probes at 3 req/s, where no step prefilled more than one long prompt: its interval spans the
+    square's readings past what was measured."""
+    chunks = prefill_choices({"chunked": "on", "max-num-batched-tokens": "8192"})
+    _, low_probe = probe_on(TRUE, 3.0, 11)
+    return model_answer([low_probe], LIMITS, Q, (None, None), workload=Workload(seeded=True), requests=1000,
+                        replicates=4, seed=5, chunks=chunks)  # fmt: skip
+
+
+def _reading(name: str, cap: float, low: float, high: float) -> Reading:
+    return Reading(name, TRUE, cap, low, high)
+
+
+def test_the_probe_goes_into_the_widest_gap_between_readings() -> None:
+    h100 = [_reading(FITTED, 6.83, 6.45, 7.16), _reading("flat", 12.9, 12.4, 13.4), _reading("per", 14.2, 13.6, 14.8)]
+    assert between_rate(h100) == pytest.approx(math.sqrt(7.16 * 12.4), abs=1e-3)
+    overlapping = [_reading(FITTED, 10.0, 9.0, 11.0), _reading("flat", 11.5, 10.5, 12.5)]
+    assert between_rate(overlapping) is None
+
+
+def test_a_decided_verdict_rules_out_the_readings_it_opposes() -> None:
+    low, high = _reading(FITTED, 6.8, 6.5, 7.2), _reading("flat", 12.9, 12.4, 13.4)
+    passed = judge_readings([low, high], 9.4, "pass", None, Q, LIMITS)
+    assert [bool(j.ruled_out) for j in passed] == [True, False] and "PASS" in passed[0].ruled_out
+    failed = judge_readings([low, high], 9.4, "fail", None, Q, LIMITS)
+    assert [bool(j.ruled_out) for j in failed] == [False, True]
+    undecided = judge_readings([low, high], 9.4, "not_enough_data", None, Q, LIMITS)
+    assert not any(j.ruled_out for j in undecided)
+
+
+def test_kept_readings_make_the_interval_and_the_nearest_one_answers() -> None:
+    fit = ServiceFit(TRUE, True, 1000, [])
+    answer = ModelAnswer(6.8, 6.5, 16.5, [], fit, True, "", bracket=(6.5, 14.8), own=(6.5, 7.2))
+    flat = replace(TRUE, prefill_flat_above=7000)
+    kept = kept_answer(answer, [Reading("flat", flat, 12.9, 12.4, 13.4), _reading("per prompt", 16.0, 15.5, 16.5)])
+    assert (kept.low, kept.high, kept.bracket) == (12.4, 16.5, (12.4, 14.8))
+    assert kept.capacity == 12.9 and kept.fit is not None and kept.fit.engine == flat
+    assert (answer.low, answer.fit) == (6.5, fit), "the answer given is left as it was"
+
+
+def test_a_probe_between_the_readings_rules_out_the_fitted_one_the_engine_does_not_follow(
+    spanning: ModelAnswer, truth: float
+) -> None:
+    """The fit read the square per prompt where this engine pays it per step (flat past 6,000 tokens): its own
+    interval misses the capacity, and the union of its readings holds it. The probe between the readings runs
+    first and rules the fitted reading out, and no reading that holds the capacity; the ends then test what is
+    left, and the answer still holds the capacity."""
+    readings = readings_of(spanning)
+    assert len(readings) == 3 and spanning.low is not None and spanning.high is not None
+    fitted_reading = readings[0]
+    assert not fitted_reading.low <= truth <= fitted_reading.high, "the case: the fitted reading alone misses"
+    assert spanning.low <= truth <= spanning.high
+    ran: list[tuple[float, int]] = []
+
+    def run(rate: float, left: int) -> tuple[str, Probe | None]:
+        ran.append((rate, left))
+        return probe_on(TRUE, rate, 100 + len(ran), n=1350)
+
+    fitted, record = confirm_answer(spanning, run, lambda: None, Q, LIMITS)
+    between = between_rate(readings)
+    assert between is not None and ran[0] == (between, 3), ran
+    test = record.readings[0]
+    ruled = [j.reading for j in test.judged if j.ruled_out]
+    assert fitted_reading in ruled and all(not r.low <= truth <= r.high for r in ruled), test.text()
+    assert any(r.low <= truth <= r.high for r in test.kept), test.text()
+    assert fitted.low is not None and fitted.high is not None and fitted.capacity != fitted_reading.capacity
+    assert [rate for rate, _ in ran[1:]] == list(reversed(confirmation_rates(fitted.low, fitted.high)))
+    settled = settle_confirmed(fitted, record, (None, None))
+    assert settled.usable and settled.low is not None and settled.high is not None
+    assert settled.low <= truth <= settled.high, (settled.low, truth, settled.high, record.summary())
+    document = settled.as_dict()["confirmation"]
+    assert document["readings"][0]["rate"] == between and "between its readings" in document["summary"]
+
+
+def test_a_probe_that_rules_out_every_reading_is_a_contradiction_and_refits() -> None:
+    """Two narrow readings, 8 and 16 req/s, of an engine three times slower than either: the probe between them
+    fails (ruling out the reading over it) and its window is far slower than the reading under it. Nothing is
+    left: a contradiction, and the refit comes before any end is tested."""
+    fit = ServiceFit(TRUE, True, 1000, [])
+    flat = Extrapolated(6000, "flat past 6,000 tokens", 16.0, 15.4, 16.6, TRUE)
+    answer = ModelAnswer(8.0, 7.7, 16.6, [], fit, True, "", own=(7.7, 8.3), extrapolated=[flat])
+    slow = replace(TRUE, step_ms=3 * TRUE.step_ms, prefill_ms_per_token=3 * TRUE.prefill_ms_per_token)
+    ran: list[float] = []
+    refits: list[int] = []
+
+    def run(rate: float, left: int) -> tuple[str, Probe | None]:
+        ran.append(rate)
+        return probe_on(slow, rate, 200 + len(ran))
+
+    def refit() -> ModelAnswer | None:
+        refits.append(1)
+        return None
+
+    _, record = confirm_answer(answer, run, refit, Q, LIMITS)
+    assert ran == [pytest.approx(math.sqrt(8.3 * 15.4), abs=1e-3)] and refits == [1], ran
+    assert record.contradicted and record.contradicted[0].side == "between"
+    assert "every reading ruled out" in record.contradicted[0].why and not record.stands
