@@ -11,7 +11,15 @@ import pytest
 from tailgate import slo
 from tailgate.load.workload import make_trace
 from tailgate.slo.confirm import confirm_answer, confirmation_rates, settle_confirmed
-from tailgate.slo.readings import FITTED, Reading, between_rate, judge_readings, kept_answer, readings_of
+from tailgate.slo.readings import (
+    FITTED,
+    Reading,
+    ReadingsTest,
+    between_rate,
+    judge_readings,
+    narrowed_answer,
+    readings_of,
+)
 from tailgate.slo.replay import Extrapolated, ModelAnswer, Replicates, Workload, capacity_of, model_answer
 from tailgate.slo.servicefit import Probe, ServiceFit, prefill_choices, probes_of
 from tailgate.stats import measured_records
@@ -71,24 +79,38 @@ def test_the_probe_goes_into_the_widest_gap_between_readings() -> None:
     assert between_rate(overlapping) is None
 
 
-def test_a_decided_verdict_rules_out_the_readings_it_opposes() -> None:
+def test_a_decided_verdict_rules_out_the_readings_it_opposes_and_moves_that_end() -> None:
     low, high = _reading(FITTED, 6.8, 6.5, 7.2), _reading("flat", 12.9, 12.4, 13.4)
-    passed = judge_readings([low, high], 9.4, "pass", None, Q, LIMITS)
-    assert [bool(j.ruled_out) for j in passed] == [True, False] and "PASS" in passed[0].ruled_out
-    failed = judge_readings([low, high], 9.4, "fail", None, Q, LIMITS)
-    assert [bool(j.ruled_out) for j in failed] == [False, True]
-    undecided = judge_readings([low, high], 9.4, "not_enough_data", None, Q, LIMITS)
-    assert not any(j.ruled_out for j in undecided)
+    passed = ReadingsTest(1, 9.4, "pass", tuple(judge_readings([low, high], 9.4, "pass", None, Q, LIMITS)))
+    assert [bool(j.ruled_out) for j in passed.judged] == [True, False] and "PASS" in passed.judged[0].ruled_out
+    assert passed.bounds == (9.4, 13.4) and passed.stands
+    failed = ReadingsTest(1, 9.4, "fail", tuple(judge_readings([low, high], 9.4, "fail", None, Q, LIMITS)))
+    assert [bool(j.ruled_out) for j in failed.judged] == [False, True] and failed.bounds == (6.5, 9.4)
+    undecided = ReadingsTest(
+        1, 9.4, "not_enough_data", tuple(judge_readings([low, high], 9.4, "nope", None, Q, LIMITS))
+    )
+    assert not any(j.ruled_out for j in undecided.judged) and undecided.bounds == (6.5, 13.4)
 
 
-def test_kept_readings_make_the_interval_and_the_nearest_one_answers() -> None:
+def test_the_bracket_keeps_the_readings_ends_and_the_kept_reading_nearest_its_middle_answers() -> None:
+    """Two readings ruled out on either side move both ends in; of the two kept, the one nearest the middle
+    answers with its engine."""
     fit = ServiceFit(TRUE, True, 1000, [])
-    answer = ModelAnswer(6.8, 6.5, 16.5, [], fit, True, "", bracket=(6.5, 14.8), own=(6.5, 7.2))
     flat = replace(TRUE, prefill_flat_above=7000)
-    kept = kept_answer(answer, [Reading("flat", flat, 12.9, 12.4, 13.4), _reading("per prompt", 16.0, 15.5, 16.5)])
-    assert (kept.low, kept.high, kept.bracket) == (12.4, 16.5, (12.4, 14.8))
-    assert kept.capacity == 12.9 and kept.fit is not None and kept.fit.engine == flat
+    readings = [_reading(FITTED, 6.8, 6.5, 7.2), Reading("flat", flat, 10.0, 9.0, 11.0),
+                _reading("per prompt", 12.0, 11.0, 13.0), _reading("per step", 16.0, 15.5, 16.5)]  # fmt: skip
+    judged = judge_readings(readings, 9.6, "not_enough_data", None, Q, LIMITS)
+    judged[0] = replace(judged[0], ruled_out="too slow", above=8.5)
+    judged[3] = replace(judged[3], ruled_out="too fast", below=14.0)
+    test = ReadingsTest(1, 9.6, "not_enough_data", tuple(judged))
+    assert test.bounds == (8.5, 14.0) and test.stands
+    answer = ModelAnswer(6.8, 6.5, 16.5, [], fit, True, "", bracket=(6.5, 15.0), own=(6.5, 7.2))
+    narrowed = narrowed_answer(answer, test)
+    assert (narrowed.low, narrowed.high, narrowed.bracket) == (8.5, 14.0, (8.5, 14.0))
+    assert narrowed.capacity == 10.0 and narrowed.fit is not None and narrowed.fit.engine == flat
     assert (answer.low, answer.fit) == (6.5, fit), "the answer given is left as it was"
+    crossed = ReadingsTest(1, 9.6, "x", (replace(judged[1], above=12.0), replace(judged[2], below=11.0)))
+    assert not crossed.stands
 
 
 def test_a_probe_between_the_readings_rules_out_the_fitted_one_the_engine_does_not_follow(
@@ -115,7 +137,7 @@ def test_a_probe_between_the_readings_rules_out_the_fitted_one_the_engine_does_n
     test = record.readings[0]
     ruled = [j.reading for j in test.judged if j.ruled_out]
     assert fitted_reading in ruled and all(not r.low <= truth <= r.high for r in ruled), test.text()
-    assert any(r.low <= truth <= r.high for r in test.kept), test.text()
+    assert test.bounds[0] <= truth <= test.bounds[1], test.text()
     assert fitted.low is not None and fitted.high is not None and fitted.capacity != fitted_reading.capacity
     assert [rate for rate, _ in ran[1:]] == list(reversed(confirmation_rates(fitted.low, fitted.high)))
     settled = settle_confirmed(fitted, record, (None, None))
@@ -147,4 +169,43 @@ def test_a_probe_that_rules_out_every_reading_is_a_contradiction_and_refits() ->
     _, record = confirm_answer(answer, run, refit, Q, LIMITS)
     assert ran == [pytest.approx(math.sqrt(8.3 * 15.4), abs=1e-3)] and refits == [1], ran
     assert record.contradicted and record.contradicted[0].side == "between"
-    assert "every reading ruled out" in record.contradicted[0].why and not record.stands
+    assert "no reading left standing" in record.contradicted[0].why and not record.stands
+
+
+SLOTS = EngineModel(slots=4, step_ms=0.5, step_ms_per_seq=0.5, prefill_ms_per_token=0.005)
+"""FIFO-like slots whose TTFT p99 crosses 1,000 ms near 5.3 req/s: a tail that rises with the load."""
+
+
+def _scaled(engine: EngineModel, factor: float) -> EngineModel:
+    return replace(engine, step_ms=engine.step_ms * factor, step_ms_per_seq=engine.step_ms_per_seq * factor,
+                   prefill_ms_per_token=engine.prefill_ms_per_token * factor)  # fmt: skip
+
+
+def test_windows_on_a_tail_that_moves_with_the_load_move_both_ends_and_hold_the_capacity() -> None:
+    """Readings 25% too slow and 25% too fast bracket a slots engine's capacity; the probe between them finds the
+    first too slow and the second too fast on the probe's own requests, and the bracket closes in on the truth
+    from both sides."""
+    limits = {"ttft": 1000.0}
+    mixes = [lengths(6000, 700 + k) for k in range(3)]
+
+    def cap(engine: EngineModel) -> float:
+        c, _ = capacity_of(Replicates(engine, mixes, seed=3), limits, Q, near=5.3, tolerance=0.01)
+        assert c is not None
+        return c
+
+    truth = cap(SLOTS)
+    slow, fast = _scaled(SLOTS, 1.25), _scaled(SLOTS, 0.8)
+    readings = [Reading(FITTED, slow, cap(slow), 0.96 * cap(slow), 1.04 * cap(slow)),
+                Reading("per prompt", fast, cap(fast), 0.96 * cap(fast), 1.04 * cap(fast))]  # fmt: skip
+    rate = between_rate(readings)
+    assert rate is not None and readings[0].high < truth < readings[1].low
+    mix = lengths(1500 + 25, 31)
+    outs = simulate(SLOTS, poisson_arrivals(rate, mix, 32))
+    recs = [o.record(i, p, mx, rate=rate) for i, (o, (p, mx)) in enumerate(zip(outs, mix, strict=True))]
+    attempt = slo.ProbeAttempt(measured_records(recs, 25), sent=len(recs), errors=0, records=recs, workload=31)
+    verdict, checks = slo.check_probe([attempt], slo.parse_slo("ttft_p99<=1000ms"), rate=rate)
+    probe = probes_of({rate: [attempt]}, {rate: list(checks)})[0]
+    test = ReadingsTest(1, rate, verdict, tuple(judge_readings(readings, rate, verdict, probe, Q, limits)))
+    low, high = test.bounds
+    assert readings[0].low < low <= truth <= high < readings[1].high, test.text()
+    assert all(j.ruled_out for j in test.judged) and not test.stands, "no reading is left to answer: a refit"

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tailgate.jsontypes import JsonObject
-from tailgate.slo.readings import ReadingsTest, between_rate, judge_readings, kept_answer, readings_of
+from tailgate.slo.readings import ReadingsTest, between_rate, judge_readings, narrowed_answer, readings_of
 from tailgate.slo.replay import ModelAnswer
 from tailgate.slo.search import SearchStopped
 from tailgate.slo.servicefit import Probe
@@ -284,12 +284,12 @@ def _between(fitted: ModelAnswer, run: ConfirmationRun, q: float, limits: Mappin
     test = ReadingsTest(round_, rate, verdict, tuple(judge_readings(readings, rate, verdict, probe, q, limits)))
     record.readings.append(test)
     windows.extend([probe] if probe is not None else [])
-    kept = test.kept
-    outcome: Outcome = "contradicted" if not kept else "confirmed" if len(kept) < len(readings) else "not_contradicted"
-    why = test.text() if kept else f"every reading ruled out {test.text()}"
+    narrowed = len(test.kept) < len(readings)
+    outcome: Outcome = "contradicted" if not test.stands else "confirmed" if narrowed else "not_contradicted"
+    why = test.text() if test.stands else f"no reading left standing {test.text()}"
     record.confirmations.append(Confirmation(rate, "between", verdict, (), outcome, why, round_))
     log(f"  between its readings: {why}")
-    return kept_answer(fitted, kept) if kept else fitted
+    return narrowed_answer(fitted, test) if test.stands else fitted
 
 
 def _ends(fitted: ModelAnswer, run: ConfirmationRun, q: float, limits: Mapping[str, float],
