@@ -209,3 +209,21 @@ def test_windows_on_a_tail_that_moves_with_the_load_move_both_ends_and_hold_the_
     low, high = test.bounds
     assert readings[0].low < low <= truth <= high < readings[1].high, test.text()
     assert all(j.ruled_out for j in test.judged) and not test.stands, "no reading is left to answer: a refit"
+
+
+def test_without_time_for_three_probes_the_ends_test_the_readings_whole_bracket() -> None:
+    fit = ServiceFit(TRUE, True, 1000, [])
+    flat = Extrapolated(6000, "flat past 6,000 tokens", 16.0, 15.4, 16.6, TRUE)
+    answer = ModelAnswer(8.0, 7.7, 16.6, [], fit, True, "", own=(7.7, 8.3), extrapolated=[flat])
+    ran: list[tuple[float, int]] = []
+
+    def run(rate: float, left: int) -> tuple[str, Probe | None]:
+        if left == 3:
+            raise slo.SearchStopped("200 s of the budget left")
+        ran.append((rate, left))
+        return ("fail" if rate > 16 else "pass"), None
+
+    fitted, record = confirm_answer(answer, run, lambda: None, Q, LIMITS)
+    assert [r for r, _ in ran] == list(reversed(confirmation_rates(7.7, 16.6))) and record.stands
+    assert record.summary().startswith("no time for a probe at") and "whole bracket" in record.summary()
+    assert (fitted.low, fitted.high) == (7.7, 16.6)

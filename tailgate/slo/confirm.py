@@ -232,7 +232,7 @@ class ConfirmationRecord:
             again = max(c.round for c in self.confirmations) > 1
             lead = "contradicted again after a refit" if again else "contradicted"
             return f"{lead}: {self.contradicted[0].why}"
-        not_run = [c for c in latest if c.outcome == "not_run"]
+        not_run = [c for c in latest if c.outcome == "not_run" and c.side != "between"]
         if not_run:
             return not_run[0].why
         parts = [f"{c.rate:g} req/s {c.outcome.replace('_', ' ')} ({c.verdict.replace('_', ' ')})" for c in latest
@@ -241,7 +241,8 @@ class ConfirmationRecord:
         text = f"{lead}tested outside its interval: " + "; ".join(parts)
         between = [c for c in latest if c.side == "between"]
         if between:
-            text = f"{lead}between its readings {between[0].why}; " + text[len(lead) :]
+            said = between[0].why if between[0].outcome == "not_run" else f"between its readings {between[0].why}"
+            text = f"{lead}{said}; " + text[len(lead) :]
         pooled = self.last_pooled
         if pooled is not None and pooled.matches:
             text += f"; both windows: {pooled.text()}"
@@ -264,10 +265,10 @@ raises :class:`~tailgate.slo.search.SearchStopped` when no time is left for it."
 
 def _between(fitted: ModelAnswer, run: ConfirmationRun, q: float, limits: Mapping[str, float],
              log: Callable[[str], None], round_: int, record: ConfirmationRecord,
-             windows: list[Probe]) -> ModelAnswer | None:  # fmt: skip
+             windows: list[Probe]) -> ModelAnswer:  # fmt: skip
     """Where the answer's interval spans readings of a cost never measured that do not overlap, one probe between
-    them first (:mod:`tailgate.slo.readings`): the answer narrowed to the readings it leaves; every one ruled out
-    is a contradiction. None: no time for it (nor for the ends after it)."""
+    them first (:mod:`tailgate.slo.readings`): the answer within the bracket it leaves; no reading left standing is
+    a contradiction. Without time for it and the two ends, the ends test the readings' whole bracket."""
     readings = readings_of(fitted)
     rate = between_rate(readings) if readings else None
     if rate is None:
@@ -277,10 +278,10 @@ def _between(fitted: ModelAnswer, run: ConfirmationRun, q: float, limits: Mappin
     try:
         verdict, probe = run(rate, 3)
     except SearchStopped as e:
-        why = f"no time for a probe at {rate:g} req/s between its readings: {e}"
+        why = f"no time for a probe at {rate:g} req/s between its readings ({e}): the ends test their whole bracket"
         record.confirmations.append(Confirmation(rate, "between", "not_run", (), "not_run", why, round_))
         log(f"  {why}")
-        return None
+        return fitted
     test = ReadingsTest(round_, rate, verdict, tuple(judge_readings(readings, rate, verdict, probe, q, limits)))
     record.readings.append(test)
     windows.extend([probe] if probe is not None else [])
@@ -342,10 +343,7 @@ def confirm_answer(
         if fitted.fit is None or fitted.low is None or fitted.high is None or not fitted.usable:
             break
         windows: list[Probe] = []
-        between = _between(fitted, run, q, limits, log, round_, record, windows)
-        if between is None:
-            break  # no time left for any probe
-        fitted = between
+        fitted = _between(fitted, run, q, limits, log, round_, record, windows)
         if not any(c.round == round_ and c.outcome == "contradicted" for c in record.confirmations):
             _ends(fitted, run, q, limits, log, round_, record, windows)
         if not record.contradicted or round_ == rounds:
