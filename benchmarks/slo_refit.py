@@ -6,7 +6,8 @@ the given simulation size, and prints each configuration's measured bracket, the
 replay beside what was measured, and the narrowed bracket or why there is none. Nothing is written unless
 ``--json`` names a file.
 
-Run: ``python benchmarks/slo_refit.py RESULTS [--replicates 8] [--requests 10000] [--json out.json] [--any-policy]``
+Run: ``python benchmarks/slo_refit.py RESULTS [--replicates 8] [--requests 10000] [--json out.json] [--any-policy]
+[--one-process]``
 (for the H200 search kept in the tree: ``tar xzf results/h200/slo-fitted/results-slo-chunked.tar.gz -C /tmp``
 then ``python benchmarks/slo_refit.py /tmp/slo``).
 """
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tailgate.records import read_records
 from tailgate.slo.attempt import ProbeAttempt
+from tailgate.slo import replay
 from tailgate.slo.replay import Workload, model_answer, workload_of
 from tailgate.slo.servicefit import CHUNK_CHOICES, Probe, prefill_choices, probes_of
 from tailgate.slo.verdict import Check
@@ -115,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="let the replay choose among every prefill policy, whatever the server's knobs declared",
     )
+    p.add_argument("--one-process", action="store_true", help="simulate every replicate in this process")
     args = p.parse_args(argv)
+    if args.one_process:
+        replay.PARALLEL_REQUESTS = sys.maxsize
     state_file = args.results / "slo.json"
     if not state_file.is_file():
         p.error(f"{state_file} not found: give a tailgate slo results folder")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import sys
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,7 +48,7 @@ from tailgate.slo.servicefit import (
 from tailgate.slo.stepfit import fit_costs, prefill_from_idle, streams_of
 from tailgate.slo.ttftnoise import lone_delays
 from tailgate.stats import measured_records
-from tailgate.verify.groundtruth.engine import EngineModel, EngineModelError, poisson_arrivals, simulate
+from tailgate.verify.groundtruth.engine import EngineModel, EngineModelError, Outcome, poisson_arrivals, simulate
 
 ENGINE = EngineModel(slots=8, step_ms=2.0, step_ms_per_seq=0.4, prefill_ms_per_token=0.004)
 LIMITS = {"ttft": 800.0}
@@ -672,3 +674,19 @@ def test_the_interval_spans_the_readings_of_a_square_past_the_steps_measured() -
     seen = model_answer(probes([3.0], engine=small), limits, Q, (None, None), workload=Workload(seeded=True),
                         requests=500, replicates=3, seed=5, chunks=(2048,))  # fmt: skip
     assert seen.extrapolated == []
+
+
+def test_replicates_in_processes_give_what_one_process_gives() -> None:
+    """The final answer's replicates run in processes of their own; the counts and the curve are the same, and a
+    server that cannot travel to another process (a closure) runs here instead."""
+    mixes = [lengths(20000, 900 + k) for k in range(2)]
+    apart, here = Replicates(ENGINE, mixes, seed=3), Replicates(ENGINE, mixes, seed=3)
+    here.parallel = False
+    assert apart.parallel == (sys.platform == "linux" and (os.cpu_count() or 1) > 1)
+    assert apart.at(7.0, LIMITS) == here.at(7.0, LIMITS) and apart.curve == here.curve
+
+    def closure(arrivals: list[tuple[int, int, int]]) -> list[Outcome]:
+        return simulate(ENGINE, arrivals)
+
+    local = Replicates(ENGINE, mixes, seed=3, server=closure)
+    assert local.at(7.0, LIMITS) == here.at(7.0, LIMITS) and not local.parallel
