@@ -25,8 +25,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tailgate.records import read_records
-from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo import replay
+from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.replay import Workload, model_answer, workload_of
 from tailgate.slo.servicefit import CHUNK_CHOICES, Probe, prefill_choices, probes_of
 from tailgate.slo.verdict import Check
