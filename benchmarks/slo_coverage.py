@@ -353,7 +353,8 @@ class Search:
             self.settled = None
             return self.fitted(self.remeasured(out))
 
-        fitted, record = confirm_answer(fitted, run, refit, q, limits)
+        log = (lambda line: print(f"    {line}", flush=True)) if self.args.log_confirmation else (lambda line: None)
+        fitted, record = confirm_answer(fitted, run, refit, q, limits, log)
         out = self.remeasured(out)
         self.answer = settle_confirmed(fitted, record, (out.best, out.first_fail))
         self.confirmation = record
@@ -567,6 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--truth-replicates", type=int, default=4)
     p.add_argument("--truth", type=float, default=0.0, help="the true capacity, when computed before (one shape)")
     p.add_argument("--verbose", action="store_true", help="one line per search")
+    p.add_argument("--log-confirmation", action="store_true", help="every step of each model's confirmation")
     p.add_argument("--json", default="", help="write the rows here")
     p.add_argument("--e2e", action="store_true", help="also one real search through Locust (the custom engine)")
     p.add_argument("--e2e-duration", type=float, default=75.0)
