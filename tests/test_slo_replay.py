@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import sys
 from dataclasses import replace
@@ -32,6 +31,7 @@ from tailgate.slo.replay import (
     model_answer,
     settling_answer,
     systematic_error,
+    usable_cores,
     workload_of,
 )
 from tailgate.slo.servicefit import (
@@ -682,7 +682,7 @@ def test_replicates_in_processes_give_what_one_process_gives() -> None:
     mixes = [lengths(20000, 900 + k) for k in range(2)]
     apart, here = Replicates(ENGINE, mixes, seed=3), Replicates(ENGINE, mixes, seed=3)
     here.parallel = False
-    assert apart.parallel == (sys.platform == "linux" and (os.cpu_count() or 1) > 1)
+    assert apart.parallel == (sys.platform == "linux" and usable_cores() > 1)
     assert apart.at(7.0, LIMITS) == here.at(7.0, LIMITS) and apart.curve == here.curve
 
     def closure(arrivals: list[tuple[int, int, int]]) -> list[Outcome]:

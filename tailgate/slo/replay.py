@@ -119,8 +119,8 @@ class Replicates:
         self.curve: dict[float, dict[str, tuple[float, float, float]]] = {}
         """Per rate: metric -> the pooled percentile and its jackknife band (low, high), ms."""
         self.q = 0.99
-        self.parallel = (sys.platform == "linux" and len(mixes) > 1 and sum(map(len, mixes)) >= PARALLEL_REQUESTS
-                         and (os.cpu_count() or 1) > 1)  # fmt: skip
+        self.parallel = sys.platform == "linux" and len(mixes) > 1 and sum(map(len, mixes)) >= PARALLEL_REQUESTS
+        self.parallel = self.parallel and usable_cores() > 1
 
     def at(self, rate: float, limits: Mapping[str, float]) -> list[dict[str, tuple[int, int]]]:
         if rate not in self.counts:
@@ -152,12 +152,19 @@ own: the final answer simulates 8 x 40,000 at every rate its search tries, ~95% 
 _POOL: ProcessPoolExecutor | None = None
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, as a container or ``taskset`` sets it), at most 32: a
+    final answer has 8 replicates a rate, and every worker is a fork of the whole process."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(32, cores))
+
+
 def _pool() -> ProcessPoolExecutor:
     global _POOL
     if _POOL is None:
         # fork, not spawn or forkserver: those import the caller's main module again in every worker, and a script
         # without a main guard would run itself there; the workers only simulate (no locks, no I/O)
-        _POOL = ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=multiprocessing.get_context("fork"))
+        _POOL = ProcessPoolExecutor(max_workers=usable_cores(), mp_context=multiprocessing.get_context("fork"))
     return _POOL
 
 
