@@ -57,13 +57,12 @@ from tailgate.slo.model import RateModel, binding_model
 from tailgate.slo.plan import attempt_size, confirmation_seed
 from tailgate.slo.replay import (
     ModelAnswer,
-    Replicates,
     Workload,
-    capacity_of,
     model_answer,
     settling_answer,
     workload_of,
 )
+from tailgate.slo.replicates import Replicates, capacity_of
 from tailgate.slo.search import lacks_only_data, worth_extending
 from tailgate.slo.servicefit import Probe, probes_of
 from tailgate.slo.state import ProbeEntry

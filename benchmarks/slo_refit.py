@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tailgate.records import read_records
-from tailgate.slo import replay
+from tailgate.slo import replicates
 from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.replay import Workload, model_answer, workload_of
 from tailgate.slo.servicefit import CHUNK_CHOICES, Probe, prefill_choices, probes_of
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--one-process", action="store_true", help="simulate every replicate in this process")
     args = p.parse_args(argv)
     if args.one_process:
-        replay.PARALLEL_REQUESTS = sys.maxsize
+        replicates.PARALLEL_REQUESTS = sys.maxsize
     state_file = args.results / "slo.json"
     if not state_file.is_file():
         p.error(f"{state_file} not found: give a tailgate slo results folder")
@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
               f"+ {e.get('step_ms_per_seq', 0):.3g} ms/stream + {e.get('prefill_ms_per_token', 0):.3g} ms/prefilled "
               f"token (+ {e.get('prefill_ms_per_token_ctx', 0):.3g} per 1,000 before it in its prompt, "
               f"+ {e.get('prefill_ms_per_token_step', 0):.3g} per 1,000 in its step; front end "
-              f"{e.get('frontend_ms', 0):.3g} ms + {e.get('frontend_ms_per_token', 0):.3g} ms/token), "
+              f"{e.get('frontend_ms', 0):.3g} ms + {e.get('frontend_ms_per_token', 0):.3g} ms/token"
+              f"{', one prompt at a time' if e.get('frontend_serial') else ''}"
+              f"{'; each step composed as the one before starts' if e.get('async_scheduling') else ''}), "
               f"{'chunks of ' + str(e.get('chunk_tokens')) if e.get('chunked') else 'whole prompts'}; "
               f"{f['streams']} streams; requests from {f['workload']}")  # fmt: skip
         if e.get("frontend_noise"):

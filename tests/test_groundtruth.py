@@ -912,6 +912,15 @@ def test_engine_front_end_holds_a_request_before_the_scheduler(gt: ServerProcess
     assert sim[0].worst_gap_ms == pytest.approx(10.0 + 0.5 * 40)  # the running stream feels the prefill, not the hold
 
 
+def test_engine_composes_ahead_behind_a_serial_front_end(gt: ServerProcess) -> None:
+    """Asynchronous scheduling and a serial front end, served as simulated: the second request, queued while a
+    step ran, misses the step composed before it was queued."""
+    model = {"slots": 4, "step_ms": 10.0, "step_ms_per_seq": 0.0, "prefill_ms_per_token": 0.5, "frontend_ms": 5.0,
+             "frontend_ms_per_token": 1.0, "frontend_serial": True, "async_scheduling": True}  # fmt: skip
+    _, sim = _served_beside_simulated(gt, model, (10, 30), (40, 3), second_waits=False)
+    assert sim[1].ttft_ms >= 5.0 + 1.0 * 40 + 10.0 + 10.0 + 0.5 * 40  # held, then one step composed without it
+
+
 def test_engine_settings_are_validated(gt: ServerProcess) -> None:
     with pytest.raises(ValueError, match="slots"):
         gt.control({"engine": {"slots": 0}})

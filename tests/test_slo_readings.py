@@ -20,7 +20,8 @@ from tailgate.slo.readings import (
     narrowed_answer,
     readings_of,
 )
-from tailgate.slo.replay import Extrapolated, ModelAnswer, Replicates, Workload, capacity_of, model_answer
+from tailgate.slo.replay import Extrapolated, ModelAnswer, Workload, model_answer
+from tailgate.slo.replicates import Replicates, capacity_of
 from tailgate.slo.servicefit import Probe, ServiceFit, prefill_choices, probes_of
 from tailgate.stats import measured_records
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate

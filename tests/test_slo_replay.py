@@ -23,17 +23,15 @@ from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.replay import (
     FINAL_GROWTH,
     ModelAnswer,
-    Replicates,
     Workload,
     _refuted,
     bias_moves_nothing,
-    capacity_of,
     model_answer,
     settling_answer,
     systematic_error,
-    usable_cores,
     workload_of,
 )
+from tailgate.slo.replicates import Replicates, capacity_of, usable_cores
 from tailgate.slo.servicefit import (
     SLOTS_MARGIN,
     Probe,
@@ -690,3 +688,21 @@ def test_replicates_in_processes_give_what_one_process_gives() -> None:
 
     local = Replicates(ENGINE, mixes, seed=3, server=closure)
     assert local.at(7.0, LIMITS) == here.at(7.0, LIMITS) and not local.parallel
+
+
+@pytest.mark.parametrize("serial", [False, True])
+def test_the_front_end_that_pairs_long_prompts_is_chosen_or_spanned(serial: bool) -> None:
+    """With chunked prefill off, the worst-gap p99 is set by steps that prefill two long prompts, and how often two
+    meet in one step depends on the front end: one that tokenizes a prompt at a time spaces them out. The fitted
+    engine takes the front end its probes replay best and spans the other where they replay it as well, so the
+    interval holds the capacity of either."""
+    engine = replace(GPU, frontend_serial=serial)
+    truth, _ = capacity_of(Replicates(engine, [lengths(12000, 700 + k) for k in range(4)], seed=3), GPU_LIMITS, Q,
+                           near=8.0, tolerance=0.01)  # fmt: skip
+    assert truth is not None
+    answer = model_answer(probes([4.0, 8.0, 12.0], engine=engine), GPU_LIMITS, Q, (None, None),
+                          workload=Workload(seeded=True), requests=3000, replicates=4, seed=5, chunks=(0,))  # fmt: skip
+    assert answer.fit is not None and answer.low is not None and answer.high is not None
+    modes = {answer.fit.engine.frontend_serial, *(e.frontend_serial for _, e in answer.fit.alternatives)}
+    assert serial in modes, answer.fit.engine
+    assert answer.low <= truth <= answer.high, (answer.low, truth, answer.high, answer.why)

@@ -28,17 +28,10 @@ estimate; the measured bracket is never replaced, only intersected.
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
-import pickle
 import random
 import statistics
-import sys
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
 from typing import Any, Protocol
 
 from tailgate.jsontypes import JsonObject
@@ -46,9 +39,9 @@ from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.workload import make_trace
 from tailgate.slo.answer import figure_text
 from tailgate.slo.attempt import ProbeAttempt
+from tailgate.slo.replicates import T975, Replicates, capacity_of
 from tailgate.slo.servicefit import (
     CHUNK_CHOICES,
-    METRIC_OF_OUTCOME,
     Probe,
     ReplayRow,
     ServiceFit,
@@ -56,7 +49,7 @@ from tailgate.slo.servicefit import (
     measured_step_tokens,
 )
 from tailgate.slo.stepfit import streams_of
-from tailgate.verify.groundtruth.engine import EngineModel, Outcome, quantile, simulate
+from tailgate.verify.groundtruth.engine import EngineModel
 
 
 class Tested(Protocol):
@@ -84,163 +77,6 @@ it: on the coverage benchmark's ``nochunk64`` engine, an engine fitted within 0.
 req/s from 8 x 10,000 requests, with an interval whose lower end (8.44) stood above the true 8.04, where 8 x 40,000
 of the same engine give 8.10. Its true capacity from 8 x 10,000 came out +-5.6% to +-13.8%, from 8 x 40,000
 +-4.1%."""
-T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
-"""Student's t, 97.5% two-sided, by degrees of freedom (more: 2.2)."""
-
-
-Server = Callable[[list[tuple[int, int, int]]], list[Outcome]]
-"""A simulated server: (arrival ns, prompt tokens, output tokens) in arrival order -> what each request saw."""
-
-
-class Replicates:
-    """Independent simulations of the fitted engine at any rate, each with its own requests and arrival draws.
-
-    The share of requests over a limit near the capacity comes from rare queue build-ups, so one short run's
-    share is skewed (usually under, now and then far over): the capacity where a single run crosses the limit
-    is biased upward. The replicates' counts are pooled at each rate instead, and the capacity is where the
-    pooled share crosses; a replicate left out at a time (the jackknife) gives its spread."""
-
-    def __init__(self, engine: EngineModel, mixes: Sequence[Sequence[tuple[int, int]]], seed: int,
-                 server: Server | None = None) -> None:  # fmt: skip
-        """``server``: what serves the simulated arrivals, when not ``engine``'s step loop (a benchmark's
-        truth of a server outside the model's family)."""
-        self.engine = engine
-        self.servers: list[Server] = [
-            server if server is not None
-            # a noisy engine draws its front-end delays afresh in each replicate, as its arrivals are
-            else partial(simulate, replace(engine, noise_seed=seed * 104729 + k) if engine.frontend_noise else engine)
-            for k in range(len(mixes))
-        ]  # fmt: skip
-        self.mixes = mixes
-        rngs = [random.Random(seed * 104729 + k) for k in range(len(mixes))]
-        self.gaps = [[rng.expovariate(1.0) for _ in m] for rng, m in zip(rngs, mixes, strict=True)]
-        self.counts: dict[float, list[dict[str, tuple[int, int]]]] = {}
-        """Per rate, per replicate: metric -> (requests over the limit, requests)."""
-        self.curve: dict[float, dict[str, tuple[float, float, float]]] = {}
-        """Per rate: metric -> the pooled percentile and its jackknife band (low, high), ms."""
-        self.q = 0.99
-        self.parallel = sys.platform == "linux" and len(mixes) > 1 and sum(map(len, mixes)) >= PARALLEL_REQUESTS
-        self.parallel = self.parallel and usable_cores() > 1
-
-    def at(self, rate: float, limits: Mapping[str, float]) -> list[dict[str, tuple[int, int]]]:
-        if rate not in self.counts:
-            jobs = [(server, mix, gaps, rate, dict(limits))
-                    for server, mix, gaps in zip(self.servers, self.mixes, self.gaps, strict=True)]  # fmt: skip
-            done = self._in_processes(jobs) if self.parallel else None
-            if done is None:
-                done = [_replicate(*job) for job in jobs]
-            self.counts[rate] = [counts for counts, _ in done]
-            self.curve[rate] = {m: _pooled_band([values[m] for _, values in done], self.q) for m in limits}
-        return self.counts[rate]
-
-    def _in_processes(self, jobs: Sequence[_Job]) -> list[_Done] | None:
-        """The replicates run each in a process of its own (None: they cannot be, and never will be here)."""
-        try:
-            pool = _pool()
-            return [f.result() for f in [pool.submit(_replicate, *job) for job in jobs]]
-        except (pickle.PicklingError, AttributeError, TypeError, OSError, BrokenProcessPool):
-            self.parallel = False  # a server that cannot travel (a closure), or no processes here: in this one
-            return None
-
-
-_Job = tuple[Server, Sequence[tuple[int, int]], Sequence[float], float, dict[str, float]]
-_Done = tuple[dict[str, tuple[int, int]], dict[str, list[float]]]
-PARALLEL_REQUESTS = 40_000
-"""Simulated requests at one rate, all replicates together, from which the replicates run in processes of their
-own: the final answer simulates 8 x 40,000 at every rate its search tries, ~95% of a fit's time, which on a
-16-core GPU host took three minutes of a search's budget in one process."""
-_POOL: ProcessPoolExecutor | None = None
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity, as a container or ``taskset`` sets it), at most 32: a
-    final answer has 8 replicates a rate, and every worker is a fork of the whole process."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(32, cores))
-
-
-def _pool() -> ProcessPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        # fork, not spawn or forkserver: those import the caller's main module again in every worker, and a script
-        # without a main guard would run itself there; the workers only simulate (no locks, no I/O)
-        _POOL = ProcessPoolExecutor(max_workers=usable_cores(), mp_context=multiprocessing.get_context("fork"))
-    return _POOL
-
-
-def _replicate(server: Server, mix: Sequence[tuple[int, int]], gaps: Sequence[float], rate: float,
-               limits: Mapping[str, float]) -> _Done:  # fmt: skip
-    """One replicate at one rate: per limited metric, (requests over the limit, requests) and every value."""
-    t, arrivals = 0.0, []
-    for (p, mx), g in zip(mix, gaps, strict=True):
-        t += g / rate  # common random numbers: the same unit-rate draws at every rate
-        arrivals.append((round(t * 1e9), p, mx))
-    outs: list[Outcome] = server(arrivals)[len(arrivals) // 20 :]  # the empty start out
-    values = {m: [getattr(o, METRIC_OF_OUTCOME[m]) for o in outs] for m in limits}
-    return {m: (sum(1 for v in values[m] if v > lim), len(outs)) for m, lim in limits.items()}, values
-
-
-def _pooled_band(values: Sequence[Sequence[float]], q: float) -> tuple[float, float, float]:
-    """The q-quantile of the replicates pooled, and a 95% band from the jackknife over replicates (ms)."""
-    whole = quantile([v for vs in values for v in vs], q)
-    r = len(values)
-    if r < 2:
-        return whole, whole, whole
-    jack = [quantile([v for j, vs in enumerate(values) if j != k for v in vs], q) for k in range(r)]
-    mean = statistics.fmean(jack)
-    se = math.sqrt((r - 1) / r * sum((x - mean) ** 2 for x in jack))
-    half = T975.get(r - 1, 2.2) * se
-    return whole, max(0.0, whole - half), whole + half
-
-
-def excess(rows: Sequence[Mapping[str, tuple[int, int]]], q: float, keep: Sequence[int]) -> float:
-    """How far the pooled share over the worst limit is above its allowance, relative (<= 0: the limits hold)."""
-    worst = -1.0
-    for m in rows[0]:
-        over = sum(rows[k][m][0] for k in keep)
-        n = sum(rows[k][m][1] for k in keep)
-        worst = max(worst, over / max(1, n) / (1.0 - q) - 1.0)
-    return worst
-
-
-def crossing(reps: Replicates, q: float, keep: Sequence[int]) -> float | None:
-    """The rate where the pooled share crosses its allowance, interpolated between the rates simulated."""
-    rates = sorted(reps.counts)
-    ex = [excess(reps.counts[r], q, keep) for r in rates]
-    bad = next((i for i, e in enumerate(ex) if e > 0), None)
-    if bad is None:
-        return rates[-1] if rates else None
-    ok = max((i for i in range(bad) if ex[i] <= 0), default=None)
-    if ok is None:
-        return None
-    r0, r1, e0, e1 = rates[ok], rates[bad], ex[ok], ex[bad]
-    return r0 + (r1 - r0) * (-e0) / (e1 - e0) if e1 > e0 else r0
-
-
-def capacity_of(reps: Replicates, limits: Mapping[str, float], q: float, *, near: float,
-                tolerance: float = 0.005) -> tuple[float | None, list[float]]:  # fmt: skip
-    """The pooled capacity (bisection from around ``near``, then interpolation) and each leave-one-out capacity."""
-    every = list(range(len(reps.mixes)))
-    reps.q = q
-
-    def ok(rate: float) -> bool:
-        return excess(reps.at(rate, limits), q, every) <= 0
-
-    lo, hi = near * 0.8, near * 1.25
-    while not ok(lo):
-        hi, lo = lo, lo / 2
-        if lo < near / 20:
-            return None, []
-    while ok(hi):
-        lo, hi = hi, hi * 1.5
-        if hi > near * 100:
-            return None, []
-    while hi - lo > tolerance * lo:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    whole = crossing(reps, q, every)
-    jack = [c for k in every if (c := crossing(reps, q, [j for j in every if j != k])) is not None]
-    return whole, jack
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,7 +225,7 @@ def model_answer(
     # each reading at the settling size: it only widens the interval, and a final answer's four times as many
     # for every reading would triple its time
     readings = [m[:requests] for m in mixes]
-    extrapolated = _extrapolations(fit.engine, probes, readings, seed, limits, q, cap, workload.seeded)
+    extrapolated = _extrapolations(fit, probes, readings, seed, limits, q, cap, workload.seeded)
     own = (low, high) if extrapolated else None
     low, high = min([low, *(e.low for e in extrapolated)]), max([high, *(e.high for e in extrapolated)])
     why = _unusable(fit, probes, (low, high), measured, lambda bias: bias_moves_nothing(bias, reps, limits, high))
@@ -421,9 +257,9 @@ def _interval(cap: float, jack: Sequence[float], seeded: bool) -> tuple[float, f
 
 @dataclass(frozen=True)
 class Extrapolated:
-    """The fitted engine's capacity with its square prefill terms read another way past the largest step the
-    probes measured (the interval spans it): flat at their rate there, or per prompt instead of per step (or the
-    reverse)."""
+    """The fitted engine's capacity under another reading the probes cannot rule out (the interval spans it): its
+    square prefill terms past the largest step the probes measured (``step_tokens``), flat at their rate there or
+    per prompt instead of per step (or the reverse); or the other front end (``step_tokens`` 0)."""
 
     step_tokens: int
     reading: str
@@ -442,16 +278,26 @@ class Extrapolated:
 
 
 def extrapolation_text(readings: Sequence[Extrapolated]) -> str:
-    """Why the interval is as wide as it is, where the square terms were read past what was measured."""
-    if not readings:
-        return ""
-    parts = "; ".join(r.text() for r in readings)
-    return (f"steps over {readings[0].step_tokens:,} prompt tokens were never measured, and the interval spans "
-            f"the fitted square and its other readings there ({parts})")  # fmt: skip
+    """Why the interval is as wide as it is: square terms read past what was measured, and front ends the probes
+    could not tell apart."""
+    squares = [r for r in readings if r.step_tokens]
+    others = [r for r in readings if not r.step_tokens]
+    parts = []
+    if squares:
+        parts.append(
+            f"steps over {squares[0].step_tokens:,} prompt tokens were never measured, and the interval "
+            f"spans the fitted square and its other readings there ({'; '.join(r.text() for r in squares)})"
+        )
+    if others:
+        parts.append(
+            f"the probes replay {' and '.join(r.reading for r in others)} about as well, and the interval "
+            f"spans it too ({'; '.join(r.text() for r in others)})"
+        )
+    return "; ".join(parts)  # fmt: skip
 
 
 def _extrapolations(
-    engine: EngineModel,
+    fit: ServiceFit,
     probes: Sequence[Probe],
     mixes: Sequence[Sequence[tuple[int, int]]],
     seed: int,
@@ -460,8 +306,10 @@ def _extrapolations(
     near: float,
     seeded: bool,
 ) -> list[Extrapolated]:
-    """Where the simulation prefills steps larger than any the probes measured, the capacity under the other
-    readings of the fitted square prefill terms there (empty: no such step, or no square term).
+    """The capacity under every other reading of the fitted engine the probes cannot rule out: its square
+    prefill terms read another way where the simulation prefills steps larger than any the probes measured, and
+    the other front end where it replays the probes as well (:func:`tailgate.slo.servicefit.fit_service`'s
+    alternatives; ``step_tokens`` 0). Empty: none.
 
     The square is fitted to the steps the probes saw, and near the capacity the steps are larger. An H100 at 5
     req/s prefilled at most one 6,000-token prompt a step; near its capacity the worst-gap p99 is the full
@@ -470,22 +318,24 @@ def _extrapolations(
     prompts costs the square of their sum on a GPU's unchunked prefill (the H200's paired steps) and about the
     sum of their squares where attention is per sequence: probes that measured no such step cannot say which.
     The interval spans every reading; their confirmation probes, or more probes near the capacity, narrow it."""
+    engine = fit.engine
     ctx, batch = engine.prefill_ms_per_token_ctx, engine.prefill_ms_per_token_step
     measured = measured_step_tokens(probes)
     largest = engine.chunk_tokens if engine.chunked else 2 * max(p for mix in mixes for p, _ in mix)
-    if not (ctx or batch) or not measured or largest <= measured:
-        return []
-    readings = [
-        (f"flat past {measured:,} tokens", replace(engine, prefill_flat_above=measured)),
-        ("per prompt" if batch else "per step",
-         replace(engine, prefill_ms_per_token_ctx=batch, prefill_ms_per_token_step=ctx)),
-    ]  # fmt: skip
+    readings: list[tuple[int, str, EngineModel]] = []
+    if (ctx or batch) and measured and largest > measured:
+        readings += [
+            (measured, f"flat past {measured:,} tokens", replace(engine, prefill_flat_above=measured)),
+            (measured, "per prompt" if batch else "per step",
+             replace(engine, prefill_ms_per_token_ctx=batch, prefill_ms_per_token_step=ctx)),
+        ]  # fmt: skip
+    readings += [(0, name, other) for name, other in fit.alternatives]
     out = []
-    for reading, other in readings:
+    for step_tokens, reading, other in readings:
         cap, jack = capacity_of(Replicates(other, mixes, seed), limits, q, near=near)
         if cap is not None and len(jack) >= 2:
             low, high = _interval(cap, jack, seeded)
-            out.append(Extrapolated(measured, reading, cap, low, high, other))
+            out.append(Extrapolated(step_tokens, reading, cap, low, high, other))
     return out
 
 

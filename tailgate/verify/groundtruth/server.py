@@ -158,6 +158,7 @@ class GroundTruthServer:
     def _engine_enqueue(self, engine: Engine, req: EngineRequest, ready_ns: int) -> None:
         if engine is not self.engine or req.cancelled:
             return
+        req.ready_ns = ready_ns
         engine.submit(req)
         if engine.step_end_ns is None:
             self._engine_start(max(ready_ns, engine.last_end_ns))
