@@ -273,7 +273,7 @@ def _between(fitted: ModelAnswer, run: ConfirmationRun, q: float, limits: Mappin
     rate = between_rate(readings) if readings else None
     if rate is None:
         return fitted
-    log(f"its readings past the largest step measured part ({'; '.join(r.text() for r in readings)}): "
+    log(f"the readings its probes cannot rule out part ({'; '.join(r.text() for r in readings)}): "
         f"a probe between them at {rate:g} req/s")  # fmt: skip
     try:
         verdict, probe = run(rate, 3)

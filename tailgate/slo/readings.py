@@ -1,8 +1,9 @@
 """Narrowing the bracket that the readings of a never-measured cost make, with one probe where they disagree.
 
 Where the simulation prefills steps larger than any the probes saw, the fitted square prefill terms are read
-several ways (as fitted, flat past the largest step measured, per prompt instead of per step:
-:func:`tailgate.slo.replay._extrapolations`), and the model's interval spans them all. On a lent H100 that was
+several ways (as fitted, flat past the largest step measured, per prompt instead of per step), and where the probes
+replay a front end that tokenizes one prompt at a time as well as one that tokenizes side by side, both are read
+(:func:`tailgate.slo.replay._extrapolations`): the model's interval spans them all. On a lent H100 that was
 6.83 [6.45, 14.83] req/s: honest, and 117% wide. Probes at the union's two ends cannot narrow it, since every
 reading says the same there. A probe *between* two readings' intervals can: each reading replays the probe's own
 requests (:mod:`tailgate.slo.windowmatch`), and one whose implied capacity ratio lies wholly outside its own
