@@ -457,7 +457,11 @@ def run_shape(name: str, args: argparse.Namespace) -> dict[str, Any]:
             f_ok = br is not None and br[0] <= capacity <= br[1]
             fitted.append((fa.usable, math.inf if br is None else (br[1] - br[0]) / capacity, f_ok))
             if args.verbose or (fa.usable and not f_ok):
-                print(f"  [{name}] search {i + 1}: fitted {fa.capacity and round(fa.capacity, 3)} interval "
+                e = fa.fit.engine if fa.fit is not None else None
+                admission = "" if e is None else (
+                    f" ({'one prompt at a time' if e.frontend_serial else 'side by side'}"
+                    f"{', composed ahead' if e.async_scheduling else ''})")  # fmt: skip
+                print(f"  [{name}] search {i + 1}: fitted{admission} {fa.capacity and round(fa.capacity, 3)} interval "
                       f"[{fa.low and round(fa.low, 3)}, {fa.high and round(fa.high, 3)}], narrowed "
                       f"{None if br is None else [round(br[0], 3), round(br[1], 3)]} "
                       f"{'(not used)' if br is None else 'holds' if f_ok else 'MISSES'}; {fa.why}",

@@ -706,3 +706,9 @@ def test_the_front_end_that_pairs_long_prompts_is_chosen_or_spanned(serial: bool
     modes = {answer.fit.engine.frontend_serial, *(e.frontend_serial for _, e in answer.fit.alternatives)}
     assert serial in modes, answer.fit.engine
     assert answer.low <= truth <= answer.high, (answer.low, truth, answer.high, answer.why)
+    spanned = [e for e in answer.extrapolated if not e.step_tokens]
+    assert len(spanned) == len(answer.fit.alternatives)
+    for e in spanned:  # the other front end is a reading of its own, named in the answer and written with it
+        assert e.reading in answer.why and answer.low <= e.low and e.high <= answer.high
+        assert e.engine is not None and e.engine.frontend_serial != answer.fit.engine.frontend_serial
+    assert [x["step_tokens"] for x in answer.as_dict()["extrapolated"]].count(0) == len(spanned)
