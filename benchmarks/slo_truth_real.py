@@ -31,7 +31,9 @@ capacity lies between the highest rate that passes and the lowest that fails; bo
     # a server already running (the H200: benchmarks/h200/truth.sh)
     python benchmarks/slo_truth_real.py run --host http://127.0.0.1:8000 --config nochunk --ignore-eos \\
         --slo "ttft_p99<=300ms,gap_p99<=200ms" --rates 10 --out /tmp/w/truth-nochunk
-    # read any folders run made (no request sent), merge their rates
+    # a rate whose requests outlast one call, in parts (own folder and workload seed each), read as one truth
+    python benchmarks/slo_truth_real.py run --host http://127.0.0.1:8000 ... --rates 7 --n 2000 --part 1 --out OUT
+    # read any folders run made (no request sent), merge their rates (the parts of one rate pooled)
     python benchmarks/slo_truth_real.py read OUT [OUT ...] --json truth.json
     # score finished searches against it: does each answer's interval hold the truth, how wide, how long
     python benchmarks/slo_truth_real.py score truth.json SEARCH [SEARCH ...] [--config-as nochunk]
@@ -59,6 +61,7 @@ from tailgate import slo
 from tailgate.records import RequestRecord
 from tailgate.slo.plan import SloPlan
 from tailgate.slo.probe import SloRunner
+from tailgate.slo.spec import Limit
 from tailgate.slo.verdict import METRIC_FIELDS, steady_part
 
 TRUTH_SEED = 11
@@ -192,42 +195,53 @@ def block_bootstrap(
     return stats[int(0.025 * resamples)], stats[int(0.975 * resamples) - 1]
 
 
-def read_truth(root: Path, block_s: float) -> list[RateTruth]:
-    """Every probe of a ``tailgate slo`` folder, read as truth (fixed-n bounds, block bootstrap)."""
-    state = json.loads((root / slo.SLO_FILE).read_text())
-    limits = slo.parse_slo(state["plan"]["slo"])
-    plan = SloPlan(limits=limits, configs=[], n=state["plan"]["n"], warmup=state["plan"]["warmup"])
-    reader = SloRunner(plan, None, root, log=lambda _line: None)
+def read_truth(roots: Sequence[Path], block_s: float) -> list[RateTruth]:
+    """Every probe of the ``tailgate slo`` folders, read as truth (fixed-n bounds, block bootstrap). Probes of one
+    configuration at one rate in several folders (the parts of ``run --part``, each on its own workload seed) are
+    one truth: their attempts pooled, their time blocks resampled together, their events counted together."""
+    parts: dict[tuple[str, float], list[tuple[Path, list[slo.ProbeAttempt]]]] = {}
+    limits: tuple[Limit, ...] = ()
+    for root in roots:
+        state = json.loads((root / slo.SLO_FILE).read_text())
+        limits = slo.parse_slo(state["plan"]["slo"])
+        plan = SloPlan(limits=limits, configs=[], n=state["plan"]["n"], warmup=state["plan"]["warmup"])
+        reader = SloRunner(plan, None, root, log=lambda _line: None)
+        for c in state["configs"]:
+            for pr in c["probes"]:
+                parts.setdefault((c["name"], float(pr["rate"])), []).append((root, probe_attempts(reader, root, pr)))
     out: list[RateTruth] = []
-    for c in state["configs"]:
-        for pr in sorted(c["probes"], key=lambda x: x["rate"]):
-            attempts = probe_attempts(reader, root, pr)
-            verdict, checks = slo.check_probe(attempts, limits, level=0.95, rate=pr["rate"], sequential=False)
-            steady = [r for a in attempts for r in steady_part(a)[0]]
-            metrics = []
-            by_key = {ch.key: ch for ch in checks}
-            for lim in limits:
-                ch = by_key.get(lim.key)
-                if lim.p is None or ch is None:
-                    continue
-                fld = METRIC_FIELDS[lim.metric]
-                rows = [(r.intended_s, v) for r in steady if (v := getattr(r, fld)) is not None
-                        and not (lim.metric == "gap" and r.client_coalesced)]  # fmt: skip
-                lo, hi = block_bootstrap(rows, lim.p / 100.0, block_s)
-                point = _p99([v for _, v in rows], lim.p / 100.0) if rows else None
-                over, events, share_lo, share_hi = event_share(steady, lim.metric, lim.limit, len(rows))
-                metrics.append(MetricTruth(lim.key, lim.limit, _r(point), _r(lo), _r(hi), ch.verdict, ch.n,
-                                           ch.n_effective, over, events, round(share_lo, 5),
-                                           round(share_hi, 5)))  # fmt: skip
-            sends = [r.intended_s for a in attempts for r in a.measured]
-            stopped = any(a.stopped_early for a in attempts)
-            out.append(RateTruth(
-                config=c["name"], rate=float(pr["rate"]), sent=sum(a.sent for a in attempts),
-                measured=sum(len(a.measured) for a in attempts), errors=sum(a.errors for a in attempts),
-                duration_s=round(max(sends) - min(sends), 1) if sends else 0.0, verdict=verdict, metrics=metrics,
-                folder=str(root), truth=bootstrap_verdict(metrics, stopped, max(lim.p or 99.0 for lim in limits) / 100),
-                stopped=stopped,
-            ))  # fmt: skip
+    for (config, rate), found in sorted(parts.items()):
+        attempts = [a for _, part in found for a in part]
+        verdict, checks = slo.check_probe(attempts, limits, level=0.95, rate=rate, sequential=False)
+        steady = [r for a in attempts for r in steady_part(a)[0]]
+        metrics = []
+        by_key = {ch.key: ch for ch in checks}
+        for lim in limits:
+            ch = by_key.get(lim.key)
+            if lim.p is None or ch is None:
+                continue
+            fld = METRIC_FIELDS[lim.metric]
+            rows = [(r.intended_s, v) for r in steady if (v := getattr(r, fld)) is not None
+                    and not (lim.metric == "gap" and r.client_coalesced)]  # fmt: skip
+            lo, hi = block_bootstrap(rows, lim.p / 100.0, block_s)
+            point = _p99([v for _, v in rows], lim.p / 100.0) if rows else None
+            over, events, share_lo, share_hi = event_share(steady, lim.metric, lim.limit, len(rows))
+            metrics.append(MetricTruth(lim.key, lim.limit, _r(point), _r(lo), _r(hi), ch.verdict, ch.n,
+                                       ch.n_effective, over, events, round(share_lo, 5),
+                                       round(share_hi, 5)))  # fmt: skip
+        durations = []
+        for _, part in found:
+            sends = [r.intended_s for a in part for r in a.measured]
+            durations.append(max(sends) - min(sends) if sends else 0.0)
+        stopped = any(a.stopped_early for a in attempts)
+        out.append(RateTruth(
+            config=config, rate=rate, sent=sum(a.sent for a in attempts),
+            measured=sum(len(a.measured) for a in attempts), errors=sum(a.errors for a in attempts),
+            duration_s=round(sum(durations), 1), verdict=verdict, metrics=metrics,
+            folder=", ".join(str(root) for root, _ in found),
+            truth=bootstrap_verdict(metrics, stopped, max(lim.p or 99.0 for lim in limits) / 100),
+            stopped=stopped,
+        ))  # fmt: skip
     return out
 
 
@@ -290,14 +304,15 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for rate in args.rates:
-        folder = out / f"r{rate:g}".replace(".", "p")
-        if (folder / slo.SLO_FILE).exists() and any(read_truth(folder, args.block_s)):
+        folder = out / (f"r{rate:g}".replace(".", "p") + (f"-part{args.part}" if args.part else ""))
+        if (folder / slo.SLO_FILE).exists() and any(read_truth([folder], args.block_s)):
             print(f"[truth] {rate:g} req/s: already in {folder}", flush=True)
             continue
         cmd = [sys.executable, "-m", "tailgate.cli", "slo", "--slo", args.slo, "--results", str(folder),
                "--start-rate", f"{rate:g}", "--max-rate", f"{rate:g}", "--min-rate", f"{rate:g}",
                "--max-probes", "1", "--reruns", "0", "--extend", "0", "--n", str(args.n), "--duration", "0",
-               "--warmup", str(args.warmup), "--seed", str(args.seed), "--model-replicates", "0", "--no-confirm",
+               "--warmup", str(args.warmup), "--seed", str(args.seed + args.part), "--model-replicates", "0",
+               "--no-confirm",
                "--no-report", "--time-budget", "0", "--config", args.config]  # fmt: skip
         cmd += ["--embedded"] if args.embedded else ["--server", "url", "--host", args.host]
         if args.ignore_eos:
@@ -314,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def report(folders: Sequence[Path], args: argparse.Namespace) -> int:
-    rates = sorted((t for f in folders for t in read_truth(f, args.block_s)), key=lambda t: (t.config, t.rate))
+    rates = read_truth(folders, args.block_s)
     if not rates:
         print("truth: no probe in the folders given", file=sys.stderr)
         return 2
@@ -420,6 +435,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--n", type=int, default=4000)
     r.add_argument("--warmup", type=int, default=25)
     r.add_argument("--seed", type=int, default=TRUTH_SEED)
+    r.add_argument(
+        "--part",
+        type=int,
+        default=0,
+        help="one more part of a rate's truth (its own folder, workload seed --seed + PART): where the "
+        "requests a rate needs take longer than one call may run, the parts are read as one",
+    )
     r.add_argument("--config", default="chunked: chunked=on")
     where = r.add_mutually_exclusive_group(required=True)
     where.add_argument("--embedded", action="store_true")

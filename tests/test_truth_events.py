@@ -3,6 +3,7 @@ twenty streams at once, is not a verdict at 95% however many requests the run he
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from pathlib import Path
@@ -71,3 +72,30 @@ def test_a_run_whose_queue_ran_away_is_a_long_run_fail_however_few_it_measured()
     assert truth.bracket(rates, 4000)["high"] == 9.0
     short_fail = [_rate(8.0, 4000, "pass"), _rate(9.0, 983, "fail")]  # a short run that failed by its tail alone
     assert truth.bracket(short_fail, 4000)["claim"] == "one side only: no claim"
+
+
+def test_the_parts_of_a_rate_are_read_as_one_truth(tmp_path: Path) -> None:
+    """A rate whose requests take longer than one call may run is measured in parts, each its own folder and
+    workload seed; read together they are one truth: the requests pooled, every part's folder named."""
+    import subprocess
+
+    from tailgate.verify.groundtruth import start_server_process
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "slo_truth_real.py"
+    out = tmp_path / "truth"
+    with start_server_process(accept_any_model=True) as server:
+        for part in (0, 1):
+            done = subprocess.run(
+                [sys.executable, str(script), "run", "--host", server.base_url, "--slo", "ttft_p99<=5s",
+                 "--rates", "20", "--n", "60", "--warmup", "0", "--part", str(part), "--out", str(out),
+                 "--stage-warmup", "0", "--locust-arg=--settle=0"],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["r20", "r20-part1"]
+    seeds = {json.loads((out / f / "slo.json").read_text())["plan"]["seed"] for f in ("r20", "r20-part1")}
+    assert seeds == {truth.TRUTH_SEED, truth.TRUTH_SEED + 1}
+    (one,) = truth.read_truth([out / "r20", out / "r20-part1"], block_s=5.0)
+    alone = truth.read_truth([out / "r20"], block_s=5.0)[0]
+    assert one.rate == 20.0 and one.measured == alone.measured + truth.read_truth([out / "r20-part1"], 5.0)[0].measured
+    assert one.measured >= 120 and str(out / "r20") in one.folder and str(out / "r20-part1") in one.folder

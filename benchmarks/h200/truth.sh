@@ -8,6 +8,8 @@
 #     CONFIG: chunked (engine default) or nochunk (--no-enable-chunked-prefill); RATES: comma-separated req/s
 #   SERVE=1 (default) starts the configuration's server first (go.sh serve, ~95-115 s); SERVE=0 uses the one up.
 #   STAGE_WARMUP=K sends K unmeasured requests first (default 100 with SERVE=1, none with SERVE=0).
+#   PART=K measures one more part of each rate (folder rRATE-partK, workload seed 11+K): where N requests at RATE
+#   take longer than one call (4,000 at 7 req/s: 571 s of arrivals), N/2 in each of two calls, read as one truth.
 #   One call may run 10 minutes: 4,000 requests take 4000/RATE s of arrivals, plus ~20 s of stage warm-up when
 #   SERVE=1 (one round of 100 requests). Results stay in /tmp/w/truth (warm calls share it); each call packs the
 #   whole folder into $OUT/truth.tar.gz. Here:
@@ -31,7 +33,8 @@ if [ "${SERVE:-1}" = 1 ]; then
 fi
 t0=$(date +%s)
 python3 benchmarks/slo_truth_real.py run --host "$HOST" --config "$config: $knobs" --slo "$SLO" --rates "$rates" \
-  --n "$n" --ignore-eos --stage-warmup "$warm" --out "$R/$config" 2>&1 | grep -vE "in flight, about|^\s*$"
+  --n "$n" --ignore-eos --stage-warmup "$warm" --part "${PART:-0}" --out "$R/$config" 2>&1 \
+  | grep -vE "in flight, about|^\s*$"
 rc=${PIPESTATUS[0]}
 echo "truth $config $rates exit $rc after $(( $(date +%s) - t0 )) s"
 bash "$GO" log >/dev/null 2>&1
