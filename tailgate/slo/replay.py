@@ -114,7 +114,8 @@ class ModelAnswer:
     simulated: tuple[int, int] | None = None
     """(replicates, simulated requests per replicate) behind the interval."""
     extrapolated: list[Extrapolated] = field(default_factory=list)
-    """The capacities under the other readings of the square prefill terms past the largest step measured."""
+    """The capacities under the other readings the probes cannot rule out: the square prefill terms past the largest
+    step measured, and the other front end."""
     own: tuple[float, float] | None = None
     """The fitted reading's own interval, before the other readings widened it (None: no other reading)."""
 
