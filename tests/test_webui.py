@@ -505,10 +505,13 @@ def test_web_ui_run_against_the_cpu_vllm(vllm_server: Any, tmp_path: Path) -> No
     """A real engine behind the tab: its running / KV-usage series reach the chart's data, and the tab's
     preemption count and percentiles are the stage summary's. Driven through Locust's HTTP API (the
     browser's part is covered above)."""
-    trace = write_trace(tmp_path / "trace.jsonl", [(32, 64)] * 9 + [(400, 64)])
+    # streams long enough, and samples dense enough, that some sample lands while one runs: at the default
+    # 1 s a fast engine can finish every 64-token stream between two samples
+    trace = write_trace(tmp_path / "trace.jsonl", [(32, 160)] * 9 + [(400, 160)])
     results = tmp_path / "results"
     locust, url = start_web_locust(tmp_path, "--results-dir", str(results), "--trace-file", str(trace),
-                                   "--warmup", "2", "--ignore-eos", allow=(vllm_server.base_url,))  # fmt: skip
+                                   "--warmup", "2", "--ignore-eos", "--sample-metrics", "0.2",
+                                   allow=(vllm_server.base_url,))  # fmt: skip
     try:
         form = {"host": vllm_server.base_url, "user_count": "1", "spawn_rate": "1", "rates": "2", "settle": "0.5"}
         data = "&".join(f"{k}={urllib.request.quote(v)}" for k, v in form.items()).encode()
