@@ -344,11 +344,11 @@ class Search:
         assert inputs is not None
         _, _, limits, q = inputs
 
-        def run(rate: float, left: int) -> tuple[str, Probe | None]:
+        def run(rate: float, left: int, kept: int) -> tuple[str, Probe | None]:
             a = self.args
             remaining = a.time_budget - self.seconds if a.time_budget else math.inf
             n = max(a.min_n, math.ceil(rate * a.duration))
-            length = length_within(remaining, left, n, 0, rate, slo.PROBE_OVERHEAD_S)
+            length = length_within(remaining, left, n, 0, rate, slo.PROBE_OVERHEAD_S, kept)
             if length is None:
                 raise slo.SearchStopped(f"{remaining:.0f} s of the budget left")
             verdict = self.probe(rate, "confirm", length)

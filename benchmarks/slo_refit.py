@@ -47,13 +47,17 @@ class Search:
     """The prefill policies the server's knobs allow (:func:`prefill_choices`)."""
 
 
-def load_search(root: Path, config: dict[str, Any], plan: dict[str, Any]) -> Search | None:
+def load_search(root: Path, config: dict[str, Any], plan: dict[str, Any],
+                before: int | None = None) -> Search | None:  # fmt: skip
     """The probes of one configuration of a ``tailgate slo`` folder, read from its records (None: no model can be
-    fitted: no workload, or limits at different percentiles)."""
+    fitted: no workload, or limits at different percentiles); ``before``: only the probes run before that index
+    (the search as it stood when it fitted the model its confirmation probes tested)."""
     warmup = int(plan.get("warmup", 25))
     by_rate: dict[float, list[ProbeAttempt]] = {}
     checks: dict[float, list[Check]] = {}
     for probe in config.get("probes", []):
+        if before is not None and int(probe.get("index", 0)) >= before:
+            continue
         rate = float(probe["rate"])
         checks[rate] = [Check.from_json(c, where=f"probe at {rate:g} req/s") for c in probe.get("checks", [])]
         for a in probe.get("attempts", []):

@@ -8,6 +8,7 @@ recorded against the search's rules rather than any absolute speed.
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from dataclasses import replace
@@ -228,6 +229,28 @@ def test_a_queue_excursion_far_under_the_limit_is_not_a_failure_to_keep_up() -> 
     for r in lagging.measured[250:]:
         r.end_s += 100.0  # completions fell behind: most requests of the window end after it
     assert slo.check_probe([lagging], limits)[1][-1].verdict == "fail"
+
+
+def test_long_streams_ending_after_a_short_window_are_not_a_server_falling_behind() -> None:
+    """A CPU vLLM at 16 req/s for 60 s: streams of ~9 s end 85% of the window's arrivals inside it, and TTFT rises
+    by ~150 ms (a rank test calls it a trend) against a 4-s limit. On one day that server kept up with 17 req/s
+    over 4,000 requests, on another it fell behind at 16: a minute cannot tell, so the verdict is not enough
+    data, not a failure. Had most of the requests that were due ended after the window, it fell behind, and fails."""
+    limits = slo.parse_slo("ttft_p99<=4s")
+    rng = random.Random(3)
+    means = (34, 55, 98, 82, 44, 63, 119, 90, 192, 285)  # that minute's TTFT, ms, by tenths of the window
+    vals = [m * rng.uniform(0.5, 1.5) for m in means for _ in range(96)]
+    long_streams = _attempt(vals, rate=16)
+    for r in long_streams.measured:
+        r.end_s = r.intended_s + r.ttft_from_intended_ms / 1000 + 9.0
+    row = slo.sustain_check([long_streams], 16, 2000).attempts[0]
+    assert row.keep_up is not None and row.keep_up < 0.9 and row.ttft_trend and row.ttft_trend.rise < 2000
+    sustained = slo.check_probe([long_streams], limits, rate=16)[1][-1]
+    assert sustained.verdict == "not_enough_data" and "too short to tell" in sustained.reason, sustained
+    late = _attempt(vals, rate=16)
+    for r in late.measured[480:]:  # the second half's streams end far after the window: a server fallen behind
+        r.end_s = r.intended_s + 100.0
+    assert slo.check_probe([late], limits, rate=16)[1][-1].verdict == "fail"
 
 
 def test_requests_in_flight_show_a_server_falling_behind_without_its_gauge() -> None:

@@ -135,7 +135,7 @@ def test_confirm_answer_refits_once_then_refuses() -> None:
     ran: list[float] = []
     refits: list[int] = []
 
-    def run(rate: float, left: int) -> tuple[str, Probe | None]:
+    def run(rate: float, left: int, kept: int) -> tuple[str, Probe | None]:
         ran.append(rate)
         return "pass", None  # a pass over the interval: the model is too pessimistic
 
@@ -154,7 +154,7 @@ def test_confirm_answer_refits_once_then_refuses() -> None:
 
 
 def test_a_confirmed_answer_narrows_the_bracket_and_an_unrun_one_does_not() -> None:
-    def run(rate: float, left: int) -> tuple[str, Probe | None]:
+    def run(rate: float, left: int, kept: int) -> tuple[str, Probe | None]:
         return ("fail" if rate > 5 else "pass"), None
 
     fitted, record = confirm_answer(_answer(TRUE, 5.0), run, lambda: None, 0.99, LIMITS)
@@ -163,7 +163,7 @@ def test_a_confirmed_answer_narrows_the_bracket_and_an_unrun_one_does_not() -> N
     settled = settle_confirmed(fitted, record, (lo, hi))
     assert settled.usable and settled.bracket == (4.8, 5.2)
 
-    def no_time(rate: float, left: int) -> tuple[str, Probe | None]:
+    def no_time(rate: float, left: int, kept: int) -> tuple[str, Probe | None]:
         raise slo.SearchStopped("1200 s spent")
 
     fitted, record = confirm_answer(_answer(TRUE, 5.0), no_time, lambda: None, 0.99, LIMITS)
@@ -193,6 +193,37 @@ def test_the_reserve_leaves_a_refitted_model_time_for_its_own_test() -> None:
     assert length_within(left_for_refit, 2, 240, 25, 4.0, 15.0) is not None
     assert reserve(300.0) == 150.0  # never more than half
     assert reserve(0.0) == 0.0
+
+
+def test_a_capped_reserve_still_tests_the_refit_of_a_contradicted_model() -> None:
+    """A 1,200-s budget of 120-s probes: the reserve is capped at half the budget, under what both rounds would
+    need at full length. The first round shortens its probes so that, contradicted, the refit's two ends still
+    run in what it leaves; where no refit may follow, a round takes the whole length."""
+    budget, duration, n_min, rate = 1200.0, 120.0, 500, 9.0
+    n = max(n_min, math.ceil(rate * duration))
+    reserve = reserve_seconds(budget, duration=duration, n=n_min, warmup=0, rate=rate, overhead=15.0)
+    assert reserve == budget / 2
+    spent = budget - reserve - 60.0  # the search stopped 60 s short of its share: the next probe did not fit
+    lengths: list[float] = []
+
+    def run(r: float, left: int, kept: int) -> tuple[str, Probe | None]:
+        nonlocal spent
+        length = length_within(budget - spent, left, n, 0, rate, 15.0, kept)
+        if length is None:
+            raise slo.SearchStopped(f"{budget - spent:.0f} s of the budget left")
+        lengths.append(length)
+        spent += math.ceil(length * n) / rate + 15.0
+        return "fail", None  # over the interval as the model said; under it, a contradiction
+
+    _, record = confirm_answer(_answer(TRUE, 4.0), run, lambda: _answer(TRUE, 3.0), 0.99, LIMITS)
+    outcomes = [(c.round, c.side, c.outcome) for c in record.confirmations]
+    assert outcomes == [(1, "above", "confirmed"), (1, "below", "contradicted"),
+                        (2, "above", "confirmed"), (2, "below", "contradicted")], record.summary()  # fmt: skip
+    assert 1.0 <= lengths[0] < LENGTH and spent <= budget, (lengths, spent)
+    # with the second round's probes not kept, the first takes what leaves the refit 2% short (the searches of
+    # issue #40 that ended with 270 s left)
+    assert length_within(budget - (budget - reserve - 60.0), 2, n, 0, rate, 15.0) == LENGTH
+    assert length_within(2 * (n / rate + 15.0), 2, n, 0, rate, 15.0) is None
 
 
 def test_the_reserve_is_priced_where_the_confirmation_will_run() -> None:

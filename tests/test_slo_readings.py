@@ -128,7 +128,7 @@ def test_a_probe_between_the_readings_rules_out_the_fitted_one_the_engine_does_n
     assert spanning.low <= truth <= spanning.high
     ran: list[tuple[float, int]] = []
 
-    def run(rate: float, left: int) -> tuple[str, Probe | None]:
+    def run(rate: float, left: int, kept: int) -> tuple[str, Probe | None]:
         ran.append((rate, left))
         return probe_on(TRUE, rate, 100 + len(ran), n=1350)
 
@@ -159,7 +159,7 @@ def test_a_probe_that_rules_out_every_reading_is_a_contradiction_and_refits() ->
     ran: list[float] = []
     refits: list[int] = []
 
-    def run(rate: float, left: int) -> tuple[str, Probe | None]:
+    def run(rate: float, left: int, kept: int) -> tuple[str, Probe | None]:
         ran.append(rate)
         return probe_on(slow, rate, 200 + len(ran))
 
@@ -218,7 +218,7 @@ def test_without_time_for_three_probes_the_ends_test_the_readings_whole_bracket(
     answer = ModelAnswer(8.0, 7.7, 16.6, [], fit, True, "", own=(7.7, 8.3), extrapolated=[flat])
     ran: list[tuple[float, int]] = []
 
-    def run(rate: float, left: int) -> tuple[str, Probe | None]:
+    def run(rate: float, left: int, kept: int) -> tuple[str, Probe | None]:
         if left == 3:
             raise slo.SearchStopped("200 s of the budget left")
         ran.append((rate, left))

@@ -87,6 +87,7 @@ class SloRunner(ConfigRunner[ServerConfig]):
         self._by_rate: dict[float, list[ProbeAttempt]] = {}
         """Attempt data of every rate probed in the configuration under search: a later probe pools them."""
         self._settled: tuple[int, ModelAnswer] | None = None
+        self._fit_s = 0.0
         """(probes, answer) of the fitted model that ended the search early."""
         self._settle_tried = 0
         """Attempts the last early-stop check saw."""
@@ -382,9 +383,12 @@ class SloRunner(ConfigRunner[ServerConfig]):
         self.log(f"[slo] {config.name}: fitting the server's step loop to {streams} streams and simulating it "
                  f"({p.model_replicates} x {FINAL_GROWTH * p.model_requests} requests of "
                  f"{workload.describe()})")  # fmt: skip
-        return model_answer(probes, limits, q, (outcome.best, outcome.first_fail), workload=workload,
-                            requests=p.model_requests, replicates=p.model_replicates, seed=p.seed,
-                            chunks=prefill_choices(dict(config.knobs)))  # fmt: skip
+        t0 = self.clock()
+        answer = model_answer(probes, limits, q, (outcome.best, outcome.first_fail), workload=workload,
+                              requests=p.model_requests, replicates=p.model_replicates, seed=p.seed,
+                              chunks=prefill_choices(dict(config.knobs)))  # fmt: skip
+        self._fit_s = self.clock() - t0
+        return answer
 
     def _search(self, config: ServerConfig, *, settle: bool, max_probes: int) -> SearchOutcome:
         """The search over rates from the verdicts so far (pooled across rates), within the phase's budget."""
@@ -433,10 +437,12 @@ class SloRunner(ConfigRunner[ServerConfig]):
         limits = {lim.metric: lim.limit for lim in self.plan.limits if lim.p is not None}
         qs = {lim.p for lim in self.plan.limits if lim.p is not None}
 
-        def run(rate: float, left: int) -> tuple[str, Probe | None]:
+        def run(rate: float, left: int, kept: int) -> tuple[str, Probe | None]:
             p = self.plan
             remaining = p.time_budget - (self.clock() - self._config_t0) if p.time_budget else math.inf
-            length = length_within(remaining, left, p.probe_n(rate), p.warmup, rate, PROBE_OVERHEAD_S)
+            # a refit, should one come, takes about as long as the fit did (97 s on a 2-core CPU vLLM host)
+            length = length_within(remaining, left, p.probe_n(rate), p.warmup, rate, PROBE_OVERHEAD_S, kept,
+                                   refit_s=self._fit_s)  # fmt: skip
             done = self.root / probe_dir_name(config.name, rate, len(self._by_rate.get(rate, [])) + 1) / PROBE_MARK
             if done.exists():  # a resumed search reads the probe it already ran, whatever the budget left
                 length = length or 1.0
