@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from slo_refit import load_search
+from slo_refit import load_search, read_state
 
 from tailgate.records import read_records
 from tailgate.slo.servicefit import fit_service, replay
@@ -55,10 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long", type=int, default=4000, help="prompt tokens from which a prompt counts as long")
     p.add_argument("--gap-limit", type=float, default=200.0, help="ms: the share of worst gaps over it is printed")
     args = p.parse_args(argv)
-    state_file = args.search / "slo.json"
-    if not state_file.is_file():
-        p.error(f"{state_file} not found: give a tailgate slo results folder")
-    state = json.loads(state_file.read_text())
+    state = read_state(p, args.search)
     for config in state.get("configs", []):
         search = load_search(args.search, config, state["plan"])
         fit = None if search is None else fit_service(search.probes, search.q, list(search.limits), search.limits,

@@ -47,6 +47,15 @@ class Search:
     """The prefill policies the server's knobs allow (:func:`prefill_choices`)."""
 
 
+def read_state(parser: argparse.ArgumentParser, folder: Path) -> dict[str, Any]:
+    """A results folder's ``slo.json``; a folder without one ends the command with a one-line message."""
+    state_file = folder / "slo.json"
+    if not state_file.is_file():
+        parser.error(f"{state_file} not found: give a tailgate slo results folder")
+    state: dict[str, Any] = json.loads(state_file.read_text())
+    return state
+
+
 def load_search(root: Path, config: dict[str, Any], plan: dict[str, Any],
                 before: int | None = None) -> Search | None:  # fmt: skip
     """The probes of one configuration of a ``tailgate slo`` folder, read from its records (None: no model can be
@@ -125,10 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.one_process:
         replicates.PARALLEL_REQUESTS = sys.maxsize
-    state_file = args.results / "slo.json"
-    if not state_file.is_file():
-        p.error(f"{state_file} not found: give a tailgate slo results folder")
-    state = json.loads(state_file.read_text())
+    state = read_state(p, args.results)
     rows = [refit(args.results, c, state["plan"], args) for c in state.get("configs", [])]
     for row in rows:
         f = row["fitted"]

@@ -14,7 +14,6 @@ Run: ``python benchmarks/slo_rejudge.py RESULTS [--replicates 8] [--requests 400
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.slo_refit import load_search
+from benchmarks.slo_refit import load_search, read_state
 from tailgate.slo.confirm import Side, confirmation_rates, judge
 from tailgate.slo.replay import model_answer
 from tailgate.slo.windowmatch import matches_at
@@ -49,10 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicates", type=int, default=8)
     p.add_argument("--requests", type=int, default=40000, help="simulated requests per replicate (the final size)")
     args = p.parse_args(argv)
-    state_file = args.results / "slo.json"
-    if not state_file.is_file():
-        p.error(f"{state_file} not found: give a tailgate slo results folder")
-    state = json.loads(state_file.read_text())
+    state = read_state(p, args.results)
     plan = state["plan"]
     for config in state.get("configs", []):
         first, round_ = first_round(config)

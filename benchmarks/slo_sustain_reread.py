@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.slo_refit import read_state
 from tailgate.records import read_records
 from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.spec import parse_slo
@@ -33,10 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("folders", type=Path, nargs="+")
     args = p.parse_args(argv)
     for folder in args.folders:
-        state_file = folder / "slo.json"
-        if not state_file.is_file():
-            p.error(f"{state_file} not found: give a tailgate slo results folder")
-        plan = json.loads(state_file.read_text())["plan"]
+        plan = read_state(p, folder)["plan"]
         limits = parse_slo(",".join(f"{lim['metric']}_p{lim['p']:g}<={lim['limit']:g}ms" for lim in plan["limits"]
                                     if lim.get("p") is not None and lim["metric"] in ("ttft", "total")))  # fmt: skip
         material = TREND_MATERIAL * min((lim.limit for lim in limits), default=0.0)
