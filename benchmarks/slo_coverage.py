@@ -364,7 +364,7 @@ class Search:
         out = self.remeasured(out)
         self.answer = settle_confirmed(fitted, record, (out.best, out.first_fail))
         self.confirmation = record
-        if not record.stands and out.status == "settled":
+        if not record.stands and out.status in ("settled", "time_budget"):
             ran = len([s for s in out.steps])
             more = self._search(settle=False, max_probes=max(0, self.args.max_probes - ran))
             out = replace(more, steps=[*out.steps, *more.steps])

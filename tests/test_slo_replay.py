@@ -437,6 +437,23 @@ def test_the_time_kept_for_a_model_that_cannot_stand_goes_back_to_measuring(tmp_
     assert not any(p["phase"] == "confirm" for p in config["probes"])
 
 
+def test_the_budget_a_refused_model_leaves_goes_on_measuring(tmp_path: Path) -> None:
+    """A search that spent its share of the budget, its model tested and refused (the confirmation probes meet a
+    server 25% slower): what the reserve kept and the test did not use goes to the search's own probes, not left
+    unspent (a CPU vLLM search whose refit was refused stopped with 168 s of its 900 unused)."""
+    slower = replace(ENGINE, step_ms=ENGINE.step_ms * 1.25, step_ms_per_seq=ENGINE.step_ms_per_seq * 1.25,
+                     prefill_ms_per_token=ENGINE.prefill_ms_per_token * 1.25)  # fmt: skip
+    config, lines = _simulated_search(tmp_path, confirm_engine=slower, time_budget=3000.0, resolution=0.02)
+    fitted = config["result"]["fitted"]
+    assert not fitted["usable"] and fitted["why"].startswith("refused"), fitted["why"]
+    order = [p["phase"] for p in sorted(config["probes"], key=lambda p: p["index"])]
+    last_confirm = max(i for i, phase in enumerate(order) if phase == "confirm")
+    assert any(phase != "confirm" for phase in order[last_confirm + 1 :]), order
+    assert any("more probe(s) in the budget its test left" in line for line in lines)
+    spent = max(float(line.split()[0][1:]) for line in lines if line.startswith("@"))
+    assert spent <= 3000.0
+
+
 def test_a_server_that_states_its_kv_pool_is_modelled_through_its_preemptions() -> None:
     """A pool of 24,000 tokens makes the seeded mix queue for room from 2 req/s (TTFT p99 ~0.8 s where the engine
     alone gives 73 ms): with the pool the server states, the fitted engine admits and preempts as the server did

@@ -495,11 +495,16 @@ class SloRunner(ConfigRunner[ServerConfig]):
                 fitted, record = self._confirm(config, outcome, fitted)
                 outcome = self._remeasured(config, outcome)
                 fitted = settle_confirmed(fitted, record, (outcome.best, outcome.first_fail))
-                if not record.stands and outcome.status == "settled":
-                    # the model that ended the search early did not stand: the budget left goes on measuring
+                if not record.stands and outcome.status in ("settled", "time_budget"):
+                    # the model that ended the search early, or that the reserve was kept for, did not stand: the
+                    # budget left goes on measuring (a CPU vLLM search whose refit was refused stopped with 168 s
+                    # of its 900 unspent)
                     ran = sum(1 for pr in cs.probes if pr.phase != "confirm")
                     more = self._search(config, settle=False, max_probes=max(0, p.max_probes - ran))
                     outcome = replace(more, steps=[*outcome.steps, *more.steps])
+                    if more.steps:
+                        self.log(f"[slo] {config.name}: the model did not stand; {len(more.steps)} more probe(s) "
+                                 "in the budget its test left")  # fmt: skip
             fitted_json = fitted.as_dict() if fitted is not None else None
         except (ArithmeticError, ValueError, KeyError, TypeError, RecursionError, MemoryError) as e:
             # a model estimate never costs the measured answer it sits beside
