@@ -87,8 +87,9 @@ class SloRunner(ConfigRunner[ServerConfig]):
         self._by_rate: dict[float, list[ProbeAttempt]] = {}
         """Attempt data of every rate probed in the configuration under search: a later probe pools them."""
         self._settled: tuple[int, ModelAnswer] | None = None
-        self._fit_s = 0.0
         """(probes, answer) of the fitted model that ended the search early."""
+        self._fit_s = 0.0
+        """Seconds the last fit took: a refit's time the confirmation keeps with the refit's probes."""
         self._settle_tried = 0
         """Attempts the last early-stop check saw."""
         self._reserve = True
