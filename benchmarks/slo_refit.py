@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         e = f["engine"] or {}
         print(f"  fitted step loop ({row['seconds']} s): {e.get('slots')} slots "
               f"({'reached' if f['slots_reached'] else 'never filled: unlimited'}), step {e.get('step_ms', 0):.3g} ms "
-              f"+ {e.get('step_ms_per_seq', 0):.3g} ms/stream + {e.get('prefill_ms_per_token', 0):.3g} ms/prefilled "
+              f"+ {e.get('step_ms_per_seq', 0):.3g} ms/stream + {e.get('step_ms_per_kv_ktoken', 0):.3g} ms/1,000 held "
+              f"tokens + {e.get('prefill_ms_per_token', 0):.3g} ms/prefilled "
               f"token (+ {e.get('prefill_ms_per_token_ctx', 0):.3g} per 1,000 before it in its prompt, "
               f"+ {e.get('prefill_ms_per_token_step', 0):.3g} per 1,000 in its step; front end "
               f"{e.get('frontend_ms', 0):.3g} ms + {e.get('frontend_ms_per_token', 0):.3g} ms/token"

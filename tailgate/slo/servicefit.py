@@ -256,7 +256,7 @@ def _policy(cost: Costs, peak: int, probes: Sequence[Probe], q: float, metrics: 
             engine = EngineModel(
                 slots=slots, step_ms=cost.step, step_ms_per_seq=cost.per_seq, prefill_ms_per_token=cost.prefill,
                 prefill_ms_per_token_ctx=cost.ctx, prefill_ms_per_token_step=cost.batch,
-                frontend_ms=cost.frontend, frontend_ms_per_token=cost.frontend_per_token,
+                step_ms_per_kv_ktoken=cost.kv, frontend_ms=cost.frontend, frontend_ms_per_token=cost.frontend_per_token,
                 chunked=chunk > 0, chunk_tokens=chunk or 512,
                 kv_capacity_tokens=kv,
             )  # fmt: skip

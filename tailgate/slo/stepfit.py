@@ -52,6 +52,8 @@ class Costs(NamedTuple):
     """ms before a request joins the scheduler's queue."""
     frontend_per_token: float = 0.0
     """ms per prompt token on top of ``frontend``."""
+    kv: float = 0.0
+    """ms per step per 1,000 tokens held by the running streams (decoding reads each of them)."""
 
 
 STEP_TOL_S = 0.0015
@@ -60,6 +62,8 @@ STALL_ROWS = 20
 """Steps with a stall seen by a running stream wanted for the stall fit."""
 CTX_MIN_SHARE = 0.05
 """The square term is kept only when it adds at least this share to the longest idle prompt's prefill cost."""
+KV_MIN_SHARE = 0.05
+"""The held-token term is kept only when it adds at least this share to the mean step where the most is held."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,58 @@ class _PerStep:
         return (n1 - n0) / (d1 - d0) if d1 > d0 else 0.0
 
 
+class _HeldPerStep:
+    """Per-step means over a span of the running count and of the tokens the running streams hold (each stream's
+    prompt, plus its output as it grows from the first token to the last), each step weighed by the inverse of its
+    cost ``step + per_seq * n + kv * held / 1000`` at the middle of the stretch between two starts or ends."""
+
+    def __init__(self, streams: Sequence[Stream], step: float, per_seq: float, kv: float) -> None:
+        events: list[tuple[float, int, float, float]] = []
+        for s in streams:
+            slope = s.tokens / (s.end - s.first) if s.end > s.first else 0.0
+            events.append((s.first, 1, s.prompt - slope * s.first, slope))
+            events.append((s.end, -1, slope * s.first - s.prompt, -slope))
+        events.sort(key=lambda e: (e[0], e[1]))
+        self.cost = (step, per_seq, kv)
+        self.times: list[float] = []
+        self.state: list[tuple[int, float, float]] = []
+        self.sums: list[tuple[float, float, float]] = []
+        run, base, slope = 0, 0.0, 0.0
+        w_sum = n_sum = held_sum = 0.0
+        last: float | None = None
+        for t, d, db, ds in events:
+            if last is not None and t > last:
+                w, held = self._stretch(run, base, slope, last, t)
+                w_sum, n_sum, held_sum = w_sum + w, n_sum + run * w, held_sum + held
+            run, base, slope, last = run + d, base + db, slope + ds, t
+            self.times.append(t)
+            self.state.append((run, base, slope))
+            self.sums.append((w_sum, n_sum, held_sum))
+
+    def _stretch(self, run: int, base: float, slope: float, a: float, b: float) -> tuple[float, float]:
+        """(integral of the weight, integral of weight times held tokens) from ``a`` to ``b`` at a constant count."""
+        if run <= 0:
+            return 0.0, 0.0
+        step, per_seq, kv = self.cost
+        held_mid = base + slope * (a + b) / 2.0
+        w = (b - a) / (step + per_seq * run + kv * held_mid / 1000.0)
+        return w, w * held_mid
+
+    def _at(self, t: float) -> tuple[float, float, float]:
+        i = bisect.bisect_right(self.times, t) - 1
+        if i < 0:
+            return 0.0, 0.0, 0.0
+        run, base, slope = self.state[i]
+        w_sum, n_sum, held_sum = self.sums[i]
+        w, held = self._stretch(run, base, slope, self.times[i], t) if t > self.times[i] else (0.0, 0.0)
+        return w_sum + w, n_sum + run * w, held_sum + held
+
+    def mean(self, start: float, end: float) -> tuple[float, float]:
+        """(streams running, thousands of tokens held) per step from ``start`` to ``end``."""
+        (w0, n0, h0), (w1, n1, h1) = self._at(start), self._at(end)
+        return ((n1 - n0) / (w1 - w0), (h1 - h0) / (w1 - w0) / 1000.0) if w1 > w0 else (0.0, 0.0)
+
+
 def decode_rows(streams: Sequence[Stream], step: float = 1.0, per_seq: float = 0.0, ctx: float = 0.0) -> list[Row]:
     """Per stream with three tokens or more: (weight, mean step ms, streams running per step, prompt tokens
     prefilled per step). ``step`` and ``per_seq`` weigh the running count per step (``per_seq`` 0: per second);
@@ -179,6 +235,50 @@ def decode_rows(streams: Sequence[Stream], step: float = 1.0, per_seq: float = 0
         mean_step = (span * 1000.0 - (squares[j] - squares[i])) / steps
         rows.append((float(steps), mean_step, per_step.mean(s.first, s.end), prefilled))
     return rows
+
+
+def held_rows(
+    streams: Sequence[Stream], step: float, per_seq: float, kv: float, ctx: float = 0.0
+) -> list[tuple[float, float, float, float, float]]:
+    """:func:`decode_rows` with a third regressor: per stream, (weight, mean step ms, streams running per step,
+    prompt tokens prefilled per step, thousands of tokens held per step), the steps weighed by their cost with the
+    held-token term ``kv``."""
+    if not streams:
+        return []
+    per_step = _HeldPerStep(streams, step, per_seq, kv)
+    base = decode_rows(streams, step, per_seq, ctx)
+    spans = [s for s in streams if s.tokens - 1 >= 2 and s.end - s.first > 0]
+    out = []
+    for (w, y, _, p), s in zip(base, spans, strict=True):
+        running, held = per_step.mean(s.first, s.end)
+        out.append((w, y, running, p, held))
+    return out
+
+
+def fit_held_cost(
+    rows: Sequence[tuple[float, float, float, float, float]], prefill: float | None
+) -> tuple[float, float, float, float] | None:
+    """(step ms, ms per running stream, ms per prefilled token, ms per 1,000 held tokens), each at least 0, with the
+    held-token term kept (None where it comes out negative: the rows do not show it); a known ``prefill`` is
+    taken off each row and not fitted."""
+    if len(rows) < 10:
+        return None
+    if prefill is not None:
+        rows = [(w, y - prefill * p, r, 0.0, h) for w, y, r, p, h in rows]
+    for use_seq, use_prefill in ((True, prefill is None), (False, prefill is None), (True, False), (False, False)):
+        sol = least_squares([(w, y, (1.0, *((r,) if use_seq else ()), *((p,) if use_prefill else ()), h))
+                             for w, y, r, p, h in rows])  # fmt: skip
+        if sol is None:
+            continue
+        step, rest = sol[0], list(sol[1:])
+        per_seq = rest.pop(0) if use_seq else 0.0
+        fitted_prefill = rest.pop(0) if use_prefill else (prefill or 0.0)
+        kv = rest.pop(0)
+        if kv <= 0:
+            return None
+        if step > 0 and per_seq >= 0 and fitted_prefill >= 0:
+            return step, per_seq, fitted_prefill, kv
+    return None
 
 
 def solve(rows: Sequence[Row], use: tuple[bool, bool]) -> list[float] | None:
@@ -416,11 +516,29 @@ def fit_costs(attempts_by_rate: Sequence[Sequence[Sequence[Stream]]]) -> list[Co
             cost = Costs(*refit, ctx=ctx, batch=batch)
         return cost if cost is not per_second else None
 
+    def held(cost: Costs, prefill: float | None) -> Costs | None:
+        """The same costs with the held-token term, where the streams show it and it is material."""
+        out_cost, square = cost._replace(kv=0.0), cost.ctx + cost.batch
+        for _ in range(ROUNDS):
+            rows = [row for a in attempts
+                    for row in held_rows(a, out_cost.step, out_cost.per_seq, out_cost.kv, square)]  # fmt: skip
+            refit = fit_held_cost(rows, prefill)
+            if refit is None:
+                return None
+            step, per_seq, fitted_prefill, kv = refit
+            out_cost = out_cost._replace(step=step, per_seq=per_seq, prefill=fitted_prefill, kv=kv)
+        most = max((h for a in attempts for *_, h in held_rows(a, out_cost.step, out_cost.per_seq, out_cost.kv)),
+                   default=0.0)  # fmt: skip
+        mean_step = out_cost.step + out_cost.kv * most
+        return out_cost if out_cost.kv * most >= KV_MIN_SHARE * mean_step else None
+
+    measured_prefills: list[float | None] = [None]
     for measured in (None, prefill_from_idle(attempts_by_rate)):
         prefill, ctx = measured if measured is not None else (None, 0.0)
         cost = per_step(prefill, ctx, 0.0)
         if cost is not None and cost not in out:
             out.append(cost)
+            measured_prefills.append(prefill)
     fitted = out[-1] if len(out) > 1 else None
     stalls = prefill_from_stalls(attempts_by_rate, fitted.step, fitted.per_seq) if fitted is not None else None
     if stalls is not None:
@@ -430,6 +548,14 @@ def fit_costs(attempts_by_rate: Sequence[Sequence[Sequence[Stream]]]) -> list[Co
             cost = cost._replace(frontend=front, frontend_per_token=per_token)
             if cost not in out:
                 out.append(cost)
+                measured_prefills.append(stalls[0])
+    # decoding reads every token the batch holds: where the streams show that cost, each per-step candidate is
+    # offered with it too, and the replay chooses (an H100's step: 0.041 ms per 1,000 held tokens, its per-stream
+    # cost falling from 0.12 to 0.015 ms; without it the probes near the capacity replayed 9% short)
+    for cost, prefill in list(zip(out, measured_prefills, strict=True))[1:]:
+        with_held = held(cost, prefill)
+        if with_held is not None and with_held not in out:
+            out.append(with_held)
     return out
 
 

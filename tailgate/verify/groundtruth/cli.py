@@ -101,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help='serve streams from the simulated engine: "on" for its defaults, or a JSON object of its settings '
         "(slots, step_ms, step_ms_per_seq, prefill_ms_per_token, prefill_ms_per_token_ctx, prefill_ms_per_token_step, "
-        "frontend_ms, frontend_ms_per_token, frontend_noise as [[prompt tokens, ms], ...], noise_seed, chunked, "
-        "chunk_tokens, kv_capacity_tokens)",
+        "step_ms_per_kv_ktoken, frontend_ms, frontend_ms_per_token, frontend_noise as [[prompt tokens, ms], ...], "
+        "noise_seed, chunked, chunk_tokens, kv_capacity_tokens)",
     )
     p.add_argument("--script", help='JSON file {"schedules": {"<seq>": [ttft_ms, gap_ms, ...]}}')
     p.add_argument("--workers", type=_workers_arg, default=1,

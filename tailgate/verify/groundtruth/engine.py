@@ -22,6 +22,9 @@ small enough to reason about and rich enough to show what a real scheduler does 
   scheduling keeps the next step ready while the GPU runs the current one): a request that joins the queue while
   a step runs misses the step after it too, so two long prompts that reach a busy engine a moment apart are
   prefilled in consecutive steps rather than in one;
+- with ``step_ms_per_kv_ktoken``, a step also costs in proportion to the tokens its running sequences hold (prompt
+  and output so far): decoding reads every one of them, so a batch of long contexts steps slower than as many
+  short ones (on an H100 an 8B model's step rose by ~0.04 ms per 1,000 held tokens, its KV cache read once);
 - with ``chunked`` on, a step prefills at most ``chunk_tokens`` prompt tokens, which bounds the stall
   and spreads a long prompt over several steps;
 - with a KV pool (``kv_capacity_tokens``), admission waits for room and a running batch that outgrows
@@ -77,6 +80,9 @@ class EngineModel:
     per token at this size; 0: never): costs fitted to steps no larger than this say nothing of the square past
     it, and a GPU's step there may cost its flat rate rather than the square's (an H100's full 8,192-token step:
     ~186 ms, where the square fitted to 6,000-token steps says ~211 and the flat rate ~179)."""
+    step_ms_per_kv_ktoken: float = 0.0
+    """ms per step per 1,000 tokens held by the running sequences (prompt and output so far, a prompt's chunks as
+    they are prefilled)."""
     frontend_ms: float = 0.0
     """ms between a request's arrival and its entry into the scheduler's queue, whatever its prompt."""
     frontend_ms_per_token: float = 0.0
@@ -141,6 +147,7 @@ class EngineModel:
             "prefill_ms_per_token",
             "prefill_ms_per_token_ctx",
             "prefill_ms_per_token_step",
+            "step_ms_per_kv_ktoken",
             "frontend_ms_per_token",
         ):
             v = getattr(model, name)
@@ -156,8 +163,9 @@ class EngineModel:
     def describe(self) -> JsonObject:
         """The settings, the noise's only where there is noise (so an engine without it reads as it always did)."""
         doc: JsonObject = asdict(self)
-        if not self.prefill_flat_above:
-            del doc["prefill_flat_above"]
+        for unused in ("prefill_flat_above", "step_ms_per_kv_ktoken"):
+            if not doc[unused]:
+                del doc[unused]
         for flag in ("async_scheduling", "frontend_serial"):
             if not doc[flag]:
                 del doc[flag]
@@ -300,8 +308,10 @@ class Engine:
         budget = m.chunk_tokens if m.chunked else math.inf
         prefilled = 0
         context = 0.0  # sum over the tokens prefilled of the prompt before each (a recompute counts its output too)
+        held = 0  # tokens the running sequences hold in the KV cache as the step starts
         emit: list[EngineRequest] = []
         for r in self.running:
+            held += r.prompt_tokens + r.k - r.prefill_left
             if r.prefill_left == 0:
                 emit.append(r)
                 continue
@@ -318,6 +328,7 @@ class Engine:
         self._emit = emit
         self._prefilled = prefilled
         ms = m.step_ms + m.step_ms_per_seq * len(self.running) + m.prefill_ms_per_token * prefilled
+        ms += m.step_ms_per_kv_ktoken * held / 1000.0
         square = m.prefill_ms_per_token_ctx * context / 1000.0 + m.prefill_ms_per_token_step * prefilled**2 / 2000.0
         if m.prefill_flat_above and prefilled > m.prefill_flat_above:
             rate = (m.prefill_ms_per_token_ctx + m.prefill_ms_per_token_step) * m.prefill_flat_above / 2000.0
