@@ -26,9 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tailgate.records import read_records
 from tailgate.slo import replicates
-from tailgate.slo.attempt import ProbeAttempt
+from tailgate.slo.attempt import ProbeAttempt, ProbeMark
 from tailgate.slo.replay import Workload, model_answer, workload_of
 from tailgate.slo.servicefit import CHUNK_CHOICES, Probe, prefill_choices, probes_of
+from tailgate.slo.spec import PROBE_MARK
 from tailgate.slo.verdict import Check
 from tailgate.stats import measured_records
 
@@ -71,6 +72,9 @@ def load_search(root: Path, config: dict[str, Any], plan: dict[str, Any],
         checks[rate] = [Check.from_json(c, where=f"probe at {rate:g} req/s") for c in probe.get("checks", [])]
         for a in probe.get("attempts", []):
             recs = read_records(root / a["dir"]).records
+            mark = root / a["dir"] / PROBE_MARK
+            # the KV pool the server stated admits and preempts in the fitted engine, as in the search's own fit
+            pool = ProbeMark.read(mark).kv_capacity_tokens if mark.is_file() else None
             # sent and errors are the verdict's, not the model's: the fit reads the records
             attempt = ProbeAttempt(
                 measured_records(recs, warmup),
@@ -79,6 +83,7 @@ def load_search(root: Path, config: dict[str, Any], plan: dict[str, Any],
                 stopped_early=a.get("stopped_early"),
                 workload=int(a["seed"]),
                 records=recs,
+                kv_capacity_tokens=pool,
             )
             by_rate.setdefault(rate, []).append(attempt)
     limits = {lim["metric"]: float(lim["limit"]) for lim in plan["limits"] if lim.get("p") is not None}

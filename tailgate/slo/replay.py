@@ -41,12 +41,14 @@ from tailgate.slo.answer import figure_text
 from tailgate.slo.attempt import ProbeAttempt
 from tailgate.slo.replicates import T975, Replicates, capacity_of
 from tailgate.slo.servicefit import (
+    BIAS_PROBES,
     CHUNK_CHOICES,
     Probe,
     ReplayRow,
     ServiceFit,
     fit_service,
     measured_step_tokens,
+    systematic_bias,
 )
 from tailgate.slo.stepfit import streams_of
 from tailgate.verify.groundtruth.engine import EngineModel
@@ -59,10 +61,6 @@ class Tested(Protocol):
     def to_json(self) -> JsonObject: ...
 
 
-BIAS_PROBES = 5
-"""A model on the same side of the measured percentile at this many probes or more, by at least
-:data:`BIAS_SHARE` on average, is systematically off (a sign test: 1 in 16 by chance for five)."""
-BIAS_SHARE = 0.05
 STOP_PROBES = BIAS_PROBES
 """Probes a fitted answer must be checked against before it may end a search early."""
 FLOOR = 0.04
@@ -361,18 +359,6 @@ def settling_answer(
         if not (answer.usable and answer.bracket is not None and narrow(*answer.bracket)):
             return None
     return answer
-
-
-def systematic_bias(replay: Sequence[ReplayRow]) -> tuple[str, float, int] | None:
-    """(percentile key, mean relative error, probes) of the first limit whose replay is on one side of the measured
-    percentile at every probe, by :data:`BIAS_SHARE` or more on average; None when no limit's is."""
-    for key in sorted({r.key for r in replay}):
-        errs = [(r.model - r.measured) / r.measured for r in replay if r.key == key and r.measured > 0]
-        if len(errs) >= BIAS_PROBES and (all(e < 0 for e in errs) or all(e > 0 for e in errs)):
-            mean = statistics.fmean(errs)
-            if abs(mean) >= BIAS_SHARE:
-                return key, mean, len(errs)
-    return None
 
 
 def systematic_error(replay: Sequence[ReplayRow]) -> str:

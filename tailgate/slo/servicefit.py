@@ -142,6 +142,24 @@ def replay_rows(
     return replay_fit(engine, probes, q, metrics)[0]
 
 
+BIAS_PROBES = 5
+"""A model on the same side of the measured percentile at this many probes or more, by at least
+:data:`BIAS_SHARE` on average, is systematically off (a sign test: 1 in 16 by chance for five)."""
+BIAS_SHARE = 0.05
+
+
+def systematic_bias(replay: Sequence[ReplayRow]) -> tuple[str, float, int] | None:
+    """(percentile key, mean relative error, probes) of the first limit whose replay is on one side of the measured
+    percentile at every probe, by :data:`BIAS_SHARE` or more on average; None when no limit's is."""
+    for key in sorted({r.key for r in replay}):
+        errs = [(r.model - r.measured) / r.measured for r in replay if r.key == key and r.measured > 0]
+        if len(errs) >= BIAS_PROBES and (all(e < 0 for e in errs) or all(e > 0 for e in errs)):
+            mean = statistics.fmean(errs)
+            if abs(mean) >= BIAS_SHARE:
+                return key, mean, len(errs)
+    return None
+
+
 def replay_fit(
     engine: EngineModel,
     probes: Sequence[Probe],
@@ -215,13 +233,20 @@ def fit_service(
     peak = max((max_concurrency(a) for p in probes for a in p.attempts), default=0)
     pools = [p.kv_capacity_tokens for p in probes if p.kv_capacity_tokens]
     kv = min(pools) if pools else 0
-    best: tuple[float, ServiceFit] | None = None
+    fits: list[tuple[float, ServiceFit]] = []
     for cost in fit_costs([p.attempts for p in sorted(probes, key=lambda p: p.rate)]):
-        found = _policy(cost, peak, probes, q, metrics, streams, kv, limits, chunks)
-        tried = _calibrated(found, probes, q, metrics, limits)
-        if tried is not None and (best is None or tried[0] < best[0]):
-            best = tried
-    return _mechanisms(_with_noise(best, probes, q, metrics, limits), probes, q, metrics, limits) if best else None
+        for found in _policy(cost, peak, probes, q, metrics, streams, kv, limits, chunks):
+            tried = _calibrated(found, probes, q, metrics, limits)
+            if tried is not None:
+                fits.append(tried)
+    if not fits:
+        return None
+    # a fit whose replay lies on one side of what was measured at every probe is off by more than its noise, however
+    # small its score: a lent H100's best score with its KV pool (201 slots) replayed 9% short everywhere and put
+    # the capacity at 12.4 req/s, where the best fit without that bias (unlimited slots) said 9.6, inside [9, 10.5]
+    unbiased = [f for f in fits if systematic_bias(f[1].replay) is None]
+    best = min(unbiased or fits, key=lambda f: f[0])
+    return _mechanisms(_with_noise(best, probes, q, metrics, limits), probes, q, metrics, limits)
 
 
 def _with_noise(
@@ -240,15 +265,20 @@ def _with_noise(
     engine = replace(fit.engine, frontend_noise=delays)
     rep, fit_score = replay_fit(engine, probes, q, metrics, limits)
     tried = fit_score + SLOTS_MARGIN * len(rep)
-    return (tried, ServiceFit(engine, fit.slots_reached, fit.streams, rep)) if rep and tried < score else best
+    # a lower score is not worth a replay that is off to one side at every probe
+    biased = systematic_bias(rep) is not None and systematic_bias(fit.replay) is None
+    if not rep or tried >= score or biased:
+        return best
+    return tried, ServiceFit(engine, fit.slots_reached, fit.streams, rep)
 
 
 def _policy(cost: Costs, peak: int, probes: Sequence[Probe], q: float, metrics: Sequence[str],
             streams: int, kv: int = 0, limits: Mapping[str, float] | None = None,
-            chunks: Sequence[int] = CHUNK_CHOICES) -> tuple[float, ServiceFit] | None:  # fmt: skip
-    """The slot count and prefill policy that replay the probes best with these costs, and its score. ``kv``: the
-    server's KV pool in tokens (0: unknown), which admits and preempts as the server's does."""
-    best: tuple[float, ServiceFit] | None = None
+            chunks: Sequence[int] = CHUNK_CHOICES) -> list[tuple[float, ServiceFit]]:  # fmt: skip
+    """For each slot count (the peak seen, and unlimited), the prefill policy that replays the probes best with
+    these costs, and its score; the better first. ``kv``: the server's KV pool in tokens (0: unknown), which admits
+    and preempts as the server's does."""
+    best: dict[int, tuple[float, ServiceFit]] = {}
     # unlimited admission first: a slot count is taken only when replaying it is clearly better (a limit the
     # probes never reached replays the same, and would cap the simulated capacity at a concurrency merely seen)
     for slots in sorted({max(1, peak), UNLIMITED_SLOTS}, reverse=True):
@@ -264,9 +294,9 @@ def _policy(cost: Costs, peak: int, probes: Sequence[Probe], q: float, metrics: 
             if not rep:
                 continue
             score = fit_score + (0.0 if slots == UNLIMITED_SLOTS else SLOTS_MARGIN * len(rep))
-            if best is None or score < best[0]:
-                best = (score, ServiceFit(engine, slots < UNLIMITED_SLOTS, streams, rep))
-    return best
+            if slots not in best or score < best[slots][0]:
+                best[slots] = (score, ServiceFit(engine, slots < UNLIMITED_SLOTS, streams, rep))
+    return sorted(best.values(), key=lambda f: f[0])
 
 
 def _calibrated(
@@ -278,20 +308,26 @@ def _calibrated(
 ) -> tuple[float, ServiceFit] | None:
     """The prefill cost is the least determined (it rides on a few long prompts per span, and a direct measure
     holds only where prompts are not chunked) and the most visible in TTFT: it is calibrated by the replay, the
-    fitted value kept unless clearly worse."""
+    fitted value kept unless clearly worse. A cost whose replay lies on one side of every probe's percentile is
+    taken only where every cost tried does: one overloaded probe's queue may score a prefill cost that is short
+    everywhere else best (a lent H100 with its KV pool: 9-20% short at five probes of six)."""
     if found is None:
         return None
-    score, fit = found
+    fit = found[1]
     e = fit.engine
     base, ctx, batch = e.prefill_ms_per_token, e.prefill_ms_per_token_ctx, e.prefill_ms_per_token_step
+    tried_fits = [found]
     for factor in PREFILL_FACTORS:
         engine = replace(e, prefill_ms_per_token=base * factor, prefill_ms_per_token_ctx=ctx * factor,
                          prefill_ms_per_token_step=batch * factor)  # fmt: skip
         rep, fit_score = replay_fit(engine, probes, q, metrics, limits)
-        tried = fit_score + SLOTS_MARGIN * len(rep)
-        if rep and tried < score:
-            score, fit = tried, ServiceFit(engine, fit.slots_reached, fit.streams, rep)
-    return score, fit
+        if rep:
+            tried_fits.append(
+                (fit_score + SLOTS_MARGIN * len(rep), ServiceFit(engine, fit.slots_reached, fit.streams, rep))
+            )
+    unbiased = [f for f in tried_fits if systematic_bias(f[1].replay) is None]
+    # the fitted value first among equals: another must be better to replace it
+    return min(unbiased or tried_fits, key=lambda f: f[0])
 
 
 def _mechanisms(
@@ -323,7 +359,10 @@ def _mechanisms(
             if rep:
                 tried[(serial, sched)] = (fit_score, ServiceFit(engine, fit.slots_reached, fit.streams, rep))
     # the fitted combination is handicapped by the margin: another must be clearly better to replace it
-    (serial, sched), (chosen_score, chosen) = min(tried.items(), key=lambda kv: kv[1][0] - margin * (kv[0] == fitted))
+    # and one whose replay is off to one side at every probe only where every combination's is
+    unbiased = {k: v for k, v in tried.items() if systematic_bias(v[1].replay) is None} or tried
+    (serial, sched), (chosen_score, chosen) = min(unbiased.items(),
+                                                  key=lambda kv: kv[1][0] - margin * (kv[0] == fitted))  # fmt: skip
     other = tried.get((not serial, sched))
     if other is not None and other[0] <= chosen_score + margin:
         name = "a front end that tokenizes side by side" if serial else "a front end that tokenizes one at a time"
