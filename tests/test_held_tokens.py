@@ -63,12 +63,13 @@ def _rows(errors: list[float]) -> list[ReplayRow]:
     return [ReplayRow(float(k + 1), "gap_p99", 100.0, 100.0 * (1 + e), None, None, True) for k, e in enumerate(errors)]
 
 
-def test_a_prefill_cost_replayed_short_at_every_probe_is_taken_only_where_every_cost_is(
+def test_a_prefill_cost_replayed_short_at_every_probe_is_set_aside_when_asked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One overloaded probe's queue can score best a prefill cost that every other probe replays short (a lent
-    H100 with its KV pool: 9-20% short at five probes of six, capacity 12.4 where the truth is [9, 10.5]); a cost
-    whose replay falls on both sides is taken over it, and where every cost is one-sided the best score stands."""
+    H100 with its KV pool: 9-20% short at five probes of six, capacity 12.4 where the truth is [9, 10.5]). Where
+    that bias refused the model, the fit is asked again for costs whose replay falls on both sides; where every
+    cost is one-sided the best score stands, and unasked, the best score is taken as before."""
     short = _rows([-0.10, -0.12, -0.09, -0.11, -0.10, -0.08])
     both = _rows([0.04, 0.08, -0.01, -0.05, -0.03, -0.03])
     found = (0.2, ServiceFit(HELD, False, 100, short))
@@ -76,11 +77,12 @@ def test_a_prefill_cost_replayed_short_at_every_probe_is_taken_only_where_every_
         round(HELD.prefill_ms_per_token * f, 9): (both if f == 1.12 else short, 0.5 + f) for f in PREFILL_FACTORS
     }
     monkeypatch.setattr(servicefit, "replay_fit", lambda e, *a, **k: by_prefill[round(e.prefill_ms_per_token, 9)])
-    chosen = servicefit._calibrated(found, [], Q, ("gap",))
+    assert servicefit._calibrated(found, [], Q, ("gap",)) == found
+    chosen = servicefit._calibrated(found, [], Q, ("gap",), unbiased=True)
     assert chosen is not None and chosen[1].engine.prefill_ms_per_token == pytest.approx(
         HELD.prefill_ms_per_token * 1.12
     )
     assert systematic_bias(chosen[1].replay) is None and systematic_bias(short) is not None
     every = {k: (short, v[1]) for k, v in by_prefill.items()}
     monkeypatch.setattr(servicefit, "replay_fit", lambda e, *a, **k: every[round(e.prefill_ms_per_token, 9)])
-    assert servicefit._calibrated(found, [], Q, ("gap",)) == found
+    assert servicefit._calibrated(found, [], Q, ("gap",), unbiased=True) == found

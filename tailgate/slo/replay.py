@@ -208,6 +208,42 @@ def model_answer(
     fit = fit_service(probes, q, list(limits), limits, chunks)
     if fit is None:
         return ModelAnswer(None, None, None, [], None, False, "too few streams of three tokens or more to fit")
+
+    def answer_of(fitted: ServiceFit) -> ModelAnswer:
+        return _answer_of(fitted, probes, limits, q, measured, workload=workload, requests=requests,
+                          replicates=replicates, seed=seed, quick=quick)  # fmt: skip
+
+    answer = answer_of(fit)
+    error = systematic_error(fit.replay)
+    if answer.usable or not error or answer.why != error:
+        return answer
+    # the costs that replayed best are off to one side at every probe, and that moves a verdict: the best of the
+    # fits that replay on both sides, where there is one (a lent H100's search: 12.4 req/s refused, then 9.8 [9.4,
+    # 12.3] with the truth in [9, 10.5]); where only a harmless bias came with the best score, that fit stands
+    other = fit_service(probes, q, list(limits), limits, chunks, unbiased=True)
+    if other is None or systematic_bias(other.replay) is not None:
+        return answer
+    second = answer_of(other)
+    if not second.usable:
+        return answer
+    second.why += f" (the costs that replayed best were set aside: {error.split(': a ')[0]})"
+    return second
+
+
+def _answer_of(
+    fit: ServiceFit,
+    probes: Sequence[Probe],
+    limits: Mapping[str, float],
+    q: float,
+    measured: tuple[float | None, float | None],
+    *,
+    workload: Workload,
+    requests: int,
+    replicates: int,
+    seed: int,
+    quick: bool,
+) -> ModelAnswer:
+    """One fitted engine checked and simulated (:func:`model_answer`)."""
     refuted = _refuted(fit, probes) if quick else ""
     if refuted:
         return ModelAnswer(None, None, None, [], fit, False, refuted)

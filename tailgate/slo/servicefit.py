@@ -225,28 +225,32 @@ def fit_service(
     metrics: Sequence[str] = ("ttft",),
     limits: Mapping[str, float] | None = None,
     chunks: Sequence[int] = CHUNK_CHOICES,
+    *,
+    unbiased: bool = False,
 ) -> ServiceFit | None:
     """Fit the step loop to every probe's streams: of the candidate costs (:func:`fit_costs`), each with the slot
     count and prefill policy (of ``chunks``: :func:`prefill_choices`) that replay it best and its prefill cost
-    calibrated, the one that replays best."""
+    calibrated, the one that replays best. ``unbiased``: of the fits whose replay is not on one side of every
+    probe (:func:`systematic_bias`), wherever there is one, each slot count tried as a candidate of its own."""
     streams = sum(len(a) for p in probes for a in p.attempts)
     peak = max((max_concurrency(a) for p in probes for a in p.attempts), default=0)
     pools = [p.kv_capacity_tokens for p in probes if p.kv_capacity_tokens]
     kv = min(pools) if pools else 0
     fits: list[tuple[float, ServiceFit]] = []
     for cost in fit_costs([p.attempts for p in sorted(probes, key=lambda p: p.rate)]):
-        for found in _policy(cost, peak, probes, q, metrics, streams, kv, limits, chunks):
-            tried = _calibrated(found, probes, q, metrics, limits)
+        found_fits = _policy(cost, peak, probes, q, metrics, streams, kv, limits, chunks)
+        for found in found_fits if unbiased else found_fits[:1]:
+            tried = _calibrated(found, probes, q, metrics, limits, unbiased=unbiased)
             if tried is not None:
                 fits.append(tried)
     if not fits:
         return None
     # a fit whose replay lies on one side of what was measured at every probe is off by more than its noise, however
-    # small its score: a lent H100's best score with its KV pool (201 slots) replayed 9% short everywhere and put
-    # the capacity at 12.4 req/s, where the best fit without that bias (unlimited slots) said 9.6, inside [9, 10.5]
-    unbiased = [f for f in fits if systematic_bias(f[1].replay) is None]
-    best = min(unbiased or fits, key=lambda f: f[0])
-    return _mechanisms(_with_noise(best, probes, q, metrics, limits), probes, q, metrics, limits)
+    # small its score (asked for where the best score's model was refused for it: :func:`replay.model_answer`)
+    both_sides = [f for f in fits if systematic_bias(f[1].replay) is None] if unbiased else []
+    best = min(both_sides or fits, key=lambda f: f[0])
+    noisy = _with_noise(best, probes, q, metrics, limits, unbiased=unbiased)
+    return _mechanisms(noisy, probes, q, metrics, limits, unbiased=unbiased)
 
 
 def _with_noise(
@@ -255,6 +259,8 @@ def _with_noise(
     q: float,
     metrics: Sequence[str],
     limits: Mapping[str, float] | None,
+    *,
+    unbiased: bool = False,
 ) -> tuple[float, ServiceFit]:
     """The fitted engine with the spread of lone requests' TTFT (:mod:`tailgate.slo.ttftnoise`), where replaying
     the probes with it comes nearer to what was measured; else as it was."""
@@ -266,7 +272,7 @@ def _with_noise(
     rep, fit_score = replay_fit(engine, probes, q, metrics, limits)
     tried = fit_score + SLOTS_MARGIN * len(rep)
     # a lower score is not worth a replay that is off to one side at every probe
-    biased = systematic_bias(rep) is not None and systematic_bias(fit.replay) is None
+    biased = unbiased and systematic_bias(rep) is not None and systematic_bias(fit.replay) is None
     if not rep or tried >= score or biased:
         return best
     return tried, ServiceFit(engine, fit.slots_reached, fit.streams, rep)
@@ -305,12 +311,14 @@ def _calibrated(
     q: float,
     metrics: Sequence[str],
     limits: Mapping[str, float] | None = None,
+    *,
+    unbiased: bool = False,
 ) -> tuple[float, ServiceFit] | None:
     """The prefill cost is the least determined (it rides on a few long prompts per span, and a direct measure
     holds only where prompts are not chunked) and the most visible in TTFT: it is calibrated by the replay, the
-    fitted value kept unless clearly worse. A cost whose replay lies on one side of every probe's percentile is
-    taken only where every cost tried does: one overloaded probe's queue may score a prefill cost that is short
-    everywhere else best (a lent H100 with its KV pool: 9-20% short at five probes of six)."""
+    fitted value kept unless clearly worse. ``unbiased``: a cost whose replay lies on one side of every probe's
+    percentile is taken only where every cost tried does (one overloaded probe's queue may score best a prefill
+    cost that is short everywhere else: a lent H100 with its KV pool, 9-20% short at five probes of six)."""
     if found is None:
         return None
     fit = found[1]
@@ -325,9 +333,9 @@ def _calibrated(
             tried_fits.append(
                 (fit_score + SLOTS_MARGIN * len(rep), ServiceFit(engine, fit.slots_reached, fit.streams, rep))
             )
-    unbiased = [f for f in tried_fits if systematic_bias(f[1].replay) is None]
+    both_sides = [f for f in tried_fits if systematic_bias(f[1].replay) is None] if unbiased else []
     # the fitted value first among equals: another must be better to replace it
-    return min(unbiased or tried_fits, key=lambda f: f[0])
+    return min(both_sides or tried_fits, key=lambda f: f[0])
 
 
 def _mechanisms(
@@ -336,6 +344,8 @@ def _mechanisms(
     q: float,
     metrics: Sequence[str],
     limits: Mapping[str, float] | None,
+    *,
+    unbiased: bool = False,
 ) -> ServiceFit:
     """How the engine takes in requests: composing each step when the one before it starts (asynchronous
     scheduling) or at its own start, and a front end that tokenizes prompts one at a time or side by side. Both
@@ -359,9 +369,9 @@ def _mechanisms(
             if rep:
                 tried[(serial, sched)] = (fit_score, ServiceFit(engine, fit.slots_reached, fit.streams, rep))
     # the fitted combination is handicapped by the margin: another must be clearly better to replace it
-    # and one whose replay is off to one side at every probe only where every combination's is
-    unbiased = {k: v for k, v in tried.items() if systematic_bias(v[1].replay) is None} or tried
-    (serial, sched), (chosen_score, chosen) = min(unbiased.items(),
+    # and (unbiased) one whose replay is off to one side at every probe only where every combination's is
+    both_sides = {k: v for k, v in tried.items() if systematic_bias(v[1].replay) is None} if unbiased else {}
+    (serial, sched), (chosen_score, chosen) = min((both_sides or tried).items(),
                                                   key=lambda kv: kv[1][0] - margin * (kv[0] == fitted))  # fmt: skip
     other = tried.get((not serial, sched))
     if other is not None and other[0] <= chosen_score + margin:
