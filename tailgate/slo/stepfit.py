@@ -121,50 +121,12 @@ def _count_steps(streams: Sequence[Stream]) -> list[tuple[float, int]]:
 
 
 class _PerStep:
-    """Integrals over time of ``n w(n)`` and ``w(n)`` with ``w(n) = 1 / (step + per_seq n)``: their ratio over a
-    span is the running count averaged per step rather than per second."""
-
-    def __init__(self, streams: Sequence[Stream], step: float, per_seq: float) -> None:
-        self.times: list[float] = []
-        self.counts: list[int] = []
-        self.num: list[float] = []
-        self.den: list[float] = []
-        self.step, self.per_seq = step, per_seq
-        num = den = 0.0
-        last, run = None, 0
-        for t, after in _count_steps(streams):
-            if last is not None:
-                w = self._w(run)
-                num += run * w * (t - last)
-                den += w * (t - last)
-            last, run = t, after
-            self.times.append(t)
-            self.counts.append(after)
-            self.num.append(num)
-            self.den.append(den)
-
-    def _w(self, n: int) -> float:
-        return 1.0 / (self.step + self.per_seq * n) if n else 0.0
-
-    def _at(self, t: float) -> tuple[float, float]:
-        i = bisect.bisect_right(self.times, t) - 1
-        if i < 0:
-            return 0.0, 0.0
-        n = self.counts[i]
-        w = self._w(n)
-        return self.num[i] + n * w * (t - self.times[i]), self.den[i] + w * (t - self.times[i])
-
-    def mean(self, start: float, end: float) -> float:
-        (n0, d0), (n1, d1) = self._at(start), self._at(end)
-        return (n1 - n0) / (d1 - d0) if d1 > d0 else 0.0
-
-
-class _HeldPerStep:
     """Per-step means over a span of the running count and of the tokens the running streams hold (each stream's
-    prompt, plus its output as it grows from the first token to the last), each step weighed by the inverse of its
-    cost ``step + per_seq * n + kv * held / 1000`` at the middle of the stretch between two starts or ends."""
+    prompt, plus its output as it grows from the first token to the last). Each stretch between two starts or ends
+    is weighed by its length over the step's cost ``step + per_seq * n + kv * held / 1000`` at its middle, so a
+    mean counts steps rather than seconds (``step`` 1 and the rest 0: per second)."""
 
-    def __init__(self, streams: Sequence[Stream], step: float, per_seq: float, kv: float) -> None:
+    def __init__(self, streams: Sequence[Stream], step: float, per_seq: float, kv: float = 0.0) -> None:
         events: list[tuple[float, int, float, float]] = []
         for s in streams:
             slope = s.tokens / (s.end - s.first) if s.end > s.first else 0.0
@@ -211,13 +173,16 @@ class _HeldPerStep:
         return ((n1 - n0) / (w1 - w0), (h1 - h0) / (w1 - w0) / 1000.0) if w1 > w0 else (0.0, 0.0)
 
 
-def decode_rows(streams: Sequence[Stream], step: float = 1.0, per_seq: float = 0.0, ctx: float = 0.0) -> list[Row]:
+def held_rows(
+    streams: Sequence[Stream], step: float = 1.0, per_seq: float = 0.0, kv: float = 0.0, ctx: float = 0.0
+) -> list[tuple[float, float, float, float, float]]:
     """Per stream with three tokens or more: (weight, mean step ms, streams running per step, prompt tokens
-    prefilled per step). ``step`` and ``per_seq`` weigh the running count per step (``per_seq`` 0: per second);
-    a known context cost ``ctx`` (ms per token per 1,000 before it) is taken off each mean step."""
+    prefilled per step, thousands of tokens held per step). ``step``, ``per_seq`` and ``kv`` weigh the steps by
+    their cost (all but ``step`` 0: per second); a known context cost ``ctx`` (ms per token per 1,000 before it) is
+    taken off each mean step."""
     if not streams:
         return []
-    per_step = _PerStep(streams, step, per_seq)
+    per_step = _PerStep(streams, step, per_seq, kv)
     by_first = sorted(streams, key=lambda s: s.first)
     firsts = [s.first for s in by_first]
     prefix, squares = [0], [0.0]
@@ -233,26 +198,15 @@ def decode_rows(streams: Sequence[Stream], step: float = 1.0, per_seq: float = 0
         i, j = bisect.bisect_right(firsts, s.first), bisect.bisect_right(firsts, s.end)
         prefilled = (prefix[j] - prefix[i]) / steps
         mean_step = (span * 1000.0 - (squares[j] - squares[i])) / steps
-        rows.append((float(steps), mean_step, per_step.mean(s.first, s.end), prefilled))
+        running, held = per_step.mean(s.first, s.end)
+        rows.append((float(steps), mean_step, running, prefilled, held))
     return rows
 
 
-def held_rows(
-    streams: Sequence[Stream], step: float, per_seq: float, kv: float, ctx: float = 0.0
-) -> list[tuple[float, float, float, float, float]]:
-    """:func:`decode_rows` with a third regressor: per stream, (weight, mean step ms, streams running per step,
-    prompt tokens prefilled per step, thousands of tokens held per step), the steps weighed by their cost with the
-    held-token term ``kv``."""
-    if not streams:
-        return []
-    per_step = _HeldPerStep(streams, step, per_seq, kv)
-    base = decode_rows(streams, step, per_seq, ctx)
-    spans = [s for s in streams if s.tokens - 1 >= 2 and s.end - s.first > 0]
-    out = []
-    for (w, y, _, p), s in zip(base, spans, strict=True):
-        running, held = per_step.mean(s.first, s.end)
-        out.append((w, y, running, p, held))
-    return out
+def decode_rows(streams: Sequence[Stream], step: float = 1.0, per_seq: float = 0.0, ctx: float = 0.0) -> list[Row]:
+    """:func:`held_rows` without the held tokens: (weight, mean step ms, streams running per step, prompt tokens
+    prefilled per step)."""
+    return [(w, y, running, p) for w, y, running, p, _ in held_rows(streams, step, per_seq, 0.0, ctx)]
 
 
 def fit_held_cost(
