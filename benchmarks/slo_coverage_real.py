@@ -13,7 +13,8 @@ of the kept searches were chosen by the tree that ran them, and are refitted as 
 
 Run: ``python benchmarks/slo_coverage_real.py [--only NAME,...] [--engine H100|H200|CPU] [--replicates 8]
 [--requests 10000] [--json out.json]`` (2-7 minutes of two cores per search; searches without any side of a truth,
-or without records, are listed and skipped).
+or without records, are listed and skipped); ``--scored out.json`` scores an earlier run's answers against the
+catalogue's truths as they are now, without refitting.
 """
 
 from __future__ import annotations
@@ -127,13 +128,56 @@ def text(b: Bracket) -> str:
     return "[" + ", ".join("-" if x is None else f"{x:g}" for x in b) + "]"
 
 
+def line(s: Scored) -> str:
+    width = "" if s.width is None else f", {s.width:.0%} wide"
+    out = (f"{s.name:<26} truth {text(s.truth):<12} measured {text(s.measured):<13} answer {text(s.answer)} "
+           f"({s.source}{width}): {'holds' if s.holds else 'MISSES'}{'' if s.closed else ', open'}")  # fmt: skip
+    if s.source == "measured":
+        out += f"\n{'':<27}model: {s.capacity} req/s, not used: {s.why[:160]}"
+    return out
+
+
+def table(scored: list[Scored]) -> str:
+    out = ["| engine | searches | closed and holding | holding, open | missing | answers from the model | median "
+           "width (closed) | median probing |", "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name in ("H100", "H200", "CPU", "other"):
+        group = [s for s in scored if kind(s.engine) == name]
+        if not group:
+            continue
+        widths = [s.width for s in group if s.closed and s.width is not None]
+        med = f"{statistics.median(widths):.0%}" if widths else "-"
+        times = [s.probing_s for s in group if s.probing_s is not None]
+        probing = f"{statistics.median(times) / 60:.1f} min" if times else "-"
+        out.append(f"| {name} | {len(group)} | {sum(s.closed and s.holds for s in group)} | "
+                   f"{sum(s.holds and not s.closed for s in group)} | {sum(not s.holds for s in group)} | "
+                   f"{sum(s.source == 'model' for s in group)} | {med} | {probing} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def rescored(path: Path, entries: list[dict[str, Any]]) -> list[Scored]:
+    """The answers of an earlier run (its ``--json``), scored against the catalogue's truths as they are now: an
+    answer does not depend on the truth, so a new long run re-scores every search without refitting one."""
+    by_name = {e["name"]: e for e in entries}
+    out = []
+    for row in json.loads(path.read_text()):
+        entry = by_name.get(row["name"])
+        if entry is None:
+            continue
+        out.append(Scored(row["name"], entry["engine"], (entry["truth"][0], entry["truth"][1]),
+                          (row["measured"][0], row["measured"][1]), (row["answer"][0], row["answer"][1]),
+                          row["source"], row["capacity"], row["why"], entry.get("probing_s")))  # fmt: skip
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default="", help="comma-separated search names from the catalogue")
     p.add_argument("--engine", default="", help="H100, H200 or CPU: that engine's searches only")
     p.add_argument("--replicates", type=int, default=8)
     p.add_argument("--requests", type=int, default=10000)
-    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None, help="write every scored search here")
+    p.add_argument("--scored", type=Path, default=None,
+                   help="no refits: score an earlier --json's answers against the catalogue's truths")  # fmt: skip
     args = p.parse_args(argv)
     args.any_policy = False
     entries = json.loads(CATALOGUE.read_text())["searches"]
@@ -144,35 +188,22 @@ def main(argv: list[str] | None = None) -> int:
     entries = [e for e in entries if (not wanted or e["name"] in wanted)
                and (not args.engine or kind(e["engine"]) == args.engine.upper())]  # fmt: skip
     scored: list[Scored] = []
-    with tempfile.TemporaryDirectory(prefix="coverage-real-") as scratch:
-        for e in entries:
-            result = score(e, args, Path(scratch))
-            if isinstance(result, str):
-                print(f"{e['name']:<26} skipped: {result}", flush=True)
-                continue
-            scored.append(result)
-            s = result
-            width = "" if s.width is None else f", {s.width:.0%} wide"
-            print(f"{s.name:<26} truth {text(s.truth):<12} measured {text(s.measured):<13} answer {text(s.answer)} "
-                  f"({s.source}{width}): {'holds' if s.holds else 'MISSES'}"
-                  f"{'' if s.closed else ', open'}", flush=True)  # fmt: skip
-            if s.source == "measured":
-                print(f"{'':<27}model: {s.capacity} req/s, not used: {s.why[:160]}", flush=True)
+    if args.scored is not None:
+        if not args.scored.is_file():
+            p.error(f"{args.scored} not found: give the --json file of an earlier run")
+        scored = [s for s in rescored(args.scored, entries) if s.truth != (None, None)]
+        print("\n".join(line(s) for s in scored))
+    else:
+        with tempfile.TemporaryDirectory(prefix="coverage-real-") as scratch:
+            for e in entries:
+                result = score(e, args, Path(scratch))
+                if isinstance(result, str):
+                    print(f"{e['name']:<26} skipped: {result}", flush=True)
+                    continue
+                scored.append(result)
+                print(line(result), flush=True)
     print()
-    print(
-        "| engine | searches | closed and holding | holding, open | missing | answers from the model | median "
-        "width (closed) |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name in ("H100", "H200", "CPU", "other"):
-        group = [s for s in scored if kind(s.engine) == name]
-        if not group:
-            continue
-        widths = [s.width for s in group if s.closed and s.width is not None]
-        med = f"{statistics.median(widths):.0%}" if widths else "-"
-        print(f"| {name} | {len(group)} | {sum(s.closed and s.holds for s in group)} | "
-              f"{sum(s.holds and not s.closed for s in group)} | {sum(not s.holds for s in group)} | "
-              f"{sum(s.source == 'model' for s in group)} | {med} |")  # fmt: skip
+    print(table(scored))
     if args.json:
         rows = [{"name": s.name, "engine": s.engine, "truth": list(s.truth), "measured": list(s.measured),
                  "answer": list(s.answer), "source": s.source, "capacity": s.capacity, "holds": s.holds,
