@@ -5,11 +5,13 @@ The simulated coverage (``slo_coverage.py``) knows each engine's capacity exactl
 from long runs beside the search (``real_searches.json``: a rate that passed over thousands of requests, one that
 failed, either side possibly unknown, and for the CPU vLLM only the same session's, since its speed moves 20%
 between days). Each search's probes are refitted as ``slo_refit.py`` does, and its answer with this tree is the
-model's narrowed bracket where the model is usable, else the measured bracket the search reached. An answer
-*holds* where no side of the truth contradicts it (it does not end under a rate that passed, nor start at or over
-one that failed); it is *closed* where both its ends are rates; the issue's count is closed and holding. What a
-refit cannot show: the confirmation probes a live search with this tree would choose and run after the fit (those
-of the kept searches were chosen by the tree that ran them, and are refitted as ordinary probes).
+model's narrowed bracket where the model is usable, else the measured bracket the search reached (for a search
+run under older verdict rules, ``measured_now``: what its probes support under this tree's, by
+``slo_reread.py``). An answer *holds* where no side of the truth contradicts it (it does not end under a rate
+that passed, nor start at or over one that failed); it is *closed* where both its ends are rates; the issue's
+count is closed and holding. What a refit cannot show: the confirmation probes a live search with this tree
+would choose and run after the fit (those of the kept searches were chosen by the tree that ran them, and are
+refitted as ordinary probes).
 
 Run: ``python benchmarks/slo_coverage_real.py [--only NAME,...] [--engine H100|H200|CPU] [--replicates 8]
 [--requests 10000] [--json out.json]`` (2-7 minutes of two cores per search; searches without any side of a truth,
@@ -32,7 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.slo_refit import refit  # noqa: E402
+from benchmarks.slo_refit import load_search  # noqa: E402
+from tailgate.slo.replay import model_answer  # noqa: E402
 
 CATALOGUE = Path(__file__).with_name("real_searches.json")
 Bracket = tuple[float | None, float | None]
@@ -111,9 +114,17 @@ def score(entry: dict[str, Any], args: argparse.Namespace, scratch: Path) -> Sco
     config = next((c for c in state.get("configs", []) if c.get("name") == entry["config"]), None)
     if config is None:
         return f"no configuration {entry['config']!r} in its slo.json"
-    row = refit(folder, config, state["plan"], args)
-    measured = (entry["measured"][0], entry["measured"][1])
-    fitted = row.get("fitted") or {}
+    # a search that ran under older verdict rules is answered with what its probes support under this tree's
+    # (``measured_now``, read by ``slo_reread.py``): the model narrows that bracket, not the one the search printed
+    now = entry.get("measured_now", entry["measured"])
+    measured = (now[0], now[1])
+    search = load_search(folder, config, state["plan"])
+    fitted: dict[str, Any] = {}
+    if search is not None:
+        answer_ = model_answer(search.probes, search.limits, search.q, measured, workload=search.workload,
+                               requests=args.requests, replicates=args.replicates, seed=search.seed,
+                               chunks=search.chunks)  # fmt: skip
+        fitted = answer_.as_dict()
     bracket = fitted.get("bracket")
     if fitted.get("usable") and bracket:
         answer, source = (bracket[0], bracket[1]), "model"
@@ -179,7 +190,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scored", type=Path, default=None,
                    help="no refits: score an earlier --json's answers against the catalogue's truths")  # fmt: skip
     args = p.parse_args(argv)
-    args.any_policy = False
     entries = json.loads(CATALOGUE.read_text())["searches"]
     wanted = {n for n in args.only.split(",") if n}
     unknown = wanted - {e["name"] for e in entries}
