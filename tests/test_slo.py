@@ -475,6 +475,18 @@ def test_with_no_lower_end_the_highest_rate_lacking_only_data_is_extended() -> N
                           **kw) == slo.ProbeNext(2.0, "extend")  # fmt: skip
 
 
+def test_with_no_lower_end_a_top_rate_leaning_to_fail_sends_the_data_to_the_rate_on_track() -> None:
+    """A lent H100's search: 5 and 10 req/s on track, 13.1 and 15 undecided with TTFT points over the limit, 17.5
+    failed. Bisecting 15..17.5 narrows an upper end the points already place lower; the lower end is open, and more
+    data at 10 is what can close it. With the top undecided rate on track, the wide upper end is still bisected."""
+    kw: dict[str, Any] = {"start": 5, "max_rate": 40, "min_rate": 2.5, "resolution": slo.Resolution(0.15, True)}
+    verdicts = {5.0: "not_enough_data", 10.0: "not_enough_data", 13.105: "not_enough_data",
+                15.0: "not_enough_data", 17.5: "fail", 20.0: "fail"}  # fmt: skip
+    assert slo.next_probe(verdicts, on_track=[5.0, 10.0], **kw) == slo.ProbeNext(10.0, "extend")
+    assert slo.next_probe(verdicts, on_track=[5.0, 10.0, 13.105, 15.0], **kw) == slo.ProbeNext(16.25, "bisect")
+    assert slo.next_probe(verdicts, **kw) == slo.ProbeNext(16.25, "bisect")  # nothing known on track: as before
+
+
 def test_search_narrows_on_both_sides_of_an_undecided_band() -> None:
     """Probes within 3% of the capacity cannot decide; the search closes in on that band from both sides,
     so the bracket ends within a resolution step of it (not at the doubling's coarse steps)."""

@@ -153,6 +153,30 @@ def test_confirm_answer_refits_once_then_refuses() -> None:
     assert settled.as_dict()["confirmation"]["stands"] is False
 
 
+def test_a_refit_the_probes_already_run_contradict_is_refused_without_a_new_probe() -> None:
+    """A model 10% slow, contradicted by its first window on the true engine, refitted to the same wrong engine: the
+    window in hand contradicts the refit too, so it is refused with no second round of probes. A refit to the
+    true engine is not refused by that window, and its own round runs."""
+    ran: list[float] = []
+
+    def run(rate: float, left: int, kept: int) -> tuple[str, Probe | None]:
+        ran.append(rate)
+        return window(rate, 11)
+
+    wrong = slowed(TRUE, 1.1)
+    _, record = confirm_answer(_answer(wrong, NEAR / 1.1), run, lambda: _answer(wrong, NEAR / 1.1), 0.99,
+                                    LIMITS)  # fmt: skip
+    assert len(ran) == 1, ran
+    assert record.refitted and record.contradicted and not record.stands
+    assert record.latest[0].round == 2 and "contradicts the refit too" in record.latest[0].why
+    assert "contradicted again after a refit" in record.summary()
+
+    ran.clear()
+    _, record = confirm_answer(_answer(wrong, NEAR / 1.1), run, lambda: _answer(TRUE, NEAR), 0.99, LIMITS)
+    assert len(ran) == 3, ran
+    assert [c.round for c in record.confirmations] == [1, 2, 2]
+
+
 def test_a_confirmed_answer_narrows_the_bracket_and_an_unrun_one_does_not() -> None:
     def run(rate: float, left: int, kept: int) -> tuple[str, Probe | None]:
         return ("fail" if rate > 5 else "pass"), None

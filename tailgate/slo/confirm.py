@@ -18,7 +18,8 @@ Each confirmation probe can contradict the model two ways, each at the confidenc
 A probe that decides as the model said *confirms* that end. A probe that decides nothing and whose percentile
 the model replays inside the measured interval leaves that end *not contradicted*: the answer says so. A
 contradicted model is refitted once on everything measured (the confirmation probes included) and confirmed
-again at new rates; a second contradiction refuses it, and the answer is the measured bracket alone.
+again at new rates; a second contradiction refuses it, and the answer is the measured bracket alone. A refit that
+the probes already run still contradict is refused before any new probe is spent on it.
 
 Pure: the probe's data come in, the judgement goes out, so the rule is tested against servers whose answer is
 known (``tests/test_slo_confirm.py``) without a server.
@@ -339,6 +340,37 @@ def _ends(fitted: ModelAnswer, run: ConfirmationRun, q: float, limits: Mapping[s
         log(f"  every window: {record.pooled[-1].text()}")
 
 
+def contradicted_already(fitted: ModelAnswer, earlier: Sequence[tuple[Confirmation, Probe | None]], q: float,
+                         limits: Mapping[str, float], round_: int) -> Confirmation | None:  # fmt: skip
+    """A refit the confirmation probes already measured contradict, found before any new probe is spent on it.
+
+    The refit is fitted to those probes too, yet a model outside the engine's family cannot always bend to
+    them: on a lent H100 (chunked prefill on) the refit came out at the same capacity, its replay of the probe
+    that had contradicted the first fit as far off as before (gap p99 180.1 ms against 196.8 measured), and its
+    own two probes (274 s) only said so again. A decided verdict on the wrong side of the refit's interval, or a
+    window whose implied capacity lies wholly outside its claim, refuses it at once (None: nothing measured
+    contradicts it)."""
+    if fitted.fit is None or fitted.low is None or fitted.high is None:
+        return None
+    cap = fitted.capacity or (fitted.low + fitted.high) / 2
+    lo_c, hi_c = fitted.low / cap, fitted.high / cap
+    for c, probe in earlier:
+        side: Side = "below" if c.rate < cap else "above"
+        why = ""
+        if c.verdict == "fail" and c.rate < fitted.low:
+            why = f"measured FAIL at {c.rate:g} req/s, under its interval"
+        elif c.verdict == "pass" and c.rate > fitted.high:
+            why = f"measured PASS at {c.rate:g} req/s, over its interval"
+        matches = () if probe is None else matches_at(fitted.fit.engine, [probe], q, list(limits), limits)
+        off = [m for m in matches if m.high < lo_c or m.low > hi_c]
+        if not why and off:
+            why = f"at {c.rate:g} req/s, {off[0].text()}, outside the refit's own [{lo_c:.3f}, {hi_c:.3f}]"
+        if why:
+            why = f"the probe of round {c.round} contradicts the refit too: {why}"
+            return Confirmation(c.rate, side, c.verdict, matches, "contradicted", why, round_)
+    return None
+
+
 def confirm_answer(
     fitted: ModelAnswer,
     run: ConfirmationRun,
@@ -354,14 +386,24 @@ def confirm_answer(
     tested and every confirmation; whether the answer stands is the record's to say (:func:`settle_confirmed`
     applies it)."""
     record = ConfirmationRecord()
+    measured: list[Probe] = []
     for round_ in range(1, rounds + 1):
         if fitted.fit is None or fitted.low is None or fitted.high is None or not fitted.usable:
             break
+        if round_ > 1:
+            by_rate = {p.rate: p for p in measured}
+            earlier = [(c, by_rate.get(c.rate)) for c in record.confirmations if c.verdict != "not_run"]
+            stale = contradicted_already(fitted, earlier, q, limits, round_)
+            if stale is not None:
+                record.confirmations.append(stale)
+                log(f"  {stale.why}: refused without a new probe")
+                break
         windows: list[Probe] = []
         kept = 2 if round_ < rounds else 0  # a refit's two ends, should this round contradict the model
         fitted = _between(fitted, run, q, limits, log, round_, record, windows, kept)
         if not any(c.round == round_ and c.outcome == "contradicted" for c in record.confirmations):
             _ends(fitted, run, q, limits, log, round_, record, windows, kept)
+        measured.extend(windows)
         if not record.contradicted or round_ == rounds:
             break
         again = refit()
