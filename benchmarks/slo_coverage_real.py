@@ -10,8 +10,9 @@ run under older verdict rules, ``measured_now``: what its probes support under t
 ``slo_reread.py``). An answer *holds* where no side of the truth contradicts it (it does not end under a rate
 that passed, nor start at or over one that failed); it is *closed* where both its ends are rates; the issue's
 count is closed and holding. What a refit cannot show: the confirmation probes a live search with this tree
-would choose and run after the fit (those of the kept searches were chosen by the tree that ran them, and are
-refitted as ordinary probes).
+would choose and run after the fit. Those a kept search ran (chosen by the tree that ran it) are fitted as
+ordinary probes, then judged as this tree judges a refit after a contradiction: a refitted model they still
+contradict is refused, and the answer is the measured bracket.
 
 Run: ``python benchmarks/slo_coverage_real.py [--only NAME,...] [--engine H100|H200|CPU] [--replicates 8]
 [--requests 10000] [--json out.json]`` (2-7 minutes of two cores per search; searches without any side of a truth,
@@ -34,8 +35,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.slo_refit import load_search  # noqa: E402
-from tailgate.slo.replay import model_answer  # noqa: E402
+from benchmarks.slo_refit import Search, load_search  # noqa: E402
+from tailgate.slo.confirm import Confirmation, contradicted_already  # noqa: E402
+from tailgate.slo.replay import ModelAnswer, model_answer  # noqa: E402
 
 CATALOGUE = Path(__file__).with_name("real_searches.json")
 Bracket = tuple[float | None, float | None]
@@ -120,19 +122,37 @@ def score(entry: dict[str, Any], args: argparse.Namespace, scratch: Path) -> Sco
     measured = (now[0], now[1])
     search = load_search(folder, config, state["plan"])
     fitted: dict[str, Any] = {}
+    answer_: ModelAnswer | None = None
     if search is not None:
         answer_ = model_answer(search.probes, search.limits, search.q, measured, workload=search.workload,
                                requests=args.requests, replicates=args.replicates, seed=search.seed,
                                chunks=search.chunks)  # fmt: skip
         fitted = answer_.as_dict()
     bracket = fitted.get("bracket")
-    if fitted.get("usable") and bracket:
+    refused = own_confirmations_refuse(answer_, config, search) if answer_ is not None and search and bracket else ""
+    if fitted.get("usable") and bracket and not refused:
         answer, source = (bracket[0], bracket[1]), "model"
     else:
         answer, source = measured, "measured"
-    why = str(fitted.get("why") or "no fitted model (no streams, or limits at different percentiles)")
+    why = refused or str(fitted.get("why") or "no fitted model (no streams, or limits at different percentiles)")
     return Scored(entry["name"], entry["engine"], truth, measured, answer, source, fitted.get("capacity"), why,
                   entry.get("probing_s"))  # fmt: skip
+
+
+def own_confirmations_refuse(fitted: ModelAnswer, config: dict[str, Any], search: Search) -> str:
+    """Why the search's own confirmation probes refuse the refitted model ('' when none does), as the tree treats a
+    refit after a contradiction (``contradicted_already``): a decided verdict on the wrong side of its interval, or
+    a window off its claim. A refit runs no confirmation probe of its own; a search that ran some measured the
+    windows this fit must also answer to."""
+    by_rate = {p.rate: p for p in search.probes}
+    earlier = [(Confirmation(float(p["rate"]), "above", str(p.get("verdict"))), by_rate.get(float(p["rate"])))
+               for p in config.get("probes", []) if p.get("phase") == "confirm"]  # fmt: skip
+    if not earlier:
+        return ""
+    stale = contradicted_already(fitted, earlier, search.q, search.limits, 2)
+    if stale is None:
+        return ""
+    return "refused by the search's own confirmation: " + stale.why.split(": ", 1)[1]
 
 
 def text(b: Bracket) -> str:
