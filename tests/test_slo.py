@@ -482,9 +482,15 @@ def test_with_no_lower_end_a_top_rate_leaning_to_fail_sends_the_data_to_the_rate
     kw: dict[str, Any] = {"start": 5, "max_rate": 40, "min_rate": 2.5, "resolution": slo.Resolution(0.15, True)}
     verdicts = {5.0: "not_enough_data", 10.0: "not_enough_data", 13.105: "not_enough_data",
                 15.0: "not_enough_data", 17.5: "fail", 20.0: "fail"}  # fmt: skip
-    assert slo.next_probe(verdicts, on_track=[5.0, 10.0], **kw) == slo.ProbeNext(10.0, "extend")
+    over = [13.105, 15.0]
+    assert slo.next_probe(verdicts, on_track=[5.0, 10.0], over_limit=over, **kw) == slo.ProbeNext(10.0, "extend")
     assert slo.next_probe(verdicts, on_track=[5.0, 10.0, 13.105, 15.0], **kw) == slo.ProbeNext(16.25, "bisect")
-    assert slo.next_probe(verdicts, **kw) == slo.ProbeNext(16.25, "bisect")  # nothing known on track: as before
+    assert slo.next_probe(verdicts, over_limit=over, **kw) == slo.ProbeNext(16.25, "bisect")  # none on track
+    # a top rate under every limit, only too slow to decide in the time left (a CPU vLLM search: 8 req/s with the
+    # failure at 16 and only 4 on track): the gap over it is bisected, as before
+    cpu = {2.0: "not_enough_data", 4.0: "not_enough_data", 8.0: "not_enough_data", 16.0: "fail"}
+    kw = {"start": 2, "max_rate": 24, "min_rate": 1, "resolution": slo.Resolution(0.25, True)}
+    assert slo.next_probe(cpu, on_track=[4.0], over_limit=[], **kw) == slo.ProbeNext(12.0, "bisect")
 
 
 def test_search_narrows_on_both_sides_of_an_undecided_band() -> None:

@@ -400,8 +400,16 @@ class SloRunner(ConfigRunner[ServerConfig]):
             resolution=p.resolution, max_probes=max_probes, pooled=lambda: self._pooled(config),
             guess=lambda: getattr(self._model(config), "capacity", None),
             settled=(lambda: self._settles(config)) if settle else None,
-            on_track=lambda: self._on_track(config),
+            on_track=lambda: self._on_track(config), over_limit=lambda: self._over_limit(config),
         )  # fmt: skip
+
+    def _over_limit(self, config: ServerConfig) -> list[float]:
+        """Undecided rates whose measured point of some limited percentile is already over its limit."""
+        return [
+            float(rate) for rate, entry in self._config_state(config).latest().items()
+            if entry.verdict not in ("pass", "fail") and any(
+                c.point is not None and c.point > c.limit for c in entry.checks if c.key not in ("errors", "sustained"))
+        ]  # fmt: skip
 
     def _on_track(self, config: ServerConfig) -> list[float]:
         """Undecided rates that lack only data (every limited point under its limit, the server not shown to fall

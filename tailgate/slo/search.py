@@ -140,6 +140,7 @@ def next_probe(
     resolution: Resolution,
     guess: float | None = None,
     on_track: Collection[float] = (),
+    over_limit: Collection[float] = (),
 ) -> Decision:
     """The next rate to probe and its phase given the verdicts so far, or the status the search ends with.
 
@@ -147,7 +148,8 @@ def next_probe(
     ends of the bracket around it; without it the search doubles, steps and bisects. ``on_track``: undecided
     rates whose measured points already meet every limit and whose server kept up, so that only more data is
     missing; with no lower end yet, the highest of them is extended (a second there holds more requests than
-    at any lower rate, and its pass is the higher lower end), else the lowest undecided rate."""
+    at any lower rate, and its pass is the higher lower end), else the lowest undecided rate. ``over_limit``:
+    undecided rates whose measured point of some limited percentile is already over its limit."""
     if not verdicts:
         return ProbeNext(round(min(start, max_rate), 3), "double")
     lo, hi = bracket(verdicts)
@@ -166,9 +168,12 @@ def next_probe(
         # over a limit and a lower one is on track, the capacity is most likely under the former: a rate between it
         # and the failure narrows nothing the answer needs (a lent H100 spent 92 s at 16.25 req/s between 15, over
         # its TTFT limit, and the failure at 17.5, with the lower end open and 10 req/s on track), so more data at
-        # the highest rate on track goes first, the one probe that can close the lower end
+        # the highest rate on track goes first, the one probe that can close the lower end. A top rate merely too
+        # slow to decide in the time left (not on track, yet under every limit) is no such sign: the gap over it
+        # is still bisected (a CPU vLLM search extended 4 req/s where 12, between 8 and the failure at 16, was
+        # where that day's truth passed)
         tracking = [r for r in undecided if r in on_track]
-        leans_fail = bool(tracking) and undecided[-1] not in on_track
+        leans_fail = bool(tracking) and undecided[-1] in over_limit
         if hi is not None and not resolution.narrow(undecided[-1], hi) and not leans_fail:
             return ProbeNext(round((undecided[-1] + hi) / 2, 3), "bisect")
         return ProbeNext(tracking[-1] if tracking else undecided[0], "extend")
@@ -273,11 +278,13 @@ class RateSearch:
         guess: Callable[[], float | None] | None = None,
         settled: Callable[[], bool] | None = None,
         on_track: Callable[[], Collection[float]] | None = None,
+        over_limit: Callable[[], Collection[float]] | None = None,
     ) -> None:
         self.start, self.max_rate, self.min_rate = start, max_rate, min_rate
         self.resolution = resolution
         self.max_probes = max_probes
         self._pooled, self._guess, self._settled, self._on_track = pooled, guess, settled, on_track
+        self._over_limit = over_limit
         self.steps: list[SearchStep] = []
         self._own: dict[float, str] = {}
         self.status: SearchStatus = "probe_limit"
@@ -294,6 +301,7 @@ class RateSearch:
             self.verdicts(), start=self.start, max_rate=self.max_rate, min_rate=self.min_rate,
             resolution=self.resolution, guess=self._guess() if self._guess is not None else None,
             on_track=self._on_track() if self._on_track is not None else (),
+            over_limit=self._over_limit() if self._over_limit is not None else (),
         )  # fmt: skip
         if isinstance(decision, SearchEnds):
             self.end(decision.status)
@@ -335,6 +343,7 @@ def search(
     guess: Callable[[], float | None] | None = None,
     settled: Callable[[], bool] | None = None,
     on_track: Callable[[], Collection[float]] | None = None,
+    over_limit: Callable[[], Collection[float]] | None = None,
 ) -> SearchOutcome:
     """Probe until the bracket meets the resolution, the cap or floor is reached, or the probes run out.
 
@@ -345,7 +354,7 @@ def search(
     """
     policy = RateSearch(
         start=start, max_rate=max_rate, min_rate=min_rate, resolution=resolution, max_probes=max_probes,
-        pooled=pooled, guess=guess, settled=settled, on_track=on_track,
+        pooled=pooled, guess=guess, settled=settled, on_track=on_track, over_limit=over_limit,
     )  # fmt: skip
     try:
         drive(policy, lambda cell: probe(cell.rate, cell.phase))
