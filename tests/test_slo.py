@@ -24,7 +24,7 @@ from runkit import RecordingController
 from tailgate import slo
 from tailgate.servers.sweep import CommandServer, ComposeWithFlags
 from tailgate.slo.answer import seconds_to_decide
-from tailgate.slo.search import lacks_only_data, worth_extending
+from tailgate.slo.search import lacks_only_data, over_a_limit, worth_extending
 from tailgate.slo.state import ConfigSearch, ProbeEntry, SloState
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -318,6 +318,11 @@ def test_a_rate_only_too_short_to_tell_is_on_track_but_one_that_fell_behind_is_n
     assert not lacks_only_data("not_enough_data", [*tails, sustained("fail")])
     over = [replace(tails[0], point=4100.0), tails[1], sustained("pass")]
     assert not lacks_only_data("not_enough_data", over)
+    assert over_a_limit("not_enough_data", over)  # what sends the search's data to a lower rate on track
+    assert not over_a_limit("fail", over)  # a decided rate is not undecided over its limit
+    assert not over_a_limit("not_enough_data", [*tails, sustained("pass")])
+    over_on_errors_only = [tails[0], replace(tails[1], point=0.01), sustained("fail")]
+    assert not over_a_limit("not_enough_data", over_on_errors_only)  # errors and falling behind are no tail point
 
 
 def test_more_data_goes_to_the_highest_rate_it_can_decide_in_the_time_left() -> None:

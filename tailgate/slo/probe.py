@@ -45,7 +45,15 @@ from tailgate.slo.replay import (
     workload_of,
 )
 from tailgate.slo.result import NotRun
-from tailgate.slo.search import SearchOutcome, SearchStopped, bracket, lacks_only_data, search, worth_extending
+from tailgate.slo.search import (
+    SearchOutcome,
+    SearchStopped,
+    bracket,
+    lacks_only_data,
+    over_a_limit,
+    search,
+    worth_extending,
+)
 from tailgate.slo.servicefit import Probe, prefill_choices, probes_of
 from tailgate.slo.spec import PROBE_MARK, SLO_FILE, Log, ServerConfig
 from tailgate.slo.state import ConfigSearch, ProbeEntry, SloState
@@ -405,11 +413,8 @@ class SloRunner(ConfigRunner[ServerConfig]):
 
     def _over_limit(self, config: ServerConfig) -> list[float]:
         """Undecided rates whose measured point of some limited percentile is already over its limit."""
-        return [
-            float(rate) for rate, entry in self._config_state(config).latest().items()
-            if entry.verdict not in ("pass", "fail") and any(
-                c.point is not None and c.point > c.limit for c in entry.checks if c.key not in ("errors", "sustained"))
-        ]  # fmt: skip
+        return [float(rate) for rate, entry in self._config_state(config).latest().items()
+                if over_a_limit(entry.verdict, entry.checks)]  # fmt: skip
 
     def _on_track(self, config: ServerConfig) -> list[float]:
         """Undecided rates that lack only data (every limited point under its limit, the server not shown to fall

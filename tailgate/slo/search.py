@@ -209,6 +209,18 @@ def next_probe(
     return ProbeNext(min(undecided, key=lambda r: abs(r - mid)), "extend")
 
 
+def tail_checks(checks: Sequence[Check]) -> list[Check]:
+    """The checks of limited percentiles (every check but the error share and whether the server kept up)."""
+    return [c for k, c in {c.key: c for c in checks}.items() if k not in ("errors", "sustained")]
+
+
+def over_a_limit(verdict: str, checks: Sequence[Check]) -> bool:
+    """An undecided rate whose measured point of some limited percentile is already over its limit (what
+    ``over_limit`` of :func:`next_probe` holds)."""
+    over = any(c.point is not None and c.point > c.limit for c in tail_checks(checks))
+    return over and verdict not in ("pass", "fail")
+
+
 def lacks_only_data(verdict: str, checks: Sequence[Check]) -> bool:
     """An undecided rate whose every limited point is under its limit, whose server was not shown to fall behind
     and whose errors did not fail: only more data is missing for a pass (what ``on_track`` of :func:`next_probe`
@@ -220,7 +232,7 @@ def lacks_only_data(verdict: str, checks: Sequence[Check]) -> bool:
     if verdict in ("pass", "fail"):
         return False
     by_key = {c.key: c for c in checks}
-    tails = [c for k, c in by_key.items() if k not in ("errors", "sustained")]
+    tails = tail_checks(checks)
     under = all(c.point is not None and c.point <= c.limit for c in tails)
     sustained, errors = by_key.get("sustained"), by_key.get("errors")
     not_behind = sustained is not None and sustained.verdict != "fail"
