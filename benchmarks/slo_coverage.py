@@ -63,7 +63,7 @@ from tailgate.slo.replay import (
     workload_of,
 )
 from tailgate.slo.replicates import Replicates, capacity_of
-from tailgate.slo.search import lacks_only_data, worth_extending
+from tailgate.slo.search import lacks_only_data, over_a_limit, worth_extending
 from tailgate.slo.servicefit import Probe, probes_of
 from tailgate.slo.state import ProbeEntry
 from tailgate.stats import measured_records
@@ -303,7 +303,12 @@ class Search:
                           resolution=slo.Resolution.parse(a.resolution), max_probes=max_probes,
                           pooled=self.pooled, guess=self.guess,
                           settled=self.settles if settle else None,
-                          on_track=self.on_track)  # fmt: skip
+                          on_track=self.on_track,
+                          over_limit=None if a.no_over_limit else self.over_limit)  # fmt: skip
+
+    def over_limit(self) -> list[float]:
+        """As ``tailgate slo``: the undecided rates with a measured point over a limit already."""
+        return [r for r, p in self.latest.items() if over_a_limit(p.verdict, p.checks)]
 
     def on_track(self) -> list[float]:
         """As ``tailgate slo``: the rates lacking only data that more data can decide in the budget left."""
@@ -566,6 +571,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fixed", action="store_true", help="fixed-n Clopper-Pearson verdicts instead of sequences")
     p.add_argument("--no-pool", action="store_true", help="no pooling across rates")
     p.add_argument("--no-model", action="store_true", help="no model of p99 against rate to place probes")
+    p.add_argument(
+        "--no-over-limit",
+        action="store_true",
+        help="bisect under an undecided top rate over its limit instead of extending a rate on track",
+    )
     p.add_argument("--model-replicates", type=int, default=8, help="fitted step loop simulations (0: none)")
     p.add_argument("--model-requests", type=int, default=10000)
     p.add_argument("--no-model-stop", action="store_true", help="spend the whole budget (no early stop on the model)")
