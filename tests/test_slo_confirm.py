@@ -115,6 +115,16 @@ def _match(low: float, high: float) -> WindowMatch:
     return WindowMatch("ttft", 900.0, 950.0, (low + high) / 2, low, high)
 
 
+def test_a_window_wholly_past_the_scan_reads_as_a_bound_not_an_interval() -> None:
+    past_low = WindowMatch("gap", 196.8, 179.6, 0.769, 0.769, 0.769, open_low=True)
+    assert past_low.text().endswith("true capacity / model's <=0.769 (the scan's lowest end, or under it)")
+    past_high = WindowMatch("gap", 150.0, 170.0, 1.429, 1.429, 1.429, open_high=True)
+    assert past_high.text().endswith("true capacity / model's >=1.429 (the scan's highest end, or over it)")
+    open_one_end = WindowMatch("ttft", 900.0, 950.0, 0.8, 0.769, 0.85, open_low=True)
+    assert open_one_end.text().endswith("true capacity / model's 0.800 [<=0.769, 0.850]")
+    assert _match(0.97, 1.02).text().endswith("true capacity / model's 0.995 [0.970, 1.020]")
+
+
 def test_a_verdict_opposite_to_the_model_contradicts_it() -> None:
     assert judge(5.0, "below", "fail", (), (0.95, 1.05)).outcome == "contradicted"
     assert judge(6.0, "above", "pass", (), (0.95, 1.05)).outcome == "contradicted"

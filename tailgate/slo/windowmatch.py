@@ -73,10 +73,16 @@ class WindowMatch:
                 "load_spread": round(self.load_spread, 3)}  # fmt: skip
 
     def text(self) -> str:
-        lo = f"<={self.low:.3f}" if self.open_low else f"{self.low:.3f}"
-        hi = f">={self.high:.3f}" if self.open_high else f"{self.high:.3f}"
-        return (f"{self.metric} p99 measured {self.measured:.1f} ms, model {self.model:.1f} ms on the same requests: "
-                f"true capacity / model's {self.ratio:.3f} [{lo}, {hi}]")  # fmt: skip
+        head = f"{self.metric} p99 measured {self.measured:.1f} ms, model {self.model:.1f} ms on the same requests"
+        low, high = f"{self.low:.3f}", f"{self.high:.3f}"
+        # an interval wholly at one end of the scan is no interval: the ratio lies there or beyond, no nearer known
+        if self.open_low and high == low:
+            return f"{head}: true capacity / model's <={high} (the scan's lowest end, or under it)"
+        if self.open_high and high == low:
+            return f"{head}: true capacity / model's >={low} (the scan's highest end, or over it)"
+        lo = f"<={low}" if self.open_low else low
+        hi = f">={high}" if self.open_high else high
+        return f"{head}: true capacity / model's {self.ratio:.3f} [{lo}, {hi}]"
 
 
 def _scaled(streams: Sequence[Stream], scale: float) -> list[Stream]:
