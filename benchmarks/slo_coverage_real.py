@@ -74,11 +74,12 @@ class Scored:
 
 
 def holds(answer: Bracket, truth: Bracket) -> bool:
-    """No side of the truth contradicts the answer: it does not end under a rate that passed over a long run, nor
-    start at or over one that failed (an open end contradicts nothing on its side)."""
+    """No side of the truth contradicts the answer: it does not end at or under a rate that passed over a long run,
+    nor start at or over one that failed (an open end contradicts nothing on its side). A measured answer's upper
+    end is a rate a probe failed: the capacity it states lies under it, so a long run passing at that rate is a miss."""
     low, high = answer
     passed, failed = truth
-    if passed is not None and high is not None and high < passed:
+    if passed is not None and high is not None and high <= passed:
         return False
     return not (failed is not None and low is not None and low >= failed)
 
