@@ -206,11 +206,18 @@ def test_clustered_exceedances_count_as_less_evidence() -> None:
 
 
 def test_absorbed_burst_is_never_a_pass() -> None:
-    """Requests arrive faster than they complete: TTFT from intended climbs through the probe."""
+    """Requests arrive faster than they complete: TTFT from intended climbs through the probe. One sample that
+    falls behind is never a pass; a second sample of the workload that does too fails the rate, where the
+    percentile alone would not have. A re-run of the first sample repeats its arrivals and says nothing new."""
     limits = slo.parse_slo("ttft_p99<=60s")
     vals = [50 + 40 * i for i in range(400)]  # a queue that grows by 40 ms a request
-    verdict, checks = slo.check_probe([_attempt(vals, rate=24)], limits)
-    assert verdict == "fail" and checks[-1].key == "sustained" and "trends upward" in checks[-1].reason
+    first = replace(_attempt(vals, rate=24), workload=7)
+    verdict, checks = slo.check_probe([first], limits)
+    assert verdict == "not_enough_data" and checks[-1].key == "sustained", checks[-1]
+    assert "trends upward" in checks[-1].reason and "one sample" in checks[-1].reason
+    assert slo.check_probe([first, first], limits)[0] == "not_enough_data"
+    verdict, checks = slo.check_probe([first, replace(first, workload=1007)], limits)
+    assert verdict == "fail" and checks[-1].verdict == "fail" and "trends upward" in checks[-1].reason
     assert checks[0].verdict != "fail"  # the percentile alone would not have failed it
 
 
@@ -228,7 +235,7 @@ def test_a_queue_excursion_far_under_the_limit_is_not_a_failure_to_keep_up() -> 
     lagging = _attempt(vals, rate=10)
     for r in lagging.measured[250:]:
         r.end_s += 100.0  # completions fell behind: most requests of the window end after it
-    assert slo.check_probe([lagging], limits)[1][-1].verdict == "fail"
+    assert slo.check_probe([lagging, replace(lagging, workload=1)], limits)[1][-1].verdict == "fail"
 
 
 def test_long_streams_ending_after_a_short_window_are_not_a_server_falling_behind() -> None:
@@ -250,7 +257,7 @@ def test_long_streams_ending_after_a_short_window_are_not_a_server_falling_behin
     late = _attempt(vals, rate=16)
     for r in late.measured[480:]:  # the second half's streams end far after the window: a server fallen behind
         r.end_s = r.intended_s + 100.0
-    assert slo.check_probe([late], limits, rate=16)[1][-1].verdict == "fail"
+    assert slo.check_probe([late, replace(late, workload=1)], limits, rate=16)[1][-1].verdict == "fail"
 
 
 def test_requests_in_flight_show_a_server_falling_behind_without_its_gauge() -> None:
@@ -263,7 +270,7 @@ def test_requests_in_flight_show_a_server_falling_behind_without_its_gauge() -> 
     for r in attempt.measured:
         end = max(end, r.intended_s) + 0.11
         r.end_s = end
-    sustained = slo.check_probe([attempt], limits)[1][-1]
+    sustained = slo.check_probe([attempt, replace(attempt, workload=1)], limits)[1][-1]
     assert sustained.verdict == "fail" and "requests in flight trends upward" in sustained.reason, sustained
     row = slo.sustain_check([attempt], 10, 500).attempts[0]
     assert row.queue_source == "requests in flight" and row.queue_trend is not None and row.queue_trend.trend
@@ -274,7 +281,7 @@ def test_requests_in_flight_show_a_server_falling_behind_without_its_gauge() -> 
 def test_an_attempt_too_short_to_tell_is_settled_by_a_longer_one_that_kept_up() -> None:
     """Streams lasting 8 s in 60-s windows: a tenth or more of each window's arrivals is still running at its end,
     which cannot tell a sustained rate from an absorbed burst. A longer attempt at the same rate that kept up
-    settles it; a trend in any attempt still fails the rate, and short attempts alone stay undecided."""
+    settles it; a trend in two samples of the workload still fails the rate, and short attempts alone stay undecided."""
 
     def attempt(seconds: int, stream_s: float = 8.0) -> slo.ProbeAttempt:
         a = _attempt([30.0] * (8 * seconds), rate=8)
@@ -289,7 +296,9 @@ def test_an_attempt_too_short_to_tell_is_settled_by_a_longer_one_that_kept_up() 
     assert both.verdict == "pass" and "1 of 2 too short" in both.reason, both
     assert [r.verdict for r in both.attempts] == ["not_enough_data", "pass"]
     rising = _attempt([30.0 + 2.0 * i for i in range(960)], rate=8)  # TTFT climbing 2 ms per arrival
-    assert slo.sustain_check([short, long, rising], 8, 500).verdict == "fail"
+    assert slo.sustain_check([short, long, rising], 8, 500).verdict == "not_enough_data"  # one sample behind
+    again = replace(rising, workload=1)
+    assert slo.sustain_check([short, long, rising, again], 8, 500).verdict == "fail"
 
 
 def test_extensions_grow_to_four_times_the_probe_within_the_budget_left() -> None:
