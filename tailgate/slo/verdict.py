@@ -6,7 +6,8 @@ upward in any attempt (Mann-Kendall on batch means, after an MSER-5 cut of the s
 percentile limit holds at the stated confidence by a one-sided bound on the share of requests over it, with the
 counts shrunk by the design effect of time blocks and runs (see :mod:`tailgate.tailbounds`). A probe whose data
 cannot support either answer is ``not_enough_data``, never a pass; a burst the server absorbed shows up as a trend
-or as completions lagging arrivals, never as a pass.
+or as completions lagging arrivals, never as a pass. Falling behind fails a probe on its own only in two samples of
+the workload: one sample's queue may be an episode a stable server drains after the window.
 """
 
 from __future__ import annotations
