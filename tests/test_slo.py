@@ -216,9 +216,10 @@ def test_absorbed_burst_is_never_a_pass() -> None:
     assert verdict == "not_enough_data" and checks[-1].key == "sustained", checks[-1]
     assert "trends upward" in checks[-1].reason and "one sample" in checks[-1].reason
     assert slo.check_probe([first, first], limits)[0] == "not_enough_data"
+    assert slo.check_probe([first], limits)[1][-1].over == 1  # one sample behind, counted for the search
     verdict, checks = slo.check_probe([first, replace(first, workload=1007)], limits)
     assert verdict == "fail" and checks[-1].verdict == "fail" and "trends upward" in checks[-1].reason
-    assert checks[0].verdict != "fail"  # the percentile alone would not have failed it
+    assert checks[-1].over == 2 and checks[0].verdict != "fail"  # the percentile alone would not have failed it
 
 
 def test_a_queue_excursion_far_under_the_limit_is_not_a_failure_to_keep_up() -> None:
@@ -319,12 +320,15 @@ def test_a_rate_only_too_short_to_tell_is_on_track_but_one_that_fell_behind_is_n
     tails = [slo.Check("ttft_p99", 4000.0, 1100.0, None, None, 480, "not_enough_data"),
              slo.Check("errors", 0.0, 0.0, None, 0.006, 483, "pass")]  # fmt: skip
 
-    def sustained(verdict: str) -> slo.Check:
-        return slo.Check("sustained", 0.9, 0.86, None, None, 480, verdict)
+    def sustained(verdict: str, behind: int | None = None) -> slo.Check:
+        return slo.Check("sustained", 0.9, 0.86, None, None, 480, verdict, over=behind)
 
     assert lacks_only_data("not_enough_data", [*tails, sustained("not_enough_data")])
+    assert lacks_only_data("not_enough_data", [*tails, sustained("not_enough_data", behind=0)])
     assert lacks_only_data("not_enough_data", [*tails, sustained("pass")])
     assert not lacks_only_data("not_enough_data", [*tails, sustained("fail")])
+    # one sample fell behind: undecided, but more data can only fail it or leave it open, never pass it
+    assert not lacks_only_data("not_enough_data", [*tails, sustained("not_enough_data", behind=1)])
     over = [replace(tails[0], point=4100.0), tails[1], sustained("pass")]
     assert not lacks_only_data("not_enough_data", over)
     assert over_a_limit("not_enough_data", over)  # what sends the search's data to a lower rate on track
@@ -1095,6 +1099,21 @@ def test_rate_model_recovers_a_known_curve_and_is_checked_against_the_probes() -
     assert wrong is not None and wrong.consistent < wrong.checked
     assert fit(pts[:2], limit=500) is None
     assert "not a measurement" in m.as_dict()["label"]
+
+
+def test_a_rate_where_one_sample_fell_behind_bounds_the_model_as_a_failure_does() -> None:
+    """Its verdict stays open, but its percentile is no point on a steady state's curve: the model takes it as
+    a rate not sustained, where a rate merely too short to tell is a point like any other."""
+    from tailgate.slo.model import points_of
+
+    def entry(rate: float, verdict: str, behind: int | None) -> ProbeEntry:
+        checks = [slo.Check("ttft_p99", 4000.0, 900.0, 700.0, None, 480, "not_enough_data"),
+                  slo.Check("sustained", 0.9, 0.8, None, None, 480, verdict, over=behind)]  # fmt: skip
+        return ProbeEntry(0, rate, "double", verdict="not_enough_data", checks=checks)
+
+    probes = [entry(8, "not_enough_data", 0), entry(12, "not_enough_data", None), entry(16, "not_enough_data", 1),
+              entry(20, "fail", 2)]  # fmt: skip
+    assert [p.sustained for p in points_of(probes, "ttft_p99")] == [True, True, False, False]
 
 
 def test_stage_warmup_loads_the_highest_rate_until_no_first_time_pause(tmp_path: Path) -> None:

@@ -142,7 +142,10 @@ def points_of(probes: Sequence[ProbeEntry], key: str) -> list[Point]:
         sustain = p.check("sustained")
         if c is None:
             continue
-        out.append(Point(rate, c.point, c.low, c.high, sustain is None or sustain.verdict != "fail"))
+        # a sample that fell behind leaves the rate's verdict open but is no point on a curve of a steady state:
+        # it bounds the saturation rate as a failure does
+        kept_up = sustain is None or (sustain.verdict != "fail" and not sustain.over)
+        out.append(Point(rate, c.point, c.low, c.high, kept_up))
     return out
 
 

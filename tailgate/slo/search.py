@@ -228,14 +228,15 @@ def lacks_only_data(verdict: str, checks: Sequence[Check]) -> bool:
 
     A sustained check that is only undecided (the window too short for the requests still running at its end)
     does not take a rate off the track: a longer attempt there is what decides it, and the highest such rate is
-    where more data narrows the bracket most."""
+    where more data narrows the bracket most. A sample that fell behind does (the check counts it in ``over``):
+    such a rate can fail or stay undecided, never pass."""
     if verdict in ("pass", "fail"):
         return False
     by_key = {c.key: c for c in checks}
     tails = tail_checks(checks)
     under = all(c.point is not None and c.point <= c.limit for c in tails)
     sustained, errors = by_key.get("sustained"), by_key.get("errors")
-    not_behind = sustained is not None and sustained.verdict != "fail"
+    not_behind = sustained is not None and sustained.verdict != "fail" and not sustained.over
     return bool(tails) and under and not_behind and (errors is None or errors.verdict != "fail")
 
 

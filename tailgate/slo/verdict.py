@@ -65,7 +65,8 @@ class Check:
     excluded: int = 0
     """Requests left out of this check (client-coalesced streams for gap limits)."""
     over: int | None = None
-    """Requests over the limit: with ``n`` and ``n_effective``, what pooling across rates adds up."""
+    """Requests over the limit: with ``n`` and ``n_effective``, what pooling across rates adds up. On the
+    ``sustained`` row: the samples of the workload in which the server fell behind (None: not counted)."""
     extra: JsonObject = field(default_factory=dict, compare=False)
     """Keys another version wrote into ``slo.json``: kept, so a resumed search writes them back unchanged."""
 
@@ -136,6 +137,8 @@ class Sustain:
     verdict: str
     reason: str
     attempts: list[AttemptSustain] = field(default_factory=list)
+    samples_behind: int = 0
+    """Samples of the workload (distinct seeds) in which the server fell behind."""
 
 
 def error_check(errors: int, sent: int, limit: float, level: float, key: str = "errors") -> Check:
@@ -282,14 +285,14 @@ def sustain_check(attempts: Sequence[ProbeAttempt], rate: float | None, material
     verdicts = [r.verdict for r in rows]
     samples_behind = {a.workload for a, r in zip(attempts, rows, strict=True) if r.verdict == FAIL}
     if len(samples_behind) >= SAMPLES_BEHIND:
-        return Sustain(FAIL, next(r.reason for r in rows if r.verdict == FAIL), rows)
+        return Sustain(FAIL, next(r.reason for r in rows if r.verdict == FAIL), rows, len(samples_behind))
     if samples_behind:
         # one window of one sample cannot tell a server past its capacity from a queue episode a stable server
         # drains after the window: a CPU vLLM failed 14 req/s this way on a minute whose long prompts came close
         # together (twice, on a fresh server too), and passed 4,000 requests of another sample at 14 the same hour
         first = next(r.reason for r in rows if r.verdict == FAIL)
         return Sustain(NOT_ENOUGH, f"{first} in one sample of the workload: a second sample that falls behind too "
-                                   "fails the rate (one may be an episode the server drains)", rows)  # fmt: skip
+                                   "fails the rate (one may be an episode the server drains)", rows, 1)  # fmt: skip
     short = verdicts.count(NOT_ENOUGH)
     if PASS in verdicts:
         # an attempt too short to tell is no evidence either way (its window ended while requests the server was
@@ -368,7 +371,8 @@ def check_probe(
         sus = sustain_check(attempts, rate, TREND_MATERIAL * min(material) if material else 0.0)
         keep = [r.keep_up for r in sus.attempts if r.keep_up is not None]
         checks.append(Check("sustained", KEEP_UP, min(keep) if keep else None, None, None,
-                            sum(r.n for r in sus.attempts), sus.verdict, sus.reason))  # fmt: skip
+                            sum(r.n for r in sus.attempts), sus.verdict, sus.reason,
+                            over=sus.samples_behind))  # fmt: skip
     verdicts = {c.verdict for c in checks}
     if any(a.stopped_early for a in attempts) or FAIL in verdicts:
         return FAIL, checks
