@@ -11,16 +11,10 @@ from dataclasses import replace
 
 import pytest
 
+from tailgate.slo import replay as replay_module
 from tailgate.slo import servicefit
-from tailgate.slo.servicefit import (
-    PREFILL_FACTORS,
-    ReplayRow,
-    ServiceFit,
-    disagreement,
-    fit_service,
-    most_agreeing,
-    systematic_bias,
-)
+from tailgate.slo.replay import Workload
+from tailgate.slo.servicefit import PREFILL_FACTORS, ReplayRow, ServiceFit, fit_service, systematic_bias
 from tailgate.slo.stepfit import fit_costs
 from tailgate.verify.groundtruth.engine import EngineModel, EngineModelError, simulate
 from tests.test_slo_replay import ENGINE, GPU, GPU_LIMITS, Q, probes
@@ -86,41 +80,32 @@ def test_a_prefill_cost_replayed_short_at_every_probe_is_set_aside_when_asked(
     }
     monkeypatch.setattr(servicefit, "replay_fit", lambda e, *a, **k: by_prefill[round(e.prefill_ms_per_token, 9)])
     assert servicefit._calibrated(found, [], Q, ("gap",)) == found
-    chosen = servicefit._calibrated(found, [], Q, ("gap",), agreeing=True)
+    chosen = servicefit._calibrated(found, [], Q, ("gap",), unbiased=True)
     assert chosen is not None and chosen[1].engine.prefill_ms_per_token == pytest.approx(
         HELD.prefill_ms_per_token * 1.12
     )
     assert systematic_bias(chosen[1].replay) is None and systematic_bias(short) is not None
     every = {k: (short, v[1]) for k, v in by_prefill.items()}
     monkeypatch.setattr(servicefit, "replay_fit", lambda e, *a, **k: every[round(e.prefill_ms_per_token, 9)])
-    assert servicefit._calibrated(found, [], Q, ("gap",), agreeing=True) == found
+    assert servicefit._calibrated(found, [], Q, ("gap",), unbiased=True) == found
 
 
-def test_a_cost_replayed_outside_a_probes_interval_is_set_aside_for_one_inside_when_asked(
+def test_a_fit_refused_for_a_probe_replayed_outside_its_interval_is_not_asked_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A CPU server's last prefill chunk costs more than its share of the prompt: the flat prefill cost scored best
-    on the body of every probe and replayed each probe's worst-gap p99 13-31% short, outside the interval of three,
-    while the cost with its context term replayed every one inside. Asked (the best score's model was refused for
-    its replay), the fit takes a cost that passes over one that does not, and among those that all fail alike the
-    best score."""
+    """On the CPU vLLM the costs whose every probe replays inside its interval, where the best score's do not, put
+    the capacity 10-35% off the same session's long runs (refitted searches of 2026-12-07: 9.2-10.0 req/s against
+    [14, 16]): a replay that agrees is not yet a capacity that does. Only a one-sided replay asks for other costs."""
     outside = [ReplayRow(4.0, "gap_p99", 71.6, 55.2, 67.4, None, False), ReplayRow(8.0, "gap_p99", 78.4, 86.0, 69.2,
                                                                                     None, True)]  # fmt: skip
-    inside = [ReplayRow(4.0, "gap_p99", 71.6, 68.8, 67.4, None, True), ReplayRow(8.0, "gap_p99", 78.4, 70.1, 69.2,
-                                                                                 None, True)]  # fmt: skip
-    assert disagreement(inside) == 0 and disagreement(outside) == 1 and disagreement(_rows([-0.1] * 6)) == 2
-    found = (0.2, ServiceFit(HELD, False, 100, outside))
-    by_prefill = {
-        round(HELD.prefill_ms_per_token * f, 9): (inside if f == 0.7 else outside, 0.9 + f) for f in PREFILL_FACTORS
-    }
-    monkeypatch.setattr(servicefit, "replay_fit", lambda e, *a, **k: by_prefill[round(e.prefill_ms_per_token, 9)])
-    assert servicefit._calibrated(found, [], Q, ("gap",)) == found
-    chosen = servicefit._calibrated(found, [], Q, ("gap",), agreeing=True)
-    assert chosen is not None and chosen[1].replay == inside
-    assert chosen[1].engine.prefill_ms_per_token == pytest.approx(HELD.prefill_ms_per_token * 0.7)
-    every = {k: (outside, v[1]) for k, v in by_prefill.items()}
-    monkeypatch.setattr(servicefit, "replay_fit", lambda e, *a, **k: every[round(e.prefill_ms_per_token, 9)])
-    assert servicefit._calibrated(found, [], Q, ("gap",), agreeing=True) == found
-    # a one-sided replay is further from passing than one probe outside its interval
-    leaning = (0.1, ServiceFit(HELD, False, 100, _rows([-0.1] * 6)))
-    assert most_agreeing([leaning, found]) == [found]
+    calls: list[bool] = []
+
+    def fitted(*args: object, unbiased: bool = False, **kwargs: object) -> ServiceFit:
+        calls.append(unbiased)
+        return ServiceFit(HELD, False, 100, outside)
+
+    monkeypatch.setattr(replay_module, "fit_service", fitted)
+    answer = replay_module.model_answer([], {"gap": 2000.0}, Q, (None, 20.0), workload=Workload(seeded=True),
+                                        quick=True)  # fmt: skip
+    assert not answer.usable and "its replay of 4 req/s gives gap_p99 55.2 ms" in answer.why
+    assert calls == [False]

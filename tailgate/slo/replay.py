@@ -46,7 +46,6 @@ from tailgate.slo.servicefit import (
     Probe,
     ReplayRow,
     ServiceFit,
-    disagreement,
     fit_service,
     measured_step_tokens,
     systematic_bias,
@@ -215,36 +214,20 @@ def model_answer(
                           replicates=replicates, seed=seed, quick=quick)  # fmt: skip
 
     answer = answer_of(fit)
-    error = _replay_refusal(fit)
+    error = systematic_error(fit.replay)
     if answer.usable or not error or answer.why != error:
         return answer
-    # the costs that replayed best are off to one side at every probe, or outside a probe's own interval, and that
-    # moves a verdict: the best of the fits whose replay passes the checks, where there is one (a lent H100's search:
-    # 12.4 req/s refused, then 9.8 [9.4, 12.3] with the truth in [9, 10.5]; a CPU server whose last prefill chunk
-    # costs more than its share: the flat prefill cost scored best and replayed every worst gap 13-31% short, the
-    # cost with its context term replayed each inside its interval); where only a harmless bias came with the best
-    # score, that fit stands
-    other = fit_service(probes, q, list(limits), limits, chunks, agreeing=True)
-    if other is None or disagreement(other.replay):
+    # the costs that replayed best are off to one side at every probe, and that moves a verdict: the best of the
+    # fits that replay on both sides, where there is one (a lent H100's search: 12.4 req/s refused, then 9.8 [9.4,
+    # 12.3] with the truth in [9, 10.5]); where only a harmless bias came with the best score, that fit stands
+    other = fit_service(probes, q, list(limits), limits, chunks, unbiased=True)
+    if other is None or systematic_bias(other.replay) is not None:
         return answer
     second = answer_of(other)
     if not second.usable:
         return answer
     second.why += f" (the costs that replayed best were set aside: {error.split(': a ')[0]})"
     return second
-
-
-def _replay_refusal(fit: ServiceFit) -> str:
-    """Why the fit's own replay refutes it ('' when it does not): a probe replayed outside its interval, or a limit
-    replayed on one side at every probe."""
-    bad = [r for r in fit.replay if not r.inside]
-    if bad:
-        r = bad[0]
-        return (
-            f"its replay of {r.rate:g} req/s gives {r.key} {r.model:g} ms where {r.measured:g} ms was measured "
-            f"(its interval [{figure_text(r.key, r.low)}, {figure_text(r.key, r.high)}])"
-        )
-    return systematic_error(fit.replay)
 
 
 def _answer_of(
@@ -468,8 +451,13 @@ def _refuted(
     systematic error that ``harmless`` does not clear."""
     if any(p.preempted for p in probes) and not fit.engine.kv_capacity_tokens:
         return "the server preempted requests and did not state its KV pool: KV-cache pressure is not in the model"
-    if any(not r.inside for r in fit.replay):
-        return _replay_refusal(fit)
+    bad = [r for r in fit.replay if not r.inside]
+    if bad:
+        r = bad[0]
+        return (
+            f"its replay of {r.rate:g} req/s gives {r.key} {r.model:g} ms where {r.measured:g} ms was measured "
+            f"(its interval [{figure_text(r.key, r.low)}, {figure_text(r.key, r.high)}])"
+        )
     bias = systematic_bias(fit.replay)
     if bias is not None and harmless is not None and harmless(bias):
         return ""

@@ -148,22 +148,6 @@ BIAS_PROBES = 5
 BIAS_SHARE = 0.05
 
 
-def disagreement(replay: Sequence[ReplayRow]) -> int:
-    """How far a replay is from the checks an answer must pass (:func:`tailgate.slo.replay.model_answer`): 0 when
-    every probe's percentile replays inside its interval or close and no limit's leans one way at every probe, 1
-    when some probe's replays outside but none leans, 2 when one leans."""
-    if systematic_bias(replay) is not None:
-        return 2
-    return 0 if all(r.inside for r in replay) else 1
-
-
-def most_agreeing(fits: Sequence[tuple[float, ServiceFit]]) -> list[tuple[float, ServiceFit]]:
-    """The fits whose replay is nearest to passing the checks (:func:`disagreement`): the choice among them is then
-    the score's."""
-    least = min((disagreement(f[1].replay) for f in fits), default=0)
-    return [f for f in fits if disagreement(f[1].replay) == least]
-
-
 def systematic_bias(replay: Sequence[ReplayRow]) -> tuple[str, float, int] | None:
     """(percentile key, mean relative error, probes) of the first limit whose replay is on one side of the measured
     percentile at every probe, by :data:`BIAS_SHARE` or more on average; None when no limit's is."""
@@ -242,12 +226,12 @@ def fit_service(
     limits: Mapping[str, float] | None = None,
     chunks: Sequence[int] = CHUNK_CHOICES,
     *,
-    agreeing: bool = False,
+    unbiased: bool = False,
 ) -> ServiceFit | None:
     """Fit the step loop to every probe's streams: of the candidate costs (:func:`fit_costs`), each with the slot
     count and prefill policy (of ``chunks``: :func:`prefill_choices`) that replay it best and its prefill cost
-    calibrated, the one that replays best. ``agreeing``: of the fits whose replay comes nearest to passing the checks
-    (:func:`most_agreeing`), each slot count tried as a candidate of its own."""
+    calibrated, the one that replays best. ``unbiased``: of the fits whose replay is not on one side of every
+    probe (:func:`systematic_bias`), wherever there is one, each slot count tried as a candidate of its own."""
     streams = sum(len(a) for p in probes for a in p.attempts)
     peak = max((max_concurrency(a) for p in probes for a in p.attempts), default=0)
     pools = [p.kv_capacity_tokens for p in probes if p.kv_capacity_tokens]
@@ -255,18 +239,18 @@ def fit_service(
     fits: list[tuple[float, ServiceFit]] = []
     for cost in fit_costs([p.attempts for p in sorted(probes, key=lambda p: p.rate)]):
         found_fits = _policy(cost, peak, probes, q, metrics, streams, kv, limits, chunks)
-        for found in found_fits if agreeing else found_fits[:1]:
-            tried = _calibrated(found, probes, q, metrics, limits, agreeing=agreeing)
+        for found in found_fits if unbiased else found_fits[:1]:
+            tried = _calibrated(found, probes, q, metrics, limits, unbiased=unbiased)
             if tried is not None:
                 fits.append(tried)
     if not fits:
         return None
-    # a fit whose replay lies on one side of what was measured at every probe, or outside a probe's interval, is off
-    # by more than its noise, however small its score (asked for where the best score's model was refused for it:
-    # :func:`replay.model_answer`)
-    best = min(most_agreeing(fits) if agreeing else fits, key=lambda f: f[0])
-    noisy = _with_noise(best, probes, q, metrics, limits, agreeing=agreeing)
-    return _mechanisms(noisy, probes, q, metrics, limits, agreeing=agreeing)
+    # a fit whose replay lies on one side of what was measured at every probe is off by more than its noise, however
+    # small its score (asked for where the best score's model was refused for it: :func:`replay.model_answer`)
+    both_sides = [f for f in fits if systematic_bias(f[1].replay) is None] if unbiased else []
+    best = min(both_sides or fits, key=lambda f: f[0])
+    noisy = _with_noise(best, probes, q, metrics, limits, unbiased=unbiased)
+    return _mechanisms(noisy, probes, q, metrics, limits, unbiased=unbiased)
 
 
 def _with_noise(
@@ -276,7 +260,7 @@ def _with_noise(
     metrics: Sequence[str],
     limits: Mapping[str, float] | None,
     *,
-    agreeing: bool = False,
+    unbiased: bool = False,
 ) -> tuple[float, ServiceFit]:
     """The fitted engine with the spread of lone requests' TTFT (:mod:`tailgate.slo.ttftnoise`), where replaying
     the probes with it comes nearer to what was measured; else as it was."""
@@ -287,9 +271,9 @@ def _with_noise(
     engine = replace(fit.engine, frontend_noise=delays)
     rep, fit_score = replay_fit(engine, probes, q, metrics, limits)
     tried = fit_score + SLOTS_MARGIN * len(rep)
-    # a lower score is not worth a replay further from passing the checks
-    worse = agreeing and disagreement(rep) > disagreement(fit.replay)
-    if not rep or tried >= score or worse:
+    # a lower score is not worth a replay that is off to one side at every probe
+    biased = unbiased and systematic_bias(rep) is not None and systematic_bias(fit.replay) is None
+    if not rep or tried >= score or biased:
         return best
     return tried, ServiceFit(engine, fit.slots_reached, fit.streams, rep)
 
@@ -328,14 +312,13 @@ def _calibrated(
     metrics: Sequence[str],
     limits: Mapping[str, float] | None = None,
     *,
-    agreeing: bool = False,
+    unbiased: bool = False,
 ) -> tuple[float, ServiceFit] | None:
     """The prefill cost is the least determined (it rides on a few long prompts per span, and a direct measure
     holds only where prompts are not chunked) and the most visible in TTFT: it is calibrated by the replay, the
-    fitted value kept unless clearly worse. ``agreeing``: a cost whose replay lies on one side of every probe's
-    percentile, or outside a probe's interval, is taken only where every cost tried does (one overloaded probe's
-    queue may score best a prefill cost that is short everywhere else: a lent H100 with its KV pool, 9-20% short at
-    five probes of six)."""
+    fitted value kept unless clearly worse. ``unbiased``: a cost whose replay lies on one side of every probe's
+    percentile is taken only where every cost tried does (one overloaded probe's queue may score best a prefill
+    cost that is short everywhere else: a lent H100 with its KV pool, 9-20% short at five probes of six)."""
     if found is None:
         return None
     fit = found[1]
@@ -350,8 +333,9 @@ def _calibrated(
             tried_fits.append(
                 (fit_score + SLOTS_MARGIN * len(rep), ServiceFit(engine, fit.slots_reached, fit.streams, rep))
             )
+    both_sides = [f for f in tried_fits if systematic_bias(f[1].replay) is None] if unbiased else []
     # the fitted value first among equals: another must be better to replace it
-    return min(most_agreeing(tried_fits) if agreeing else tried_fits, key=lambda f: f[0])
+    return min(both_sides or tried_fits, key=lambda f: f[0])
 
 
 def _mechanisms(
@@ -361,7 +345,7 @@ def _mechanisms(
     metrics: Sequence[str],
     limits: Mapping[str, float] | None,
     *,
-    agreeing: bool = False,
+    unbiased: bool = False,
 ) -> ServiceFit:
     """How the engine takes in requests: composing each step when the one before it starts (asynchronous
     scheduling) or at its own start, and a front end that tokenizes prompts one at a time or side by side. Both
@@ -385,10 +369,9 @@ def _mechanisms(
             if rep:
                 tried[(serial, sched)] = (fit_score, ServiceFit(engine, fit.slots_reached, fit.streams, rep))
     # the fitted combination is handicapped by the margin: another must be clearly better to replace it
-    # and (agreeing) one whose replay is further from passing the checks only where every combination's is
-    least = min(disagreement(v[1].replay) for v in tried.values())
-    kept = {k: v for k, v in tried.items() if disagreement(v[1].replay) == least} if agreeing else tried
-    (serial, sched), (chosen_score, chosen) = min(kept.items(),
+    # and (unbiased) one whose replay is off to one side at every probe only where every combination's is
+    both_sides = {k: v for k, v in tried.items() if systematic_bias(v[1].replay) is None} if unbiased else {}
+    (serial, sched), (chosen_score, chosen) = min((both_sides or tried).items(),
                                                   key=lambda kv: kv[1][0] - margin * (kv[0] == fitted))  # fmt: skip
     other = tried.get((not serial, sched))
     if other is not None and other[0] <= chosen_score + margin:
