@@ -7,9 +7,11 @@ chunked framing, SSE, the template check), so a change to it can be measured on 
 time is far less disturbed by other work than latency is.
 
     python benchmarks/read_path.py [--rate 200] [--n 600] [--tokens 100] [--stamp kernel] [--repeat 3]
+                                                         # also the share of that CPU spent in the kernel
     python benchmarks/read_path.py --profile 25          # the 25 costliest functions (cProfile)
     python benchmarks/read_path.py --records             # what encoding one record costs, per encoder
     python benchmarks/read_path.py --take                # one read's handling alone, no socket (ns per read)
+    python benchmarks/read_path.py --floor               # the same streams read by a client that parses nothing
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from gevent import monkey
 
 monkey.patch_all()
 
+import gevent  # noqa: E402
+
 import argparse  # noqa: E402
 import cProfile  # noqa: E402
 import json  # noqa: E402
 import pstats  # noqa: E402
 import random  # noqa: E402
+import resource  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
@@ -90,6 +95,60 @@ def take_alone(tokens: int, streams: int = 3000, repeat: int = 5) -> None:
     print(f"take alone, {tokens}-chunk streams: {best:.0f} ns per read")
 
 
+def floor_streams(base_url: str, rate: float, n: int, tokens: int) -> tuple[float, int]:
+    """The least a gevent client can spend per read on the same workload: the same request on a fresh connection,
+    then, in the I/O watcher's callback, one ``recvmsg`` with the kernel's receive stamp and nothing else (no
+    framing, no SSE, no timing), until the chunked body's end. What :func:`run_once` costs above this is the
+    project's own handling; this much is the interpreter, the event loop and the kernel's. (CPU seconds, reads)."""
+    from gevent import get_hub
+    from gevent.event import Event
+    from gevent.pool import Group
+
+    import socket
+
+    from tailgate.load.client import Target, build_payload, build_request
+    from tailgate.load.rxstamp import SO_TIMESTAMPNS, SOL_SOCKET, TS_SPACE
+    from tailgate.verify.calibrate import cpu_s
+    from tailgate.verify.groundtruth import DEFAULT_MODEL
+
+    target = Target.parse(base_url)
+    request = build_request(target, build_payload(DEFAULT_MODEL, "hello " * 8, tokens))
+    hub, reads = get_hub(), [0]
+
+    def one() -> None:
+        sock = socket.create_connection((target.host, target.port))
+        sock.setsockopt(SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        sock.sendall(request)
+        raw, done, tail = sock._sock, Event(), [b""]  # type: ignore[attr-defined]
+        watcher = hub.loop.io(sock.fileno(), 1)
+
+        def readable() -> None:
+            try:
+                data, _ancillary, _, _ = raw.recvmsg(65536, TS_SPACE)
+            except BlockingIOError:
+                return
+            reads[0] += 1
+            tail[0] = (tail[0] + data)[-5:]
+            if not data or tail[0] == b"0\r\n\r\n":
+                watcher.stop()
+                done.set()
+
+        watcher.start(readable)
+        done.wait()
+        watcher.close()
+        sock.close()
+
+    group = Group()
+    start, t0 = cpu_s(), time.perf_counter()
+    for i in range(n):
+        delay = t0 + i / rate - time.perf_counter()
+        if delay > 0:
+            gevent.sleep(delay)
+        group.spawn(one)
+    group.join()
+    return cpu_s() - start, reads[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=float, default=200.0)
@@ -100,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=0, help="print this many costliest functions of one more run")
     p.add_argument("--records", action="store_true", help="time encoding a record instead of reading streams")
     p.add_argument("--take", action="store_true", help="time one read's handling alone, without a socket")
+    p.add_argument("--floor", action="store_true", help="also read the same streams by a client that parses nothing")
     args = p.parse_args(argv)
     if args.records:
         record_encoding(args.tokens)
@@ -109,16 +169,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with start_server_process(ttft_ms=20, gap_ms=10) as server:
         run_once(server.base_url, args.rate, min(args.n, 50), args.tokens, args.stamp)  # warm: imports, first use
-        per_chunk = []
+        per_chunk, system_share = [], []
         for _ in range(args.repeat):
+            before = resource.getrusage(resource.RUSAGE_SELF)
             used, chunks = run_once(server.base_url, args.rate, args.n, args.tokens, args.stamp)
+            after = resource.getrusage(resource.RUSAGE_SELF)
             per_chunk.append(used / chunks * 1e6)
+            system_share.append((after.ru_stime - before.ru_stime) / max(used, 1e-9))
         print(
             f"read path, {args.stamp} stamp, {args.rate:g} req/s x {args.tokens} chunks: CPU per chunk "
-            f"{' / '.join(f'{v:.1f}' for v in per_chunk)} us (median {statistics.median(per_chunk):.1f})"
+            f"{' / '.join(f'{v:.1f}' for v in per_chunk)} us (median {statistics.median(per_chunk):.1f}); "
+            f"in the kernel {' / '.join(f'{v:.0%}' for v in system_share)} of it (the rest in this process's code)"
         )
+        if args.floor:
+            floor = [floor_streams(server.base_url, args.rate, args.n, args.tokens) for _ in range(args.repeat)]
+            per_read = [used / count * 1e6 for used, count in floor]
+            print(
+                f"floor (one recvmsg with its stamp per callback, nothing parsed; {floor[0][1] / args.n:.0f} reads "
+                f"a stream): CPU per read {' / '.join(f'{v:.1f}' for v in per_read)} us "
+                f"(median {statistics.median(per_read):.1f})"
+            )
         if args.profile:
-            prof = cProfile.Profile()
+            prof = cProfile.Profile(time.process_time)  # CPU time: a wait in the hub is not charged to its caller
             prof.enable()
             run_once(server.base_url, args.rate, args.n, args.tokens, args.stamp)
             prof.disable()
