@@ -20,7 +20,6 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import gevent  # noqa: E402
 
 import argparse  # noqa: E402
 import cProfile  # noqa: E402
@@ -102,13 +101,12 @@ def floor_streams(base_url: str, rate: float, n: int, tokens: int) -> tuple[floa
     project's own handling; this much is the interpreter, the event loop and the kernel's. (CPU seconds, reads)."""
     from gevent import get_hub
     from gevent.event import Event
-    from gevent.pool import Group
 
     import socket
 
     from tailgate.load.client import Target, build_payload, build_request
     from tailgate.load.rxstamp import SO_TIMESTAMPNS, SOL_SOCKET, TS_SPACE
-    from tailgate.verify.calibrate import cpu_s
+    from tailgate.verify.calibrate import open_loop_cpu_s
     from tailgate.verify.groundtruth import DEFAULT_MODEL
 
     target = Target.parse(base_url)
@@ -138,15 +136,7 @@ def floor_streams(base_url: str, rate: float, n: int, tokens: int) -> tuple[floa
         watcher.close()
         sock.close()
 
-    group = Group()
-    start, t0 = cpu_s(), time.perf_counter()
-    for i in range(n):
-        delay = t0 + i / rate - time.perf_counter()
-        if delay > 0:
-            gevent.sleep(delay)
-        group.spawn(one)
-    group.join()
-    return cpu_s() - start, reads[0]
+    return open_loop_cpu_s(one, n, rate), reads[0]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -104,11 +104,8 @@ def results_folder(entry: dict[str, Any], scratch: Path) -> Path:
     return target / folder
 
 
-def score(entry: dict[str, Any], args: argparse.Namespace, scratch: Path) -> Scored | str:
-    """One search refitted and scored, or why it cannot be."""
-    truth = (entry["truth"][0], entry["truth"][1])
-    if truth == (None, None):
-        return "no long-run truth of this engine and SLO"
+def catalogued(entry: dict[str, Any], scratch: Path) -> tuple[Path, dict[str, Any], dict[str, Any]] | str:
+    """A catalogued search's results folder, its ``slo.json`` and the configuration the entry names, or why not."""
     folder = results_folder(entry, scratch)
     state_file = folder / "slo.json"
     if not state_file.is_file():
@@ -117,6 +114,18 @@ def score(entry: dict[str, Any], args: argparse.Namespace, scratch: Path) -> Sco
     config = next((c for c in state.get("configs", []) if c.get("name") == entry["config"]), None)
     if config is None:
         return f"no configuration {entry['config']!r} in its slo.json"
+    return folder, state, config
+
+
+def score(entry: dict[str, Any], args: argparse.Namespace, scratch: Path) -> Scored | str:
+    """One search refitted and scored, or why it cannot be."""
+    truth = (entry["truth"][0], entry["truth"][1])
+    if truth == (None, None):
+        return "no long-run truth of this engine and SLO"
+    found = catalogued(entry, scratch)
+    if isinstance(found, str):
+        return found
+    folder, state, config = found
     # a search that ran under older verdict rules is answered with what its probes support under this tree's
     # (``measured_now``, read by ``slo_reread.py``): the model narrows that bracket, not the one the search printed
     now = entry.get("measured_now", entry["measured"])
@@ -201,6 +210,21 @@ def rescored(path: Path, entries: list[dict[str, Any]]) -> list[Scored]:
     return out
 
 
+def selected(parser: argparse.ArgumentParser, only: str, engine: str) -> list[dict[str, Any]]:
+    """The catalogue's searches named by ``--only`` (comma-separated; every one when empty) of ``--engine`` (H100,
+    H200 or CPU; any when empty); a name not in the catalogue ends the command with a one-line message."""
+    entries: list[dict[str, Any]] = json.loads(CATALOGUE.read_text())["searches"]
+    wanted = {n for n in only.split(",") if n}
+    unknown = wanted - {e["name"] for e in entries}
+    if unknown:
+        parser.error(f"not in {CATALOGUE.name}: {', '.join(sorted(unknown))}")
+    return [
+        e
+        for e in entries
+        if (not wanted or e["name"] in wanted) and (not engine or kind(e["engine"]) == engine.upper())
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default="", help="comma-separated search names from the catalogue")
@@ -211,13 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scored", type=Path, default=None,
                    help="no refits: score an earlier --json's answers against the catalogue's truths")  # fmt: skip
     args = p.parse_args(argv)
-    entries = json.loads(CATALOGUE.read_text())["searches"]
-    wanted = {n for n in args.only.split(",") if n}
-    unknown = wanted - {e["name"] for e in entries}
-    if unknown:
-        p.error(f"not in {CATALOGUE.name}: {', '.join(sorted(unknown))}")
-    entries = [e for e in entries if (not wanted or e["name"] in wanted)
-               and (not args.engine or kind(e["engine"]) == args.engine.upper())]  # fmt: skip
+    entries = selected(p, args.only, args.engine)
     scored: list[Scored] = []
     if args.scored is not None:
         if not args.scored.is_file():

@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.slo_coverage_real import CATALOGUE, kind, results_folder  # noqa: E402
+from benchmarks.slo_coverage_real import catalogued, kind, selected  # noqa: E402
 from benchmarks.slo_refit import load_search  # noqa: E402
 from tailgate.slo.replay import FLOOR  # noqa: E402
 from tailgate.slo.servicefit import fit_service  # noqa: E402
@@ -46,13 +46,11 @@ def side(m: WindowMatch) -> str:
 
 
 def windows_of(entry: dict[str, Any], scratch: Path) -> dict[str, Any] | str:
-    folder = results_folder(entry, scratch)
-    state_file = folder / "slo.json"
-    if not state_file.is_file():
-        return f"no slo.json in {entry['archive']}"
-    state = json.loads(state_file.read_text())
-    config = next((c for c in state.get("configs", []) if c.get("name") == entry["config"]), None)
-    search = None if config is None else load_search(folder, config, state["plan"])
+    found = catalogued(entry, scratch)
+    if isinstance(found, str):
+        return found
+    folder, state, config = found
+    search = load_search(folder, config, state["plan"])
     if search is None:
         return "no fittable configuration"
     fit = fit_service(search.probes, search.q, list(search.limits), search.limits, search.chunks)
@@ -72,14 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", default="", help="H100, H200 or CPU: that engine's searches only")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
-    entries = json.loads(CATALOGUE.read_text())["searches"]
-    wanted = {n for n in args.only.split(",") if n}
-    unknown = wanted - {e["name"] for e in entries}
-    if unknown:
-        p.error(f"not in {CATALOGUE.name}: {', '.join(sorted(unknown))}")
     scored = {row["name"]: row for row in json.loads(SCORED.read_text())} if SCORED.is_file() else {}
-    entries = [e for e in entries if (not wanted or e["name"] in wanted) and e["name"] in scored
-               and (not args.engine or kind(e["engine"]) == args.engine.upper())]  # fmt: skip
+    entries = [e for e in selected(p, args.only, args.engine) if e["name"] in scored]
     out = []
     print("| search | answer (scored) | windows | wholly under 0.96 | wholly over 1.04 | those windows |")
     print("|---|---|---:|---:|---:|---|")

@@ -29,7 +29,7 @@ import os  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from tailgate.jsontypes import JsonObject  # noqa: E402
@@ -58,6 +58,21 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def open_loop_cpu_s(one: Callable[[], None], n: int, rate: float) -> float:
+    """``n`` greenlets of ``one`` started at ``rate`` (even spacing, open loop: none waits for another), then all
+    joined; this process's CPU seconds meanwhile."""
+    group = Group()
+    start = cpu_s()
+    t0 = time.perf_counter()
+    for i in range(n):
+        delay = t0 + i / rate - time.perf_counter()
+        if delay > 0:
+            gevent.sleep(delay)
+        group.spawn(one)
+    group.join()
+    return cpu_s() - start
+
+
 def timed_streams(
     base_url: str, n: int, rate: float = RATE, tokens: int = TOKENS, stamp: str = "kernel"
 ) -> tuple[float, int]:
@@ -65,7 +80,6 @@ def timed_streams(
     and content chunks read. Raises RuntimeError naming a failure: a failed stream's CPU is not a chunk's."""
     target = Target.parse(base_url)
     request = build_request(target, build_payload(DEFAULT_MODEL, "hello " * 8, tokens))
-    group = Group()
     timings: list[StreamTiming] = []
 
     def one() -> None:
@@ -76,15 +90,7 @@ def timed_streams(
     quiet = QuietCollector()  # as in a load process's stage: no collection while streams are timed
     quiet.start()
     try:
-        start = cpu_s()
-        t0 = time.perf_counter()
-        for i in range(n):
-            delay = t0 + i / rate - time.perf_counter()
-            if delay > 0:
-                gevent.sleep(delay)
-            group.spawn(one)
-        group.join()
-        used = cpu_s() - start
+        used = open_loop_cpu_s(one, n, rate)
     finally:
         quiet.end()
     failed = [t.error_class for t in timings if t.error_class]
