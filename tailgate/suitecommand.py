@@ -34,10 +34,10 @@ from tailgate.optiontable import (
 from tailgate.resultfiles import SUITE_META, WRITE_PROBE, writable_folder_problem
 from tailgate.serverconfigs import CONFIGS, declared_flags, names_text, option_text, server_flags
 from tailgate.servers.spec import (
-    EMBEDDED_KIND,
     SERVER_KINDS,
     ServerSpec,
     add_server_arguments,
+    embedded_server_problem,
     make_controller,
     server_kind_of,
     server_spec,
@@ -279,9 +279,9 @@ def _check_same_plan(root: Path, plan: Any) -> None:
 
 def validate_suite_args(args: argparse.Namespace) -> tuple[Any, list[str], Path, str | None]:
     """Every check that needs no server: plan, configurations, controller options, results folder."""
-    if args.embedded and args.server is not None and SERVER_KINDS[args.server] is not EMBEDDED_KIND:
-        raise OptionError(f"--server: --embedded starts its own CPU server; it cannot be combined "
-                          f"with --server {args.server}")  # fmt: skip
+    problem = embedded_server_problem(args)
+    if problem:
+        raise OptionError(problem)
     if not args.embedded and args.server is None:
         raise OptionError(f"--server: say who runs the server ({', '.join(SERVER_KINDS)}), or use --embedded")
     kind = server_kind_of(args)

@@ -759,6 +759,7 @@ def test_resume_refuses_a_damaged_slo_json_in_one_line(tmp_path: Path) -> None:
         (["--slo", "ttft_p99<=1s", "--server", "url", "--n", "10", "--warmup", "25"], "--n"),
         (["--slo", "ttft_p99<=1s", "--server", "url", "--trace-file", "/nonexistent/t.jsonl"], "--trace-file"),
         (["--slo", "ttft_p99<=1s", "--server", "warp"], "--server"),
+        (["--slo", "ttft_p99<=1s", "--embedded", "--server", "url"], "--embedded"),
         (["--slo", "ttft_p99<=1s", "--server", "url", "--locust-arg=--prompts=dataset"], "--dataset"),
         (["--slo", "ttft_p99<=1s", "--server", "url", "--locust-arg=--prompts=bogus"], "--prompts"),
     ],

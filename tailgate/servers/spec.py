@@ -150,6 +150,16 @@ EMBEDDED_KIND = SERVER_KINDS["local"]
 """The kind ``--embedded`` means: the CPU vLLM of this machine."""
 
 
+def embedded_server_problem(args: argparse.Namespace) -> str | None:
+    """``--embedded`` starts this machine's CPU server: another ``--server`` beside it would be silently set aside
+    (a search meant for a float32 server started by ``tailgate serve`` measuring a fresh bfloat16 one instead)."""
+    named = SERVER_KINDS.get(args.server) if getattr(args, "server", None) else None
+    if getattr(args, "embedded", False) and named is not None and named is not EMBEDDED_KIND:
+        return (f"--server: --embedded starts its own CPU server; it cannot be combined with --server {named.name} "
+                "(give that server's rates and --n instead of --embedded)")  # fmt: skip
+    return None
+
+
 def server_kind_of(args: argparse.Namespace) -> ServerKind | None:
     """The kind the parsed options ask for (``--embedded`` is the local one); None: neither was given."""
     if getattr(args, "embedded", False):

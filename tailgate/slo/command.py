@@ -27,6 +27,7 @@ from tailgate.servers.spec import (
     SERVER_KINDS,
     add_server_arguments,
     check_setup,
+    embedded_server_problem,
     make_controller,
     server_kind_of,
     server_spec,
@@ -338,6 +339,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         plan = build_plan(args)
+        problem = embedded_server_problem(args)
+        if problem:
+            raise SloError(problem)
         if not args.embedded and args.server is None:
             raise SloError(f"--server: say who runs the server ({', '.join(SERVER_KINDS)}) or use --embedded")
         kind = server_kind_of(args)
