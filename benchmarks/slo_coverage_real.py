@@ -10,9 +10,10 @@ run under older verdict rules, ``measured_now``: what its probes support under t
 ``slo_reread.py``). An answer *holds* where no side of the truth contradicts it (it does not end under a rate
 that passed, nor start at or over one that failed); it is *closed* where both its ends are rates; the issue's
 count is closed and holding. What a refit cannot show: the confirmation probes a live search with this tree
-would choose and run after the fit. Those a kept search ran (chosen by the tree that ran it) are fitted as
-ordinary probes, then judged as this tree judges a refit after a contradiction: a refitted model they still
-contradict is refused, and the answer is the measured bracket.
+would choose and run after the fit, so the last column says what this tree prints from the same probes
+alone: the measured bracket (an untested model is "not confirmed"). Those a kept search ran (chosen by the tree
+that ran it) are fitted as ordinary probes, then judged as this tree judges a refit after a contradiction: a
+refitted model they still contradict is refused, and the answer is the measured bracket.
 
 Run: ``python benchmarks/slo_coverage_real.py [--only NAME,...] [--engine H100|H200|CPU] [--replicates 8]
 [--requests 10000] [--json out.json]`` (2-7 minutes of two cores per search; searches without any side of a truth,
@@ -63,6 +64,16 @@ class Scored:
     @property
     def closed(self) -> bool:
         return self.answer[0] is not None and self.answer[1] is not None
+
+    @property
+    def printed_holds(self) -> bool:
+        """What this tree prints from these probes alone holds: a refit no probe tested after its fit is not
+        confirmed (``settle_confirmed``), so the tree prints the measured bracket, whatever the model says."""
+        return holds(self.measured, self.truth)
+
+    @property
+    def printed_closed(self) -> bool:
+        return self.measured[0] is not None and self.measured[1] is not None
 
     @property
     def width(self) -> float | None:
@@ -179,8 +190,11 @@ def line(s: Scored) -> str:
 
 
 def table(scored: list[Scored]) -> str:
+    """Per engine: the refitted model's answers (a prediction no probe tested after the fit), and what this tree
+    would print from the same probes (the measured bracket: an untested model is not printed)."""
     out = ["| engine | searches | closed and holding | holding, open | missing | answers from the model | median "
-           "width (closed) | median probing |", "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+           "width (closed) | median probing | printed from these probes: holding (closed) |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name in ("H100", "H200", "CPU", "other"):
         group = [s for s in scored if kind(s.engine) == name]
         if not group:
@@ -191,7 +205,8 @@ def table(scored: list[Scored]) -> str:
         probing = f"{statistics.median(times) / 60:.1f} min" if times else "-"
         out.append(f"| {name} | {len(group)} | {sum(s.closed and s.holds for s in group)} | "
                    f"{sum(s.holds and not s.closed for s in group)} | {sum(not s.holds for s in group)} | "
-                   f"{sum(s.source == 'model' for s in group)} | {med} | {probing} |")  # fmt: skip
+                   f"{sum(s.source == 'model' for s in group)} | {med} | {probing} | "
+                   f"{sum(s.printed_holds for s in group)} ({sum(s.printed_closed for s in group)}) |")  # fmt: skip
     return "\n".join(out)
 
 
