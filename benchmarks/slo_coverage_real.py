@@ -11,7 +11,8 @@ run under older verdict rules, ``measured_now``: what its probes support under t
 that passed, nor start at or over one that failed); it is *closed* where both its ends are rates; the issue's
 count is closed and holding. What a refit cannot show: the confirmation probes a live search with this tree
 would choose and run after the fit, so the last column says what this tree prints from the same probes
-alone: the measured bracket (an untested model is "not confirmed"). Those a kept search ran (chosen by the tree
+alone: the measured bracket (an untested model is "not confirmed"), or, for a search this tree's decision code
+ran, the answer it printed live (``live_answer``). Those a kept search ran (chosen by the tree
 that ran it) are fitted as ordinary probes, then judged as this tree judges a refit after a contradiction: a
 refitted model they still contradict is refused, and the answer is the measured bracket.
 
@@ -56,6 +57,9 @@ class Scored:
     capacity: float | None
     why: str
     probing_s: float | None
+    live: Bracket | None = None
+    """The answer the search printed live, where its decision code is this tree's (``live_answer``): a model that
+    its own confirmation probes, chosen after the fit, let stand; None: an older tree's search."""
 
     @property
     def holds(self) -> bool:
@@ -66,14 +70,18 @@ class Scored:
         return self.answer[0] is not None and self.answer[1] is not None
 
     @property
+    def printed(self) -> Bracket:
+        """What this tree prints from these probes: the live answer of a search it ran; else the measured bracket,
+        since a refit no probe tested after its fit is not confirmed (``settle_confirmed``)."""
+        return self.live if self.live is not None else self.measured
+
+    @property
     def printed_holds(self) -> bool:
-        """What this tree prints from these probes alone holds: a refit no probe tested after its fit is not
-        confirmed (``settle_confirmed``), so the tree prints the measured bracket, whatever the model says."""
-        return holds(self.measured, self.truth)
+        return holds(self.printed, self.truth)
 
     @property
     def printed_closed(self) -> bool:
-        return self.measured[0] is not None and self.measured[1] is not None
+        return self.printed[0] is not None and self.printed[1] is not None
 
     @property
     def width(self) -> float | None:
@@ -157,7 +165,12 @@ def score(entry: dict[str, Any], args: argparse.Namespace, scratch: Path) -> Sco
         answer, source = measured, "measured"
     why = refused or str(fitted.get("why") or "no fitted model (no streams, or limits at different percentiles)")
     return Scored(entry["name"], entry["engine"], truth, measured, answer, source, fitted.get("capacity"), why,
-                  entry.get("probing_s"))  # fmt: skip
+                  entry.get("probing_s"), live_of(entry))  # fmt: skip
+
+
+def live_of(entry: dict[str, Any]) -> Bracket | None:
+    live = entry.get("live_answer")
+    return None if live is None else (live[0], live[1])
 
 
 def own_confirmations_refuse(fitted: ModelAnswer, config: dict[str, Any], search: Search) -> str:
@@ -186,6 +199,9 @@ def line(s: Scored) -> str:
            f"({s.source}{width}): {'holds' if s.holds else 'MISSES'}{'' if s.closed else ', open'}")  # fmt: skip
     if s.source == "measured":
         out += f"\n{'':<27}model: {s.capacity} req/s, not used: {s.why[:160]}"
+    if s.live is not None:
+        verdict = "holds" if s.printed_holds else "MISSES"
+        out += f"\n{'':<27}printed live by this tree: {text(s.live)}: {verdict}"
     return out
 
 
@@ -221,7 +237,8 @@ def rescored(path: Path, entries: list[dict[str, Any]]) -> list[Scored]:
             continue
         out.append(Scored(row["name"], entry["engine"], (entry["truth"][0], entry["truth"][1]),
                           (row["measured"][0], row["measured"][1]), (row["answer"][0], row["answer"][1]),
-                          row["source"], row["capacity"], row["why"], entry.get("probing_s")))  # fmt: skip
+                          row["source"], row["capacity"], row["why"], entry.get("probing_s"),
+                          live_of(entry)))  # fmt: skip
     return out
 
 
