@@ -67,7 +67,7 @@ class Scored:
 
     @property
     def closed(self) -> bool:
-        return self.answer[0] is not None and self.answer[1] is not None
+        return is_closed(self.answer)
 
     @property
     def printed(self) -> Bracket:
@@ -81,7 +81,7 @@ class Scored:
 
     @property
     def printed_closed(self) -> bool:
-        return self.printed[0] is not None and self.printed[1] is not None
+        return is_closed(self.printed)
 
     @property
     def width(self) -> float | None:
@@ -90,6 +90,11 @@ class Scored:
         if low is None or high is None or low + high <= 0:
             return None
         return (high - low) / ((high + low) / 2.0)
+
+
+def is_closed(bracket: Bracket) -> bool:
+    """Both ends are rates: an answer that says where the capacity lies, not only on which side of a probe."""
+    return bracket[0] is not None and bracket[1] is not None
 
 
 def holds(answer: Bracket, truth: Bracket) -> bool:
