@@ -22,7 +22,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.slo_refit import load_search, read_state
-from tailgate.slo.confirm import Side, confirmation_rates, judge
+from tailgate.slo.confirm import ConfirmationRecord, Pooled, Side, confirmation_rates, judge, settle_confirmed
 from tailgate.slo.replay import model_answer
 from tailgate.slo.windowmatch import matches_at
 
@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         below, above = confirmation_rates(answer.low, answer.high)
         claimed = (answer.low / answer.capacity, answer.high / answer.capacity)
         by_rate = {pr.rate: pr for pr in tested.probes}
+        record, windows = ConfirmationRecord(), []
         for entry in round_:
             rate = float(entry["rate"])
             probe = by_rate.get(rate)
@@ -85,10 +86,21 @@ def main(argv: list[str] | None = None) -> int:
             verdict = str(entry.get("verdict") or "not_enough_data")
             matches = matches_at(answer.fit.engine, [probe], fitted_on.q, list(fitted_on.limits), fitted_on.limits)
             c = judge(rate, side, verdict, matches, claimed)
+            record.confirmations.append(c)
+            windows.append(probe)
+            passed += [rate] if verdict == "pass" else []
+            failed += [rate] if verdict == "fail" else []
             print(f"  {rate:g} req/s ({side}; this refit would test {above:g} and {below:g}): measured "
                   f"{verdict.replace('_', ' ')}; {c.outcome.replace('_', ' ')}: {c.why}")  # fmt: skip
             for m in matches:
                 print(f"    window: {m.text()} (its p99 rises {m.load_spread:.2f}x across the scan)")
+        if len(windows) > 1:
+            pooled = matches_at(answer.fit.engine, windows, fitted_on.q, list(fitted_on.limits), fitted_on.limits)
+            record.pooled.append(Pooled(1, claimed, pooled))
+            print(f"  both windows: {record.pooled[-1].text()}")
+        settled = settle_confirmed(answer, record, (max(passed, default=None), min(failed, default=None)))
+        said = f"[{settled.low:.3f}, {settled.high:.3f}]" if settled.usable else "the measured bracket"
+        print(f"  the answer from this round: {said} ({settled.why})")
     return 0
 
 

@@ -33,7 +33,16 @@ from tailgate.slo.servicefit import Probe, ServiceFit, probes_of
 from tailgate.slo.spec import EXIT_NOT_MET, EXIT_OK, EXIT_UNDECIDED
 from tailgate.slo.state import ConfigSearch, ProbeEntry
 from tailgate.slo.stepfit import Stream
-from tailgate.slo.windowmatch import WindowMatch, matches_at, window_blocks, window_match
+from tailgate.slo.windowmatch import (
+    EVENT_GAP_S,
+    WindowMatch,
+    matches_at,
+    sign_ranks,
+    sign_ranks_needed,
+    tail_events,
+    window_blocks,
+    window_match,
+)
 from tailgate.stats import measured_records
 from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
 
@@ -109,6 +118,43 @@ def test_a_model_three_percent_off_within_its_claim_stands(windows: dict[float, 
         side = "above" if rate > NEAR else "below"
         c = judge(rate, side, verdict, matches_at(model, [probe], 0.99, ["ttft"], LIMITS), (0.90, 1.06))
         assert c.outcome == "confirmed", c.why
+
+
+def test_the_sign_test_ranks_are_the_tables() -> None:
+    """[x_(l), x_(k+1-l)] covers a median at the level asked: k=10 -> l=2 and k=20 -> l=6 at 95% (the
+    textbook table); at each window's 97.5% no interval from 6 draws, one from 7."""
+    assert sign_ranks(10, 0.95) == 2 and sign_ranks(20, 0.95) == 6
+    assert sign_ranks(6, 0.975) is None and sign_ranks(7, 0.975) == 1 and sign_ranks_needed() == 7
+
+
+def test_tail_events_chain_moments_closer_than_the_gap_and_count_the_models_tail_too() -> None:
+    """One queue episode is one event however many requests it delayed; a request only the model puts in the tail
+    is an event of its own (a model too slow there must show)."""
+    streams = [Stream(float(i), float(i) + 0.1, float(i) + 1.0, 100, 10, 10.0, True) for i in range(100)]
+    measured = [10.0 + i / 100 for i in range(100)]
+    model = [10.0 + i / 100 for i in range(100)]
+    streams[21] = replace(streams[21], first=streams[20].first + EVENT_GAP_S / 2)  # one episode, two requests
+    for i, value in ((20, 900.0), (21, 880.0), (40, 850.0), (60, 800.0), (70, 700.0)):
+        measured[i] = value
+    model[90] = 950.0  # in the model's tail alone (each side's top 5%: five requests)
+    events = tail_events(streams, measured, model, "ttft", 0.99)
+    assert sorted(map(sorted, events)) == [[20, 21], [40], [60], [70], [90], [96], [97], [98], [99]]
+
+
+def test_a_window_whose_tail_came_in_few_events_bounds_nothing() -> None:
+    """A p99 set by a handful of queue episodes says how the model did on those, not on the next: however narrow its
+    bootstrap, the window's ratio is open both ways, the model 10% off is neither contradicted nor confirmed by it,
+    and a round whose windows bound nothing and whose verdicts decided nothing does not stand."""
+    model = slowed(TRUE, 1.1)
+    verdict, probe = window(NEAR * 1.05, 11, 200)
+    m = window_match(model, probe.attempts, 0.99, "ttft")
+    assert m is not None and m.events < sign_ranks_needed() and not m.bounds, m
+    assert "unbounded" in m.text() and f"{m.events} event" in m.text()
+    c = judge(NEAR * 1.05, "above", verdict, (m,), (0.96, 1.04))
+    assert verdict == "not_enough_data" and c.outcome == "not_contradicted", c.why
+    low = judge(NEAR * 0.95, "below", "not_enough_data", (m,), (0.96, 1.04))
+    record = ConfirmationRecord(confirmations=[c, low])
+    assert not record.stands
 
 
 def _match(low: float, high: float) -> WindowMatch:

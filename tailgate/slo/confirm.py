@@ -156,12 +156,16 @@ def judge(rate: float, side: Side, verdict: str, matches: Sequence[WindowMatch],
         m = off[0]
         why = (f"at {rate:g} req/s, {m.text()}, outside the model's own [{lo_c:.3f}, {hi_c:.3f}]")  # fmt: skip
         return Confirmation(rate, side, verdict, tuple(matches), "contradicted", why, round_)
-    if matches or verdict == expected_verdict(side):
+    if any(m.bounds for m in matches) or verdict == expected_verdict(side):
         held = "; ".join(m.text() for m in matches) or f"measured {verdict.upper()} as the model says"
         why = f"at {rate:g} req/s ({verdict.replace('_', ' ')}): {held}"
         return Confirmation(rate, side, verdict, tuple(matches), "confirmed", why, round_)
-    why = (f"the probe at {rate:g} req/s decided nothing and had too few streams to match the model's tail: "
-           "that end is not contradicted, not confirmed")  # fmt: skip
+    if matches:
+        why = (f"the probe at {rate:g} req/s decided nothing and its window bounds nothing "
+               f"({'; '.join(m.text() for m in matches)}): that end is not contradicted, not confirmed")  # fmt: skip
+    else:
+        why = (f"the probe at {rate:g} req/s decided nothing and had too few streams to match the model's tail: "
+               "that end is not contradicted, not confirmed")  # fmt: skip
     return Confirmation(rate, side, verdict, tuple(matches), "not_contradicted", why, round_)
 
 
@@ -262,7 +266,7 @@ class ConfirmationRecord:
         if pooled is not None and pooled.matches:
             text += f"; both windows: {pooled.text()}"
         if not self.stands:
-            text += "; nothing measured bounds it (no window matched, no verdict decided)"
+            text += "; nothing measured bounds it (no window bounds the ratio, no verdict decided)"
         return text
 
     def to_json(self) -> JsonObject:
