@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +32,7 @@ from tailgate.slo.replay import (
     systematic_error,
     workload_of,
 )
-from tailgate.slo.replicates import Replicates, capacity_of, usable_cores
+from tailgate.slo.replicates import Replicates, capacity_of, single_runs, usable_cores
 from tailgate.slo.servicefit import (
     SLOTS_MARGIN,
     Probe,
@@ -141,6 +142,22 @@ def test_the_interval_holds_the_capacity_and_narrows_the_bracket(truth: float) -
     doc = answer.as_dict()
     assert doc["label"] == "model estimate, not a measurement" and len(doc["leave_one_out"]) == 6
     assert doc["simulated"] == {"replicates": 6, "requests": FINAL_GROWTH * 1500}
+    runs = doc["single_runs"]
+    assert runs["requests"] == FINAL_GROWTH * 1500 - FINAL_GROWTH * 1500 // 20 and 2 <= len(runs["capacities"]) <= 6
+    assert min(runs["capacities"]) <= answer.capacity <= max(runs["capacities"])
+
+
+def test_one_run_alone_spreads_wider_the_shorter_it_is(truth: float) -> None:
+    """The capacity one finite run shows lands around the long-run one, and farther from it the fewer requests it
+    has: what a validation run of a few thousand requests may show beside the pooled interval."""
+    spreads = []
+    for size in (2_000, 16_000):
+        reps = Replicates(ENGINE, [lengths(size, 900 + k) for k in range(8)], seed=3)
+        cap, _ = capacity_of(reps, LIMITS, Q, near=truth, tolerance=0.002)
+        runs = single_runs(reps, Q)
+        assert cap is not None and len(runs) >= 6 and min(runs) <= cap <= max(runs), (cap, runs)
+        spreads.append(statistics.pstdev(runs) / cap)
+    assert spreads[0] > 1.5 * spreads[1], spreads
 
 
 def test_a_server_it_cannot_replay_narrows_nothing() -> None:

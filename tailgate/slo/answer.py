@@ -277,6 +277,12 @@ def fitted_text(fitted: JsonMapping | None) -> str:
         f"\n[slo]     fitted step loop (model estimate, not a measurement): capacity {cap:.3g} req/s, 95% "
         f"interval [{low:.3g}, {high:.3g}]; its replay of {held} of {len(rows)} probes agrees with what was measured"
     )
+    runs = json_opt_object(fitted, "single_runs") or {}
+    if runs.get("capacities"):
+        caps = json_floats(runs, "capacities")
+        text += (f"\n[slo]     one run of {json_opt_number(runs, 'requests') or 0:,.0f} requests alone crosses at "
+                 f"{min(caps):.3g}-{max(caps):.3g} req/s in the model ({len(caps)} simulated runs): the spread a "
+                 "finite run's p99 adds to that long-run interval")  # fmt: skip
     confirmation = json_opt_object(fitted, "confirmation") or {}
     if confirmation:
         text += f"\n[slo]     confirmation probes (not used to fit it): {confirmation.get('summary')}"

@@ -39,7 +39,7 @@ from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.workload import make_trace
 from tailgate.slo.answer import figure_text
 from tailgate.slo.attempt import ProbeAttempt
-from tailgate.slo.replicates import T975, Replicates, capacity_of
+from tailgate.slo.replicates import T975, Replicates, capacity_of, single_runs
 from tailgate.slo.servicefit import (
     BIAS_PROBES,
     CHUNK_CHOICES,
@@ -116,6 +116,10 @@ class ModelAnswer:
     step measured, and the other front end."""
     own: tuple[float, float] | None = None
     """The fitted reading's own interval, before the other readings widened it (None: no other reading)."""
+    runs: list[float] = field(default_factory=list)
+    """The capacity each simulated replicate shows alone (:func:`~tailgate.slo.replicates.single_runs`): where one
+    run of ``run_requests`` requests would put it, beside the long-run interval."""
+    run_requests: int = 0
 
     def as_dict(self) -> JsonObject:
         fit = self.fit
@@ -134,6 +138,8 @@ class ModelAnswer:
             "confirmation": None if self.confirmation is None else self.confirmation.to_json(),
             "extrapolated": [e.to_json() for e in self.extrapolated],
             "fitted_interval": None if self.own is None else [_r(self.own[0]), _r(self.own[1])],
+            "single_runs": None if not self.runs else {"requests": self.run_requests,
+                                                       "capacities": [_r(c) for c in sorted(self.runs)]},
         }  # fmt: skip
 
 
@@ -253,6 +259,7 @@ def _answer_of(
     mixes = [workload.draw(k, size, seed) for k in range(replicates)]
     reps = Replicates(fit.engine, mixes, seed)
     cap, jack = capacity_of(reps, limits, q, near=near)
+    runs = single_runs(reps, q) if cap is not None else []
     curve = [CurvePoint(r, reps.curve[r]) for r in sorted(reps.curve)]
     if cap is None or len(jack) < 2:
         return ModelAnswer(None, None, None, jack, fit, False, "the fitted engine crosses the limits at no rate tried")
@@ -272,7 +279,7 @@ def _answer_of(
         held += f" ({extrapolation_text(extrapolated)})"
     answer = ModelAnswer(cap, low, high, jack, fit, not why, why or held, curve=curve,
                          workload=workload.describe(), simulated=(replicates, size),
-                         extrapolated=extrapolated, own=own)  # fmt: skip
+                         extrapolated=extrapolated, own=own, runs=runs, run_requests=size - size // 20)  # fmt: skip
     if not why:
         answer.bracket = (max(low, lo_m or 0.0), min(high, hi_m if hi_m is not None else math.inf))
     return answer
