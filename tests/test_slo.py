@@ -1067,19 +1067,19 @@ def test_terminal_and_report_show_both_ends_width_and_why_undecided(tmp_path: Pa
             }
         ],
         "curve": [{"rate": r, "ttft": [v, v * 0.9, v * 1.1]} for r, v in ((4, 360), (6, 450), (8, 700))],
-        "single_runs": {"requests": 9500, "capacities": [6.1, 6.5, 6.8]},
+        "single_runs": {"requests": 4000, "runs": 72, "middle_95": [6.1, 6.8], "capacities": [6.1, 6.5, 6.8]},
     }
     result.fitted = fitted
     line = answer_line(result)
     assert "fitted step loop (model estimate, not a measurement): capacity 6.6 req/s" in line
-    assert "one run of 9,500 requests alone crosses at 6.1-6.8 req/s in the model (3 simulated runs)" in line
+    assert "one run of 4,000 requests alone crosses at 6.1-6.8 req/s in the model (95% of 72 simulated runs)" in line
     assert "bracket narrowed by the model: [6.3, 6.9] req/s (10% wide)" in line
     (tmp_path / "slo.json").write_text(json.dumps(state, default=lambda r: r.to_json()))
     section = slo_section(tmp_path, pd.DataFrame(), tmp_path / "report")
     assert section is not None
     html = str(section.html)
     assert "Fitted step loop (model estimate, not a measurement)" in html and "the bracket narrowed by it" in html
-    assert "one run of 9,500 requests alone crosses at\n6.1-6.8 req/s" in html
+    assert "one run of 4,000 requests alone crosses at\n6.1-6.8 req/s in 95% of the\nmodel's 72 runs" in html
     assert "[6.3, 6.9] (10%)" in section.table_md.read_text()
     svg = (tmp_path / "report" / "slo_p99.svg").read_text()
     assert "a (fitted step loop, model)" in svg

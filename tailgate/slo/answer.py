@@ -278,11 +278,11 @@ def fitted_text(fitted: JsonMapping | None) -> str:
         f"interval [{low:.3g}, {high:.3g}]; its replay of {held} of {len(rows)} probes agrees with what was measured"
     )
     runs = json_opt_object(fitted, "single_runs") or {}
-    if runs.get("capacities"):
-        caps = json_floats(runs, "capacities")
+    if runs.get("middle_95"):
+        lo_r, hi_r = json_floats(runs, "middle_95")
         text += (f"\n[slo]     one run of {json_opt_number(runs, 'requests') or 0:,.0f} requests alone crosses at "
-                 f"{min(caps):.3g}-{max(caps):.3g} req/s in the model ({len(caps)} simulated runs): the spread a "
-                 "finite run's p99 adds to that long-run interval")  # fmt: skip
+                 f"{lo_r:.3g}-{hi_r:.3g} req/s in the model (95% of {json_opt_number(runs, 'runs') or 0:.0f} simulated "
+                 "runs): the spread a finite run's p99 adds to that long-run interval")  # fmt: skip
     confirmation = json_opt_object(fitted, "confirmation") or {}
     if confirmation:
         text += f"\n[slo]     confirmation probes (not used to fit it): {confirmation.get('summary')}"

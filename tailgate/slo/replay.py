@@ -39,7 +39,7 @@ from tailgate.load.promptsources import DEFAULT_PROMPTS
 from tailgate.load.workload import make_trace
 from tailgate.slo.answer import figure_text
 from tailgate.slo.attempt import ProbeAttempt
-from tailgate.slo.replicates import T975, Replicates, capacity_of, single_runs
+from tailgate.slo.replicates import RUN_REQUESTS, T975, Replicates, capacity_of, single_runs
 from tailgate.slo.servicefit import (
     BIAS_PROBES,
     CHUNK_CHOICES,
@@ -117,8 +117,9 @@ class ModelAnswer:
     own: tuple[float, float] | None = None
     """The fitted reading's own interval, before the other readings widened it (None: no other reading)."""
     runs: list[float] = field(default_factory=list)
-    """The capacity each simulated replicate shows alone (:func:`~tailgate.slo.replicates.single_runs`): where one
-    run of ``run_requests`` requests would put it, beside the long-run interval."""
+    """The capacity each simulated run of ``run_requests`` requests shows alone
+    (:func:`~tailgate.slo.replicates.single_runs`): where one validation run would put it, beside the long-run
+    interval."""
     run_requests: int = 0
 
     def as_dict(self) -> JsonObject:
@@ -138,13 +139,19 @@ class ModelAnswer:
             "confirmation": None if self.confirmation is None else self.confirmation.to_json(),
             "extrapolated": [e.to_json() for e in self.extrapolated],
             "fitted_interval": None if self.own is None else [_r(self.own[0]), _r(self.own[1])],
-            "single_runs": None if not self.runs else {"requests": self.run_requests,
-                                                       "capacities": [_r(c) for c in sorted(self.runs)]},
+            "single_runs": None if not self.runs else _runs_json(self.runs, self.run_requests),
         }  # fmt: skip
 
 
 def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
+
+
+def _runs_json(runs: Sequence[float], requests: int) -> JsonObject:
+    """The simulated runs' capacities and their middle 95% (nearest ranks; every run when there are few)."""
+    s = sorted(runs)
+    lo, hi = s[int(0.025 * len(s))], s[min(len(s) - 1, math.ceil(0.975 * len(s)) - 1)]
+    return {"requests": requests, "runs": len(s), "middle_95": [_r(lo), _r(hi)], "capacities": [_r(c) for c in s]}
 
 
 @dataclass(frozen=True)
@@ -279,7 +286,7 @@ def _answer_of(
         held += f" ({extrapolation_text(extrapolated)})"
     answer = ModelAnswer(cap, low, high, jack, fit, not why, why or held, curve=curve,
                          workload=workload.describe(), simulated=(replicates, size),
-                         extrapolated=extrapolated, own=own, runs=runs, run_requests=size - size // 20)  # fmt: skip
+                         extrapolated=extrapolated, own=own, runs=runs, run_requests=RUN_REQUESTS)  # fmt: skip
     if not why:
         answer.bracket = (max(low, lo_m or 0.0), min(high, hi_m if hi_m is not None else math.inf))
     return answer
