@@ -31,13 +31,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.slo_coverage import SHAPES, lengths_of, pooled_truth, slowed
+from benchmarks.slo_coverage import SHAPES, pooled_truth, simulated_probe, slowed
 from tailgate import slo
 from tailgate.slo.confirm import ConfirmationRecord, Pooled, Side, confirmation_rates, judge
 from tailgate.slo.servicefit import Probe, probes_of
 from tailgate.slo.windowmatch import WindowMatch, matches_at
-from tailgate.stats import measured_records
-from tailgate.verify.groundtruth.engine import EngineModel, poisson_arrivals, simulate
+from tailgate.verify.groundtruth.engine import EngineModel
 
 WARMUP = 25
 TRUTH_REQUESTS, TRUTH_REPLICATES = 100_000, 4
@@ -57,11 +56,7 @@ class Trial:
 
 
 def window(engine: EngineModel, slo_text: str, rate: float, seed: int, n: int) -> tuple[str, Probe]:
-    lengths = lengths_of(n + WARMUP, seed)
-    outs = simulate(engine, poisson_arrivals(rate, lengths, seed + 1))
-    recs = [o.record(i, p, mx, rate=rate) for i, (o, (p, mx)) in enumerate(zip(outs, lengths, strict=True))]
-    attempt = slo.ProbeAttempt(measured_records(recs, WARMUP), sent=len(recs), errors=0, records=recs,
-                               workload=seed)  # fmt: skip
+    attempt = simulated_probe(engine, rate, seed=seed, duration=0.0, min_n=n, warmup=WARMUP)
     verdict, checks = slo.check_probe([attempt], slo.parse_slo(slo_text), rate=rate)
     return verdict, probes_of({rate: [attempt]}, {rate: list(checks)})[0]
 
